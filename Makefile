@@ -1,0 +1,41 @@
+# INA-Fabric. `make demo` trains with aggregation offloaded; `make test` runs every test.
+# Both install what they need first (make setup).
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+INA    := $(VENV)/bin/ina
+STAMP  := $(VENV)/.installed
+JOBS   ?= 2
+BOARD  ?= versa_ecp5
+
+.PHONY: setup test demo bench sim bitstream program report clean help
+
+help:
+	@echo "make demo       train digits on 4 workers through the software switch, vs Gloo"
+	@echo "make test       run every test (pytest, cocotb on Icarus)"
+	@echo "make bench      benchmarks; figures to bench/results/*.json"
+	@echo "make sim        cocotb benches alone (WAVES=1 TEST=name for waveforms)"
+	@echo "make bitstream  BOARD=$(BOARD): a real bitstream with the YoWASP toolchain"
+	@echo "make program    load it with openFPGALoader"
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@command -v iverilog >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iverilog; }
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup tests
+
+demo: setup
+	$(INA) train --workers 4 --plot demo.png
+
+bench: setup
+	$(INA) bench all
+
+clean:
+	rm -rf build bench/results .pytest_cache sim_build

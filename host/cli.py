@@ -1,0 +1,53 @@
+"""``ina``: the INA-Fabric command line. Each verb is a module in ``host.commands``.
+
+A verb module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args)``;
+it keeps heavy imports (torch, amaranth) inside ``run`` so ``ina --help`` stays fast.
+"""
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from . import commands, __version__
+
+__all__ = ["main", "CliError"]
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def _verbs():
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            yield info.name.replace("_", "-"), importlib.import_module(
+                f"{commands.__name__}.{info.name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ina", description="INA-Fabric: in-network gradient aggregation.")
+    parser.add_argument("--version", action="version", version=f"ina {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for name, mod in _verbs():
+        p = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except CliError as e:
+        print(f"ina {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``ina`` verb (see ``host.cli``)."""

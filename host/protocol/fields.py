@@ -1,0 +1,81 @@
+"""The INA wire format, defined once.
+
+Every other view of the header (numpy dtype, scapy layer, Wireshark dissector, Amaranth
+``data.StructLayout``) is generated from :data:`HEADER_FIELDS`. No field offset is
+written anywhere else.
+
+A datagram is a UDP payload: the 20-byte header below, then ``nelem`` big-endian int32
+elements (``nelem * 4`` bytes, nothing more, nothing less).
+"""
+
+from dataclasses import dataclass, field
+import enum
+
+__all__ = [
+    "Field", "HEADER_FIELDS", "HEADER_BYTES", "VERSION", "INA_UDP_PORT",
+    "MsgType", "Flags", "NO_EXPONENT", "MAX_WORKERS", "field_offsets",
+]
+
+VERSION = 1
+INA_UDP_PORT = 19900
+MAX_WORKERS = 32
+#: exponent value meaning "no proposal" (int8 minimum)
+NO_EXPONENT = -128
+
+
+class MsgType(enum.IntEnum):
+    DATA = 1      # worker -> switch: a chunk of one worker's contribution
+    RESULT = 2    # switch -> worker(s): the aggregated chunk
+    STATUS_REQ = 3  # anyone -> switch: ask for counters
+    STATUS = 4    # switch -> asker: counters as UTF-8 JSON in the payload
+    CONTROL = 5   # host -> switch/FPGA: a job-table entry in the payload (see jobtable)
+
+
+class Flags(enum.IntFlag):
+    PARTIAL = 0x01     # RESULT emitted at the deadline with count < N
+    OVERFLOW = 0x02    # at least one element saturated to the int32 range
+    RETRANSMIT = 0x04  # DATA sent again by a worker, or RESULT re-sent by unicast
+    LAST = 0x08        # last packet of a bucket (informational)
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    bits: int
+    signed: bool = False
+    doc: str = ""
+    enum: type | None = field(default=None, compare=False)
+    flags: type | None = field(default=None, compare=False)
+
+    @property
+    def nbytes(self) -> int:
+        return self.bits // 8
+
+
+#: Network byte order, in wire order. Sizes are whole bytes.
+HEADER_FIELDS: tuple[Field, ...] = (
+    Field("version", 8, doc="protocol version, 1"),
+    Field("type", 8, doc="message type", enum=MsgType),
+    Field("flags", 8, doc="PARTIAL, OVERFLOW, RETRANSMIT, LAST", flags=Flags),
+    Field("exponent", 8, signed=True,
+          doc="DATA: proposed block exponent for chunk seq+W; RESULT: max of the proposals"),
+    Field("job", 16, doc="job id"),
+    Field("worker", 8, doc="worker id (0..31); 255 in a multicast RESULT"),
+    Field("count", 8, doc="RESULT: number of contributors"),
+    Field("seq", 32, doc="packet sequence number within the job"),
+    Field("nelem", 16, doc="number of int32 elements after the header"),
+    Field("reserved", 16, doc="zero"),
+    Field("bitmap", 32, doc="contributor bitmap, bit w = worker w"),
+)
+
+HEADER_BYTES = sum(f.nbytes for f in HEADER_FIELDS)
+assert HEADER_BYTES == 20
+
+
+def field_offsets() -> dict[str, int]:
+    """Byte offset of each field from the start of the header."""
+    out, off = {}, 0
+    for f in HEADER_FIELDS:
+        out[f.name] = off
+        off += f.nbytes
+    return out

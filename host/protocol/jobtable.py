@@ -1,0 +1,154 @@
+"""Job-table entries: the configuration one job needs in a switch (software or FPGA).
+
+The binary form (``JobConfig.to_bytes``) is the payload of a CONTROL datagram, the bytes
+``ina hw-config`` writes for the FPGA, and what the software switch loads. It is defined
+once, here, by two numpy dtypes.
+"""
+
+from dataclasses import dataclass, field
+import ipaddress
+import tomllib
+
+import numpy as np
+
+from .fields import MAX_WORKERS
+
+__all__ = ["JobConfig", "Member", "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE",
+           "load_jobs_toml", "MODES"]
+
+MODES = ("reliable", "bounded")
+
+ENTRY_DTYPE = np.dtype([
+    ("job", ">u2"), ("nworkers", "u1"), ("mode", "u1"), ("window", ">u2"),
+    ("elements", ">u2"), ("deadline_us", ">u4"), ("mcast_ip", ">u4"),
+    ("mcast_port", ">u2"), ("reserved", ">u2"),
+])
+MEMBER_DTYPE = np.dtype([("ip", ">u4"), ("port", ">u2"), ("mac", "u1", (6,))])
+
+
+class ConfigError(ValueError):
+    """A job configuration that cannot work; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class Member:
+    ip: str
+    port: int
+    mac: str = "00:00:00:00:00:00"
+
+    @classmethod
+    def parse(cls, text: str) -> "Member":
+        """``ip:port`` or ``ip:port@mac``."""
+        addr, _, mac = text.partition("@")
+        ip, sep, port = addr.rpartition(":")
+        if not sep:
+            raise ConfigError(f"member {text!r}: expected ip:port")
+        try:
+            ipaddress.IPv4Address(ip)
+            port_n = int(port)
+        except ValueError as e:
+            raise ConfigError(f"member {text!r}: {e}") from None
+        if not 0 < port_n < 65536:
+            raise ConfigError(f"member {text!r}: port out of range")
+        return cls(ip, port_n, mac or "00:00:00:00:00:00")
+
+    @property
+    def addr(self) -> tuple[str, int]:
+        return (self.ip, self.port)
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One aggregation job. Worker ``w`` is ``members[w]``."""
+    job: int
+    members: tuple[Member, ...]
+    window: int = 64
+    elements: int = 256
+    deadline: float = 0.005          # seconds; used in bounded mode
+    mode: str = "reliable"
+    mcast: tuple[str, int] | None = None   # IP multicast group instead of unicast copies
+
+    def __post_init__(self):
+        object.__setattr__(self, "members", tuple(
+            m if isinstance(m, Member) else Member.parse(m) for m in self.members))
+        n = len(self.members)
+        if not 0 <= self.job < 65536:
+            raise ConfigError(f"job {self.job}: id must be in 0..65535")
+        if not 1 <= n <= MAX_WORKERS:
+            raise ConfigError(f"job {self.job}: {n} members, need 1..{MAX_WORKERS}")
+        if len({m.addr for m in self.members}) != n:
+            raise ConfigError(f"job {self.job}: duplicate member address")
+        if not 1 <= self.window <= 32768:
+            raise ConfigError(f"job {self.job}: window {self.window} not in 1..32768")
+        if not 1 <= self.elements <= 16384:
+            raise ConfigError(f"job {self.job}: elements {self.elements} not in 1..16384")
+        if not 0 < self.deadline < 4294:
+            raise ConfigError(f"job {self.job}: deadline {self.deadline}s must be > 0")
+        if self.mode not in MODES:
+            raise ConfigError(f"job {self.job}: mode {self.mode!r} not in {MODES}")
+
+    @property
+    def n(self) -> int:
+        return len(self.members)
+
+    def to_bytes(self) -> bytes:
+        e = np.zeros((), ENTRY_DTYPE)
+        e["job"], e["nworkers"], e["mode"] = self.job, self.n, MODES.index(self.mode)
+        e["window"], e["elements"] = self.window, self.elements
+        e["deadline_us"] = round(self.deadline * 1e6)
+        if self.mcast:
+            e["mcast_ip"] = int(ipaddress.IPv4Address(self.mcast[0]))
+            e["mcast_port"] = self.mcast[1]
+        m = np.zeros(self.n, MEMBER_DTYPE)
+        m["ip"] = [int(ipaddress.IPv4Address(x.ip)) for x in self.members]
+        m["port"] = [x.port for x in self.members]
+        m["mac"] = [list(bytes.fromhex(x.mac.replace(":", ""))) for x in self.members]
+        return e.tobytes() + m.tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "JobConfig":
+        if len(data) < ENTRY_DTYPE.itemsize:
+            raise ConfigError("job entry truncated")
+        e = np.frombuffer(data, ENTRY_DTYPE, count=1)[0]
+        n = int(e["nworkers"])
+        if len(data) != ENTRY_DTYPE.itemsize + n * MEMBER_DTYPE.itemsize:
+            raise ConfigError(f"job entry length {len(data)} does not match {n} members")
+        if e["mode"] >= len(MODES):
+            raise ConfigError(f"job entry: unknown mode {int(e['mode'])}")
+        m = np.frombuffer(data, MEMBER_DTYPE, count=n, offset=ENTRY_DTYPE.itemsize)
+        members = tuple(Member(str(ipaddress.IPv4Address(int(x["ip"]))), int(x["port"]),
+                               ":".join(f"{b:02x}" for b in x["mac"])) for x in m)
+        mcast = None
+        if e["mcast_ip"]:
+            mcast = (str(ipaddress.IPv4Address(int(e["mcast_ip"]))), int(e["mcast_port"]))
+        return cls(int(e["job"]), members, int(e["window"]), int(e["elements"]),
+                   int(e["deadline_us"]) / 1e6, MODES[int(e["mode"])], mcast)
+
+
+def load_jobs_toml(path) -> list[JobConfig]:
+    """Jobs from a TOML file with one ``[[job]]`` table per job. See README for keys."""
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+    jobs = []
+    known = {"id", "workers", "window", "elements", "deadline_ms", "mode", "multicast"}
+    for t in doc.get("job", []):
+        unknown = set(t) - known
+        if unknown:
+            raise ConfigError(f"{path}: unknown job keys {sorted(unknown)}")
+        if "id" not in t or "workers" not in t:
+            raise ConfigError(f"{path}: each [[job]] needs id and workers")
+        mcast = None
+        if "multicast" in t:
+            mcast = Member.parse(t["multicast"]).addr
+        jobs.append(JobConfig(int(t["id"]), tuple(t["workers"]), int(t.get("window", 64)),
+                              int(t.get("elements", 256)),
+                              float(t.get("deadline_ms", 5.0)) / 1e3,
+                              t.get("mode", "reliable"), mcast))
+    if not jobs:
+        raise ConfigError(f"{path}: no [[job]] tables")
+    if len({j.job for j in jobs}) != len(jobs):
+        raise ConfigError(f"{path}: duplicate job id")
+    return jobs

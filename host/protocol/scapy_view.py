@@ -1,0 +1,38 @@
+"""scapy view of the wire format: an ``INA`` layer bound to the INA UDP port."""
+
+from scapy.fields import (ByteEnumField, ByteField, FieldListField, FlagsField, IntField,
+                          ShortField, SignedByteField, SignedIntField, XIntField)
+from scapy.layers.inet import UDP
+from scapy.packet import Packet, bind_layers
+
+from .fields import HEADER_FIELDS, INA_UDP_PORT, VERSION
+
+__all__ = ["INA"]
+
+
+def _scapy_field(f):
+    if f.enum is not None:
+        assert f.bits == 8
+        return ByteEnumField(f.name, 0, {m.value: m.name for m in f.enum})
+    if f.flags is not None:
+        return FlagsField(f.name, 0, f.bits, [m.name for m in sorted(f.flags, key=int)])
+    if f.name == "bitmap":
+        return XIntField(f.name, 0)
+    table = {(8, False): ByteField, (8, True): SignedByteField,
+             (16, False): ShortField, (32, False): IntField}
+    return table[(f.bits, f.signed)](f.name, VERSION if f.name == "version" else 0)
+
+
+class INA(Packet):
+    name = "INA"
+    fields_desc = [_scapy_field(f) for f in HEADER_FIELDS] + [
+        FieldListField("elements", [], SignedIntField("", 0),
+                       count_from=lambda pkt: pkt.nelem),
+    ]
+
+    def post_build(self, p, pay):
+        return p + pay
+
+
+bind_layers(UDP, INA, dport=INA_UDP_PORT)
+bind_layers(UDP, INA, sport=INA_UDP_PORT)
