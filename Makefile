@@ -39,3 +39,17 @@ bench: setup
 
 clean:
 	rm -rf build bench/results .pytest_cache sim_build
+
+# Gateware: cocotb benches (WAVES=1 writes waveforms), bitstream, programming.
+sim: setup
+	$(PY) -m sim.run $(if $(TEST),--test $(TEST)) $(if $(WAVES),--waves)
+
+bitstream: setup
+	$(PY) -m hw.build --board $(BOARD)
+
+report: setup
+	$(INA) bench hw
+
+program:
+	@command -v openFPGALoader >/dev/null || { apt-get update && apt-get install -y openfpgaloader; }
+	openFPGALoader --board $(BOARD) build/$(BOARD)/top.bit
