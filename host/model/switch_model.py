@@ -37,7 +37,7 @@ GROUP_WORKER = 255  # worker field of a RESULT sent to the whole group
 
 COUNTERS = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
-    "resent", "status_requests",
+    "resent", "status_requests", "control",
     "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
     "drop_unknown_source", "drop_stale", "drop_out_of_window",
 )
@@ -125,6 +125,8 @@ class SwitchModel:
         if mtype == MsgType.STATUS_REQ:
             c["status_requests"] += 1
             return out + [(source, self.status_datagram())]
+        if mtype == MsgType.CONTROL:
+            return out + self._control(datagram, source)
         if mtype != MsgType.DATA:
             c["drop_malformed"] += 1
             return out
@@ -185,6 +187,22 @@ class SwitchModel:
             del js.open[seq]
             out += self._emit(js, slot)
         return out
+
+    def _control(self, datagram, source):
+        """CONTROL: the payload is one job-table entry (``JobConfig.to_bytes``); a zero
+        ``nworkers`` removes the job. The reply is a STATUS datagram."""
+        from ..protocol.jobtable import JobConfig, ConfigError, ENTRY_DTYPE
+        payload = datagram[HEADER_BYTES:]
+        try:
+            if len(payload) == ENTRY_DTYPE.itemsize and payload[2] == 0:
+                self.remove_job(int.from_bytes(payload[:2], "big"))
+            else:
+                self.add_job(JobConfig.from_bytes(payload))
+        except ConfigError:
+            self.counters["drop_malformed"] += 1
+            return []
+        self.counters["control"] += 1
+        return [(source, self.status_datagram())]
 
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):

@@ -1,0 +1,171 @@
+"""A switch and N worker processes on this machine, for `ina allreduce`, tests and benches.
+
+Workers bind ephemeral UDP ports first; the parent then installs the job on the switch
+with a CONTROL datagram (the same path an FPGA's job table is loaded by), so parallel runs
+never collide on ports.
+"""
+
+from dataclasses import dataclass, asdict
+import multiprocessing as mp
+import time
+
+import numpy as np
+
+from .protocol.jobtable import JobConfig
+
+__all__ = ["WorkerSpec", "LocalCluster", "worker_data"]
+
+
+@dataclass
+class WorkerSpec:
+    job: int = 1
+    nworkers: int = 4
+    window: int = 64
+    elements: int = 1024
+    mode: str = "reliable"
+    deadline: float = 0.005
+    base_port: int = 0           # 0: ephemeral ports
+    loss: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    seed: int = 0
+
+
+def worker_data(seed, worker, it, n):
+    rng = np.random.default_rng([seed, worker, it])
+    return (rng.standard_normal(n) * rng.uniform(0.1, 10)).astype(np.float32)
+
+
+def _switch_main(conn, port):
+    from .switch import SwitchServer
+    server = SwitchServer([], "127.0.0.1", port)
+    conn.send(server.address)
+    server.serve_forever()
+
+
+def _worker_main(spec_d, w, switch, conn):
+    from .transport import SwitchClient, Impairment
+    spec = WorkerSpec(**spec_d)
+    imp = Impairment(loss=spec.loss, duplicate=spec.duplicate, reorder=spec.reorder,
+                     seed=spec.seed * 1000 + w + 1, log_drops=True)
+    port = spec.base_port + w if spec.base_port else 0
+    try:
+        client = SwitchClient(switch, spec.job, w, spec.nworkers, spec.window, spec.elements,
+                              spec.mode, bind=("127.0.0.1", port), deadline=spec.deadline,
+                              impairment=imp)
+    except (OSError, ValueError) as e:
+        conn.send(("error", str(e)))
+        return
+    conn.send(("addr", client.address))
+    while True:
+        cmd = conn.recv()
+        if cmd is None:
+            break
+        n, iters = cmd
+        from . import quantize as Q
+        maxerr, worst_ratio, secs = 0.0, 0.0, 0.0
+        try:
+            for it in range(iters):
+                x = worker_data(spec.seed, w, it, n)
+                t = time.perf_counter()
+                y, _ = client.allreduce(x)
+                secs += time.perf_counter() - t
+                exact = sum(worker_data(spec.seed, v, it, n).astype(np.float64)
+                            for v in range(spec.nworkers))
+                err = np.abs(y.astype(np.float64) - exact)
+                # per-chunk bound from the exponent of the exact chunk max
+                chunks = Q.local_exponents(
+                    np.max([np.abs(worker_data(spec.seed, v, it, n)) for v in
+                            range(spec.nworkers)], axis=0), spec.elements)
+                bound = np.repeat([Q.error_bound(int(e), spec.nworkers) for e in chunks],
+                                  spec.elements)[:n] + np.abs(exact) * 2.0 ** -23
+                maxerr = max(maxerr, float(err.max()))
+                worst_ratio = max(worst_ratio, float((err / bound).max()))
+            conn.send(("ok", {"seconds": secs, "max_error": maxerr,
+                              "bound_ratio": worst_ratio, "stats": client.total.as_dict(),
+                              "impairment": dict(imp.counts),
+                              "dropped": list(imp.dropped)}))
+        except Exception as e:  # report, don't hang the parent
+            conn.send(("error", f"worker {w}: {type(e).__name__}: {e}"))
+    client.close()
+
+
+class LocalCluster:
+    def __init__(self, spec: WorkerSpec, switch=None, timeout=120.0):
+        self.spec, self.timeout = spec, timeout
+        self.ctx = mp.get_context("fork")
+        self.procs, self.conns = [], []
+        self.switch_proc = None
+        if switch is None:
+            a, b = self.ctx.Pipe()
+            self.switch_proc = self.ctx.Process(target=_switch_main, args=(b, 0), daemon=True)
+            self.switch_proc.start()
+            self.switch = tuple(a.recv())
+        else:
+            host, _, port = switch.rpartition(":")
+            self.switch = (host, int(port))
+
+    def __enter__(self):
+        spec = self.spec
+        addrs = []
+        for w in range(spec.nworkers):
+            a, b = self.ctx.Pipe()
+            p = self.ctx.Process(target=_worker_main, args=(asdict(spec), w, self.switch, b),
+                                 daemon=True)
+            p.start()
+            self.procs.append(p)
+            self.conns.append(a)
+        for c in self.conns:
+            kind, val = c.recv()
+            if kind == "error":
+                self.close()
+                raise ValueError(val)
+            addrs.append(f"{val[0]}:{val[1]}")
+        self.config = JobConfig(spec.job, tuple(addrs), spec.window, spec.elements,
+                                spec.deadline, spec.mode)
+        if self.switch_proc is not None:
+            from .switch import send_job
+            send_job(self.switch, self.config)
+        return self
+
+    def allreduce_check(self, n, iters=1):
+        for c in self.conns:
+            c.send((n, iters))
+        results = []
+        for c in self.conns:
+            if not c.poll(self.timeout):
+                raise TimeoutError(f"workers did not finish within {self.timeout}s")
+            kind, val = c.recv()
+            if kind == "error":
+                raise RuntimeError(val)
+            results.append(val)
+        counters = {}
+        if self.switch_proc is not None:
+            from .switch import query_status
+            counters = {k: v for k, v in query_status(self.switch)["counters"].items() if v}
+        return {
+            "seconds": max(r["seconds"] for r in results),
+            "max_error": max(r["max_error"] for r in results),
+            "bound_ratio": max(r["bound_ratio"] for r in results),
+            "within_bound": max(r["bound_ratio"] for r in results) <= 1.0,
+            "stats": results[0]["stats"],
+            "per_worker": results,
+            "switch_counters": counters,
+        }
+
+    def close(self):
+        for c in self.conns:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+        if self.switch_proc is not None:
+            self.switch_proc.terminate()
+            self.switch_proc.join(timeout=5)
+
+    def __exit__(self, *exc):
+        self.close()

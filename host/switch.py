@@ -1,0 +1,112 @@
+"""``ina switch``: the reference model served over UDP (the default when no FPGA is there).
+
+One thread, one socket: receive a datagram, run ``SwitchModel.process``, send what it
+returns; between datagrams, ``tick`` fires bounded-mode deadlines on time. SIGINT and
+SIGTERM stop it cleanly and print the counters. A malformed datagram is a counted drop,
+never a crash.
+"""
+
+import json
+import signal
+import socket
+import time
+
+import numpy as np
+
+from .model import SwitchModel
+from .protocol.fields import HEADER_BYTES, VERSION, MsgType
+from .protocol.numpy_view import HEADER_DTYPE
+
+__all__ = ["SwitchServer", "query_status", "send_job"]
+
+
+class SwitchServer:
+    def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None):
+        self.model = SwitchModel(jobs)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 20)
+        self.sock.bind((host, port))
+        self.address = self.sock.getsockname()
+        self.out = self.sock
+        if impairment is not None and impairment.active:
+            from .transport.impair import ImpairedSocket
+            self.out = ImpairedSocket(self.sock, impairment)
+        self.running = False
+        self.errors = 0
+        self.log = log
+
+    def serve_forever(self, install_signals=True):
+        if install_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: self.stop())
+        self.running = True
+        model, sock, out = self.model, self.sock, self.out
+        buf = bytearray(65536)
+        clock = time.monotonic
+        while self.running:
+            nd = model.next_deadline()
+            sock.settimeout(0.2 if nd is None else min(max(nd - clock(), 0.0), 0.2))
+            try:
+                n, src = sock.recvfrom_into(buf)
+            except socket.timeout:
+                for dest, data in model.tick(clock()):
+                    self._send(out, data, dest)
+                continue
+            except OSError:
+                if not self.running:
+                    break
+                self.errors += 1
+                continue
+            try:
+                replies = model.process(bytes(buf[:n]), src, clock())
+            except Exception as e:  # a bug in the model must not take the service down
+                self.errors += 1
+                if self.log:
+                    self.log(f"internal error on a datagram from {src}: {e!r}")
+                continue
+            for dest, data in replies:
+                self._send(out, data, dest)
+
+    def _send(self, out, data, dest):
+        try:
+            out.sendto(data, dest)
+        except OSError:
+            self.errors += 1
+
+    def stop(self):
+        self.running = False
+
+    def close(self):
+        self.out.close() if self.out is not self.sock else self.sock.close()
+
+
+def _request(addr, datagram, timeout):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(timeout)
+    try:
+        s.sendto(datagram, addr)
+        data, _ = s.recvfrom(65536)
+    finally:
+        s.close()
+    h = np.frombuffer(data, HEADER_DTYPE, count=1)[0]
+    if h["type"] != MsgType.STATUS:
+        raise ValueError("unexpected reply type")
+    return json.loads(data[HEADER_BYTES:])
+
+
+def _header(mtype) -> bytes:
+    h = np.zeros((), HEADER_DTYPE)
+    h["version"], h["type"] = VERSION, mtype
+    return h.tobytes()
+
+
+def query_status(addr, timeout=1.0) -> dict:
+    """Counters and jobs of a running switch (software or FPGA), as a dict."""
+    return _request(addr, _header(MsgType.STATUS_REQ), timeout)
+
+
+def send_job(addr, cfg, timeout=1.0) -> dict:
+    """Install a job (``JobConfig``) on a running switch with a CONTROL datagram."""
+    return _request(addr, _header(MsgType.CONTROL) + cfg.to_bytes(), timeout)

@@ -1,0 +1,7 @@
+"""Host transport: the switch client (windowed UDP) and the userspace impairment layer."""
+
+from .switch_client import SwitchClient, AllreduceStats, SwitchUnavailable, AllreduceTimeout
+from .impair import Impairment, ImpairedSocket
+
+__all__ = ["SwitchClient", "AllreduceStats", "SwitchUnavailable", "AllreduceTimeout",
+           "Impairment", "ImpairedSocket"]
