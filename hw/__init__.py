@@ -1,0 +1,1 @@
+"""INA-Fabric gateware (Amaranth 0.5)."""

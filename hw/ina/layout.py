@@ -1,0 +1,103 @@
+"""Amaranth views of the INA wire format and of the core's stream payloads.
+
+:func:`header_layout` is generated from ``host.protocol.fields.HEADER_FIELDS``; no offset
+is written here. A ``data.StructLayout`` puts its first field at bit 0, while the wire is
+big-endian, so the fields are laid out in *reverse* wire order: the 160-bit value of the
+layout equals ``int.from_bytes(header_bytes, "big")``.
+
+Words and lanes. The core's streams carry the UDP payload as big-endian 32-bit words,
+``L`` words (lanes) per beat; lane 0 is the earliest word on the wire, and a word's bits
+31..24 are its first byte. The 5 header words fill the first ``ceil(5/L)`` beats (lanes
+past word 4 are padding), and the elements start on a fresh beat. So the header value
+is ``Cat(word4, word3, word2, word1, word0)`` (see :func:`header_from_words`).
+"""
+
+from amaranth.hdl import Cat, Const, unsigned, signed
+from amaranth.lib import data
+
+from host.protocol.fields import HEADER_FIELDS, HEADER_BYTES
+
+from .params import HEADER_WORDS
+
+__all__ = ["header_layout", "HeaderLayout", "in_layout", "out_layout",
+           "header_from_words", "header_words", "header_int"]
+
+
+def header_layout() -> data.StructLayout:
+    """The INA header as a StructLayout whose value is the header read as one big-endian
+    integer (first wire field in the top bits)."""
+    fields = {}
+    for f in reversed(HEADER_FIELDS):
+        fields[f.name] = signed(f.bits) if f.signed else unsigned(f.bits)
+    layout = data.StructLayout(fields)
+    assert layout.size == 8 * HEADER_BYTES == 32 * HEADER_WORDS
+    return layout
+
+
+HeaderLayout = header_layout()
+
+
+def in_layout(lanes: int) -> data.StructLayout:
+    """Payload of the core's input stream (one beat).
+
+    data      ``lanes`` big-endian 32-bit words of the UDP payload
+    n         valid words in this beat (1..lanes); lanes >= n are don't-care
+    first     first beat of a datagram
+    last      last beat of a datagram
+    length    UDP payload length in bytes (the datagram the model sees); read on ``first``
+    src_ip    IPv4 source address of the datagram; read on ``first``
+    src_port  UDP source port of the datagram; read on ``first``
+    """
+    return data.StructLayout({
+        "data": data.ArrayLayout(32, lanes),
+        "n": range(lanes + 1),
+        "first": 1,
+        "last": 1,
+        "length": 16,
+        "src_ip": 32,
+        "src_port": 16,
+    })
+
+
+def out_layout(lanes: int) -> data.StructLayout:
+    """Payload of the core's output stream (one beat of one RESULT copy).
+
+    data, n, first, last   as :func:`in_layout` (a RESULT is laid out the same way)
+    length       UDP payload length in bytes (20 + 4 * nelem)
+    dst_mac      destination MAC (member MAC, or 01:00:5e + low 23 bits of the group IP)
+    dst_ip       destination IPv4 address (member or multicast group)
+    dst_port     destination UDP port
+    ip_checksum  IPv4 header checksum of the header template in ``hw/ina/replicator.py``
+                 (``ipv4_header``): version 4, IHL 5, TOS 0, total length = length + 28,
+                 id 0, DF, TTL 64, UDP, source = the core's ``src_ip`` register
+    mcast        1 when the copy goes to an IP multicast group
+    """
+    return data.StructLayout({
+        "data": data.ArrayLayout(32, lanes),
+        "n": range(lanes + 1),
+        "first": 1,
+        "last": 1,
+        "length": 16,
+        "dst_mac": 48,
+        "dst_ip": 32,
+        "dst_port": 16,
+        "ip_checksum": 16,
+        "mcast": 1,
+    })
+
+
+def header_from_words(words):
+    """A HeaderLayout view of five 32-bit words in wire order."""
+    assert len(words) == HEADER_WORDS
+    return data.View(HeaderLayout, Cat(*reversed(list(words))))
+
+
+def header_words(value):
+    """The five wire-order 32-bit words of a header value (a View or a Value)."""
+    v = value.as_value() if hasattr(value, "as_value") else value
+    return [v[32 * (HEADER_WORDS - 1 - i):32 * (HEADER_WORDS - i)] for i in range(HEADER_WORDS)]
+
+
+def header_int(header_bytes: bytes) -> int:
+    """Python: the integer value of a header for ``HeaderLayout`` (for tests)."""
+    return int.from_bytes(header_bytes[:HEADER_BYTES], "big")

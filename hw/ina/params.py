@@ -1,0 +1,96 @@
+"""Parameters of the INA aggregator+replicator core, in plain Python (no Amaranth import).
+
+The WAN schedule optimizer imports :class:`CoreParams` for its FPGA-memory default
+(``CoreParams().slot_memory_bytes``).
+"""
+
+from dataclasses import dataclass
+import math
+
+__all__ = ["CoreParams", "HEADER_WORDS"]
+
+#: the INA header is 20 bytes = 5 words of 32 bits (host/protocol/fields.py)
+HEADER_WORDS = 5
+
+
+def _clog2(n: int) -> int:
+    return max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class CoreParams:
+    """Size of one aggregator+replicator core.
+
+    workers   most workers in one job (1..32); sets the accumulator width
+    window    most slots per set of one job (W, a power of two); a job has 2W records
+    elements  most int32 elements per packet (E)
+    lanes     32-bit elements per clock cycle (L)
+    jobs      number of job-table entries, each with its own range of 2W slot records
+    queue     depth of the output request queue (results waiting for the replicator)
+    """
+    workers: int = 32
+    window: int = 8
+    elements: int = 64
+    lanes: int = 1
+    jobs: int = 2
+    queue: int = 8
+
+    def __post_init__(self):
+        if not 1 <= self.workers <= 32:
+            raise ValueError(f"workers {self.workers} not in 1..32")
+        if self.window < 1 or self.window & (self.window - 1):
+            raise ValueError(f"window {self.window} must be a power of two")
+        if not 1 <= self.elements <= 16384:
+            raise ValueError(f"elements {self.elements} not in 1..16384")
+        if self.lanes not in (1, 2, 4, 8, 16):
+            raise ValueError(f"lanes {self.lanes} not in (1, 2, 4, 8, 16)")
+        if self.jobs < 2:
+            raise ValueError(f"jobs {self.jobs} must be >= 2")
+        if self.queue < 2:
+            raise ValueError(f"queue {self.queue} must be >= 2")
+
+    # -- derived sizes -------------------------------------------------------------------
+    @property
+    def acc_bits(self) -> int:
+        """Accumulator width: exact sum of ``workers`` int32 (37 bits for 32 workers)."""
+        return 32 + _clog2(self.workers)
+
+    @property
+    def header_beats(self) -> int:
+        return -(-HEADER_WORDS // self.lanes)
+
+    @property
+    def elem_beats(self) -> int:
+        """Beats of elements in a full packet: ceil(E / L)."""
+        return -(-self.elements // self.lanes)
+
+    @property
+    def ideal_beats(self) -> int:
+        """Cycles per full packet at one beat per cycle: ceil(E/L) + header beats."""
+        return self.elem_beats + self.header_beats
+
+    @property
+    def records(self) -> int:
+        """Slot records in the core: jobs x 2W."""
+        return self.jobs * 2 * self.window
+
+    @property
+    def meta_bits(self) -> int:
+        """Per-record state besides the accumulators: tag (34, signed), complete,
+        bitmap, count, max exponent, overflow, opened-at time (32), nelem."""
+        return (34 + 1 + self.workers + _clog2(self.workers + 1) + 8 + 1 + 32
+                + _clog2(self.elements + 1))
+
+    @property
+    def slot_memory_bits(self) -> int:
+        acc = self.elem_beats * self.lanes * self.acc_bits
+        return self.records * (acc + self.meta_bits)
+
+    @property
+    def slot_memory_bytes(self) -> int:
+        """Bytes of on-chip slot state (accumulators + per-slot metadata)."""
+        return math.ceil(self.slot_memory_bits / 8)
+
+    def describe(self) -> str:
+        return (f"N<={self.workers} W={self.window} E={self.elements} L={self.lanes} "
+                f"jobs={self.jobs}: {self.slot_memory_bytes} B slot state")
