@@ -1,0 +1,1 @@
+"""cocotb benches (run from tests/ by pytest, or by ``python -m sim.run``)."""

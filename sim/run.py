@@ -1,0 +1,41 @@
+"""``make sim``: run the cocotb benches (every tests/test_sim_*.py) through pytest.
+
+    python -m sim.run [--test NAME] [--waves]
+
+``--test NAME`` selects tests with ``pytest -k NAME``; ``--waves`` sets ``INA_WAVES=1`` so
+each bench writes waveforms in its build/sim/<name>/ directory and prints the path.
+"""
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sim.run", description=__doc__.splitlines()[0])
+    p.add_argument("--test", help="pytest -k expression selecting the benches")
+    p.add_argument("--waves", action="store_true", help="write waveforms (INA_WAVES=1)")
+    p.add_argument("-n", "--jobs", default=None, help="pytest-xdist workers (default: none)")
+    args = p.parse_args(argv)
+    env = dict(os.environ)
+    if args.waves:
+        env["INA_WAVES"] = "1"
+    tests = sorted(str(t.relative_to(ROOT)) for t in (ROOT / "tests").glob("test_sim_*.py"))
+    if not tests:
+        print("no tests/test_sim_*.py found", file=sys.stderr)
+        return 1
+    cmd = [sys.executable, "-m", "pytest", "-s" if args.waves else "-q", *tests]
+    if args.test:
+        cmd += ["-k", args.test]
+    if args.jobs:
+        cmd += ["-n", args.jobs]
+    print(" ".join(cmd), flush=True)
+    return subprocess.call(cmd, cwd=ROOT, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
