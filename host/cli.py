@@ -50,4 +50,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the imported module's main, so commands and this share one CliError class
+    from host.cli import main as _main
+    sys.exit(_main())

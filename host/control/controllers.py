@@ -1,0 +1,141 @@
+"""Five controllers behind one interface, and the telemetry that feeds them.
+
+Every control interval the caller builds a ``CostModel`` from what it measured
+(``Telemetry.model``) and calls ``controller.decide(model)``, which returns the knobs to use
+until the next interval. The controllers differ only in which candidates they consider:
+
+* ``Static``: always ``space.default`` (float32, a=1 unless configured otherwise).
+* ``PrecisionOnly``: best precision, accumulation kept at the default.
+* ``AccumulationOnly``: best accumulation, precision kept at the default (float32).
+* ``Decoupled``: each knob tuned on its own with the other at its default, then the two
+  choices combined: (best q | a=a0, best a | q=q0). This is what two independent
+  controllers, one in the network stack and one in the training framework, would do.
+* ``Joint``: argmin of predicted time to target over the whole product space.
+
+All adaptive controllers share the same hysteresis, so the comparison isolates the
+decision rule: the knobs change only if the proposal is predicted to be at least
+``hysteresis`` (relative) faster than keeping the current knobs, and at least ``dwell``
+intervals after the last change. This keeps a controller from flapping when two choices
+are nearly tied and the measurements are noisy.
+"""
+
+from dataclasses import dataclass, field
+
+from .costmodel import CostModel, JobParams
+from .knobs import ConfigError, Knobs, KnobSpace
+from .measure import BandwidthMeter, ComputeMeter, NoiseScaleEstimator, QuantErrorMeter
+
+__all__ = ["Controller", "Static", "PrecisionOnly", "AccumulationOnly", "Decoupled", "Joint",
+           "CONTROLLERS", "make_controller", "Telemetry"]
+
+
+class Controller:
+    name = "controller"
+
+    def __init__(self, space: KnobSpace = None, hysteresis: float = 0.05, dwell: int = 1):
+        self.space = space if space is not None else KnobSpace()
+        if hysteresis < 0:
+            raise ConfigError(f"hysteresis={hysteresis!r}: must be >= 0")
+        if dwell < 0:
+            raise ConfigError(f"dwell={dwell!r}: must be >= 0 intervals")
+        self.hysteresis = hysteresis
+        self.dwell = dwell
+        self.current = self.space.default
+        self.since_change = dwell   # free to act at the first interval
+        self.changes = 0
+
+    def candidates(self):
+        raise NotImplementedError
+
+    def propose(self, model: CostModel) -> Knobs:
+        """The knobs this controller's rule picks under ``model`` (no hysteresis)."""
+        return model.best(self.candidates())
+
+    def decide(self, model: CostModel) -> Knobs:
+        proposal = self.propose(model)
+        self.since_change += 1
+        if proposal != self.current and self.since_change > self.dwell:
+            if model.rate(self.current) > (1.0 + self.hysteresis) * model.rate(proposal):
+                self.current = proposal
+                self.since_change = 0
+                self.changes += 1
+        return self.current
+
+
+class Static(Controller):
+    name = "static"
+
+    def candidates(self):
+        return [self.space.default]
+
+
+class PrecisionOnly(Controller):
+    name = "precision-only"
+
+    def candidates(self):
+        return [Knobs(q, self.space.default.accum) for q in self.space.precisions]
+
+
+class AccumulationOnly(Controller):
+    name = "accumulation-only"
+
+    def candidates(self):
+        return [Knobs(self.space.default.precision, a) for a in self.space.accums]
+
+
+class Decoupled(Controller):
+    name = "decoupled"
+
+    def candidates(self):
+        return self.space.all()
+
+    def propose(self, model):
+        d = self.space.default
+        q = model.best([Knobs(q, d.accum) for q in self.space.precisions]).precision
+        a = model.best([Knobs(d.precision, a) for a in self.space.accums]).accum
+        return Knobs(q, a)
+
+
+class Joint(Controller):
+    name = "joint"
+
+    def candidates(self):
+        return self.space.all()
+
+
+CONTROLLERS = {c.name: c for c in (Static, PrecisionOnly, AccumulationOnly, Decoupled, Joint)}
+
+
+def make_controller(name: str, space: KnobSpace = None, **kw) -> Controller:
+    try:
+        cls = CONTROLLERS[name]
+    except KeyError:
+        raise ConfigError(f"unknown controller {name!r}; have: {', '.join(CONTROLLERS)}") from None
+    return cls(space, **kw)
+
+
+@dataclass
+class Telemetry:
+    """The online meters, and the cost model they imply on top of what is known a priori
+    (``base``: model size, workers, micro-batch, and priors for anything not yet measured)."""
+    base: JobParams
+    bandwidth: BandwidthMeter = field(default_factory=BandwidthMeter)
+    compute: ComputeMeter = field(default_factory=ComputeMeter)
+    noise: NoiseScaleEstimator = field(default_factory=NoiseScaleEstimator)
+    quant: QuantErrorMeter = field(default_factory=QuantErrorMeter)
+
+    def params(self) -> JobParams:
+        kw = {}
+        if self.bandwidth.value:
+            kw["bandwidth"] = self.bandwidth.value
+        if self.compute.value is not None:
+            kw["t_compute"] = self.compute.value
+        if self.noise.value is not None:
+            kw["b_noise"] = self.noise.value
+        measured = {q: r for q, r in self.quant.value.items() if r is not None}
+        if measured:
+            kw["quant_ratio"] = {**self.base.quant_ratio, **measured}
+        return self.base.with_(**kw)
+
+    def model(self) -> CostModel:
+        return CostModel(self.params())

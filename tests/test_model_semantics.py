@@ -1,0 +1,245 @@
+"""The reference switch model: one directed test per row of DESIGN.md's semantics table,
+and property tests of its invariants."""
+
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from host.model import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
+from host.protocol import pack, unpack, MsgType, Flags, HEADER_BYTES
+from host.protocol.jobtable import JobConfig
+
+N, W, E = 4, 4, 8
+ADDR = [("127.0.0.1", 5000 + w) for w in range(N)]
+
+
+def job(mode="reliable", deadline=0.010, n=N, mcast=None):
+    return JobConfig(1, tuple(f"{a}:{p}" for a, p in ADDR[:n]), window=W, elements=E,
+                     deadline=deadline, mode=mode, mcast=mcast)
+
+
+def data(worker, seq, values=None, exponent=0, job_id=1, **kw):
+    if values is None:
+        values = np.full(E, worker + 1)
+    return pack(values, job=job_id, worker=worker, seq=seq, exponent=exponent, **kw)
+
+
+def send(m, worker, seq, now=0.0, **kw):
+    return m.process(data(worker, seq, **kw), ADDR[worker], now)
+
+
+def state(m):
+    """Everything that is aggregation state (not counters)."""
+    out = []
+    for js in m.jobs.values():
+        for s in (0, 1):
+            for slot in js.slots[s]:
+                out.append((slot.tag, slot.complete, slot.bitmap, slot.count, slot.exponent,
+                            None if slot.acc is None else slot.acc.tobytes(), slot.result))
+    return out
+
+
+def test_first_packet_opens_slot():
+    m = SwitchModel([job()])
+    assert send(m, 0, 0, now=1.5) == []
+    slot = m.jobs[1].slots[0][0]
+    assert (slot.tag, slot.complete, slot.bitmap, slot.count, slot.opened_at) == (0, False, 1, 1, 1.5)
+
+
+def test_complete_slot_multicasts_result_to_group():
+    m = SwitchModel([job()])
+    for w in range(N - 1):
+        assert send(m, w, 0, exponent=w) == []
+    out = send(m, N - 1, 0, exponent=-3)
+    assert [d for d, _ in out] == ADDR
+    h, elems = unpack(out[0][1])
+    assert h["type"] == MsgType.RESULT and h["count"] == N and h["bitmap"] == 0xF
+    assert h["exponent"] == 2 and h["worker"] == GROUP_WORKER and h["flags"] == 0
+    assert list(elems) == [1 + 2 + 3 + 4] * E
+
+
+def test_ip_multicast_mode_sends_one_copy():
+    m = SwitchModel([job(mcast=("239.1.2.3", 6000))])
+    for w in range(N):
+        out = send(m, w, 0)
+    assert [d for d, _ in out] == [("239.1.2.3", 6000)]
+
+
+def test_duplicate_not_added_and_resent_when_complete():
+    m = SwitchModel([job()])
+    send(m, 0, 0)
+    assert send(m, 0, 0) == []
+    assert m.counters["duplicates"] == 1
+    for w in range(1, N):
+        out = send(m, w, 0)
+    assert list(unpack(out[0][1])[1]) == [10] * E
+    again = send(m, 2, 0, flags=Flags.RETRANSMIT)
+    assert len(again) == 1 and again[0][0] == ADDR[2]
+    h, elems = unpack(again[0][1])
+    assert h["worker"] == 2 and h["flags"] & Flags.RETRANSMIT and list(elems) == [10] * E
+
+
+def test_saturation_sets_overflow_and_is_order_independent():
+    big = np.full(E, INT32_MAX)
+    neg = np.full(E, -5)
+    results = []
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0]):
+        m = SwitchModel([job()])
+        for w in order:
+            out = send(m, w, 0, values=big if w < 2 else neg)
+        h, elems = unpack(out[0][1])
+        results.append(out[0][1])
+        assert h["flags"] & Flags.OVERFLOW and m.counters["overflows"] == 1
+        assert list(elems) == [INT32_MAX] * E
+    assert results[0] == results[1]
+    m = SwitchModel([job()])
+    for w in range(N):
+        out = send(m, w, 0, values=np.full(E, INT32_MIN))
+    assert list(unpack(out[0][1])[1]) == [INT32_MIN] * E
+
+
+def test_deadline_partial_then_late_worker_gets_same_result():
+    m = SwitchModel([job("bounded", deadline=0.010)])
+    send(m, 0, 0, now=0.0)
+    send(m, 2, 0, now=0.001)
+    assert m.tick(0.009) == []
+    out = m.tick(0.010)
+    assert [d for d, _ in out] == ADDR
+    h, elems = unpack(out[0][1])
+    assert h["flags"] & Flags.PARTIAL and h["count"] == 2 and h["bitmap"] == 0b0101
+    assert list(elems) == [1 + 3] * E
+    late = send(m, 1, 0, now=0.02)
+    assert len(late) == 1 and late[0][0] == ADDR[1]
+    assert unpack(late[0][1])[1].tolist() == elems.tolist()
+    assert m.counters["late"] == 1 and m.counters["partials"] == 1
+
+
+def test_process_fires_due_deadlines_before_the_packet():
+    m = SwitchModel([job("bounded", deadline=0.010)])
+    send(m, 0, 0, now=0.0)
+    out = send(m, 1, 0, now=0.5)
+    assert out[0][0] == ADDR[0] and unpack(out[0][1])[0]["count"] == 1  # partial first
+    assert out[-1][0] == ADDR[1]  # then the late worker's unicast copy
+
+
+def test_reliable_mode_has_no_deadline():
+    m = SwitchModel([job("reliable")])
+    send(m, 0, 0, now=0.0)
+    assert m.tick(100.0) == [] and m.next_deadline() is None
+
+
+def test_slot_reuse_two_windows_later_and_stale():
+    m = SwitchModel([job()])
+    for w in range(N):
+        send(m, w, 1)
+    for w in range(N):
+        out = send(m, w, 1 + 2 * W)  # same set and index, next use
+    assert unpack(out[0][1])[0]["seq"] == 1 + 2 * W
+    before = state(m)
+    assert send(m, 0, 1) == []
+    assert m.counters["drop_stale"] == 1 and state(m) == before
+
+
+def test_out_of_window():
+    m = SwitchModel([job()])
+    send(m, 0, 0)
+    before = state(m)
+    assert send(m, 1, 2 * W) == []          # slot 0/set 0 still open
+    assert send(m, 1, 5 * W) == []          # far ahead
+    assert m.counters["drop_out_of_window"] == 2 and state(m) == before
+
+
+BAD = {
+    "drop_truncated": [b"", b"\x01" * 7, data(0, 0)[:HEADER_BYTES + 5]],
+    "drop_bad_version": [b"\x02" + data(0, 0)[1:]],
+    "drop_unknown_job": [data(0, 0, job_id=99)],
+    "drop_malformed": [data(0, 0) + b"\x00\x00\x00\x00",                     # longer than nelem
+                       pack(np.zeros(E + 1), job=1, worker=0, seq=0),        # too many elements
+                       pack(np.zeros(E), job=1, worker=0, seq=0, type=MsgType.RESULT)],
+}
+
+
+@pytest.mark.parametrize("reason", sorted(BAD))
+def test_bad_datagrams_counted_and_state_untouched(reason):
+    m = SwitchModel([job()])
+    send(m, 1, 0)
+    before = state(m)
+    for dgram in BAD[reason]:
+        assert m.process(dgram, ADDR[0], 0.0) == []
+    assert m.counters[reason] == len(BAD[reason]) and state(m) == before
+
+
+def test_unknown_source_and_worker_out_of_range():
+    m = SwitchModel([job()])
+    before = state(m)
+    assert m.process(data(0, 0), ("127.0.0.1", 9999), 0.0) == []   # not a member address
+    assert m.process(data(1, 0), ADDR[0], 0.0) == []               # worker/address mismatch
+    assert m.process(data(7, 0), ADDR[0], 0.0) == []               # worker >= N
+    assert m.counters["drop_unknown_source"] == 3 and state(m) == before
+
+
+def test_mismatched_element_count_in_open_slot_is_dropped():
+    m = SwitchModel([job()])
+    send(m, 0, 0)
+    before = state(m)
+    assert m.process(pack(np.ones(E - 1), job=1, worker=1, seq=0), ADDR[1], 0.0) == []
+    assert m.counters["drop_malformed"] == 1 and state(m) == before
+
+
+def test_control_installs_job_and_status_reports():
+    m = SwitchModel()
+    cfg = job()
+    hdr = pack(type=MsgType.CONTROL)
+    reply = m.process(hdr + cfg.to_bytes(), ("127.0.0.1", 1), 0.0)
+    assert reply and 1 in m.jobs and m.jobs[1].cfg == cfg
+    assert m.process(hdr + b"\x00" * 3, ("127.0.0.1", 1), 0.0) == []
+    assert m.counters["drop_malformed"] == 1
+
+
+# ---- properties ---------------------------------------------------------------------
+
+contrib = st.lists(st.integers(INT32_MIN, INT32_MAX), min_size=E, max_size=E)
+
+
+@given(st.lists(contrib, min_size=N, max_size=N), st.permutations(range(N)),
+       st.lists(st.integers(0, N - 1), max_size=6))
+@settings(max_examples=150, deadline=None)
+def test_order_independent_and_duplicates_never_added(values, order, dups):
+    outs = []
+    for perm in (list(range(N)), list(order)):
+        m = SwitchModel([job()])
+        result = []
+        for i, w in enumerate(perm):
+            result += send(m, w, 3, values=np.array(values[w]))
+            for d in dups:  # duplicates interleaved, from workers already in
+                if d in perm[:i + 1]:
+                    result += send(m, d, 3, values=np.array(values[d]))
+        outs.append([r for r in result if unpack(r[1])[0]["worker"] == GROUP_WORKER])
+    assert outs[0] == outs[1] and len(outs[0]) == N
+    exact = np.sum(np.array(values, dtype=np.int64), axis=0)
+    assert unpack(outs[0][0][1])[1].tolist() == np.clip(exact, INT32_MIN, INT32_MAX).tolist()
+
+
+@given(st.binary(max_size=80))
+@settings(max_examples=300, deadline=None)
+def test_garbage_never_changes_state(blob):
+    m = SwitchModel([job()])
+    send(m, 0, 0)
+    before = state(m)
+    m.process(blob, ADDR[3], 0.0)
+    if state(m) != before:  # only a well-formed DATA from worker 3 may change state
+        h, _ = unpack(blob)
+        assert h["type"] == MsgType.DATA and h["worker"] == 3 and h["job"] == 1
+
+
+@given(st.sets(st.integers(0, N - 1), min_size=1, max_size=N - 1))
+@settings(max_examples=50, deadline=None)
+def test_partial_carries_exact_contributor_set(present):
+    m = SwitchModel([job("bounded", deadline=0.01)])
+    for w in sorted(present):
+        send(m, w, 0)
+    h, elems = unpack(m.tick(1.0)[0][1])
+    assert h["bitmap"] == sum(1 << w for w in present) and h["count"] == len(present)
+    assert elems.tolist() == [sum(w + 1 for w in present)] * E
