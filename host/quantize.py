@@ -25,7 +25,10 @@ from numba import njit
 from .protocol.fields import NO_EXPONENT, HEADER_BYTES
 
 __all__ = ["scale_bits", "local_exponents", "pack_chunk", "dequantize", "error_bound",
-           "NO_EXPONENT"]
+           "NO_EXPONENT", "NONFINITE"]
+
+#: local exponent of a chunk that holds inf or NaN
+NONFINITE = 127
 
 
 def scale_bits(nworkers: int) -> int:
@@ -34,58 +37,46 @@ def scale_bits(nworkers: int) -> int:
 
 
 def local_exponents(values: np.ndarray, elements: int) -> np.ndarray:
-    """Per-chunk exponent e with max|chunk| < 2**e (NO_EXPONENT for an all-zero chunk)."""
-    return _local_exponents(values, elements)
-
-
-@njit(cache=True, nogil=True)
-def _local_exponents(values, elements):
-    k = (values.size + elements - 1) // elements
-    out = np.empty(k, np.int8)
-    for j in range(k):
-        m = 0.0
-        for i in range(j * elements, min(values.size, (j + 1) * elements)):
-            a = abs(values[i])
-            if a > m:
-                m = a
-        if m == 0.0 or not np.isfinite(m):
-            out[j] = NO_EXPONENT if m == 0.0 else 127
-        else:
-            e = np.int64(np.floor(np.log2(m))) + 1
-            while m >= 2.0 ** e:      # guard log2 rounding at powers of two
-                e += 1
-            while e > -126 and m < 2.0 ** (e - 1):
-                e -= 1
-            out[j] = max(min(e, 127), -127)
+    """Per-chunk exponent e with max|chunk| < 2**e, i.e. ``frexp(max|chunk|)[1]``
+    (NO_EXPONENT for an all-zero chunk, NONFINITE for one holding inf or NaN)."""
+    v = np.asarray(values, np.float32).reshape(-1)
+    k = -(-v.size // elements)
+    full = v.size // elements
+    m = np.empty(k, np.float32)
+    if full:
+        blocks = v[:full * elements].reshape(full, elements)
+        np.maximum(blocks.max(axis=1), -blocks.min(axis=1), out=m[:full])
+    if k > full:
+        tail = v[full * elements:]
+        m[full] = max(tail.max(), -tail.min())
+    with np.errstate(invalid="ignore"):
+        e = np.frexp(m)[1]
+    out = np.clip(e, -127, 126).astype(np.int8)
+    out[m == 0] = NO_EXPONENT
+    out[~np.isfinite(m)] = NONFINITE
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def _pack(values, start, count, exponent, sbits, out, offset):
-    """Quantize values[start:start+count] and write big-endian int32 at out[offset:]."""
-    if exponent == NO_EXPONENT:
-        scale = 0.0
-    else:
-        scale = 2.0 ** (sbits - exponent)
-    lim = 2.0 ** 31 - 1
+    """Quantize values[start:start+count] and write big-endian int32 at out[offset:]
+    (offset a multiple of 4; ``out`` a 4-aligned uint8 array). Branch-free so LLVM
+    vectorizes it: scale, clamp, round, byte-swap, store in one pass. Values must be
+    finite (``local_exponents`` flags a chunk with inf/NaN as exponent 127)."""
+    scale = 0.0 if exponent == NO_EXPONENT else 2.0 ** (sbits - exponent)
+    lim = 2147483647.0
+    o32 = out[offset:offset + 4 * count].view(np.uint32)
+    v = values[start:start + count]
     clipped = 0
     for i in range(count):
-        x = values[start + i] * scale
-        if x > lim:
-            x = lim
-            clipped += 1
-        elif x < -lim:
-            x = -lim
-            clipped += 1
-        elif x != x:  # NaN
-            x = 0.0
-            clipped += 1
-        q = np.int64(np.rint(x)) & 0xFFFFFFFF
-        o = offset + 4 * i
-        out[o] = (q >> 24) & 0xFF
-        out[o + 1] = (q >> 16) & 0xFF
-        out[o + 2] = (q >> 8) & 0xFF
-        out[o + 3] = q & 0xFF
+        x = np.float64(v[i]) * scale
+        clipped += abs(x) > lim
+        x = min(max(x, -lim), lim)
+        q = np.uint32(np.int64(np.rint(x)))
+        o32[i] = (((q & np.uint32(0xFF)) << np.uint32(24))
+                  | ((q & np.uint32(0xFF00)) << np.uint32(8))
+                  | ((q >> np.uint32(8)) & np.uint32(0xFF00))
+                  | (q >> np.uint32(24)))
     return clipped
 
 
@@ -108,3 +99,15 @@ def error_bound(exponent: int, nworkers: int) -> float:
     if exponent == NO_EXPONENT:
         return 0.0
     return nworkers * math.ldexp(1.0, int(exponent) - scale_bits(nworkers) - 1)
+
+
+@njit(cache=True, nogil=True)
+def _pack_many(values, elements, exponents, sbits, out, stride):
+    """Bulk form of pack_chunk: chunk j goes to out[j*stride + HEADER_BYTES:]."""
+    clipped = 0
+    for j in range(exponents.size):
+        start = j * elements
+        count = min(elements, values.size - start)
+        clipped += _pack(values, start, count, np.int64(exponents[j]), sbits, out,
+                         j * stride + HEADER_BYTES)
+    return clipped

@@ -315,6 +315,81 @@ class RingTcp(Collective):
 
 
 # ------------------------------------------------------------------------------------
+class _PhaseClock:
+    """When a bounded phase ends, per sender: at ``deadline`` after its first datagram
+    (or after the phase start, whichever is later), or ``early`` after its first
+    tail-marked datagram, whichever comes first; a sender not heard from at all is given
+    ``deadline + skew`` from the phase start. The phase ends when every sender is complete
+    or past its end."""
+
+    def __init__(self, need, deadline, early, skew):
+        self.need, self.deadline, self.early_t, self.skew = need, deadline, early, skew
+        n = len(need)
+        self.cnt = [0] * n
+        self.first = [None] * n
+        self.last = [None] * n
+        self.tail = [None] * n
+        self.t0 = None
+        self.early = False
+        self._end = None
+        self._dirty = True
+
+    def start(self, t0):
+        self.t0 = t0
+        self._dirty = True
+
+    def arrive(self, s, now, tail):
+        c = self.cnt[s] = self.cnt[s] + 1
+        self.last[s] = now
+        if self.first[s] is None:
+            self.first[s] = now
+            self._dirty = True
+        if tail and self.tail[s] is None:
+            self.tail[s] = now
+            self._dirty = True
+        if c == self.need[s]:
+            self._dirty = True
+
+    def end(self):
+        """The time the phase ends, or None when all data is in."""
+        if self._dirty:
+            self._dirty = False
+            ends = []
+            early = True
+            for s, need in enumerate(self.need):
+                if self.cnt[s] >= need:
+                    continue
+                if self.first[s] is None:
+                    ends.append(self.t0 + self.deadline + self.skew)
+                    early = False
+                    continue
+                e = max(self.first[s], self.t0) + self.deadline
+                if self.tail[s] is not None and self.tail[s] + self.early_t < e:
+                    e = self.tail[s] + self.early_t
+                else:
+                    early = False
+                ends.append(e)
+            self._end = max(ends) if ends else None
+            self.early = bool(ends) and early
+        return self._end
+
+    def duration(self, now):
+        """The phase's duration as the policy sees it: for complete senders, from the
+        later of their first datagram and the phase start to their last one; for
+        incomplete ones (censored), until now."""
+        d = 0.0
+        for s, need in enumerate(self.need):
+            if need == 0:
+                continue
+            if self.first[s] is None:
+                d = max(d, now - self.t0)
+            elif self.cnt[s] >= need:
+                d = max(d, self.last[s] - max(self.first[s], self.t0))
+            else:
+                d = max(d, now - max(self.first[s], self.t0))
+        return d
+
+
 class TarUdp(Collective):
     """Bounded-time TAR over UDP (see the module docstring).
 
@@ -423,22 +498,19 @@ class TarUdp(Collective):
         bgot[r][:] = True
         bcount = [np.full(nch[o], N, np.int64) for o in range(N)]
         out = np.empty(n, np.float32)
-        s_tail = np.zeros(N, bool)
-        b_tail = np.zeros(N, bool)
-        s_tail[r] = b_tail[r] = True
-        for o in range(N):        # a peer with nothing to send has nothing to wait for
-            if nch[r] == 0:
-                s_tail[o] = True
-            if nch[o] == 0:
-                b_tail[o] = True
+        s_need = [0 if o == r else int(nch[r]) for o in range(N)]
+        b_need = [0 if o == r else int(nch[o]) for o in range(N)]
+        # A peer never heard from in a phase may be up to one bounded call behind (its
+        # previous call hit its deadlines); in the broadcast phase, also by our scatter.
+        skew = 2 * (s_deadline + b_deadline)
+        sclock = _PhaseClock(s_need, s_deadline, self.sp.early_timeout(), skew)
+        bclock = _PhaseClock(b_need, b_deadline, self.bp.early_timeout(), skew + s_deadline)
         st = {"late": 0, "dup": 0, "bad": 0, "stashed": 0}
-        s_expected = (N - 1) * int(nch[r])
-        b_expected = int(sum(nch[o] for o in peers))
-        recv_s = recv_b = 0
+        s_expected, b_expected = sum(s_need), sum(b_need)
         phase = 1
+        clock = time.monotonic
 
         def handle(buf, nbytes):
-            nonlocal recv_s, recv_b
             if nbytes < HB:
                 st["bad"] += 1
                 return
@@ -467,9 +539,7 @@ class TarUdp(Collective):
                     got[sender, chunk] = True
                     a = chunk * E
                     acc[a:a + nelem] += data
-                    recv_s += 1
-                    if flags & Flag.TAIL:
-                        s_tail[sender] = True
+                    sclock.arrive(sender, clock(), flags & Flag.TAIL)
             elif kind == Kind.BCAST:
                 if chunk >= nch[sender] or offset != lo[sender] + chunk * E:
                     st["bad"] += 1
@@ -479,9 +549,7 @@ class TarUdp(Collective):
                     bgot[sender][chunk] = True
                     out[offset:offset + nelem] = data
                     bcount[sender][chunk] = count
-                    recv_b += 1
-                    if flags & Flag.TAIL:
-                        b_tail[sender] = True
+                    bclock.arrive(sender, clock(), flags & Flag.TAIL)
             else:
                 st["bad"] += 1
 
@@ -491,8 +559,9 @@ class TarUdp(Collective):
             if nch[o]:
                 rows, lens = self._packets(v[lo[o]:hi[o]], Kind.SCATTER, call, N, lo[o])
                 per_dest.append((addrs[o], rows, lens))
+        t_s = clock()
+        sclock.start(t_s)
         sent = self._send_interleaved(per_dest)
-        t_s = time.monotonic()
         for old in [c for c in self.stash if (c - call) & 0x80000000 or c == call]:
             pk = self.stash.pop(old)
             if old == call:
@@ -500,59 +569,43 @@ class TarUdp(Collective):
                     handle(b, len(b))
             else:
                 st["late"] += len(pk)
-        s_end = t_s + s_deadline
-        s_early = b_early = False
-        b_end = None
         sock = self.mesh.udp_raw
         rx = self._rx
-        s_timed_out = b_timed_out = False
         s_time = b_time = 0.0
         while True:
-            now = time.monotonic()
+            now = clock()
             if phase == 1:
-                if not s_early and s_tail.all():
-                    s_early = True
-                    s_end = min(s_end, now + self.sp.early_timeout())
-                if recv_s == s_expected or now >= s_end:
-                    s_timed_out = recv_s < s_expected
-                    s_time = now - t_s
+                end = sclock.end()
+                if end is None or now >= end:
+                    s_time = sclock.duration(now)
                     # finish the own shard: rescale partial chunks by N / count
                     cnt = got.sum(axis=0)
-                    if nch[r]:
-                        scale = np.repeat((N / cnt).astype(np.float32), E)[:acc.size]
-                        if (cnt < N).any():
-                            acc *= scale
+                    if nch[r] and (cnt < N).any():
+                        acc *= np.repeat((N / cnt).astype(np.float32), E)[:acc.size]
                     bcount[r] = cnt.astype(np.int64)
                     out[lo[r]:hi[r]] = acc
                     if nch[r] and peers:
                         rows, lens = self._packets(acc, Kind.BCAST, call, cnt, lo[r])
+                        bclock.start(clock())
                         sent += self._send_interleaved([(addrs[o], rows, lens) for o in peers])
+                    else:
+                        bclock.start(clock())
                     phase = 2
-                    now = time.monotonic()
-                    t_b = now
-                    b_end = now + b_deadline
-                    if b_tail.all():
-                        b_early = True
-                        b_end = min(b_end, now + self.bp.early_timeout())
                     continue
-                wait = s_end - now
             else:
-                if not b_early and b_tail.all():
-                    b_early = True
-                    b_end = min(b_end, now + self.bp.early_timeout())
-                if recv_b == b_expected or now >= b_end:
-                    b_timed_out = recv_b < b_expected
-                    b_time = now - t_b
+                end = bclock.end()
+                if end is None or now >= end:
+                    b_time = bclock.duration(now)
                     break
-                wait = b_end - now
-            sock.settimeout(max(wait, 1e-5))
+            sock.settimeout(max(end - now, 1e-5))
             try:
                 nbytes = sock.recv_into(rx)
-            except (socket.timeout, BlockingIOError):
-                continue
-            except ConnectionRefusedError:
+            except (socket.timeout, BlockingIOError, ConnectionRefusedError):
                 continue
             handle(rx, nbytes)
+        recv_s, recv_b = sum(sclock.cnt), sum(bclock.cnt)
+        s_timed_out, b_timed_out = recv_s < s_expected, recv_b < b_expected
+        s_early, b_early = sclock.early, bclock.early
         # missing broadcast chunks: fill, and report their ranges
         missing = []
         missing_entries = 0

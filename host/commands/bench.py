@@ -26,6 +26,8 @@ def add_arguments(p):
 
 
 def _load(path):
+    if str(BENCH_DIR.parent) not in sys.path:
+        sys.path.insert(0, str(BENCH_DIR.parent))  # so benchmarks can `import bench._results`
     spec = importlib.util.spec_from_file_location(f"bench.{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -81,6 +81,7 @@ def simulate(controller: Controller, sc: Scenario, trace: BandwidthTrace, seed: 
     t, progress, steps = 0.0, 0.0, 0
     next_control = sc.control_interval
     D, N, b = sc.grad_dims, p0.workers, p0.micro_batch
+    r_q = {q: CostModel(p0).quant_ratio(q) for q in sc.space.precisions}
     G = np.full(D, 1.0 / np.sqrt(D))           # |G|^2 = 1, so tr(Sigma) = B_noise
     log = {k: [] for k in ("t", "precision", "accum", "bw_true", "bw_meas", "b_noise_est",
                            "b_noise_true")}
@@ -102,7 +103,7 @@ def simulate(controller: Controller, sc: Scenario, trace: BandwidthTrace, seed: 
         tel.noise.record(a * b, float(g_workers[0] @ g_workers[0]), a * b * N,
                          float(np.square(g_workers.mean(0)).sum()))
         # progress under the model (quantization error ratio from kappa2)
-        progress += 1.0 / CostModel(p0.with_(b_noise=bn)).noise_factor(knobs)
+        progress += 1.0 / (1.0 + bn / (a * b * N) + r_q[q] / N * (1.0 + bn / (a * b)))
         steps += 1
         log["t"].append(t)
         log["precision"].append(q)

@@ -97,7 +97,7 @@ class NetConfig:
     """What the exchange needs and what the network offers beyond the topology."""
     update_bytes: float = 1e9          # S
     memory_bytes: float = 64e6         # M, per edge FPGA
-    slot_window_bytes: float = 64e3    # slots needed even with zero skew (pipelining)
+    slot_window_bytes: float = 2048.0  # one set of W slots: needed even with zero skew
     jitter_s: float = 10e-6            # arrival-time uncertainty the buffer must absorb
     multicast: bool = True
     fpga: bool = True

@@ -167,7 +167,10 @@ def _exact(model: RoundModel, n: int, k: int, floor: float, deadline: float):
     obj1 = np.where(np.isfinite(times), -np.log(np.maximum(s1, floor)) / times, 0.0)
     b = int(np.argmax(obj1))
     best = (obj1[b], [rounds[b]])
-    cap = -math.log(floor)
+    # a node reaches at most k^2 others in two rounds: a row of P has <= m = min(k^2, n)
+    # non-zeros, so sigma2 >= ||row - 1/n|| >= sqrt(1/m - 1/n)  (exact pruning bound)
+    m = min(k * k, n)
+    cap = -math.log(max(floor, math.sqrt(max(1.0 / m - 1.0 / n, 0.0))))
     for p in range(len(rounds)):
         if time.perf_counter() > deadline:
             return best, evaluated, False

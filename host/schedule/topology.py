@@ -110,7 +110,9 @@ class Topology:
         hop = d * self.route_factor / self.fibre_speed
         ij = np.array(sorted(self.links), dtype=int).reshape(-1, 2)
         # a zero-length hop (two islands in one metro) still costs a LAN latency
-        w = np.maximum(hop[ij[:, 0], ij[:, 1]], max(self.lan_latency, 1e-9))
+        # a zero-length hop (two islands in one metro) still costs a LAN latency
+        self.hop_latency = np.maximum(hop, max(self.lan_latency, 1e-9))
+        w = self.hop_latency[ij[:, 0], ij[:, 1]]
         g = csr_matrix((np.r_[w, w], (np.r_[ij[:, 0], ij[:, 1]], np.r_[ij[:, 1], ij[:, 0]])),
                        shape=(n, n))
         ncomp, label = connected_components(g, directed=False)
@@ -149,6 +151,7 @@ class Topology:
         n = self.n
         t.latency = np.full((n, n), self.lan_latency)
         np.fill_diagonal(t.latency, 0.0)
+        t.hop_latency = t.latency.copy()
         t.links = {(i, j): max(self.links.values()) for i in range(n) for j in range(i + 1, n)}
         t._pred = np.tile(np.arange(n)[:, None], (1, n))  # direct hops
         t.source = self.source + " (colocated)"

@@ -152,6 +152,9 @@ class SwitchClient:
         st = AllreduceStats(calls=1, elements=n)
         out = np.zeros(n, np.float32)
         local_exp = Q.local_exponents(x, E) if n else np.zeros(0, np.int8)
+        if (local_exp == Q.NONFINITE).any():
+            raise ValueError(f"allreduce input holds inf or NaN (chunk "
+                             f"{int(np.argmax(local_exp == Q.NONFINITE))})")
         shared_exp = np.full(K, NO_EXPONENT, np.int16)
         done = np.zeros(P, bool)
         inflight = {}     # p -> send time, oldest first (at most W entries)
