@@ -17,6 +17,7 @@ count for the light/medium/heavy comparisons, a changing one for the knob trace.
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from .knobs import ConfigError
 
@@ -84,43 +85,60 @@ def background_trace(capacity: float, job: BackgroundJob, schedule, horizon: flo
     schedule = sorted(schedule)
     if not schedule or schedule[0][0] != 0:
         raise ConfigError("contention schedule must start at t=0")
-    rng = np.random.default_rng(seed)
-    nmax = max(n for _, n in schedule)
-    sched_t = np.array([s for s, _ in schedule] + [np.inf])
-    sched_n = [n for _, n in schedule]
-    # per job: phase 0 = computing until busy_until, 1 = sending, remaining bytes
-    phase = np.zeros(nmax, int)
-    busy_until = rng.uniform(0, job.t_compute, nmax)
-    remaining = np.zeros(nmax)
-    times, ks = [], []
-    t, seg = 0.0, 0
-    while t < horizon:
-        n_on = sched_n[seg]
-        on = np.arange(nmax) < n_on
-        sending = on & (phase == 1)
-        k = int(sending.sum())
-        rate = capacity / (1 + k)
-        # next event: a compute phase ends, a send completes, or the schedule changes
-        t_comp = np.where(on & (phase == 0), busy_until, np.inf).min(initial=np.inf)
-        t_send = t + (remaining[sending].min() / rate if k else np.inf)
-        t_next = min(t_comp, t_send, sched_t[seg + 1], horizon)
-        remaining[sending] -= rate * (t_next - t)
-        times.append(t)
-        ks.append(k)
-        t = t_next
-        done_send = sending & (remaining <= 1e-6 * job.grad_bytes)
-        phase[done_send] = 0
-        busy_until[done_send] = t + job.t_compute * rng.lognormal(0, job.jitter, done_send.sum())
-        done_comp = on & (phase == 0) & (busy_until <= t)
-        phase[done_comp] = 1
-        remaining[done_comp] = job.grad_bytes
-        if t >= sched_t[seg + 1]:
-            seg += 1
-            joined = (np.arange(nmax) >= sched_n[seg - 1]) & (np.arange(nmax) < sched_n[seg])
-            phase[joined] = 0
-            busy_until[joined] = t + rng.uniform(0, job.t_compute, joined.sum())
-    times, ks = np.array(times), np.array(ks)
+    sched_t = np.array([float(s) for s, _ in schedule] + [np.inf])
+    sched_n = np.array([n for _, n in schedule], np.int64)
+    times, ks = _events(float(capacity), float(job.grad_bytes), float(job.t_compute),
+                        float(job.jitter), sched_t, sched_n, float(horizon), int(seed))
     last = np.concatenate([times[1:] > times[:-1], [True]])   # last event at each time
     times, ks = times[last], ks[last]
     keep = np.concatenate([[True], ks[1:] != ks[:-1]])
     return BandwidthTrace(times[keep], capacity / (1 + ks[keep]))
+
+
+@njit(cache=True)
+def _events(capacity, grad_bytes, t_compute, jitter, sched_t, sched_n, horizon, seed):
+    """Fluid event simulation of the background jobs: (event times, active senders)."""
+    np.random.seed(seed)
+    nmax = max(sched_n.max(), 1)
+    phase = np.zeros(nmax, np.int64)           # 0 computing, 1 sending
+    busy_until = np.empty(nmax)
+    for j in range(nmax):
+        busy_until[j] = np.random.uniform(0.0, t_compute)
+    remaining = np.zeros(nmax)
+    times = []
+    ks = []
+    t = 0.0
+    seg = 0
+    while t < horizon:
+        n_on = sched_n[seg]
+        k = 0
+        min_rem = np.inf
+        t_comp = np.inf
+        for j in range(n_on):
+            if phase[j] == 1:
+                k += 1
+                min_rem = min(min_rem, remaining[j])
+            else:
+                t_comp = min(t_comp, busy_until[j])
+        rate = capacity / (1 + k)
+        t_send = t + min_rem / rate if k else np.inf
+        t_next = min(t_comp, t_send, sched_t[seg + 1], horizon)
+        times.append(t)
+        ks.append(k)
+        for j in range(n_on):
+            if phase[j] == 1:
+                remaining[j] -= rate * (t_next - t)
+        t = t_next
+        for j in range(n_on):
+            if phase[j] == 1 and remaining[j] <= 1e-6 * grad_bytes:
+                phase[j] = 0
+                busy_until[j] = t + t_compute * np.random.lognormal(0.0, jitter)
+            elif phase[j] == 0 and busy_until[j] <= t:
+                phase[j] = 1
+                remaining[j] = grad_bytes
+        if t >= sched_t[seg + 1]:
+            seg += 1
+            for j in range(sched_n[seg - 1], sched_n[seg]):
+                phase[j] = 0
+                busy_until[j] = t + np.random.uniform(0.0, t_compute)
+    return np.array(times), np.array(ks)

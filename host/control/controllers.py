@@ -84,16 +84,28 @@ class AccumulationOnly(Controller):
 
 
 class Decoupled(Controller):
+    """A precision controller and an accumulation controller that do not know about each
+    other: each runs its own one-knob rule (with its own hysteresis) as if the other knob
+    were at its default, and the job uses both outputs."""
     name = "decoupled"
+
+    def __init__(self, space=None, hysteresis=0.05, dwell=1):
+        super().__init__(space, hysteresis, dwell)
+        self.net = PrecisionOnly(self.space, hysteresis, dwell)
+        self.ml = AccumulationOnly(self.space, hysteresis, dwell)
 
     def candidates(self):
         return self.space.all()
 
     def propose(self, model):
-        d = self.space.default
-        q = model.best([Knobs(q, d.accum) for q in self.space.precisions]).precision
-        a = model.best([Knobs(d.precision, a) for a in self.space.accums]).accum
-        return Knobs(q, a)
+        return Knobs(self.net.propose(model).precision, self.ml.propose(model).accum)
+
+    def decide(self, model):
+        new = Knobs(self.net.decide(model).precision, self.ml.decide(model).accum)
+        if new != self.current:
+            self.current = new
+            self.changes += 1
+        return self.current
 
 
 class Joint(Controller):
