@@ -28,6 +28,9 @@ def verilog_of(component, toplevel: str, path: pathlib.Path) -> pathlib.Path:
     from amaranth.back import verilog
     path.parent.mkdir(parents=True, exist_ok=True)
     text = verilog.convert(component, name=toplevel, emit_src=False)
+    # Icarus does not run a plain ``always @*`` at time 0, so a combinational signal
+    # whose inputs keep their initial values would read X; ``always_comb`` does run.
+    text = text.replace("always @*", "always_comb")
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return path

@@ -1,0 +1,67 @@
+"""Output request queue: a small register FIFO that takes up to two requests per cycle
+and can tell whether a slot record has a request waiting (a one-port CAM)."""
+
+from amaranth.hdl import *
+from amaranth.lib import wiring, data
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["RequestQueue"]
+
+
+class RequestQueue(wiring.Component):
+    """Depth-``depth`` FIFO of ``layout`` records.
+
+    push_a, push_b   two writes in one cycle (a before b); either may be alone
+    a, b             the records to write
+    pop              drop the head (when ``head_valid``)
+    head, head_valid the oldest record
+    level            number of records held
+    probe, probe_hit whether a held record has ``rec == probe``
+    """
+
+    def __init__(self, layout: data.StructLayout, depth: int, rec_shape):
+        assert depth >= 4
+        self.layout, self.depth = layout, depth
+        super().__init__({
+            "push_a": In(1), "a": In(layout),
+            "push_b": In(1), "b": In(layout),
+            "pop": In(1),
+            "head": Out(layout), "head_valid": Out(1),
+            "level": Out(range(depth + 1)),
+            "probe": In(rec_shape), "probe_hit": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        D = self.depth
+        ents = [Signal(self.layout, name=f"ent{k}") for k in range(D)]
+        rp = Signal(range(D))
+        wp = Signal(range(D))
+        level = self.level
+        do_pop = self.pop & (level != 0)
+
+        def wrap(x):
+            return Mux(x >= D, x - D, x)
+
+        wp_b = wrap(wp + self.push_a)
+        for k in range(D):
+            with m.If(self.push_a & (wp == k)):
+                m.d.sync += ents[k].eq(self.a)
+            with m.Elif(self.push_b & (wp_b == k)):
+                m.d.sync += ents[k].eq(self.b)
+        m.d.sync += [
+            wp.eq(wrap(wp + self.push_a + self.push_b)),
+            level.eq(level + self.push_a + self.push_b - do_pop),
+        ]
+        with m.If(do_pop):
+            m.d.sync += rp.eq(wrap(rp + 1))
+        m.d.comb += [
+            self.head.eq(Array(ents)[rp]),
+            self.head_valid.eq(level != 0),
+        ]
+        hits = []
+        for k in range(D):
+            occ = wrap(Const(k + D, range(2 * D + 1)) - rp) < level
+            hits.append(occ & (ents[k].rec == self.probe))
+        m.d.comb += self.probe_hit.eq(Cat(hits).any())
+        return m

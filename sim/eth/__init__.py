@@ -1,0 +1,1 @@
+"""cocotb benches for the Ethernet front end and the board datapath (hw/eth, hw/boards)."""

@@ -1,0 +1,102 @@
+"""Scoreboard: the reference model (host/model/switch_model.py) replayed on what the
+core saw, compared with what the core sent.
+
+Time. The core's time is its cycle counter; a packet's time is the cycle its first beat
+was accepted (the bench reads the ``now`` port then). The model runs in the same unit:
+``now`` = cycles, and each job's ``deadline`` = its deadline in cycles.
+
+Order. Outputs are compared per slot (job, seq): the same datagrams, to the same
+destinations, in the same order. Across slots the core may interleave differently
+(its deadline scanner fires slots a few cycles after the model's ``tick`` would).
+STATUS replies are not compared: the core counts STATUS_REQ but answers through its
+counter registers instead of a JSON datagram.
+"""
+
+from collections import defaultdict
+import ipaddress
+
+import numpy as np
+
+from host.model.switch_model import SwitchModel
+from host.protocol.fields import MsgType
+from host.protocol.numpy_view import HEADER_DTYPE
+from hw.ina.replicator import ipv4_header
+from hw.ina.regs import COUNTER_NAMES
+
+__all__ = ["Scoreboard", "ScoreboardError"]
+
+
+class ScoreboardError(AssertionError):
+    pass
+
+
+def _key(dgram):
+    h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
+    return int(h["job"]), int(h["seq"])
+
+
+class Scoreboard:
+    def __init__(self, jobs, src_ip="10.0.0.254"):
+        self.model = SwitchModel(jobs)
+        self.jobs = {j.job: j for j in jobs}
+        self.src_ip = int(ipaddress.IPv4Address(src_ip))
+        self.expected = defaultdict(list)
+        self.got = defaultdict(list)
+        self.n_in = self.n_out = 0
+
+    def packet(self, dgram, source, now):
+        self.n_in += 1
+        for dest, out in self.model.process(dgram, tuple(source), float(now)):
+            self._expect(dest, out)
+
+    def tick(self, now):
+        for dest, out in self.model.tick(float(now)):
+            self._expect(dest, out)
+
+    def _expect(self, dest, out):
+        if len(out) >= 2 and out[1] == MsgType.STATUS:
+            return
+        self.expected[_key(out)].append((tuple(dest), out))
+
+    def output(self, dgram, side):
+        """One datagram from the core with its sideband (dict of out_layout fields)."""
+        self.n_out += 1
+        dst = (str(ipaddress.IPv4Address(side["dst_ip"])), side["dst_port"])
+        if side["length"] != len(dgram):
+            raise ScoreboardError(f"length {side['length']} != {len(dgram)} bytes")
+        want = ipv4_header(self.src_ip, side["dst_ip"], len(dgram))
+        if side["ip_checksum"] != int.from_bytes(want[10:12], "big"):
+            raise ScoreboardError(f"IPv4 checksum {side['ip_checksum']:#06x} wrong")
+        job = self.jobs.get(_key(dgram)[0]) if len(dgram) >= 20 else None
+        if job is not None:
+            if side["mcast"]:
+                ip = side["dst_ip"]
+                mac = 0x01005E000000 | (ip & 0x7FFFFF)
+            else:
+                mem = next((m for m in job.members if m.addr == dst), None)
+                if mem is None:
+                    raise ScoreboardError(f"output to {dst}, not a member of job {job.job}")
+                mac = int(mem.mac.replace(":", ""), 16)
+            if side["dst_mac"] != mac:
+                raise ScoreboardError(f"dst MAC {side['dst_mac']:012x} != {mac:012x}")
+        self.got[_key(dgram) if len(dgram) >= 20 else (-1, -1)].append((dst, dgram))
+
+    def check(self):
+        """Raise on the first slot whose outputs differ; return a summary."""
+        keys = sorted(set(self.expected) | set(self.got))
+        for k in keys:
+            e, g = self.expected.get(k, []), self.got.get(k, [])
+            if e != g:
+                raise ScoreboardError(
+                    f"slot job={k[0]} seq={k[1]}: expected {len(e)} datagrams, got {len(g)}\n"
+                    f"  expected: {[(d, o.hex()) for d, o in e][:4]}\n"
+                    f"  got:      {[(d, o.hex()) for d, o in g][:4]}")
+        return {"in": self.n_in, "out": self.n_out, "slots": len(keys)}
+
+    def check_counters(self, hw: dict):
+        c = self.model.counters
+        bad = {n: (hw[n], c[n]) for n in COUNTER_NAMES if n in c and hw[n] != c[n]}
+        if hw.get("stream_errors", 0):
+            bad["stream_errors"] = (hw["stream_errors"], 0)
+        if bad:
+            raise ScoreboardError(f"counters differ (hw, model): {bad}")
