@@ -5,7 +5,9 @@ Each edge job uses the keys of ``host.protocol.jobtable.load_jobs_toml`` (``id``
 ``workers``, ``multicast``, ``window``, ``elements``), so
 ``JobConfig(id, tuple(workers), window, elements, mcast=...)`` builds it: the FPGA at
 island i aggregates the streams of the clique's other members (its own host adds its own
-update), and the group address carries the clique's multicast.  Job ids are unique over
+update) and sends the RESULT to its own host (the ``multicast`` key, i.e. the result
+destination); each sender's WAN multicast group is in ``send[].wan_group`` (one group
+per clique; one per sender for non-clique rounds).  Job ids are unique over
 the whole cycle, so every round's jobs can be loaded at once and the host switches job
 id as the rounds turn.
 """
@@ -30,19 +32,30 @@ def schedule_json(topo, net, cand, model, *, window=8, elements=64, note="") -> 
         plans = {p.islands: p for p in model.plan(rnd)}
         groups = []
         for comp, p in plans.items():
-            mcast = f"{MCAST_BASE + job}:{MCAST_PORT}"
+            clique = all(set(rnd.inbound[i]) | {i} == set(comp) for i in comp)
+            # WAN multicast: one group per clique (members drop their own copy), else one
+            # group per sender holding exactly its receivers
+            senders = sorted(p.offsets)
+            group_of = {}
+            for j in senders:
+                if clique and j != senders[0]:
+                    group_of[j] = group_of[senders[0]]
+                else:
+                    group_of[j] = f"{MCAST_BASE + (job << 6) + len(group_of)}:{MCAST_PORT}"
             edge = []
             for i in comp:
                 if rnd.inbound[i]:
                     edge.append({"island": topo.names[i], "id": job,
                                  "workers": [_addr(topo, j) for j in rnd.inbound[i]],
-                                 "multicast": mcast, "window": window, "elements": elements,
+                                 # the edge FPGA's RESULT goes to its own host
+                                 "multicast": _addr(topo, i),
+                                 "window": window, "elements": elements,
                                  "buffer_bytes": round(p.buffer.get(i, 0.0)),
                                  "skew_ms": 1e3 * p.skew.get(i, 0.0)})
             groups.append({
-                "job": job, "members": [topo.names[i] for i in comp],
-                "multicast": mcast,
+                "job": job, "members": [topo.names[i] for i in comp], "clique": clique,
                 "send": [{"island": topo.names[j], "offset_ms": 1e3 * o,
+                          "wan_group": group_of[j],
                           "to": [topo.names[i] for i in comp if j in rnd.inbound[i]]}
                          for j, o in sorted(p.offsets.items())],
                 "rate_gbps": p.rate * 8 / 1e9, "memory_bound": bool(p.memory_bound),
