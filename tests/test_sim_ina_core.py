@@ -30,3 +30,15 @@ def test_sim_ina_directed_L1():
 
 def test_sim_ina_directed_L8():
     _run(P_L8, "ina_directed_L8", "test_directed")
+
+
+def test_sim_ina_random_L2():
+    _run(P_L2, "ina_random_L2", "test_random", INA_NSEQ=100, INA_SEED=1)
+
+
+def test_sim_ina_back_to_back_L1():
+    _run(P_L1, "ina_b2b_L1", "test_back_to_back")
+
+
+def test_sim_ina_back_to_back_L8():
+    _run(P_L8, "ina_b2b_L8", "test_back_to_back")

@@ -237,9 +237,12 @@ def build_core(core, platform):
     p1_sip, p1_sport = Signal(32), Signal(16)
 
     # hazard: a packet may not touch a record whose previous result is still queued
-    m.d.comb += q.probe.eq(rec)
+    # (a packet that finds its record expired AND reuses it is deferred: P1 fires the
+    # PARTIAL, then holds the packet, input stalled, until that result has been sent)
+    retry, defer, p1_keep = Signal(), Signal(), Signal()
+    m.d.comb += q.probe.eq(Mux(retry, p1_rec, rec))
     hazard = ~unkjob & (q.probe_hit | (p1_valid & (p1_rec == rec)))
-    m.d.comb += i.ready.eq(~init_busy & ~q_tight & ~(dec_cand & hazard))
+    m.d.comb += i.ready.eq(~init_busy & ~q_tight & ~retry & ~defer & ~(dec_cand & hazard))
     acc_beat = i.valid & i.ready
     dec = acc_beat & in_hdr & ((cur_pos == H - 1) | ip.last)
 
@@ -262,7 +265,9 @@ def build_core(core, platform):
     else:
         init_rec = Cat(init_ptr[0], init_job)
     m.d.sync += p1_valid.eq(1)
-    with m.If(dec):
+    with m.If(p1_keep):
+        m.d.comb += meta_r.addr.eq(p1_rec)
+    with m.Elif(dec):
         m.d.sync += [p1_kind.eq(K_PKT), p1_reason.eq(reason), p1_rec.eq(rec),
                      p1_seq.eq(hdr.seq), p1_ts.eq(cur_ts), p1_worker.eq(hdr.worker),
                      p1_exp.eq(hdr.exponent), p1_nelem.eq(hdr.nelem),
@@ -292,7 +297,8 @@ def build_core(core, platform):
     deadline = jf("deadline", p1_job)
     enabled = jf("enable", p1_job)
     md = meta_r.data
-    is_pkt = p1_valid & (p1_kind == K_PKT)
+    waiting = retry & q.probe_hit
+    is_pkt = p1_valid & (p1_kind == K_PKT) & ~waiting
     is_scan = p1_valid & (p1_kind == K_SCAN) & enabled
     is_init = p1_valid & (p1_kind == K_INIT)
     src_ok = (mip_r.data == p1_sip) & (mport_r.data == p1_sport)
@@ -309,10 +315,13 @@ def build_core(core, platform):
     m.d.comb += elapsed.eq(p1_ts - md.opened)
     expired = (pkt_ok | is_scan) & bounded & ~md.complete & (elapsed >= deadline)
     complete1 = md.complete | expired
-    reuse = pkt_ok & complete1 & (seqs == md.tag + w2)
-    join = pkt_ok & (reuse | (seqs == md.tag))
+    reuse_raw = pkt_ok & complete1 & (seqs == md.tag + w2)
+    m.d.comb += [defer.eq(reuse_raw & expired), p1_keep.eq(defer | waiting)]
+    m.d.sync += retry.eq(defer | waiting)
+    reuse = reuse_raw & ~defer
+    join = pkt_ok & ~defer & (reuse | (seqs == md.tag))
     stale = pkt_ok & ~join & (seqs < md.tag)
-    oow = pkt_ok & ~join & ~(seqs < md.tag)
+    oow = pkt_ok & ~join & ~(seqs < md.tag) & ~defer
     cur_bitmap = Mux(reuse, 0, md.bitmap)
     cur_count = Mux(reuse, 0, md.count)
     cur_exp = Mux(reuse, -128, md.exponent)
@@ -374,8 +383,8 @@ def build_core(core, platform):
         q.b.partial.eq(Mux(completes, 0, cur_count < n)),
     ]
 
-    inc["rx"].append(is_pkt)
-    inc["rx_data"].append(pkt_ok)
+    inc["rx"].append(is_pkt & ~defer)
+    inc["rx_data"].append(pkt_ok & ~defer)
     inc["drop_truncated"].append(is_pkt & (p1_reason == R_TRUNC))
     inc["drop_bad_version"].append(is_pkt & (p1_reason == R_BADVER))
     inc["status_requests"].append(is_pkt & (p1_reason == R_STATUS))

@@ -43,9 +43,14 @@ class Scoreboard:
         self.expected = defaultdict(list)
         self.got = defaultdict(list)
         self.n_in = self.n_out = 0
+        self.history = defaultdict(list)
 
     def packet(self, dgram, source, now):
         self.n_in += 1
+        if len(dgram) >= 20:
+            h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
+            self.history[(int(h["job"]), int(h["seq"]))].append(
+                (now, int(h["worker"]), int(h["type"]), len(dgram), source))
         for dest, out in self.model.process(dgram, tuple(source), float(now)):
             self._expect(dest, out)
 
@@ -90,7 +95,8 @@ class Scoreboard:
                 raise ScoreboardError(
                     f"slot job={k[0]} seq={k[1]}: expected {len(e)} datagrams, got {len(g)}\n"
                     f"  expected: {[(d, o.hex()) for d, o in e][:4]}\n"
-                    f"  got:      {[(d, o.hex()) for d, o in g][:4]}")
+                    f"  got:      {[(d, o.hex()) for d, o in g][:4]}\n"
+                    f"  inputs (time, worker, type, bytes, source): {self.history.get(k)}")
         return {"in": self.n_in, "out": self.n_out, "slots": len(keys)}
 
     def check_counters(self, hw: dict):
