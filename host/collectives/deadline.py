@@ -14,9 +14,10 @@ in-network client) and answers three questions:
 
 Observations of rounds that hit their deadline are censored (the true duration was
 longer). A round that ends at its deadline having lost more than ``target_loss`` of its
-entries grows the deadline by ``grow`` (multiplicative increase), so a busier network
-gets more time; rounds that complete early pull the estimate down, so a quiet network
-gets shorter deadlines. The deadline stays within ``[min_deadline, max_deadline]``.
+entries multiplies an inflation factor by ``grow`` (multiplicative increase), so a busier
+network gets more time; other rounds feed the moving estimate and let the inflation decay
+back towards 1 (``decay`` per round), so a quiet network gets shorter deadlines:
+``deadline = inflate * (srtt + k * rttvar)``. The deadline stays within ``[min_deadline, max_deadline]``.
 
 ``SwitchDeadline`` maps the same policy onto the in-network bounded mode: the switch's
 per-job slot deadline (``JobConfig.deadline``) is the policy's deadline scaled from a
@@ -38,7 +39,9 @@ class DeadlinePolicy:
     beta: float = 0.25            # EWMA gain of the deviation (TCP's 1/4)
     early_fraction: float = 0.25
     target_loss: float = 0.01     # a deadline-ended round losing more than this grows it
-    grow: float = 1.25
+    grow: float = 1.25            # multiplicative increase after a lossy deadline round
+    decay: float = 0.95           # ... and its slow return towards 1 on good rounds
+    max_inflate: float = 16.0
     min_deadline: float = 1e-4
     max_deadline: float = 5.0
     fixed: float | None = None    # a fixed deadline (no calibration, no adaptation)
@@ -53,6 +56,7 @@ class DeadlinePolicy:
         self.srtt = None
         self.rttvar = None
         self.k = 4.0
+        self.inflate = 1.0
         self._deadline = self.fixed
         self.rounds = 0
 
@@ -93,14 +97,14 @@ class DeadlinePolicy:
                 self._deadline = self._clip(p)
         else:
             if timed_out and lost_fraction > self.target_loss:
-                # censored and lossy: the network got slower than our estimate
-                self.srtt = max(self.srtt, d)
-                self._deadline = self._clip(self._deadline * self.grow)
+                # censored and lossy: the network is slower than our estimate says
+                self.inflate = min(self.inflate * self.grow, self.max_inflate)
             else:
+                self.inflate = max(1.0, self.inflate * self.decay)
                 err = d - self.srtt
                 self.srtt += self.alpha * err
                 self.rttvar += self.beta * (abs(err) - self.rttvar)
-                self._deadline = self._clip(self.srtt + self.k * self.rttvar)
+            self._deadline = self._clip(self.inflate * (self.srtt + self.k * self.rttvar))
         self.history.append((self.rounds, self._deadline, d, lost_fraction, timed_out))
         return self._deadline
 

@@ -34,6 +34,7 @@ each) is held for the largest of ``s`` per-segment delays from the same distribu
 stay in order (head-of-line blocking), which is how a reliable byte stream sees a tail.
 """
 
+import heapq
 import math
 import queue
 import socket
@@ -137,6 +138,69 @@ class _TcpPeer:
             pass
 
 
+class _ImpairedSender:
+    """Sends batches of datagrams through an ``Impairment``, deciding a whole batch at
+    once (one vectorized draw, instead of per datagram as ``ImpairedSocket.sendto``
+    does) and releasing held copies from one timer thread in release-time order."""
+
+    def __init__(self, sock, impairment):
+        self.sock, self.imp = sock, impairment
+        self.heap = []
+        self.cv = threading.Condition()
+        self.closed = False
+        self.seq = 0
+        self.t = threading.Thread(target=self._pump, daemon=True)
+        self.t.start()
+
+    def send_batch(self, items):
+        """items: [(bytes-like, addr)] in send order."""
+        if not items:
+            return
+        copies, hold = self.imp.decide(len(items))
+        now = time.monotonic()
+        held = []
+        for i, (data, addr) in enumerate(items):
+            for k in range(int(copies[i])):
+                h = float(hold[k, i])
+                if h <= 0:
+                    try:
+                        self.sock.sendto(data, addr)
+                    except OSError:
+                        pass
+                else:
+                    self.seq += 1
+                    held.append((now + h, self.seq, bytes(data), addr))
+        if held:
+            with self.cv:
+                for item in held:
+                    heapq.heappush(self.heap, item)
+                self.cv.notify()
+
+    def _pump(self):
+        while True:
+            with self.cv:
+                while not self.closed and (not self.heap
+                                           or self.heap[0][0] > time.monotonic()):
+                    self.cv.wait(self.heap[0][0] - time.monotonic() if self.heap else None)
+                if self.closed:
+                    return
+                due = []
+                now = time.monotonic()
+                while self.heap and self.heap[0][0] <= now:
+                    due.append(heapq.heappop(self.heap))
+            for _, _, data, addr in due:
+                try:
+                    self.sock.sendto(data, addr)
+                except OSError:
+                    pass
+
+    def close(self):
+        with self.cv:
+            self.closed = True
+            self.cv.notify()
+        self.t.join(timeout=1)
+
+
 class Mesh:
     """The transports of one rank: a UDP socket and a TCP connection to every peer.
 
@@ -155,9 +219,9 @@ class Mesh:
         u.bind((host, 0))
         self.udp_raw = u
         self.udp = u
+        self.sender = None
         if impairment is not None and impairment.active:
-            from ..transport.impair import ImpairedSocket
-            self.udp = ImpairedSocket(u, impairment)
+            self.sender = _ImpairedSender(u, impairment)
         self.impairment = impairment
         lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -213,10 +277,24 @@ class Mesh:
             if p is not None:
                 p.recv(tag)
 
+    def send_batch(self, items):
+        """Send datagrams [(data, addr)] in order (through the impairment, if any)."""
+        if self.sender is not None:
+            self.sender.send_batch(items)
+            return
+        sock = self.udp
+        for data, addr in items:
+            try:
+                sock.sendto(data, addr)
+            except OSError:
+                pass   # ENOBUFS etc.: the datagram is lost, and counted as such
+
     def close(self):
         for p in self.peers:
             if p is not None:
                 p.close()
+        if self.sender is not None:
+            self.sender.close()
         self.udp.close()
 
 
@@ -319,12 +397,18 @@ class _PhaseClock:
     """When a bounded phase ends, per sender: at ``deadline`` after its first datagram
     (or after the phase start, whichever is later), or ``early`` after its first
     tail-marked datagram, whichever comes first; a sender not heard from at all is given
-    ``deadline + skew`` from the phase start. The phase ends when every sender is complete
+    ``deadline + skew`` from the phase start. (With per-datagram delays drawn independently
+    a tail-marked datagram alone says little, so the early timeout also needs all but the
+    last percentile of that sender's datagrams.) The phase ends when every sender is complete
     or past its end."""
 
-    def __init__(self, need, deadline, early, skew):
+    def __init__(self, need, deadline, early, skew, tail_percent=2.0):
         self.need, self.deadline, self.early_t, self.skew = need, deadline, early, skew
         n = len(need)
+        # "nearly done": a tail-marked datagram is in and at most the last percentile
+        # of the sender's datagrams is still missing
+        self.nearly = [k - max(1, math.ceil(k * tail_percent / 100.0)) for k in need]
+        self.nearly_at = [None] * n
         self.cnt = [0] * n
         self.first = [None] * n
         self.last = [None] * n
@@ -347,6 +431,9 @@ class _PhaseClock:
         if tail and self.tail[s] is None:
             self.tail[s] = now
             self._dirty = True
+        if self.tail[s] is not None and c >= self.nearly[s] and self.nearly_at[s] is None:
+            self.nearly_at[s] = now
+            self._dirty = True
         if c == self.need[s]:
             self._dirty = True
 
@@ -364,8 +451,9 @@ class _PhaseClock:
                     early = False
                     continue
                 e = max(self.first[s], self.t0) + self.deadline
-                if self.tail[s] is not None and self.tail[s] + self.early_t < e:
-                    e = self.tail[s] + self.early_t
+                nearly = self.tail[s] is not None and self.cnt[s] >= self.nearly[s]
+                if nearly and self.nearly_at[s] + self.early_t < e:
+                    e = self.nearly_at[s] + self.early_t
                 else:
                     early = False
                 ends.append(e)
@@ -399,7 +487,7 @@ class TarUdp(Collective):
     name = "tar-udp"
 
     def __init__(self, mesh: Mesh, elements=1024, scatter_policy=None, bcast_policy=None,
-                 tail_percent=1.0, fill="local", own_mesh=False, max_stash=200000):
+                 tail_percent=2.0, fill="local", own_mesh=False, max_stash=200000):
         if fill not in ("local", "zero"):
             raise ValueError(f"fill {fill!r}: expected 'local' or 'zero'")
         if not 1 <= elements <= 16000:
@@ -469,18 +557,14 @@ class TarUdp(Collective):
 
     def _send_interleaved(self, per_dest):
         """per_dest: [(addr, rows, lengths)]; send round-robin so every peer progresses."""
-        sock = self.mesh.udp
-        sent = 0
+        items = []
         longest = max((len(r) for _, r, _ in per_dest), default=0)
         for k in range(longest):
             for addr, rows, lens in per_dest:
                 if k < len(rows):
-                    try:
-                        sock.sendto(rows[k, :lens[k]], addr)
-                    except OSError:
-                        pass   # ENOBUFS etc.: the datagram is lost, and counted as such
-                    sent += 1
-        return sent
+                    items.append((rows[k, :lens[k]], addr))
+        self.mesh.send_batch(items)
+        return len(items)
 
     def _bounded(self, v, call, s_deadline, b_deadline):
         t0 = time.perf_counter()
@@ -503,8 +587,10 @@ class TarUdp(Collective):
         # A peer never heard from in a phase may be up to one bounded call behind (its
         # previous call hit its deadlines); in the broadcast phase, also by our scatter.
         skew = 2 * (s_deadline + b_deadline)
-        sclock = _PhaseClock(s_need, s_deadline, self.sp.early_timeout(), skew)
-        bclock = _PhaseClock(b_need, b_deadline, self.bp.early_timeout(), skew + s_deadline)
+        sclock = _PhaseClock(s_need, s_deadline, self.sp.early_timeout(), skew,
+                             self.tail_percent)
+        bclock = _PhaseClock(b_need, b_deadline, self.bp.early_timeout(), skew + s_deadline,
+                             self.tail_percent)
         st = {"late": 0, "dup": 0, "bad": 0, "stashed": 0}
         s_expected, b_expected = sum(s_need), sum(b_need)
         phase = 1
@@ -572,10 +658,25 @@ class TarUdp(Collective):
         sock = self.mesh.udp_raw
         rx = self._rx
         s_time = b_time = 0.0
+
+        def drain():
+            """What already arrived counts as in: take it all before a phase ends."""
+            sock.settimeout(0.0)
+            k = 0
+            while True:
+                try:
+                    nb = sock.recv_into(rx)
+                except (BlockingIOError, socket.timeout, ConnectionRefusedError):
+                    return k
+                handle(rx, nb)
+                k += 1
+
         while True:
             now = clock()
             if phase == 1:
                 end = sclock.end()
+                if end is not None and now >= end and drain():
+                    continue
                 if end is None or now >= end:
                     s_time = sclock.duration(now)
                     # finish the own shard: rescale partial chunks by N / count
@@ -594,6 +695,8 @@ class TarUdp(Collective):
                     continue
             else:
                 end = bclock.end()
+                if end is not None and now >= end and drain():
+                    continue
                 if end is None or now >= end:
                     b_time = bclock.duration(now)
                     break

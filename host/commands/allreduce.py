@@ -26,7 +26,8 @@ def add_arguments(p):
     p.add_argument("--size", default="1M", help="float32 elements per worker (e.g. 4M)")
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--mode", choices=("reliable", "bounded"), default="reliable")
-    p.add_argument("--elements", type=int, default=1024, help="elements per packet")
+    p.add_argument("--elements", type=int, help="elements per packet (default: 8192 on "
+                   "loopback, 256 with --switch)")
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--deadline-ms", type=float, default=5.0)
     p.add_argument("--loss", type=float, default=0.0, help="uplink loss probability")
@@ -48,7 +49,8 @@ def run(args):
     if not 1 <= args.workers <= 32:
         raise CliError("--workers must be in 1..32")
     spec = WorkerSpec(job=args.job, nworkers=args.workers, window=args.window,
-                      elements=args.elements, mode=args.mode,
+                      elements=args.elements or (256 if args.switch else 8192),
+                      mode=args.mode,
                       deadline=args.deadline_ms / 1e3, base_port=args.base_port,
                       loss=args.loss, duplicate=args.duplicate, reorder=args.reorder,
                       seed=args.seed)

@@ -199,8 +199,9 @@ class CompressedCollective:
     """``allreduce(np.ndarray) -> (sum, stats)`` through quantized all-gather on its own
     Gloo group, throttled by a token bucket; ``set_precision(bits)`` changes the knob.
 
-    Measurements, accumulated until ``take_measurements()``: bytes sent and seconds spent
-    (throttle included), squared norms for the noise scale (mean over workers of
+    Measurements, accumulated until ``take_measurements()``: payload bytes sent and
+    seconds spent sending them (throttle included), seconds spent waiting for the
+    slowest worker, squared norms for the noise scale (mean over workers of
     |g_i|^2, and of the all-reduced mean corrected for quantization noise), and r_q for
     every precision on a sample of calls."""
 
@@ -220,7 +221,7 @@ class CompressedCollective:
         _CURRENT["c"] = self
 
     def _reset(self):
-        self.m = {"bytes": 0, "seconds": 0.0, "calls": 0, "small_sq": 0.0, "big_sq": 0.0,
+        self.m = {"bytes": 0, "seconds": 0.0, "calls": 0, "elements": 0, "sync_s": 0.0, "small_sq": 0.0, "big_sq": 0.0,
                   "rq_sum": {}, "rq_n": 0}
 
     def set_precision(self, bits: int):
@@ -234,31 +235,42 @@ class CompressedCollective:
         return m
 
     def allreduce(self, x: np.ndarray):
+        """Sum of every worker's x, each quantized once at the current precision.
+
+        Two phases: the 8-byte headers are all-gathered first (this also waits for the
+        slowest worker, measured as ``sync_s``), then the payload goes through the token
+        bucket and the all-gather; bandwidth is payload bytes over the second phase."""
         import torch
         import torch.distributed as dist
         x = np.ascontiguousarray(x, np.float32).ravel()
-        n, bits = x.size, self.bits
-        t = time.perf_counter()
+        n, bits, N = x.size, self.bits, self.world
         msg = encode(x, bits, self.chunk, self.rng)
-        sent = (self.world - 1) * msg.size
+        t0 = time.perf_counter()
+        heads = [torch.empty(HEADER, dtype=torch.uint8) for _ in range(N)]
+        dist.all_gather(heads, torch.from_numpy(msg[:HEADER].copy()), group=self.group)
+        t1 = time.perf_counter()
+        body = msg[HEADER:]
+        sent = (N - 1) * body.size
         if self.bucket is not None:
             self.bucket.take(sent)
-        out = [torch.empty(msg.size, dtype=torch.uint8) for _ in range(self.world)]
-        dist.all_gather(out, torch.from_numpy(msg), group=self.group)
-        parts = [decode(o.numpy(), n, bits, self.chunk) for o in out]
+        out = [torch.empty(body.size, dtype=torch.uint8) for _ in range(N)]
+        dist.all_gather(out, torch.from_numpy(body), group=self.group)
+        t2 = time.perf_counter()
+        parts = [decode(np.concatenate([h.numpy(), o.numpy()]), n, bits, self.chunk)
+                 for h, o in zip(heads, out)]
         total = np.sum([p[0] for p in parts], axis=0, dtype=np.float32)
-        secs = time.perf_counter() - t
-        N = self.world
         mean = total.astype(np.float64) / N
-        small = np.mean([p[1] for p in parts])
+        small = float(np.mean([p[1] for p in parts]))
         big = float(mean @ mean) - sum(p[2] for p in parts) / N ** 2
         rq = relative_errors(x, PRECISIONS, self.chunk) if self.calls % self.error_every == 0 \
             else None
         with self._lock:
             m = self.m
             m["bytes"] += sent
-            m["seconds"] += secs
+            m["seconds"] += t2 - t1
+            m["sync_s"] += t1 - t0
             m["calls"] += 1
+            m["elements"] += n
             m["small_sq"] += small
             m["big_sq"] += big
             if rq is not None:
@@ -267,7 +279,8 @@ class CompressedCollective:
                 m["rq_n"] += 1
         self.calls += 1
         self.total_bytes += sent
-        return total, {"bytes": sent, "seconds": secs, "bits": bits}
+        return total, {"bytes": sent, "seconds": t2 - t1, "sync_seconds": t1 - t0,
+                       "bits": bits}
 
     def close(self):
         if _CURRENT.get("c") is self:

@@ -43,6 +43,9 @@ class BandwidthTrace:
     def constant(cls, rate: float):
         return cls([0.0], [rate])
 
+    def __call__(self, t):
+        return self.rate_at(t)
+
     def rate_at(self, t):
         return self.rates[np.searchsorted(self.times, t, side="right") - 1]
 

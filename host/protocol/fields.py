@@ -58,7 +58,8 @@ HEADER_FIELDS: tuple[Field, ...] = (
     Field("type", 8, doc="message type", enum=MsgType),
     Field("flags", 8, doc="PARTIAL, OVERFLOW, RETRANSMIT, LAST", flags=Flags),
     Field("exponent", 8, signed=True,
-          doc="DATA: proposed block exponent for chunk seq+W; RESULT: max of the proposals"),
+          doc="DATA: proposed block exponent for the chunk sent one window later; "
+              "RESULT: max of the proposals"),
     Field("job", 16, doc="job id"),
     Field("worker", 8, doc="worker id (0..31); 255 in a multicast RESULT"),
     Field("count", 8, doc="RESULT: number of contributors"),

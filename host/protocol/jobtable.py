@@ -17,6 +17,7 @@ __all__ = ["JobConfig", "Member", "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE",
            "load_jobs_toml", "MODES"]
 
 MODES = ("reliable", "bounded")
+MAX_ELEMENTS = (65507 - 20) // 4   # largest UDP payload, less the INA header
 
 ENTRY_DTYPE = np.dtype([
     ("job", ">u2"), ("nworkers", "u1"), ("mode", "u1"), ("window", ">u2"),
@@ -80,8 +81,9 @@ class JobConfig:
             raise ConfigError(f"job {self.job}: duplicate member address")
         if not 1 <= self.window <= 32768:
             raise ConfigError(f"job {self.job}: window {self.window} not in 1..32768")
-        if not 1 <= self.elements <= 16384:
-            raise ConfigError(f"job {self.job}: elements {self.elements} not in 1..16384")
+        if not 1 <= self.elements <= MAX_ELEMENTS:
+            raise ConfigError(f"job {self.job}: elements {self.elements} not in "
+                              f"1..{MAX_ELEMENTS} (a UDP datagram holds at most 65507 bytes)")
         if not 0 < self.deadline < 4294:
             raise ConfigError(f"job {self.job}: deadline {self.deadline}s must be > 0")
         if self.mode not in MODES:

@@ -3,9 +3,10 @@
 ``SwitchClient.allreduce(values)`` sums a float32 vector across the job's workers through
 a switch (``ina switch`` or the FPGA). Per call, with K chunks of E elements and window W:
 
-* packet ``p`` (seq ``base + p``, p = 0 .. K+W-1) carries the data of chunk ``p - W`` (none
-  for p < W) and this worker's exponent proposal for chunk ``p`` (see ``host.quantize``);
-* packets 0..W-1 go out at once; the RESULT of ``p`` releases packet ``p + W``;
+* the call's window ``w`` is a power of two dividing the job's window W (``call_window``);
+* packet ``p`` (seq ``base + p``, p = 0 .. K+w-1) carries the data of chunk ``p - w`` (none
+  for p < w) and this worker's exponent proposal for chunk ``p`` (see ``host.quantize``);
+* packets 0..w-1 go out at once; the RESULT of ``p`` releases packet ``p + w``;
 * reliable mode: a packet without a result after ``rto`` is sent again (RETRANSMIT), and
   the switch re-serves a stored result to a worker that repeats a completed seq;
 * bounded mode: the switch closes a slot at its deadline with a PARTIAL result; the
@@ -13,7 +14,7 @@ a switch (``ina switch`` or the FPGA). Per call, with K chunks of E elements and
   a partial sum by N/count, and counts exactly the entries that came from fewer than N
   workers. Every worker applies the very same stored result, so replicas stay identical.
 
-Sequence numbers continue across calls (``base`` advances by K+W), so all workers of a
+Sequence numbers continue across calls (``base`` advances by K+w), so all workers of a
 job must make the same sequence of calls with the same sizes, as DDP does.
 """
 
@@ -74,7 +75,7 @@ class SwitchClient:
     mode: str = "reliable"
     bind: tuple[str, int] = ("0.0.0.0", 0)
     rto: float = 0.02              # initial retransmission timeout (seconds)
-    min_rto: float = 0.002         # floor of the adaptive timeout
+    min_rto: float = 0.01          # floor of the adaptive timeout
     deadline: float = 0.005        # the switch's per-job deadline (bounded mode)
     connect_timeout: float = 2.0   # no result at all for this long: SwitchUnavailable
     stall_timeout: float = 30.0    # reliable: no progress for this long: AllreduceTimeout
@@ -114,9 +115,6 @@ class SwitchClient:
             self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
             self._srtt = 0.875 * self._srtt + 0.125 * r
 
-    def _backoff(self):
-        self._srtt = min(self._srtt * 1.5, 0.5)
-
     def _rto(self):
         base = self.rto if not self._srtt else min(max(self._srtt + 4 * self._rttvar,
                                                        self.min_rto), 1.0)
@@ -144,8 +142,9 @@ class SwitchClient:
         Returns ``(result, stats)``; ``result`` has the input's shape, dtype float32."""
         t0 = time.perf_counter()
         x = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-        n, E, W = x.size, self.elements, self.window
+        n, E = x.size, self.elements
         K = (n + E - 1) // E
+        W = self.call_window(K)
         P = K + W
         base = self.seq
         self.seq = (self.seq + P) & 0xFFFFFFFF
@@ -158,7 +157,7 @@ class SwitchClient:
         shared_exp = np.full(K, NO_EXPONENT, np.int16)
         done = np.zeros(P, bool)
         inflight = {}     # p -> send time, oldest first (at most W entries)
-        retried = set()   # Karn: no RTT samples from retransmitted packets
+        tries = {}        # p -> backoff multiplier; Karn: no RTT samples from these
         pkts = {}
         stride = HEADER_BYTES + 4 * E
         bounded = self.mode == "bounded"
@@ -189,7 +188,7 @@ class SwitchClient:
                 b[2] |= Flags.RETRANSMIT
                 data = bytes(b)
                 st.retransmits += 1
-                retried.add(p)
+                tries[p] = min(tries.get(p, 1) * 2, 64)
             self.sock.sendto(data, self.switch)
             st.packets_sent += 1
             inflight.pop(p, None)
@@ -205,8 +204,9 @@ class SwitchClient:
         while remaining:
             rto = self._rto()
             now = time.monotonic()
-            oldest = next(iter(inflight.values()), now)
-            sock.settimeout(max(oldest + rto - now, 0.0002))
+            wake = min((t + rto * tries.get(p, 1) for p, t in inflight.items()),
+                       default=now + rto)
+            sock.settimeout(max(wake - now, 0.0002))
             try:
                 nbytes, src = sock.recvfrom_into(rx)
             except (socket.timeout, BlockingIOError):
@@ -228,15 +228,16 @@ class SwitchClient:
                         last_progress = now
                         st.results += 1
                         t_sent = inflight.pop(p, None)
-                        if t_sent is not None and p not in retried:
+                        if t_sent is not None and p not in tries:
                             self._rtt_sample(now - t_sent)
                         self._apply(h, mv, p, K, W, E, n, out, shared_exp, st)
                         pkts.pop(p, None)
                         if p + W < P:
                             send(p + W)
                     continue
-            # timers: retransmit what is overdue (oldest first)
-            overdue = [p for p, t in inflight.items() if now - t >= rto]
+            # timers: retransmit what is overdue, with exponential backoff per packet
+            # (a slow peer, not a loss, is the usual reason a result is late)
+            overdue = [p for p, t in inflight.items() if now - t >= rto * tries.get(p, 1)]
             if not overdue:
                 continue
             if not self._ever_answered and now - last_progress > self.connect_timeout:
@@ -264,12 +265,21 @@ class SwitchClient:
                     f"{self.stall_timeout}s ({remaining} of {P} packets outstanding)")
             for p in overdue:
                 send(p, retransmit=True)
-            self._srtt and self._backoff()
         st.seconds = time.perf_counter() - t0
         self.total.add(st)
         if average:
             out /= self.nworkers
         return out.reshape(np.shape(values)), st
+
+    def call_window(self, chunks: int) -> int:
+        """The window of one call: a power of two that divides the job's window (so
+        that a slot's result is never overwritten before every worker has it; see the
+        README), about half the chunk count: fewer header-only packets for small buckets
+        at the cost of a few more round trips."""
+        w = 1
+        while w * 2 <= max(chunks // 2, 1) and w * 2 <= self.window and self.window % (w * 2) == 0:
+            w *= 2
+        return w
 
     def _apply(self, h, mv, p, K, W, E, n, out, shared_exp, st):
         flags = int(h["flags"])

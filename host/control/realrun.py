@@ -1,0 +1,146 @@
+"""The controller in real training: plug-ins for ``host.torch.train.run_training``.
+
+``run_training`` takes a collective factory (``backend="host.control.realrun:collective"``)
+and a controller factory (``controller="host.control.realrun:controller"``), both
+``"module:factory"`` strings that cross into the spawned worker processes. What they
+need beyond ``TrainConfig`` travels in the environment variable ``INA_CONTROL_SPEC``
+(JSON of ``RealSpec``), which ``real_run`` sets.
+
+* ``collective(rank, world, cfg)``: a ``CompressedCollective`` on every rank, throttled
+  by a token bucket whose rate is our share of a bottleneck beside background jobs
+  (``contention.background_trace``), so precision changes real bytes and real time.
+* ``controller(cfg)``: on rank 0, every ``control_interval`` optimizer steps, turns the
+  measurements (bytes and seconds of each exchange, compute seconds, gradient norms,
+  quantization errors) into a ``Telemetry`` model and asks the chosen controller for
+  ``precision_bits`` and ``accum_steps``; rank 0 broadcasts them to every rank.
+"""
+
+from dataclasses import asdict, dataclass, field
+import json
+import os
+import time
+
+from .contention import BackgroundJob, background_trace
+from .controllers import Telemetry, make_controller
+from .costmodel import CostModel, JobParams
+from .measure import Ewma
+from .knobs import Knobs, KnobSpace
+
+__all__ = ["RealSpec", "collective", "controller", "real_run", "ENV"]
+
+ENV = "INA_CONTROL_SPEC"
+
+
+@dataclass
+class RealSpec:
+    controller: str = "joint"
+    capacity: float = 20e6                # bytes/s of each worker's bottleneck link
+    schedule: list = field(default_factory=lambda: [(0.0, 2)])   # (t, background jobs)
+    bg_bytes: float = 2e6                 # background job: bytes per step
+    bg_compute: float = 0.2               # background job: seconds of compute per step
+    horizon: float = 3600.0
+    seed: int = 0
+    hysteresis: float = 0.05
+    precisions: tuple = (32, 16, 8, 4)
+    accums: tuple = (1, 2, 4, 8, 16)
+    b_noise_prior: float = 64.0
+    log_path: str | None = None           # controller's per-interval log (JSON)
+
+    def trace(self):
+        return background_trace(self.capacity, BackgroundJob(self.bg_bytes, self.bg_compute),
+                                [tuple(s) for s in self.schedule], self.horizon, self.seed)
+
+    def space(self):
+        return KnobSpace(tuple(self.precisions), tuple(self.accums))
+
+
+def _spec() -> RealSpec:
+    text = os.environ.get(ENV)
+    if not text:
+        raise ValueError(f"{ENV} is not set: start runs with host.control.realrun.real_run")
+    return RealSpec(**json.loads(text))
+
+
+def collective(rank, world, cfg):
+    from .compress import CompressedCollective
+    spec = _spec()
+    return CompressedCollective(rank, world, bits=32, rate_fn=spec.trace(), seed=cfg.seed)
+
+
+class RealController:
+    """Adapter from ``run_training``'s ``on_step(info)`` to a ``Controller``."""
+
+    def __init__(self, cfg, spec: RealSpec):
+        self.cfg, self.spec = cfg, spec
+        self.ctl = make_controller(spec.controller, spec.space(), hysteresis=spec.hysteresis)
+        self.tel = None
+        self.last = {"step": 0, "compute": 0.0}
+        self.knobs = self.ctl.current
+        self.log = []
+        self.sync = Ewma(0.7)
+
+    def _base(self, info, elements):
+        w = self.cfg.workers
+        return JobParams(params=max(int(elements), 1), workers=w,
+                         micro_batch=max(int(info["batch"]) // w, 1), t_compute=0.0,
+                         bandwidth=self.spec.capacity, b_noise=self.spec.b_noise_prior,
+                         wire_factor=float(max(w - 1, 1)))
+
+    def on_step(self, info: dict) -> dict:
+        from .compress import current_collective
+        coll = current_collective()
+        m = coll.take_measurements() if coll is not None else None
+        dsteps = info["step"] - self.last["step"]
+        dcomp = info["compute_seconds"] - self.last["compute"]
+        self.last = {"step": info["step"], "compute": info["compute_seconds"]}
+        if dsteps <= 0 or m is None or m["calls"] == 0:
+            return {}
+        a, w = self.knobs.accum, self.cfg.workers
+        if self.tel is None:
+            self.tel = Telemetry(base=self._base(info, m["elements"] / dsteps))
+        tel = self.tel
+        # backward() returns only when the exchange is done: take it out of compute
+        comm = m["seconds"] + m["sync_s"]
+        tel.compute.record(max(dcomp - comm, 0.0), dsteps * a)
+        if m["seconds"] > 0:
+            tel.bandwidth.record(m["bytes"], m["seconds"])
+        # fixed cost per communication: waiting for the slowest worker (and the header)
+        self.sync.update(m["sync_s"] / dsteps)
+        b = tel.base.micro_batch * a
+        if w > 1:
+            tel.noise.record(b, m["small_sq"] / dsteps, b * w, m["big_sq"] / dsteps)
+        if m["rq_n"]:
+            tel.quant.record_all({q: r / m["rq_n"] for q, r in m["rq_sum"].items()})
+        model = CostModel(tel.params().with_(latency=self.sync.value))
+        self.knobs = self.ctl.decide(model)
+        p = model.p
+        self.log.append({"time": info["time"], "step": info["step"], "epoch": info["epoch"],
+                         "precision": self.knobs.precision, "accum": self.knobs.accum,
+                         "bandwidth": p.bandwidth, "t_compute": p.t_compute,
+                         "b_noise": p.b_noise, "latency": p.latency, "bytes": m["bytes"], "comm_s": m["seconds"],
+                         "quant_ratio": {str(k): v for k, v in p.quant_ratio.items()}})
+        if self.spec.log_path:
+            with open(self.spec.log_path, "w") as f:
+                json.dump(self.log, f)
+        return {"precision_bits": self.knobs.precision, "accum_steps": self.knobs.accum}
+
+
+def controller(cfg):
+    return RealController(cfg, _spec())
+
+
+def real_run(spec: RealSpec, workload="digits", workers=4, seed=0, control_interval=5,
+             max_epochs=60, target=None, timeout=900, **train_kw):
+    """One training run with the given controller under the spec's contention; returns
+    the ``TrainResult``."""
+    from ..torch.train import TrainConfig, run_training
+    os.environ[ENV] = json.dumps(asdict(spec))
+    try:
+        cfg = TrainConfig(workload=workload, workers=workers, seed=seed,
+                          backend="host.control.realrun:collective",
+                          controller="host.control.realrun:controller",
+                          control_interval=control_interval, max_epochs=max_epochs,
+                          target=target, **train_kw)
+        return run_training(cfg, timeout=timeout)
+    finally:
+        os.environ.pop(ENV, None)

@@ -1,0 +1,176 @@
+"""A DDP communication hook that sends each gradient bucket through a switch.
+
+In the shape of ``torch.distributed.algorithms.ddp_comm_hooks``::
+
+    state = InaHookState.from_env(process_group)   # or InaHookState(collective, group)
+    model.register_comm_hook(state, ina_hook)
+
+Any bucket count and size works: each bucket is one ``allreduce`` call on the collective
+(a ``SwitchClient`` or anything with ``allreduce(np.ndarray) -> (np.ndarray, stats)``),
+run on one background thread per rank, in bucket order, so backward computation goes on
+while a bucket is on the wire. If no switch answers, the hook warns once and falls back
+to Gloo allreduce; every rank reaches the same decision (see ``InaHookState.probe``).
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+import os
+import socket
+import threading
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..transport.switch_client import SwitchClient, SwitchUnavailable, AllreduceStats
+
+__all__ = ["InaHookState", "ina_hook", "switch_from_env", "local_address_towards"]
+
+
+def local_address_towards(addr) -> str:
+    """The local IP this host uses to reach ``addr`` (no packet is sent)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(addr)
+        return s.getsockname()[0]
+    finally:
+        s.close()
+
+
+def switch_from_env(default=None):
+    """``INA_SWITCH=ip:port`` (or the default), parsed; ValueError with a clear message."""
+    text = os.environ.get("INA_SWITCH", default)
+    if not text:
+        raise ValueError("no switch address: set INA_SWITCH=ip:port or pass switch=")
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad switch address {text!r}: expected ip:port")
+    return host, int(port)
+
+
+@dataclass
+class InaHookState:
+    collective: object
+    process_group: object = None
+    average: bool = True
+    fallback_to_gloo: bool = True
+    use_switch: bool = True
+    fallbacks: int = 0
+    stats: AllreduceStats = field(default_factory=AllreduceStats)
+    comm_seconds: float = 0.0
+    bytes_sent: int = 0
+
+    def __post_init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls, process_group=None, switch=None, job=None, mode=None, window=64,
+                 elements=None, deadline=0.005, configure=True, impairment=None,
+                 connect_timeout=2.0):
+        """Build the state for this rank of a torchrun job.
+
+        Environment: INA_SWITCH (ip:port), INA_JOB (default 1), INA_MODE
+        (reliable|bounded), INA_ELEMENTS (per packet, default 256), RANK/WORLD_SIZE from torchrun. Every rank binds a UDP port
+        on the interface facing the switch; the ranks exchange addresses over the
+        process group and rank 0 installs the job on the switch with a CONTROL datagram
+        (``configure=False`` if the switch's job table is loaded another way)."""
+        rank = dist.get_rank(process_group)
+        world = dist.get_world_size(process_group)
+        addr = switch_from_env(switch and f"{switch[0]}:{switch[1]}")
+        try:
+            addr = (socket.gethostbyname(addr[0]), addr[1])
+        except OSError as e:
+            raise ValueError(f"bad switch address {addr[0]}:{addr[1]}: {e}") from None
+        job = int(os.environ.get("INA_JOB", job or 1))
+        # 256 elements (1044-byte datagrams) fit any Ethernet MTU; loopback takes more
+        elements = int(os.environ.get("INA_ELEMENTS", elements or 256))
+        mode = os.environ.get("INA_MODE", mode or "reliable")
+        client = SwitchClient(addr, job, rank, world, window, elements, mode,
+                              bind=(local_address_towards(addr), 0), deadline=deadline,
+                              connect_timeout=connect_timeout, impairment=impairment)
+        members = [None] * world
+        dist.all_gather_object(members, f"{client.address[0]}:{client.address[1]}",
+                               group=process_group)
+        ok = 1
+        if configure and rank == 0:
+            from ..protocol.jobtable import JobConfig
+            from ..switch import send_job
+            cfg = JobConfig(job, tuple(members), window, elements, deadline, mode)
+            try:
+                send_job(addr, cfg, timeout=connect_timeout)
+            except OSError:
+                ok = 0
+        state = cls(client, process_group)
+        state.probe(ok)
+        return state
+
+    def probe(self, ok=1):
+        """Agree across ranks whether the switch answers; warn and use Gloo if not."""
+        if ok:
+            from ..switch import query_status
+            try:
+                query_status(self.collective.switch, timeout=1.0)
+            except OSError:
+                ok = 0
+        flag = torch.tensor([ok], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
+        if not flag.item():
+            self._fall_back("no switch answered at "
+                            f"{self.collective.switch[0]}:{self.collective.switch[1]}")
+        return bool(flag.item())
+
+    def _fall_back(self, why):
+        if self.use_switch and self.fallback_to_gloo:
+            warnings.warn(f"INA: {why}; falling back to Gloo allreduce", RuntimeWarning,
+                          stacklevel=3)
+        elif not self.fallback_to_gloo:
+            raise SwitchUnavailable(why)
+        self.use_switch = False
+
+    def close(self):
+        self._pool.shutdown(wait=True)
+        close = getattr(self.collective, "close", None)
+        if close:
+            close()
+
+    # the work of one bucket, on the hook thread
+    def reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        world = dist.get_world_size(self.process_group)
+        if self.use_switch:
+            import time
+            t = time.perf_counter()
+            try:
+                out, st = self.collective.allreduce(tensor.detach().numpy())
+            except SwitchUnavailable as e:
+                self.fallbacks += 1
+                self._fall_back(str(e))
+            else:
+                self.comm_seconds += time.perf_counter() - t
+                if isinstance(st, AllreduceStats):
+                    self.stats.add(st)
+                self.bytes_sent += tensor.numel() * 4
+                result = torch.from_numpy(out)
+                if self.average:
+                    result.div_(world)
+                return result
+        dist.all_reduce(tensor, group=self.process_group)
+        if self.average:
+            tensor.div_(world)
+        return tensor
+
+
+def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: allreduce ``bucket.buffer()`` through the switch (or Gloo)."""
+    tensor = bucket.buffer()
+    fut = torch.futures.Future()
+
+    def work():
+        try:
+            fut.set_result(state.reduce(tensor))
+        except Exception as e:  # surfaces in backward() on the training thread
+            fut.set_exception(e)
+
+    state._pool.submit(work)
+    return fut

@@ -1,0 +1,341 @@
+"""Data-parallel training on this machine: a switch and N worker processes, PyTorch DDP
+with the INA comm hook (or plain Gloo), on a workload from ``workloads``.
+
+``run_training(TrainConfig(...))`` returns a ``TrainResult`` with the accuracy curve
+against wall time, time-to-accuracy, aggregation statistics and a hash of every rank's
+parameters. ``ina train`` is the command-line face of it.
+
+Plug-in points (strings, so they cross process boundaries):
+
+* ``backend``: ``gloo``, ``ina`` (switch, reliable), ``ina-bounded``, or
+  ``"package.module:factory"``: ``factory(rank, world, cfg)`` returns a collective with
+  ``allreduce(np.ndarray) -> (np.ndarray, stats)`` that the DDP hook will use.
+* ``controller``: ``"package.module:factory"``; ``factory(cfg)`` returns an object with
+  ``on_step(info: dict) -> dict`` called on rank 0 every ``control_interval`` optimizer
+  steps. ``info`` has step, epoch, time, loss, comm_seconds, compute_seconds, bytes,
+  accum_steps, precision_bits, grad_norms (per micro-batch squared norms, for the noise
+  scale) and batch. It may return ``accum_steps`` and ``precision_bits``; rank 0
+  broadcasts them so every rank applies the same knobs. ``precision_bits`` is passed to
+  the collective's ``set_precision(bits)`` when it has one.
+"""
+
+from dataclasses import dataclass, field, asdict
+import hashlib
+import importlib
+import os
+import socket
+import time
+
+__all__ = ["TrainConfig", "TrainResult", "run_training", "load_factory"]
+
+
+@dataclass
+class TrainConfig:
+    workload: str = "digits"
+    workers: int = 4
+    backend: str = "ina"
+    target: float | None = None       # test accuracy to stop at (default: workload's)
+    max_epochs: int = 60
+    max_steps: int | None = None      # stop after this many optimizer steps
+    seed: int = 0
+    lr: float | None = None
+    batch: int | None = None          # per worker, per micro-step
+    accum_steps: int = 1
+    momentum: float = 0.9
+    # transport / switch
+    switch: str | None = None         # external switch (FPGA or remote ina switch)
+    job: int = 1
+    elements: int = 8192              # per packet; 8192 suits loopback, 256 Ethernet
+    window: int = 64
+    deadline_ms: float = 5.0
+    # uplink impairment (userspace, per worker, seeded)
+    loss: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    delay_ms: float = 0.0
+    p99_over_p50: float = 1.0
+    controller: str | None = None
+    control_interval: int = 10
+    stop_at_target: bool = True
+    eval_every: int = 0               # optimizer steps between evaluations (0: each epoch)
+    threads: int = 1                  # torch threads per worker
+
+    def validate(self):
+        if not 1 <= self.workers <= 32:
+            raise ValueError(f"workers={self.workers}: need 1..32")
+        if self.accum_steps < 1:
+            raise ValueError(f"accum_steps={self.accum_steps}: need >= 1")
+        if self.backend not in ("gloo", "ina", "ina-bounded") and ":" not in self.backend:
+            raise ValueError(f"backend {self.backend!r}: gloo, ina, ina-bounded or "
+                             "module:factory")
+        from .workloads import WORKLOADS
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; have {', '.join(WORKLOADS)}")
+        if self.switch is not None:
+            host, sep, port = self.switch.rpartition(":")
+            if not sep or not port.isdigit():
+                raise ValueError(f"bad switch address {self.switch!r}: expected ip:port")
+        return self
+
+
+@dataclass
+class TrainResult:
+    config: dict
+    curve: list = field(default_factory=list)    # (seconds, epoch, step, test accuracy)
+    time_to_accuracy: float | None = None
+    final_accuracy: float = 0.0
+    steps: int = 0
+    seconds: float = 0.0
+    stats: dict = field(default_factory=dict)     # rank 0's aggregation statistics
+    param_hashes: list = field(default_factory=list)
+    switch_counters: dict = field(default_factory=dict)
+    fallbacks: int = 0
+    knobs: list = field(default_factory=list)     # (seconds, step, accum, precision)
+    params: list = field(default_factory=list)    # rank 0's final parameters (if asked)
+
+
+def load_factory(path: str):
+    mod, _, name = path.partition(":")
+    if not name:
+        raise ValueError(f"{path!r}: expected package.module:factory")
+    return getattr(importlib.import_module(mod), name)
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _switch_process(conn):
+    from ..switch import SwitchServer
+    server = SwitchServer([], "127.0.0.1", 0)
+    conn.send(server.address)
+    server.serve_forever()
+
+
+def _params_hash(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from .workloads import get_workload
+    from .hook import InaHookState, ina_hook
+    cfg = TrainConfig(**cfg_d)
+    torch.set_num_threads(cfg.threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{master_port}",
+                            rank=rank, world_size=cfg.workers)
+    world = cfg.workers
+    wl = get_workload(cfg.workload, cfg.seed)
+    lr = cfg.lr or wl.lr
+    batch = cfg.batch or wl.batch
+    target = cfg.target if cfg.target is not None else wl.target
+    model = DDP(wl.model)
+    state = None
+    if cfg.backend in ("ina", "ina-bounded"):
+        from ..transport.impair import Impairment
+        imp = Impairment(loss=cfg.loss, duplicate=cfg.duplicate, reorder=cfg.reorder,
+                         delay_median=cfg.delay_ms / 1e3, p99_over_p50=cfg.p99_over_p50,
+                         seed=cfg.seed * 1000 + rank + 1)
+        state = InaHookState.from_env(
+            switch=switch, job=cfg.job,
+            mode="bounded" if cfg.backend == "ina-bounded" else "reliable",
+            window=cfg.window, elements=cfg.elements, deadline=cfg.deadline_ms / 1e3,
+            impairment=imp, configure=True)
+    elif cfg.backend != "gloo":
+        collective = load_factory(cfg.backend)(rank, world, cfg)
+        state = InaHookState(collective, None)
+    if state is not None:
+        model.register_comm_hook(state, ina_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum)
+    lossf = torch.nn.CrossEntropyLoss()
+    controller = load_factory(cfg.controller)(cfg) if (cfg.controller and rank == 0) else None
+    accum, precision = cfg.accum_steps, 32
+    n_train = len(wl.y_train)
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            acc = (model.module(wl.x_test).argmax(1) == wl.y_test).float().mean().item()
+        model.train()
+        return acc
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    step, epoch, stop = 0, 0, False
+    compute_s = 0.0
+    last_eval_step = 0
+    while not stop:
+        g = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
+        perm = torch.randperm(n_train, generator=g)
+        shard = perm[rank::world]
+        micro = 0
+        grad_norms = []
+        for start in range(0, len(shard) - batch + 1, batch):
+            idx = shard[start:start + batch]
+            tc = time.perf_counter()
+            last_micro = (micro + 1) % accum == 0
+            if last_micro:
+                loss = lossf(model(wl.x_train[idx]), wl.y_train[idx]) / accum
+                loss.backward()
+            else:
+                with model.no_sync():
+                    loss = lossf(model(wl.x_train[idx]), wl.y_train[idx]) / accum
+                    loss.backward()
+            compute_s += time.perf_counter() - tc
+            micro += 1
+            if not last_micro:
+                continue
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            if cfg.controller and step % cfg.control_interval == 0:
+                knobs = [None]
+                if rank == 0:
+                    info = {"step": step, "epoch": epoch, "time": time.perf_counter() - t0,
+                            "loss": float(loss.item()) * accum,
+                            "comm_seconds": state.comm_seconds if state else 0.0,
+                            "compute_seconds": compute_s,
+                            "bytes": state.bytes_sent if state else 0,
+                            "accum_steps": accum, "precision_bits": precision,
+                            "batch": batch * world}
+                    knobs = [controller.on_step(info) or {}]
+                dist.broadcast_object_list(knobs, src=0)
+                accum = int(knobs[0].get("accum_steps", accum))
+                precision = int(knobs[0].get("precision_bits", precision))
+                if state is not None and hasattr(state.collective, "set_precision"):
+                    state.collective.set_precision(precision)
+                if rank == 0:
+                    queue.put(("knobs", (time.perf_counter() - t0, step, accum, precision)))
+            if cfg.max_steps and step >= cfg.max_steps:
+                stop = True
+                break
+            if cfg.eval_every and step - last_eval_step >= cfg.eval_every:
+                last_eval_step = step
+                stop = _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg)
+                if stop:
+                    break
+        epoch += 1
+        if not stop and not cfg.eval_every:
+            stop = _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg)
+        if epoch >= cfg.max_epochs:
+            stop = True
+    seconds = time.perf_counter() - t0
+    final = evaluate()
+    out = {"rank": rank, "hash": _params_hash(model.module), "steps": step,
+           "seconds": seconds, "final": final,
+           "stats": state.stats.as_dict() if state is not None else {},
+           "fallbacks": int(state is not None and not state.use_switch)}
+    if keep_params and rank == 0:
+        out["params"] = [p.detach().numpy().copy() for p in model.module.parameters()]
+    if state is not None:
+        state.close()
+    queue.put(("done", out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg):
+    import torch
+    import torch.distributed as dist
+    acc = evaluate()
+    flag = torch.tensor([0], dtype=torch.int32)
+    if rank == 0:
+        queue.put(("eval", (time.perf_counter() - t0, epoch, step, acc)))
+        flag[0] = int(cfg.stop_at_target and acc >= target)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=1800):
+    """Start the switch (for ina backends, unless ``cfg.switch``) and ``cfg.workers``
+    worker processes; return a ``TrainResult``. ``progress(kind, payload)`` is called
+    with ("eval", (seconds, epoch, step, acc)) and ("knobs", ...) as they happen."""
+    import multiprocessing as mp
+    import torch  # noqa: F401  imported once here, inherited by the forked workers
+    import sklearn.datasets  # noqa: F401
+    cfg.validate()
+    # fork: the parent has run no torch op (no thread pools yet), and children inherit
+    # the imports instead of paying for them four times over on two cores
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    switch_proc = None
+    switch = None
+    if cfg.backend in ("ina", "ina-bounded"):
+        if cfg.switch:
+            host, _, port = cfg.switch.rpartition(":")
+            switch = (host, int(port))
+        else:
+            a, b = ctx.Pipe()
+            switch_proc = ctx.Process(target=_switch_process, args=(b,), daemon=True)
+            switch_proc.start()
+            switch = tuple(a.recv())
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, asdict(cfg), port, switch, queue,
+                                               keep_params), daemon=True)
+             for r in range(cfg.workers)]
+    for p in procs:
+        p.start()
+    result = TrainResult(config=asdict(cfg))
+    done = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(done) < cfg.workers:
+            try:
+                kind, payload = queue.get(timeout=1.0)
+            except Exception:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"worker exited with status {dead[0].exitcode}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"training did not finish within {timeout}s")
+                continue
+            if kind == "eval":
+                result.curve.append(payload)
+                t, _, _, acc = payload
+                target = cfg.target
+                if target is None:
+                    from .workloads import get_workload
+                    target = {"digits": 0.95, "transformer": 0.6}.get(cfg.workload, 1.0)
+                if result.time_to_accuracy is None and acc >= target:
+                    result.time_to_accuracy = t
+            elif kind == "knobs":
+                result.knobs.append(payload)
+            elif kind == "done":
+                done.append(payload)
+            if progress is not None:
+                progress(kind, payload)
+        if switch_proc is not None:
+            from ..switch import query_status
+            try:
+                result.switch_counters = {k: v for k, v in
+                                          query_status(switch)["counters"].items() if v}
+            except OSError:
+                pass
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        if switch_proc is not None:
+            switch_proc.terminate()
+            switch_proc.join(timeout=5)
+    done.sort(key=lambda d: d["rank"])
+    r0 = done[0]
+    result.final_accuracy = r0["final"]
+    result.steps = r0["steps"]
+    result.seconds = r0["seconds"]
+    result.stats = r0["stats"]
+    result.param_hashes = [d["hash"] for d in done]
+    result.fallbacks = sum(d["fallbacks"] for d in done)
+    result.params = r0.get("params", [])
+    return result
