@@ -1,0 +1,45 @@
+"""Joint vs decoupled control of precision and accumulation: time to target, side by side.
+
+    ina bench control                      simulation at paper scale + knob trace PNG
+    ina bench control --real               also real training (digits, 4 workers, throttled)
+    ina bench control --plot PATH          where the knob trace PNG goes
+
+Figures are ratios of time to target (other controller / Joint) measured in one run.
+"""
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    from bench import _results
+    from host.control.experiments import real_comparison, sim_comparison, trace_figure
+    ap = argparse.ArgumentParser(prog="ina bench control")
+    ap.add_argument("--real", action="store_true", help="also run the real-training comparison")
+    ap.add_argument("--real-levels", default="light,heavy")
+    ap.add_argument("--plot", default=str(_results.RESULTS / "control_trace_{link}.png"),
+                    help="knob trace PNG; {link} becomes 10G and 100G")
+    ap.add_argument("--real-plot", default=str(_results.RESULTS / "control_real.png"))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    _results.RESULTS.mkdir(parents=True, exist_ok=True)
+    figures = sim_comparison(seed=args.seed)
+    for link in ("10G", "100G"):
+        figures.update(trace_figure(args.plot.format(link=link), link=link, seed=args.seed))
+    if args.real:
+        figures.update(real_comparison(levels=tuple(args.real_levels.split(",")),
+                                       seed=args.seed, plot=args.real_plot))
+    print("\nheadline: decoupled / joint time to target: " + ", ".join(
+        f"{k.split('_')[1]} {k.split('_')[2]} {v:.2f}x" for k, v in figures.items()
+        if k.endswith("_decoupled_over_joint") and k.startswith("sim_")))
+    _results.write("control", figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,88 @@
+"""Joint network/ML controller: gradient precision and accumulation chosen together.
+
+    ina control model --bandwidth 1.25e9 --b-noise 256     predicted time to target per knob pair
+    ina control simulate                                    paper-scale simulation, 5 controllers
+    ina control trace --plot trace.png --link 10G          knobs vs time, changing contention
+    ina control real --levels light,heavy --plot real.png  real training (digits, 4 workers)
+
+See docs/control.md.
+"""
+
+HELP = "joint precision/accumulation controller: cost model, simulation, real runs"
+
+
+def add_arguments(p):
+    sub = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+    m = sub.add_parser("model", help="print predicted time to target for every knob pair")
+    m.add_argument("--params", type=int, default=774_000_000)
+    m.add_argument("--workers", type=int, default=8)
+    m.add_argument("--micro-batch", type=int, default=8)
+    m.add_argument("--t-compute", type=float, default=0.27, help="seconds per micro-step")
+    m.add_argument("--bandwidth", type=float, default=12.5e9, help="bytes/s")
+    m.add_argument("--b-noise", type=float, default=256.0)
+    m.add_argument("--overlap", type=float, default=0.5)
+    m.add_argument("--kappa2", type=float, default=30.0)
+    m.add_argument("--precisions", default="32,16,8,4")
+    m.add_argument("--accums", default="1,2,4,8,16")
+    s = sub.add_parser("simulate", help="simulated time to target, five controllers")
+    s.add_argument("--links", default="100G,10G")
+    s.add_argument("--levels", default="light,medium,heavy")
+    s.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("trace", help="PNG of knobs vs time under changing contention")
+    t.add_argument("--plot", required=True)
+    t.add_argument("--link", default="10G", choices=["10G", "100G"])
+    t.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser("real", help="real training under a throttled link, five controllers")
+    r.add_argument("--levels", default="light,heavy")
+    r.add_argument("--controllers", default=None, help="comma list (default: all five)")
+    r.add_argument("--workers", type=int, default=4)
+    r.add_argument("--capacity", type=float, default=8e6, help="bytes/s per worker link")
+    r.add_argument("--workload", default="digits")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--plot", default=None)
+
+
+def _ints(text, what):
+    from ..cli import CliError
+    try:
+        vals = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise CliError(f"--{what} {text!r}: expected a comma-separated list of integers")
+    return vals
+
+
+def run(args):
+    from ..cli import CliError
+    from ..control.knobs import ConfigError
+    try:
+        if args.what == "model":
+            from ..control.costmodel import CostModel, JobParams
+            from ..control.knobs import Knobs, KnobSpace
+            space = KnobSpace(_ints(args.precisions, "precisions"), _ints(args.accums, "accums"))
+            m = CostModel(JobParams(params=args.params, workers=args.workers,
+                                    micro_batch=args.micro_batch, t_compute=args.t_compute,
+                                    bandwidth=args.bandwidth, b_noise=args.b_noise,
+                                    overlap=args.overlap, kappa2=args.kappa2))
+            t = m.table(space) / m.time_to_target(m.best(space.all()))
+            print("time to target relative to the best (rows: bits, columns: accumulation)")
+            print("bits " + "".join(f"{a:>8d}" for a in space.accums))
+            for q, row in zip(space.precisions, t):
+                print(f"{q:4d} " + "".join(f"{v:8.2f}" for v in row))
+            print(f"best: {m.best(space.all())}")
+        elif args.what == "simulate":
+            from ..control.experiments import sim_comparison
+            sim_comparison(links=tuple(args.links.split(",")),
+                           levels=tuple(args.levels.split(",")), seed=args.seed)
+        elif args.what == "trace":
+            from ..control.experiments import trace_figure
+            trace_figure(args.plot, link=args.link, seed=args.seed)
+        elif args.what == "real":
+            from ..control.experiments import real_comparison
+            real_comparison(levels=tuple(args.levels.split(",")),
+                            controllers=args.controllers.split(",") if args.controllers else None,
+                            workers=args.workers, seed=args.seed, capacity=args.capacity,
+                            workload=args.workload, plot=args.plot)
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+    except KeyError as e:
+        raise CliError(f"unknown name {e}") from None

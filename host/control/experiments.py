@@ -1,0 +1,168 @@
+"""The experiments behind ``ina bench control`` and ``ina control``: the simulated
+comparison at paper scale, the knob trace under changing contention, and the comparison
+in real training. Each returns plain dicts (figures) and prints a table."""
+
+import numpy as np
+
+from .contention import LEVELS, background_trace
+from .controllers import CONTROLLERS, make_controller
+from .simulate import paper_scenario, simulate
+
+__all__ = ["LINKS", "KAPPA2", "sim_comparison", "trace_figure", "real_comparison",
+           "TRACE_SCHEDULE"]
+
+# Bottleneck capacity per worker: a datacenter link, and a thin (oversubscribed or
+# cross-site) one.
+LINKS = {"100G": 12.5e9, "10G": 1.25e9}
+# Chunk max^2 / mean square of real gradients (digits CNN: 19-51, small transformer:
+# 15-36, measured with compress.relative_errors); Gaussian would be 10.9.
+KAPPA2 = 30.0
+# Changing contention for the trace: (start second, background jobs).
+TRACE_SCHEDULE = [(0.0, 0), (1500.0, 1), (3000.0, 4), (5000.0, 2), (6500.0, 0), (8000.0, 4)]
+
+
+def _horizon(capacity):
+    return 60_000.0 * 12.5e9 / capacity
+
+
+def sim_comparison(links=("100G", "10G"), levels=("light", "medium", "heavy"), seed=0,
+                   hysteresis=0.05, out=print):
+    """Simulated time to target (hours) per link, level and controller; ratios to Joint."""
+    figures = {}
+    names = list(CONTROLLERS)
+    for link in links:
+        cap = LINKS[link]
+        sc = paper_scenario(kappa2=KAPPA2)
+        sc.job = sc.job.with_(bandwidth=cap)
+        out(f"\nGPT-2 Large (774M) on 8 workers, {link} bottleneck, GPT-1B background jobs;"
+            " simulated hours to target (x = slower than Joint)")
+        out(f"{'contention':12s}" + "".join(f"{n:>22s}" for n in names))
+        for i, level in enumerate(levels):
+            trace = background_trace(cap, sc.background, [(0.0, LEVELS[level])],
+                                     _horizon(cap), seed=seed + 1000 * i)
+            res = {n: simulate(make_controller(n, sc.space, hysteresis=hysteresis), sc, trace,
+                               seed=seed) for n in names}
+            tj = res["joint"].time_to_target
+            out(f"{level:12s}" + "".join(
+                f"{r.time_to_target / 3600:12.2f} h {r.time_to_target / tj:6.2f}x"
+                for r in res.values()))
+            for n, r in res.items():
+                figures[f"sim_{link}_{level}_{n}_hours"] = r.time_to_target / 3600
+                figures[f"sim_{link}_{level}_{n}_over_joint"] = r.time_to_target / tj
+                figures[f"sim_{link}_{level}_{n}_knob_changes"] = r.changes
+            figures[f"sim_{link}_{level}_share_of_link"] = trace.mean_rate(0, tj) / cap
+    return figures
+
+
+def trace_figure(path, link="10G", schedule=TRACE_SCHEDULE, seed=0, out=print):
+    """Knobs chosen against time by Joint and Decoupled under changing contention (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cap = LINKS[link]
+    sc = paper_scenario(kappa2=KAPPA2)
+    sc.job = sc.job.with_(bandwidth=cap)
+    trace = background_trace(cap, sc.background, schedule, _horizon(cap), seed=seed)
+    runs = {n: simulate(make_controller(n, sc.space), sc, trace, seed=seed)
+            for n in ("joint", "decoupled")}
+    fig, ax = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
+    end = max(r.time_to_target for r in runs.values()) / 3600
+    tt = np.linspace(0, end * 3600, 4000)
+    win = 60.0
+    share = [trace.mean_rate(max(t - win, 0), t + win) / cap for t in tt]
+    ax[0].plot(tt / 3600, share, color="gray", lw=0.8)
+    for s, n in schedule:
+        if s / 3600 < end:
+            ax[0].annotate(f"{n} bg", (s / 3600, 1.02), fontsize=8)
+    ax[0].set_ylabel("our share\nof the link")
+    ax[0].set_ylim(0, 1.15)
+    styles = {"joint": dict(color="C0", lw=1.8), "decoupled": dict(color="C3", lw=1.2, ls="--")}
+    for n, r in runs.items():
+        L = r.log
+        lab = f"{n}: target at {r.time_to_target / 3600:.2f} h"
+        ax[1].step(L["t"] / 3600, L["precision"], where="post", label=lab, **styles[n])
+        ax[2].step(L["t"] / 3600, L["accum"], where="post", label=n, **styles[n])
+        ax[3].plot(L["t"] / 3600, L["b_noise_est"], label=f"{n} (estimate)", **styles[n])
+        ax[3].plot(L["t"] / 3600, L["b_noise_true"], color="k", lw=0.6,
+                   label="true" if n == "joint" else None)
+    ax[1].set_ylabel("precision\n(bits)")
+    ax[1].set_yticks([4, 8, 16, 32])
+    ax[2].set_ylabel("accumulation\nsteps a")
+    ax[2].set_yscale("log", base=2)
+    ax[2].set_yticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
+    ax[3].set_ylabel("B_noise\n(sequences)")
+    ax[3].set_yscale("log")
+    ax[3].set_ylim(10, 5000)
+    ax[3].set_xlabel("simulated hours")
+    ax[1].legend(fontsize=8, loc="upper right")
+    ax[3].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"GPT-2 Large, {link} link, background GPT-1B jobs joining and leaving")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    ratio = runs["decoupled"].time_to_target / runs["joint"].time_to_target
+    out(f"\nknob trace under changing contention ({link}): decoupled / joint time to target"
+        f" = {ratio:.3f}x; wrote {path}")
+    return {f"trace_{link}_decoupled_over_joint": ratio,
+            f"trace_{link}_joint_changes": runs["joint"].changes,
+            f"trace_{link}_decoupled_changes": runs["decoupled"].changes}
+
+
+def real_comparison(levels=("light", "heavy"), controllers=None, workers=4, seed=0,
+                    capacity=8e6, workload="digits", out=print, plot=None):
+    """Real training (``host.torch``) with each controller under each contention level of
+    the userspace-throttled link: seconds to target accuracy, ratios to Joint."""
+    from .realrun import RealSpec, real_run
+    controllers = controllers or list(CONTROLLERS)
+    figures, runs = {}, {}
+    out(f"\nreal training: {workload}, {workers} workers on loopback, link {capacity / 1e6:g}"
+        " MB/s per worker (token bucket) beside background jobs; seconds to target"
+        " (x = slower than Joint)")
+    out(f"{'contention':12s}" + "".join(f"{n:>22s}" for n in controllers))
+    for i, level in enumerate(levels):
+        row = {}
+        for n in controllers:
+            spec = RealSpec(controller=n, capacity=capacity, schedule=[(0.0, LEVELS[level])],
+                            bg_bytes=capacity / 8, bg_compute=0.2, seed=seed + i)
+            r = real_run(spec, workload=workload, workers=workers, seed=seed)
+            row[n] = r
+            runs[(level, n)] = r
+        tj = row["joint"].time_to_accuracy if "joint" in row else None
+        cells = []
+        for n, r in row.items():
+            t = r.time_to_accuracy
+            rel = (t / tj) if (t and tj) else float("nan")
+            cells.append(f"{t:12.1f} s {rel:6.2f}x" if t else f"{'not reached':>14s} {'':6s} ")
+            figures[f"real_{level}_{n}_seconds"] = t if t else float("nan")
+            figures[f"real_{level}_{n}_over_joint"] = rel
+            figures[f"real_{level}_{n}_steps"] = r.steps
+            figures[f"real_{level}_{n}_final_accuracy"] = r.final_accuracy
+            figures[f"real_{level}_{n}_replicas_identical"] = len(set(r.param_hashes)) == 1
+        out(f"{level:12s}" + "".join(cells))
+    if plot:
+        _plot_real(plot, runs, levels, controllers)
+        out(f"wrote {plot}")
+    return figures
+
+
+def _plot_real(path, runs, levels, controllers):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, len(levels), figsize=(5 * len(levels), 3.6), squeeze=False)
+    for i, level in enumerate(levels):
+        a = ax[0][i]
+        for j, n in enumerate(controllers):
+            r = runs[(level, n)]
+            if r.curve:
+                t, _, _, acc = zip(*r.curve)
+                a.plot(t, acc, label=n, color=f"C{j}")
+        a.axhline(0.95, color="gray", lw=0.6, ls=":")
+        a.set_title(f"{level} contention")
+        a.set_xlabel("seconds")
+        a.set_ylabel("test accuracy")
+        a.set_ylim(0.5, 1.0)
+    ax[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
