@@ -241,7 +241,7 @@ def build_core(core, platform):
     # PARTIAL, then holds the packet, input stalled, until that result has been sent)
     retry, defer, p1_keep = Signal(), Signal(), Signal()
     m.d.comb += q.probe.eq(Mux(retry, p1_rec, rec))
-    hazard = ~unkjob & (q.probe_hit | (p1_valid & (p1_rec == rec)))
+    hazard = ~unkjob & (q.probe_hit | ((q.push_a | q.push_b) & (p1_rec == rec)))
     m.d.comb += i.ready.eq(~init_busy & ~q_tight & ~retry & ~defer & ~(dec_cand & hazard))
     acc_beat = i.valid & i.ready
     dec = acc_beat & in_hdr & ((cur_pos == H - 1) | ip.last)
