@@ -45,6 +45,7 @@ class RealSpec:
     accums: tuple = (1, 2, 4, 8, 16)
     b_noise_prior: float = 64.0
     log_path: str | None = None           # controller's per-interval log (JSON)
+    script: list | None = None            # [(from step, bits, accum)]: fixed knobs, no control
 
     def trace(self):
         return background_trace(self.capacity, BackgroundJob(self.bg_bytes, self.bg_compute),
@@ -113,11 +114,16 @@ class RealController:
             tel.quant.record_all({q: r / m["rq_n"] for q, r in m["rq_sum"].items()})
         model = CostModel(tel.params().with_(latency=self.sync.value))
         self.knobs = self.ctl.decide(model)
+        if self.spec.script:
+            for start, bits, acc in sorted(self.spec.script):
+                if info["step"] >= start:
+                    self.knobs = Knobs(int(bits), int(acc))
         p = model.p
         self.log.append({"time": info["time"], "step": info["step"], "epoch": info["epoch"],
                          "precision": self.knobs.precision, "accum": self.knobs.accum,
                          "bandwidth": p.bandwidth, "t_compute": p.t_compute,
                          "b_noise": p.b_noise, "latency": p.latency, "bytes": m["bytes"], "comm_s": m["seconds"],
+                         "calls": m["calls"], "steps": dsteps, "sync_s": m["sync_s"],
                          "quant_ratio": {str(k): v for k, v in p.quant_ratio.items()}})
         if self.spec.log_path:
             with open(self.spec.log_path, "w") as f:
