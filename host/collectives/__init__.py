@@ -33,7 +33,7 @@ KINDS = ("gloo", "ring-tcp", "tar-tcp", "tar-udp", "switch-reliable", "switch-bo
 
 def make_collective(kind, rank, world, store=None, *, impairment=None, elements=1024,
                     deadline=None, calibration=5, early_fraction=0.25, hadamard=False,
-                    seed=0, switch=None, switch_control=None, window=64, fill="local",
+                    seed=0, switch=None, switch_control=None, window=64, job=1, fill="local",
                     prefix=None):
     """One rank's collective of ``kind`` (see ``KINDS``).
 
@@ -74,7 +74,7 @@ def make_collective(kind, rank, world, store=None, *, impairment=None, elements=
             raise ValueError(f"collective {kind}: needs the switch address")
         mode = kind.split("-")[1]
         sp = SwitchDeadline(policy()) if mode == "bounded" else None
-        c = switch_collective(rank, world, store, switch, switch_control, mode=mode,
+        c = switch_collective(rank, world, store, switch, switch_control, mode=mode, job=job,
                               window=window, elements=elements,
                               deadline=deadline or 0.005, policy=sp,
                               impairment=impairment, prefix=prefix)
