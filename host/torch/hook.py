@@ -60,6 +60,7 @@ class InaHookState:
     stats: AllreduceStats = field(default_factory=AllreduceStats)
     comm_seconds: float = 0.0
     bytes_sent: int = 0
+    max_abs_local: float = 0.0   # largest |gradient| this rank contributed (error bounds)
 
     def __post_init__(self):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
@@ -141,8 +142,11 @@ class InaHookState:
         if self.use_switch:
             import time
             t = time.perf_counter()
+            arr = tensor.detach().numpy()
+            if arr.size:
+                self.max_abs_local = max(self.max_abs_local, float(np.abs(arr).max()))
             try:
-                out, st = self.collective.allreduce(tensor.detach().numpy())
+                out, st = self.collective.allreduce(arr)
             except SwitchUnavailable as e:
                 self.fallbacks += 1
                 self._fall_back(str(e))

@@ -92,6 +92,7 @@ class TrainResult:
     fallbacks: int = 0
     knobs: list = field(default_factory=list)     # (seconds, step, accum, precision)
     params: list = field(default_factory=list)    # rank 0's final parameters (if asked)
+    max_abs_grad: float = 0.0                     # largest local |gradient| of any rank
 
 
 def load_factory(path: str):
@@ -234,7 +235,8 @@ def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
     out = {"rank": rank, "hash": _params_hash(model.module), "steps": step,
            "seconds": seconds, "final": final,
            "stats": state.stats.as_dict() if state is not None else {},
-           "fallbacks": int(state is not None and not state.use_switch)}
+           "fallbacks": int(state is not None and not state.use_switch),
+           "max_abs_local": state.max_abs_local if state is not None else 0.0}
     if keep_params and rank == 0:
         out["params"] = [p.detach().numpy().copy() for p in model.module.parameters()]
     if state is not None:
@@ -338,4 +340,5 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
     result.param_hashes = [d["hash"] for d in done]
     result.fallbacks = sum(d["fallbacks"] for d in done)
     result.params = r0.get("params", [])
+    result.max_abs_grad = max(d["max_abs_local"] for d in done)
     return result
