@@ -36,13 +36,6 @@ def worker_data(seed, worker, it, n):
     return (rng.standard_normal(n) * rng.uniform(0.1, 10)).astype(np.float32)
 
 
-def _switch_main(conn, port):
-    from .switch import SwitchServer
-    server = SwitchServer([], "127.0.0.1", port)
-    conn.send(server.address)
-    server.serve_forever()
-
-
 def _worker_main(spec_d, w, switch, conn):
     from .transport import SwitchClient, Impairment
     spec = WorkerSpec(**spec_d)
@@ -97,10 +90,8 @@ class LocalCluster:
         self.procs, self.conns = [], []
         self.switch_proc = None
         if switch is None:
-            a, b = self.ctx.Pipe()
-            self.switch_proc = self.ctx.Process(target=_switch_main, args=(b, 0), daemon=True)
-            self.switch_proc.start()
-            self.switch = tuple(a.recv())
+            from .train_helpers import start_switch_process
+            self.switch, self.switch_proc = start_switch_process(self.ctx)
         else:
             host, _, port = switch.rpartition(":")
             self.switch = (host, int(port))

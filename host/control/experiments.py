@@ -132,7 +132,8 @@ def real_comparison(levels=("light", "heavy"), controllers=None, workers=4, seed
         for n, r in row.items():
             t = r.time_to_accuracy
             rel = (t / tj) if (t and tj) else float("nan")
-            cells.append(f"{t:12.1f} s {rel:6.2f}x" if t else f"{'not reached':>14s} {'':6s} ")
+            cells.append(f"{t:12.1f} s {rel:6.2f}x" if t else
+                         f"{'missed, acc':>12s} {r.final_accuracy:.2f} ")
             figures[f"real_{level}_{n}_seconds"] = t if t else float("nan")
             figures[f"real_{level}_{n}_over_joint"] = rel
             figures[f"real_{level}_{n}_steps"] = r.steps

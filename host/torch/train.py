@@ -110,13 +110,6 @@ def _free_port():
     return port
 
 
-def _switch_process(conn):
-    from ..switch import SwitchServer
-    server = SwitchServer([], "127.0.0.1", 0)
-    conn.send(server.address)
-    server.serve_forever()
-
-
 def _params_hash(model):
     h = hashlib.sha256()
     for p in model.parameters():
@@ -277,10 +270,8 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
             host, _, port = cfg.switch.rpartition(":")
             switch = (host, int(port))
         else:
-            a, b = ctx.Pipe()
-            switch_proc = ctx.Process(target=_switch_process, args=(b,), daemon=True)
-            switch_proc.start()
-            switch = tuple(a.recv())
+            from ..train_helpers import start_switch_process
+            switch, switch_proc = start_switch_process(ctx)
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, asdict(cfg), port, switch, queue,
                                                keep_params), daemon=True)

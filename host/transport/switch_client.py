@@ -76,6 +76,7 @@ class SwitchClient:
     bind: tuple[str, int] = ("0.0.0.0", 0)
     rto: float = 0.02              # initial retransmission timeout (seconds)
     min_rto: float = 0.01          # floor of the adaptive timeout
+    max_inflight_bytes: int = 1 << 20
     deadline: float = 0.005        # the switch's per-job deadline (bounded mode)
     connect_timeout: float = 2.0   # no result at all for this long: SwitchUnavailable
     stall_timeout: float = 30.0    # reliable: no progress for this long: AllreduceTimeout
@@ -275,9 +276,13 @@ class SwitchClient:
         """The window of one call: a power of two that divides the job's window (so
         that a slot's result is never overwritten before every worker has it; see the
         README), about half the chunk count: fewer header-only packets for small buckets
-        at the cost of a few more round trips."""
+        at the cost of a few more round trips. It also keeps at most
+        ``max_inflight_bytes`` on the wire, so N workers' bursts fit the switch's socket
+        buffer instead of overflowing it."""
+        cap = max(1, min(chunks // 2, self.window,
+                         self.max_inflight_bytes // (4 * self.elements)))
         w = 1
-        while w * 2 <= max(chunks // 2, 1) and w * 2 <= self.window and self.window % (w * 2) == 0:
+        while w * 2 <= cap and self.window % (w * 2) == 0:
             w *= 2
         return w
 

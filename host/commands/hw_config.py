@@ -1,0 +1,79 @@
+"""Job-table bytes for the FPGA core.
+
+    ina hw-config jobs.toml                      one hex line per job: JobConfig.to_bytes()
+    ina hw-config jobs.toml --format control     CONTROL datagrams (INA header + entry), hex
+    ina hw-config jobs.toml --format bin -o t.bin   entries, each after a 2-byte length
+    ina hw-config jobs.toml --format regs        register writes "addr value" for the core's
+                                                 register bus (hw/ina/regs.py), job k -> entry k
+
+The entry bytes are the ones the software switch loads (host/protocol/jobtable.py). The
+``regs`` form also checks that each job fits the core (window a power of two within the
+core's window, elements and workers within the core's) and converts the deadline to
+core clock cycles.
+"""
+
+HELP = "emit the job-table bytes (or register writes) that configure the FPGA core"
+
+FORMATS = ("hex", "bin", "control", "regs")
+
+
+def add_arguments(p):
+    p.add_argument("config", help="jobs TOML file ([[job]] tables, as for `ina switch`)")
+    p.add_argument("--format", choices=FORMATS, default="hex", help="output form (default hex)")
+    p.add_argument("-o", "--out", help="write to this file instead of stdout")
+    p.add_argument("--clock-mhz", type=float, default=125.0,
+                   help="core clock for deadline cycles (regs; default 125)")
+    p.add_argument("--core-window", type=int, default=8, help="core parameter W (regs)")
+    p.add_argument("--core-elements", type=int, default=64, help="core parameter E (regs)")
+    p.add_argument("--core-workers", type=int, default=32, help="core parameter workers (regs)")
+    p.add_argument("--core-jobs", type=int, default=2, help="core job-table entries (regs)")
+
+
+def control_datagram(cfg) -> bytes:
+    """A CONTROL datagram carrying one job-table entry."""
+    from ..protocol.fields import MsgType
+    from ..protocol.numpy_view import pack
+    return pack(None, type=MsgType.CONTROL, job=cfg.job) + cfg.to_bytes()
+
+
+def render(jobs, fmt, *, clock_mhz=125.0, core_window=8, core_elements=64,
+           core_workers=32, core_jobs=2):
+    """bytes (bin) or str (other formats) for a list of JobConfig."""
+    if fmt == "bin":
+        return b"".join(len(b).to_bytes(2, "big") + b for b in (j.to_bytes() for j in jobs))
+    if fmt == "hex":
+        return "".join(j.to_bytes().hex() + "\n" for j in jobs)
+    if fmt == "control":
+        return "".join(control_datagram(j).hex() + "\n" for j in jobs)
+    from hw.ina.regs import config_writes
+    if len(jobs) > core_jobs:
+        raise ValueError(f"{len(jobs)} jobs but the core has {core_jobs} job-table entries")
+    lines = []
+    for k, j in enumerate(jobs):
+        lines.append(f"# job {j.job} -> entry {k}")
+        for addr, val in config_writes(j, k, clock_hz=clock_mhz * 1e6, window_max=core_window,
+                                       elements_max=core_elements, workers_max=core_workers):
+            lines.append(f"0x{addr:04x} 0x{val:08x}")
+    return "\n".join(lines) + "\n"
+
+
+def run(args):
+    import sys
+    from ..cli import CliError
+    from ..protocol.jobtable import ConfigError, load_jobs_toml
+    try:
+        jobs = load_jobs_toml(args.config)
+        out = render(jobs, args.format, clock_mhz=args.clock_mhz,
+                     core_window=args.core_window, core_elements=args.core_elements,
+                     core_workers=args.core_workers, core_jobs=args.core_jobs)
+    except (ConfigError, ValueError) as e:
+        raise CliError(str(e)) from None
+    if args.out:
+        mode = "wb" if isinstance(out, bytes) else "w"
+        with open(args.out, mode) as fh:
+            fh.write(out)
+    elif isinstance(out, bytes):
+        sys.stdout.buffer.write(out)
+    else:
+        sys.stdout.write(out)
+    return 0
