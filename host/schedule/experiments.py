@@ -36,7 +36,9 @@ def memory_sweep(topo, net: NetConfig, memories, *, seed=0, time_budget_s=30.0, 
                      "solve_s": res.solve_s})
         if progress:
             progress(rows[-1])
-    labels = sorted({k for r in rows for k in r["per_family"]})
+    order = {"static-pairs": 0, "one-peer-exp": 1, "ring-gossip": 2, "all-to-all": 99}
+    labels = sorted({k for r in rows for k in r["per_family"]},
+                    key=lambda f: (order.get(f, 3), int(f.split("-")[1]) if f.startswith("cliques-") else 0))
     for r in rows:
         r["per_family"] = {k: r["per_family"].get(k, 0.0) for k in labels}
     return rows
