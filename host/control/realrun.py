@@ -42,7 +42,9 @@ class RealSpec:
     seed: int = 0
     hysteresis: float = 0.05
     precisions: tuple = (32, 16, 8, 4)
-    accums: tuple = (1, 2, 4, 8, 16)
+    # a <= micro-batches per epoch per worker (digits, 4 workers: 11): host.torch's loop
+    # restarts its micro-step count every epoch, so a larger a would never step
+    accums: tuple = (1, 2, 4, 8)
     b_noise_prior: float = 64.0
     log_path: str | None = None           # controller's per-interval log (JSON)
     script: list | None = None            # [(from step, bits, accum)]: fixed knobs, no control
