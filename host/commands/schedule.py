@@ -148,7 +148,7 @@ def _optimize(args):
 
 def _sweep(args):
     from ..cli import CliError
-    from ..schedule.experiments import memory_sweep, DEFAULT_SWEEP
+    from ..schedule.experiments import memory_sweep, DEFAULT_SWEEP, family_order
     from ..schedule.hwparams import default_memory
     from ..schedule.plot import plot_sweep
     import json
@@ -165,14 +165,15 @@ def _sweep(args):
 
     def show(r):
         nonlocal head
-        fams = list(r["per_family"])
+        fams = sorted(r["per_family"], key=family_order)
         if head is None:
             head = fams
             print(f"{'M bytes':>10s} {'best':>14s} {'R':>2s} {'T_cyc ms':>9s} " +
-                  " ".join(f"{f.replace('cliques-', 'k='):>10s}" for f in fams))
+                  " ".join(f"{f.replace('cliques-', 'k=').replace('static-', ''):>8s}"
+                           for f in fams))
         print(f"{r['memory_bytes']:10.3g} {r['best']:>14s} {r['rounds']:2d} "
               f"{1e3 * r['t_cycle_s']:9.1f} " +
-              " ".join(f"{r['per_family'].get(f, 0):10.3f}" for f in head), flush=True)
+              " ".join(f"{r['per_family'].get(f, 0):8.3f}" for f in head), flush=True)
     rows = memory_sweep(topo, net, mems, seed=args.seed, time_budget_s=args.time_budget,
                         progress=show)
     plot_sweep(rows, args.png)
@@ -191,9 +192,10 @@ def _simulate(args):
     model = RoundModel(topo, net)
     res = optimize(topo, net, seed=args.seed, time_budget_s=args.time_budget, model=model)
     b = res.best
-    chunks = args.chunks or int(min(65536, max(256, 20 * net.update_bytes /
+    chunks = args.chunks or int(min(65536, max(512, 200 * net.update_bytes /
                                              max(net.memory_bytes, 1.0))))
-    print(f"best: {_label(b)}, {len(b.schedule.rounds)} rounds; {note}; {chunks} chunks/update")
+    print(f"best: {_label(b)}, {len(b.schedule.rounds)} rounds; {note}; {chunks} chunks/update "
+          f"(buffer measured to +-1 chunk = {net.update_bytes / chunks:.4g} B)")
     worst = 0.0
     for r, sim in enumerate(simulate_schedule(model, b.schedule, chunks, args.seed)):
         peak = max(sim.peak_buffer.values(), default=0.0)

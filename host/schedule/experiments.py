@@ -9,13 +9,20 @@ from .search import optimize
 from .baselines import ring_allreduce_time, tree_allreduce_time
 from .train import TrainConfig, train_run, time_to_target, load_data
 
-__all__ = ["memory_sweep", "training_comparison", "DEFAULT_SWEEP"]
+__all__ = ["memory_sweep", "training_comparison", "DEFAULT_SWEEP", "family_order"]
 
 DEFAULT_SWEEP = [1e4, 1e5, 1e6, 1e7, 3e7, 1e8, 3e8, 1e9, 1e10]
 
 
 def _label(c):
     return c.family if c.family != "cliques" else f"cliques-{c.k}"
+
+
+def family_order(label: str):
+    """Table order: pairs, one-peer, ring, cliques by size, all-to-all."""
+    fixed = {"static-pairs": 0, "one-peer-exp": 1, "ring-gossip": 2, "all-to-all": 99}
+    k = int(label.split("-")[1]) if label.startswith("cliques-") else 0
+    return (fixed.get(label, 3), k)
 
 
 def memory_sweep(topo, net: NetConfig, memories, *, seed=0, time_budget_s=30.0, progress=None):
@@ -36,9 +43,7 @@ def memory_sweep(topo, net: NetConfig, memories, *, seed=0, time_budget_s=30.0, 
                      "solve_s": res.solve_s})
         if progress:
             progress(rows[-1])
-    order = {"static-pairs": 0, "one-peer-exp": 1, "ring-gossip": 2, "all-to-all": 99}
-    labels = sorted({k for r in rows for k in r["per_family"]},
-                    key=lambda f: (order.get(f, 3), int(f.split("-")[1]) if f.startswith("cliques-") else 0))
+    labels = sorted({k for r in rows for k in r["per_family"]}, key=family_order)
     for r in rows:
         r["per_family"] = {k: r["per_family"].get(k, 0.0) for k in labels}
     return rows
