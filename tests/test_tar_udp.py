@@ -72,6 +72,8 @@ def test_bounded_reported_loss_equals_injected():
     assert dropped > 0 and sent == seen
     assert lost == dropped                        # every injected drop is reported, no more
     assert sum(st["late"] + st["bad"] for rows, _ in res for _, _, st in rows) == 0
+    dropped = np.mean([st["dropped_fraction"] for rows, _ in res for _, _, st in rows])
+    assert 0.02 < dropped < 0.10                  # tracks the 5% datagram loss
     lo, hi = shard_bounds(n, world)
     for i in range(calls):
         xs = sum(rows[i][0].astype(np.float64) for rows, _ in res)

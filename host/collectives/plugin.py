@@ -28,7 +28,7 @@ __all__ = ["ring_tcp", "tar_tcp", "tar_udp", "tar_udp_hadamard", "tar_udp_nofill
 
 RECORD_KEYS = ("seconds", "entries", "entries_lost", "lost_fraction", "calibrating", "mode",
                "scatter_deadline", "bcast_deadline", "scatter_time", "bcast_time",
-               "switch_deadline", "entries_missing", "partial_slots", "packets_lost")
+               "switch_deadline", "entries_missing", "dropped_fraction", "partial_slots", "packets_lost")
 
 
 class RecordingCollective(Collective):

@@ -16,7 +16,10 @@ carry a TAIL flag, and once a tail datagram of every sender is in, the phase wai
 rescaled by ``N/c`` (the count travels in the broadcast header, so every rank knows exactly
 which entries are partial). A broadcast chunk that never arrives is filled with ``N`` times
 the local value (``fill="local"``, OptiReduce's choice) or zeros; its range is reported in
-``stats["missing"]`` so ``host.collectives.consistency`` can repair it. Duplicates are
+``stats["missing"]`` so ``host.collectives.consistency`` can repair it. Two loss figures:
+``lost_fraction`` (entries of the result that are not the exact sum: any contribution
+missing) and ``dropped_fraction`` (the share of the ``n * N`` contributions missing, a
+missing broadcast entry counting ``N``), which tracks the datagram loss rate. Duplicates are
 ignored, datagrams of an older call are counted late, datagrams of a newer call (a faster
 rank already started it) are kept for it.
 
@@ -348,7 +351,8 @@ class TarTcp(Collective):
         if phase_times is not None:
             phase_times[:] = [t1 - t0, t2 - t1]
         return out.reshape(x0.shape), {"seconds": t2 - t0, "entries": n, "entries_lost": 0,
-                                       "lost_fraction": 0.0, "scatter_time": t1 - t0,
+                                       "lost_fraction": 0.0, "dropped_fraction": 0.0,
+                                       "scatter_time": t1 - t0,
                                        "bcast_time": t2 - t1, "missing": []}
 
     def close(self):
@@ -385,7 +389,8 @@ class RingTcp(Collective):
                 out[lo[d]:hi[d]] = np.frombuffer(left.recv(tag), np.float32)
         dt = time.perf_counter() - t0
         return out.reshape(x0.shape), {"seconds": dt, "entries": n, "entries_lost": 0,
-                                       "lost_fraction": 0.0, "missing": []}
+                                       "lost_fraction": 0.0, "dropped_fraction": 0.0,
+                                       "missing": []}
 
     def close(self):
         if self.own_mesh:
@@ -713,6 +718,7 @@ class TarUdp(Collective):
         missing = []
         missing_entries = 0
         partial_entries = 0
+        dropped_contrib = 0     # contributions missing from the result, over n * N
         for o in range(N):
             if not nch[o]:
                 continue
@@ -724,7 +730,9 @@ class TarUdp(Collective):
                 out[a:b] = N * v[a:b] if self.fill == "local" else 0.0
                 missing.append((a, b - a))
             missing_entries += int(lens[miss].sum())
-            partial_entries += int(lens[bgot[o] & (bcount[o] < N)].sum())
+            part = bgot[o] & (bcount[o] < N)
+            partial_entries += int(lens[part].sum())
+            dropped_contrib += int(((N - bcount[o][part]) * lens[part]).sum())
         s_lost_pk = s_expected - recv_s
         b_lost_pk = b_expected - recv_b
         own = int(hi[r] - lo[r])
@@ -741,6 +749,7 @@ class TarUdp(Collective):
             "calibrating": False,
             "entries_lost": entries_lost, "lost_fraction": entries_lost / n if n else 0.0,
             "entries_partial": partial_entries, "entries_missing": missing_entries,
+            "dropped_fraction": (dropped_contrib + N * missing_entries) / (n * N) if n else 0.0,
             "missing": missing,
             "packets_sent": sent, "packets_expected": s_expected + b_expected,
             "packets_lost": s_lost_pk + b_lost_pk,
