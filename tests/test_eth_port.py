@@ -8,6 +8,5 @@ from sim.common import run_cocotb
 @pytest.mark.xdist_group("eth_port")
 def test_eth_port():
     from hw.eth.port import EthPort
-    from sim.eth.util import icarus_sources
-    src = icarus_sources(EthPort(rx_domain="eth_rx0", tx_domain="eth_tx0"), "eth_port", "eth_port")
-    run_cocotb(src, toplevel="eth_port", test_module="sim.eth.tb_port", name="eth_port")
+    run_cocotb(EthPort(rx_domain="eth_rx0", tx_domain="eth_tx0"), toplevel="eth_port",
+               test_module="sim.eth.tb_port", name="eth_port")

@@ -2,6 +2,7 @@
 and a ``TB`` that starts the clocks and hangs cocotbext-eth GMII models on each port."""
 
 import ipaddress
+import logging
 
 from amaranth.lib import data
 from cocotb.clock import Clock
@@ -71,6 +72,8 @@ class TB:
                                      getattr(dut, f"{prefix}tx_en"),
                                      tx_clk, getattr(dut, f"eth_tx{p}_rst"))
         self.ports = ports
+        for model in (*self.sources.values(), *self.sinks.values()):
+            model.log.setLevel(logging.WARNING)
 
     async def reset(self):
         rsts = [self.dut.rst] + [getattr(self.dut, f"eth_{d}{p}_rst")
@@ -93,23 +96,3 @@ class TB:
         v = int(getattr(self.dut, f"{prefix}counters").value) if value is None else value
         return {n: (v >> (width * i)) & ((1 << width) - 1) for i, n in enumerate(names)}
 
-
-def icarus_sources(component, toplevel: str, name: str):
-    """Verilog of ``component`` for Icarus, in ``build/sim/<name>/``.
-
-    Yosys marks every ``always @*`` block with a dummy register initialised in its
-    declaration, so that the block runs once at time 0. Icarus 11 does not raise an event
-    for that initialisation, and a combinational output that depends only on constants
-    and registers stays X until one of them changes (a stream's ``ready`` in a state
-    where it is constant, for instance). We give each such register a real event at 1 ns.
-    """
-    import re
-
-    from sim.common import BUILD, verilog_of
-    path = verilog_of(component, toplevel, BUILD / name / f"{toplevel}.raw.v")
-    text = re.sub(r"reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+ ) = 0;",
-                  r"reg \1 = 0;\n  initial #1 \1 = 1;", path.read_text())
-    out = path.with_name(f"{toplevel}.v")
-    if not out.exists() or out.read_text() != text:
-        out.write_text(text)
-    return [out]

@@ -1,0 +1,114 @@
+"""Glue between the byte-wide Ethernet side and the word-wide INA core (one lane).
+
+* :class:`BytesToWords`: INA datagram bytes (:data:`~hw.eth.ingress.INA_RX`) to the core's
+  input beats (``hw.ina.layout.in_layout(1)``): big-endian 32-bit words.
+* :class:`PacketFIFO`: a synchronous FIFO that shows a packet only once all of it is
+  inside, so a packet leaves it at one beat per cycle, without bubbles.
+* :class:`PacketArbiter`: round-robin, packet-granular merge of several streams.
+"""
+
+from amaranth import *
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from hw.ina.layout import in_layout
+
+from .ingress import INA_RX
+
+__all__ = ["BytesToWords", "PacketFIFO", "PacketArbiter", "CORE_IN"]
+
+CORE_IN = in_layout(1)
+
+
+class BytesToWords(wiring.Component):
+    """Packs INA datagram bytes into big-endian words (a short last word is padded with
+    zeros at the end); ``first``/``last``/``length``/``src_*`` go along."""
+    i: In(stream.Signature(INA_RX))
+    o: Out(stream.Signature(CORE_IN))
+
+    def elaborate(self, platform):
+        m = Module()
+        shift = Signal(24)
+        k = Signal(2)
+        first = Signal(init=1)
+        p = self.i.payload
+        word = Cat(p.data, shift)
+        take = ~self.o.valid | self.o.ready
+        m.d.comb += self.i.ready.eq(take)
+        with m.If(self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        with m.If(self.i.valid & take):
+            m.d.sync += [shift.eq(word[:24]), k.eq(k + 1)]
+            with m.If((k == 3) | p.last):
+                o = self.o.payload
+                m.d.sync += [
+                    self.o.valid.eq(1),
+                    o.data[0].eq(word << Cat(C(0, 3), ~k)),
+                    o.n.eq(1), o.first.eq(first), o.last.eq(p.last),
+                    o.length.eq(p.length), o.src_ip.eq(p.src_ip), o.src_port.eq(p.src_port),
+                    first.eq(p.last), k.eq(0),
+                ]
+        return m
+
+
+class PacketFIFO(wiring.Component):
+    """FIFO of ``layout`` beats (a StructLayout with a ``last`` field) that releases a
+    packet only when its last beat is in. ``depth`` must hold the largest packet."""
+
+    def __init__(self, layout, depth):
+        self.layout = layout
+        self.depth = depth
+        super().__init__({"i": In(stream.Signature(layout)), "o": Out(stream.Signature(layout))})
+
+    def elaborate(self, platform):
+        m = Module()
+        width = Shape.cast(self.layout).width
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=width, depth=self.depth)
+        packets = Signal(range(self.depth + 1))
+        w_last = self.i.valid & self.i.ready & self.i.payload.last
+        o_view = data.View(self.layout, fifo.r_data)
+        r_last = self.o.valid & self.o.ready & o_view.last
+        m.d.comb += [
+            fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid),
+            self.i.ready.eq(fifo.w_rdy),
+            self.o.payload.eq(fifo.r_data),
+            self.o.valid.eq(fifo.r_rdy & (packets != 0)),
+            fifo.r_en.eq(self.o.ready & (packets != 0)),
+        ]
+        m.d.sync += packets.eq(packets + w_last - r_last)
+        return m
+
+
+class PacketArbiter(wiring.Component):
+    """Merges ``n`` streams of ``layout`` (with a ``last`` field), a whole packet at a
+    time, round robin. The output is combinational from the chosen input."""
+
+    def __init__(self, layout, n):
+        self.n = n
+        super().__init__({
+            **{f"i{k}": In(stream.Signature(layout)) for k in range(n)},
+            "o": Out(stream.Signature(layout)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ins = [getattr(self, f"i{k}") for k in range(self.n)]
+        sel = Signal(range(self.n))
+        busy = Signal()
+        with m.Switch(sel):
+            for k, s in enumerate(ins):
+                with m.Case(k):
+                    m.d.comb += [self.o.payload.eq(s.payload), self.o.valid.eq(s.valid & busy),
+                                 s.ready.eq(self.o.ready & busy)]
+        with m.If(busy):
+            with m.If(self.o.valid & self.o.ready & self.o.payload.last):
+                m.d.sync += busy.eq(0)
+        with m.Else():
+            # Grant the next requester after the current one, round robin.
+            for off in reversed(range(1, self.n + 1)):
+                k = Signal(range(self.n), name=f"cand{off}")
+                m.d.comb += k.eq((sel + off) % self.n)
+                with m.If(Array(s.valid for s in ins)[k]):
+                    m.d.sync += [sel.eq(k), busy.eq(1)]
+        return m
