@@ -140,7 +140,10 @@ def _optimize(args):
     print(f"best: {_label(b)}, {len(b.schedule.rounds)} rounds, cycle {1e3 * b.t_cycle:.1f} ms, "
           f"sigma2 {b.sigma2:.3g}, {b.objective:.3f} /s")
     _print_schedule(topo, model, b)
-    write_schedule_json(args.out, schedule_json(topo, net, b, model, note=note))
+    from ..schedule.hwparams import job_shape
+    window, elements = job_shape()
+    write_schedule_json(args.out, schedule_json(topo, net, b, model, window=window,
+                                                elements=elements, note=note))
     plot_rounds(topo, b, args.png)
     print(f"wrote {args.out} and {args.png}")
     return 0

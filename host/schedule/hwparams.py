@@ -7,7 +7,7 @@ state a job needs with zero skew, one set of W slots of E int32) comes from the 
 object.  If the module is missing, a documented fallback is used and the note says so.
 """
 
-__all__ = ["default_memory", "FALLBACK_MEMORY_BYTES"]
+__all__ = ["default_memory", "job_shape", "FALLBACK_MEMORY_BYTES"]
 
 FALLBACK_MEMORY_BYTES = 10_000
 
@@ -23,3 +23,13 @@ def default_memory() -> tuple[float, float, str]:
     window = p.window * p.elements * 4
     return (float(p.slot_memory_bytes), float(window),
             f"M from hw.ina.params.CoreParams(workers=32): {p.describe()}")
+
+
+def job_shape() -> tuple[int, int]:
+    """``(window W, elements E)`` for the edge-FPGA job entries of the schedule JSON."""
+    try:
+        from hw.ina.params import CoreParams
+    except ImportError:  # pragma: no cover
+        return 8, 64
+    p = CoreParams(workers=32)
+    return p.window, p.elements

@@ -11,7 +11,8 @@ would do); each stream also gets a seeded constant extra delay in [0, jitter].
 With FPGA aggregation the slot of chunk c at receiver i opens at the first contribution
 and closes at the last; the aggregate then crosses the access link once.  The simulator
 tracks the open slots over time, so the peak FPGA buffer is measured, not assumed, and a
-peak above M is reported as an overflow.  Without aggregation every inbound copy crosses
+peak above M (beyond the chunk granularity: one chunk, plus one per store-and-forward
+hop) is reported as an overflow.  Without aggregation every inbound copy crosses
 the access link.
 
 FIFO servers are solved exactly and vectorized: with arrivals ``a`` (sorted) and service
@@ -149,8 +150,11 @@ def simulate_round(model: RoundModel, rnd: Round, chunks: int = 256, seed: int =
             open_now = np.cumsum(step[order])
             need = (open_now.max() if len(inb) >= 2 else 0) * s + net.slot_window_bytes
             peak[i] = float(need)
-            # granularity: the model counts bytes, the simulator whole chunks
-            if need > net.memory_bytes + s:
+            # granularity: the model counts bytes, the simulator whole chunks, and a
+            # chunk is stored and forwarded at every hop (a packet's delay, times the
+            # chunk/packet ratio): allow one chunk per hop of the longest inbound path
+            hops = max(len(paths[(j, i)]) for j in inb)
+            if need > net.memory_bytes + s * (1 + hops):
                 overflows += 1
         else:
             dep = fifo(arr.ravel(), s / topo.bandwidth[i])
