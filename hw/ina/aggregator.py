@@ -474,7 +474,7 @@ def build_core(core, platform):
     o_beat = Signal(16)
     o_copy_last = Signal()
     adv = ~o_valid | o.ready
-    start = ~run & q.head_valid & ~busy
+    start = ~run & q.head_valid & ~busy & adv   # (cur feeds the beat on display)
     m.d.comb += [ovf_r.addr.eq(head.rec), ovf_r.en.eq(start)]
     m.d.sync += started.eq(start)
     cur_mcast = jf("mcast_en", cur.job)

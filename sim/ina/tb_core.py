@@ -34,9 +34,10 @@ async def test_random(dut):
     tb = await _setup(dut, jobs)
     sb = Scoreboard(jobs)
     traffic = generate(jobs, _env("INA_NSEQ", 100), _env("INA_SEED", 1))
+    assert len(traffic) >= _env("INA_MIN_PACKETS", 0), f"only {len(traffic)} datagrams"
     deadline = _env("INA_DEADLINE", 400)
-    _, last = await tb.run(traffic, sb, seed=_env("INA_SEED", 1), gap=0.05,
-                           backpressure=0.1, drain=deadline + 4 * tb.P.records + 200)
+    _, last = await tb.run(traffic, sb, seed=_env("INA_SEED", 1), gap=0.02,
+                           backpressure=0.05, drain=deadline + 4 * tb.P.records + 200)
     sb.tick(last + deadline + 1)
     summary = sb.check()
     sb.check_counters(await tb.counters())
@@ -88,4 +89,5 @@ async def test_back_to_back(dut):
                   f"{beats} beats (ideal), {cycles / len(traffic):.3f} cycles/packet")
     with open(os.environ.get("INA_B2B_OUT", "/dev/null"), "w") as fh:
         fh.write(f"{len(traffic)} {cycles} {beats}\n")
-    assert cycles == beats, f"{cycles - beats} bubbles in {beats} beats"
+    if _env("INA_B2B_STRICT", 1):
+        assert cycles == beats, f"{cycles - beats} bubbles in {beats} beats"

@@ -97,7 +97,8 @@ def _bad(rng, kind, cfg, seq, d):
     if kind == 3:
         b = bytearray(d); b[0] = 2; return bytes(b)              # bad version
     if kind == 4:
-        b = bytearray(d); b[1] = MsgType.CONTROL; return bytes(b)
+        # a CONTROL whose payload can never be a job-table entry (4k+2 bytes)
+        b = bytearray(d) + b"\0\0"; b[1] = MsgType.CONTROL; return bytes(b)
     if kind == 5:
         b = bytearray(d); b[4:6] = (1234).to_bytes(2, "big"); return bytes(b)  # unknown job
     if kind == 6:
