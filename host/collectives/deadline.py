@@ -13,10 +13,11 @@ in-network client) and answers three questions:
   how much longer to wait: ``early_fraction`` of the expected round time.
 
 Observations of rounds that hit their deadline are censored (the true duration was
-longer). A round that ends at its deadline having lost more than ``target_loss`` of its
-entries multiplies an inflation factor by ``grow`` (multiplicative increase), so a busier
-network gets more time; other rounds feed the moving estimate and let the inflation decay
-back towards 1 (``decay`` per round), so a quiet network gets shorter deadlines:
+longer): they still feed the moving estimate (a lower bound pulls a low estimate up), and
+one that lost more than ``target_loss`` of its entries also multiplies an inflation factor
+by ``grow`` (multiplicative increase), so a busier network gets more time; other rounds let
+the inflation decay back towards 1 (``decay`` per round), so a quiet network gets shorter
+deadlines:
 ``deadline = inflate * (srtt + k * rttvar)``. The deadline stays within ``[min_deadline, max_deadline]``.
 
 ``SwitchDeadline`` maps the same policy onto the in-network bounded mode: the switch's
@@ -101,9 +102,11 @@ class DeadlinePolicy:
                 self.inflate = min(self.inflate * self.grow, self.max_inflate)
             else:
                 self.inflate = max(1.0, self.inflate * self.decay)
-                err = d - self.srtt
-                self.srtt += self.alpha * err
-                self.rttvar += self.beta * (abs(err) - self.rttvar)
+            # every round feeds the estimate; a censored one with its (lower-bound)
+            # duration, so a estimate biased low by calibration climbs back
+            err = d - self.srtt
+            self.srtt += self.alpha * err
+            self.rttvar += self.beta * (abs(err) - self.rttvar)
             self._deadline = self._clip(self.inflate * (self.srtt + self.k * self.rttvar))
         self.history.append((self.rounds, self._deadline, d, lost_fraction, timed_out))
         return self._deadline
