@@ -257,6 +257,7 @@ class RoundModel:
                  [(S / r_line, None)]
         c = np.zeros(nv)
         c[i_a] = c[i_u] = 1.0
+        c[i_s] = 1e-6      # among optimal plans, the one with the least skew (memory)
         a_ub = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
         res = linprog(c, A_ub=a_ub, b_ub=rhs, bounds=bounds, method="highs")
         if res.status != 0:
