@@ -219,13 +219,15 @@ def plot(figs, path):
                           [1e3 * x.get("switch_deadline", 0) for x in recs], ":",
                           label=f"{k} switch slot")
         if ("bounded" in k or "udp" in k) and recs:
-            ax[1, 1].plot(np.arange(len(recs)), [100 * x["lost_fraction"] for x in recs],
+            ax[1, 1].plot(np.arange(len(recs)),
+                          [100 * x.get("dropped_fraction", x["lost_fraction"]) for x in recs],
                           ".", ms=3, label=k)
     ax[1, 0].set_xlabel("seconds")
+    ax[1, 0].set_yscale("log")
     ax[1, 0].set_ylabel("deadline (ms)")
     ax[1, 0].legend(fontsize=6)
     ax[1, 1].set_xlabel("allreduce call")
-    ax[1, 1].set_ylabel("entries lost (%)")
+    ax[1, 1].set_ylabel("contributions dropped per call (%)")
     ax[1, 1].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -236,7 +238,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ina bench tail", description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="the full sweep (tens of minutes)")
     ap.add_argument("--parts", default="micro,tta,loss", help="micro,tta,loss")
-    ap.add_argument("--delay-ms", type=float, default=2.0, help="median one-way delay")
+    ap.add_argument("--delay-ms", type=float, default=5.0, help="median one-way delay")
     ap.add_argument("--bucket", type=int, default=1 << 18, help="floats per allreduce")
     ap.add_argument("--calls", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)

@@ -7,7 +7,7 @@ from host.collectives.deadline import DeadlinePolicy, SwitchDeadline
 
 
 def calibrated(samples, **kw):
-    p = DeadlinePolicy(calibration=len(samples), **kw)
+    p = DeadlinePolicy(calibration=len(samples), warmup=0, **kw)
     for s in samples:
         assert p.calibrating
         with pytest.raises(RuntimeError):
@@ -66,8 +66,16 @@ def test_fixed_and_bad_config():
 
 
 def test_switch_deadline_is_per_slot():
-    sd = SwitchDeadline(DeadlinePolicy(calibration=2))
+    sd = SwitchDeadline(DeadlinePolicy(calibration=2, warmup=0))
     for _ in range(2):
         sd.observe_call(0.2, packets=264, window=64)     # one slot ~ 0.2 * 64 / 264
     assert not sd.calibrating
     assert sd.deadline() == pytest.approx(0.2 * 64 / 264)
+
+
+def test_warmup_round_is_not_sampled():
+    p = DeadlinePolicy(calibration=3)          # warmup=1 by default
+    for s in [5.0, 0.01, 0.01, 0.01]:           # a slow first call (connection setup)
+        assert p.calibrating
+        p.observe(s)
+    assert not p.calibrating and p.deadline() == pytest.approx(0.01)

@@ -3,7 +3,7 @@
 The policy sees one observation per round (a round is one TAR phase, or one call of the
 in-network client) and answers three questions:
 
-* ``calibrating``: during the first ``calibration`` rounds the mechanism must run
+* ``calibrating``: during the first ``warmup + calibration`` rounds the mechanism must run
   reliably (TAR over TCP, the switch in reliable mode) and report how long the round took;
 * ``deadline()``: after calibration, how long a bounded round may last. It starts at the
   ``percentile`` (P95) of the calibration samples, then follows a moving estimate in the
@@ -35,6 +35,8 @@ __all__ = ["DeadlinePolicy", "SwitchDeadline"]
 @dataclass
 class DeadlinePolicy:
     calibration: int = 5          # K reliable rounds
+    warmup: int = 1               # reliable rounds before them, not sampled (connection
+                                  # setup, first-touch allocations: a P95 of 5 would be it)
     percentile: float = 95.0
     alpha: float = 0.125          # EWMA gain of the mean (TCP's 1/8)
     beta: float = 0.25            # EWMA gain of the deviation (TCP's 1/4)
@@ -63,7 +65,7 @@ class DeadlinePolicy:
 
     @property
     def calibrating(self) -> bool:
-        return self.fixed is None and self.rounds < self.calibration
+        return self.fixed is None and self.rounds < self.warmup + self.calibration
 
     def deadline(self) -> float:
         if self._deadline is None:
@@ -86,9 +88,11 @@ class DeadlinePolicy:
         if self.fixed is not None:
             self.history.append((self.rounds, self.fixed, d, lost_fraction, timed_out))
             return self.fixed
-        if self.rounds <= self.calibration:
+        if self.rounds <= self.warmup:
+            pass
+        elif self.rounds <= self.warmup + self.calibration:
             self.samples.append(d)
-            if self.rounds == self.calibration:
+            if self.rounds == self.warmup + self.calibration:
                 s = np.asarray(self.samples)
                 p = float(np.percentile(s, self.percentile))
                 self.srtt = float(s.mean())
