@@ -64,3 +64,16 @@ def test_training_schedule_beats_wan_allreduce():
     assert ring["gap_vs_colocated"] >= 3.0
     assert sched["gap_vs_colocated"] < ring["gap_vs_colocated"] / 2
     assert sched["gap_vs_colocated"] <= 1.3
+
+
+def test_sweep_memory_command_shows_the_shift(tmp_path, capsys):
+    png, js = tmp_path / "sweep.png", tmp_path / "sweep.json"
+    rc = main(["schedule", "sweep-memory", "--memories", "2M,10G", "--png", str(png),
+               "--json", str(js)])
+    out = capsys.readouterr().out
+    assert rc == 0 and png.stat().st_size > 10_000
+    rows = json.loads(js.read_text())
+    assert [r["best"] for r in rows] == ["cliques-3", "all-to-all"]
+    assert [r["best_k"] for r in rows] == [3, 9]
+    lines = [ln for ln in out.splitlines() if ln.strip().startswith(("2e+06", "1e+10"))]
+    assert "cliques-3" in lines[0] and "all-to-all" in lines[1]
