@@ -38,7 +38,7 @@ def test_sim_ina_directed_and_back_to_back_L8():
 
 def test_sim_ina_random_10k():
     _run(P_RND, "ina_random", "test_random", INA_NSEQ=RANDOM_SEQS, INA_SEED=1,
-         INA_E=P_RND.elements, INA_MIN_PACKETS=10000)
+         INA_E=P_RND.elements, INA_MIN_PACKETS=10000, INA_DEADLINE=100)
 
 
 @pytest.mark.parametrize("bug,scenario", [("wrapping_adder", "overflow"),

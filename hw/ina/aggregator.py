@@ -185,7 +185,6 @@ def build_core(core, platform):
     hdr = data.View(HeaderLayout, Cat(*reversed(hw_comb)))
 
     in_hdr = cur_pos < H
-    dec_cand = i.valid & in_hdr & ((cur_pos == H - 1) | ip.last)
     short = cur_pos < H - 1
 
     hits = [jobs[j]["enable"] & (jobs[j]["job_id"] == hdr.job) for j in range(NJ)]
@@ -236,13 +235,14 @@ def build_core(core, platform):
     p1_nelem = Signal(16)
     p1_sip, p1_sport = Signal(32), Signal(16)
 
-    # hazard: a packet may not touch a record whose previous result is still queued
-    # (a packet that finds its record expired AND reuses it is deferred: P1 fires the
-    # PARTIAL, then holds the packet, input stalled, until that result has been sent)
+    # A packet that would reuse (overwrite) a record whose result is still queued, or
+    # that expires it right now, is deferred by P1: P1 fires the PARTIAL if any, keeps
+    # the packet (and its first element beat, if that came in the same cycle), stops
+    # the input, and re-runs the packet when the record's result has been sent.
+    # ``i.ready`` depends on registers only.
     retry, defer, p1_keep = Signal(), Signal(), Signal()
-    m.d.comb += q.probe.eq(Mux(retry, p1_rec, rec))
-    hazard = ~unkjob & (q.probe_hit | ((q.push_a | q.push_b) & (p1_rec == rec)))
-    m.d.comb += i.ready.eq(~init_busy & ~q_tight & ~retry & ~defer & ~(dec_cand & hazard))
+    m.d.comb += q.probe.eq(p1_rec)
+    m.d.comb += i.ready.eq(~init_busy & ~q_tight & ~retry)
     acc_beat = i.valid & i.ready
     dec = acc_beat & in_hdr & ((cur_pos == H - 1) | ip.last)
 
@@ -264,25 +264,28 @@ def build_core(core, platform):
         init_rec = Cat(init_ptr[:LWM], init_ptr[LWM], init_job)
     else:
         init_rec = Cat(init_ptr[0], init_job)
-    m.d.sync += p1_valid.eq(1)
+    m.d.sync += p1_valid.eq(0)
     with m.If(p1_keep):
+        m.d.sync += p1_valid.eq(1)
         m.d.comb += meta_r.addr.eq(p1_rec)
     with m.Elif(dec):
+        m.d.sync += p1_valid.eq(1)
         m.d.sync += [p1_kind.eq(K_PKT), p1_reason.eq(reason), p1_rec.eq(rec),
                      p1_seq.eq(hdr.seq), p1_ts.eq(cur_ts), p1_worker.eq(hdr.worker),
                      p1_exp.eq(hdr.exponent), p1_nelem.eq(hdr.nelem),
                      p1_sip.eq(cur_sip), p1_sport.eq(cur_sport)]
         m.d.comb += meta_r.addr.eq(rec)
     with m.Elif(init_busy):
-        m.d.sync += [p1_kind.eq(K_INIT), p1_rec.eq(init_rec), init_ptr.eq(init_ptr + 1)]
+        m.d.sync += [p1_valid.eq(1), p1_kind.eq(K_INIT), p1_rec.eq(init_rec), init_ptr.eq(init_ptr + 1)]
         m.d.comb += meta_r.addr.eq(init_rec)
         with m.If(init_ptr == 2 * WM - 1):
             m.d.sync += init_busy.eq(0)
             for j in range(NJ):
                 with m.If(init_job == j):
                     m.d.sync += jobs[j]["enable"].eq(1)
-    with m.Else():
-        m.d.sync += [p1_kind.eq(K_SCAN), p1_rec.eq(scan_ptr), p1_ts.eq(horizon),
+    with m.Elif(~q_tight):
+        m.d.sync += [p1_valid.eq(1), p1_kind.eq(K_SCAN), p1_rec.eq(scan_ptr),
+                     p1_ts.eq(horizon),
                      scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
         m.d.comb += meta_r.addr.eq(scan_ptr)
     m.d.comb += [mip_r.addr.eq(jidx * WS + hdr.worker[:max(1, LWS)] if WS > 1 else jidx),
@@ -316,7 +319,8 @@ def build_core(core, platform):
     expired = (pkt_ok | is_scan) & bounded & ~md.complete & (elapsed >= deadline)
     complete1 = md.complete | expired
     reuse_raw = pkt_ok & complete1 & (seqs == md.tag + w2)
-    m.d.comb += [defer.eq(reuse_raw & expired), p1_keep.eq(defer | waiting)]
+    m.d.comb += [defer.eq(reuse_raw & (p1_nelem != 0) & (expired | q.probe_hit)),
+                 p1_keep.eq(defer | waiting)]
     m.d.sync += retry.eq(defer | waiting)
     reuse = reuse_raw & ~defer
     join = pkt_ok & ~defer & (reuse | (seqs == md.tag))
@@ -413,11 +417,20 @@ def build_core(core, platform):
     mode_now = Mux(is_pkt, mode, pkt_mode)
     with m.If(is_pkt):
         m.d.sync += pkt_mode.eq(mode)
+    held_valid = Signal()
+    held_data = Signal(data.ArrayLayout(32, L))
+    replay = retry & ~waiting & held_valid
+    with m.If(defer & acc_beat & ~in_hdr & ~first):
+        m.d.sync += [held_valid.eq(1), held_data.eq(ip.data)]
+    with m.If(retry & ~waiting):
+        m.d.sync += held_valid.eq(0)
+    s0_data = Mux(replay, held_data.as_value(), ip.data.as_value())
+    s0_lane = data.View(data.ArrayLayout(32, L), s0_data)
     e = Signal(16)
-    m.d.comb += e.eq(cur_pos - H)
-    ebeat = acc_beat & ~in_hdr & ~first
+    m.d.comb += e.eq(Mux(replay, 0, cur_pos - H))
+    ebeat = (acc_beat & ~in_hdr & ~first) | replay
     e_ok = ebeat & (e < pkt_nbeats) & (mode_now != M_NONE)
-    inc["stream_errors"].append(ebeat & (e >= pkt_nbeats) & (mode_now != M_NONE))
+    inc["stream_errors"].append(ebeat & (e >= pkt_nbeats) & (mode_now != M_NONE) & ~defer)
     inc["stream_errors"].append(acc_beat & first & pkt_inflight)
     with m.If(is_pkt & (mode != M_NONE) & (p1_nelem != 0)):
         m.d.sync += pkt_inflight.eq(1)
@@ -433,7 +446,7 @@ def build_core(core, platform):
                  e1_rec.eq(pkt_rec), e1_first.eq(e == 0), e1_last.eq(e + 1 == pkt_nbeats)]
     for k in range(L):
         lane_ok = (e * L + k) < pkt_nelem
-        m.d.sync += e1_data[k].eq(Mux(lane_ok, ip.data[k].as_signed(), 0))
+        m.d.sync += e1_data[k].eq(Mux(lane_ok, s0_lane[k].as_signed(), 0))
 
     fw_valid, fw_addr, fw_data = Signal(), Signal(range(R * EB)), Signal(AccL)
     old = Mux(fw_valid & (fw_addr == e1_addr), fw_data, acc_r.data)
@@ -545,6 +558,8 @@ def build_core(core, platform):
     # ---------------------------------------------------------------- counters
     for name, sig in counters.items():
         if inc[name]:
-            m.d.sync += sig.eq(sig + sum(x.as_unsigned() if hasattr(x, "as_unsigned") else x
-                                          for x in inc[name]))
+            step = Signal(2, name=f"inc_{name}")   # registered: counters lag one cycle
+            m.d.sync += step.eq(sum(x.as_unsigned() if hasattr(x, "as_unsigned") else x
+                                    for x in inc[name]))
+            m.d.sync += sig.eq(sig + step)
     return m

@@ -110,9 +110,23 @@ def empty_packets():
     return _plain(t, {"results": 2}, [a])
 
 
+def expire_and_reuse():
+    b = _job(job=9, n=3, window=2, mode="bounded", deadline=120.0)
+    t = [_d(b, 0, 0), _d(b, 1, 0), _d(b, 0, 4), _d(b, 1, 4), _d(b, 2, 4), _d(b, 2, 0)]
+    return _plain(t, {"partials": 1, "results": 2, "accepted": 5, "drop_stale": 1},
+                  [b], [0, 0, 300, 0, 0, 0])
+
+
+def reuse_while_sending():
+    a = _job(n=2, window=2)
+    t = [_d(a, 0, 0), _d(a, 1, 0), _d(a, 0, 4), _d(a, 1, 4), _d(a, 0, 8), _d(a, 1, 8)]
+    return _plain(t, {"results": 3, "accepted": 6}, [a])
+
+
 SCENARIOS = {f.__name__: f for f in (
     complete, overflow, duplicate_open, resend_after_complete, deadline_partial_and_late,
-    deadline_unvisited, reuse_and_window, bad_inputs, multicast_group, empty_packets)}
+    deadline_unvisited, reuse_and_window, bad_inputs, multicast_group, empty_packets,
+    expire_and_reuse, reuse_while_sending)}
 
 
 def b2b_jobs(P, n=4, mcast=True):

@@ -65,7 +65,9 @@ def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix()):
                 key = seq + rng.random() * mix.jitter * cfg.window
                 if rng.random() < mix.loss:
                     if bounded:
-                        continue          # lost for good: the deadline emits PARTIAL
+                        if rng.random() < 0.5:
+                            continue      # lost for good: the deadline emits PARTIAL
+                        key += cfg.window * 1.5   # arrives after the deadline: late
                     key += cfg.window * 0.8   # host retransmits after a timeout
                     d = pack(vals, job=cfg.job, worker=w, seq=seq, exponent=exp,
                              flags=Flags.RETRANSMIT)
