@@ -10,9 +10,12 @@ may be shorter or empty, so any bucket size works). Two rounds instead of a ring
 ``TarUdp`` (bounded): each shard travels as UDP datagrams of ``elements`` float32 entries
 with a 24-byte header (``TAR_HEADER``: call, sender, chunk, element offset, count) so a
 datagram is placed wherever and whenever it arrives. Each phase ends when all its data is
-in, or at its deadline, or early: the last ``tail_percent`` of each sender's datagrams
-carry a TAIL flag, and once a tail datagram of every sender is in, the phase waits only
-``policy.early_timeout()`` more. A chunk that reached its owner from ``c < N`` ranks is
+in, or at its deadline, or early (see ``_PhaseClock``; per sender, the deadline runs from
+its first datagram, so a rank that starts late is not cut off): the last ``tail_percent``
+of each sender's datagrams carry a TAIL flag, and once a tail datagram and all but the last
+percentile of a sender's datagrams are in, that sender gets only
+``policy.early_timeout()`` more. Before a phase ends, the socket is drained: what already
+arrived counts. A chunk that reached its owner from ``c < N`` ranks is
 rescaled by ``N/c`` (the count travels in the broadcast header, so every rank knows exactly
 which entries are partial). A broadcast chunk that never arrives is filled with ``N`` times
 the local value (``fill="local"``, OptiReduce's choice) or zeros; its range is reported in
@@ -30,8 +33,9 @@ the call runs as TAR over TCP and the measured phase times feed the policy.
 calibration path). ``RingTcp``: Gloo's ring algorithm (reduce-scatter + allgather,
 ``2(N-1)`` steps) over the same mesh, so a ring and TAR see the same impaired transport.
 
-Impairment: the UDP socket is wrapped in ``ImpairedSocket`` (loss, duplicates, reordering,
-lognormal delay per datagram). On TCP, a message of ``s`` segments (``elements`` entries
+Impairment: UDP datagrams go through the ``Impairment`` policy of
+``host.transport.impair`` (loss, duplicates, reordering, lognormal delay per datagram),
+decided a batch at a time by ``_ImpairedSender``. On TCP, a message of ``s`` segments (``elements`` entries
 each) is held for the largest of ``s`` per-segment delays from the same distribution, plus
 ``tcp_loss_penalty`` for each lost (retransmitted) segment, and messages on a connection
 stay in order (head-of-line blocking), which is how a reliable byte stream sees a tail.

@@ -66,7 +66,7 @@ def run(args):
             raise CliError(str(e)) from None
         print(f"--- {backend}: {args.workload}, {args.workers} workers, seed {args.seed}"
               + (f", loss {cfg.loss:g}" if cfg.loss else ""), file=sys.stderr, flush=True)
-        target = args.target or {"digits": 0.95, "transformer": 0.6}.get(args.workload)
+        target = args.target or {"digits": 0.95, "transformer": 0.75}.get(args.workload)
         bar = tqdm(total=args.max_epochs, desc=f"{backend} (to acc {target:g})", unit="epoch",
                    file=sys.stderr,
                    disable=args.no_progress, dynamic_ncols=True)

@@ -150,7 +150,10 @@ def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
         state = InaHookState(collective, None)
     if state is not None:
         model.register_comm_hook(state, ina_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum)
+    if wl.optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum)
     lossf = torch.nn.CrossEntropyLoss()
     controller = load_factory(cfg.controller)(cfg) if (cfg.controller and rank == 0) else None
     accum, precision = cfg.accum_steps, 32
@@ -298,7 +301,7 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
                 target = cfg.target
                 if target is None:
                     from .workloads import get_workload
-                    target = {"digits": 0.95, "transformer": 0.6}.get(cfg.workload, 1.0)
+                    target = {"digits": 0.95, "transformer": 0.75}.get(cfg.workload, 1.0)
                 if result.time_to_accuracy is None and acc >= target:
                     result.time_to_accuracy = t
             elif kind == "knobs":
