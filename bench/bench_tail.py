@@ -61,25 +61,34 @@ def _micro_rank(rank, world, store, kind, n, calls, delay, ratio, elements, sw, 
     return rows
 
 
-def micro(ratios, n, calls, delay, world, elements):
+def micro(ratios, n, calls, delay, world, elements, rounds=2):
+    """Each collective runs ``rounds`` times, interleaved (A B C .. A B C ..), so a change
+    in the machine's load during the run falls on all of them alike."""
     from host.collectives.launch import run_ranks
     from host.collectives.adapters import LiveSwitch
+    from host.transport.impair import Impairment
     out = {}
     seed = 0
     for ratio in ratios:
-        from host.transport.impair import Impairment
         down = Impairment(delay_median=delay, p99_over_p50=ratio, seed=999)
+        secs = {k: [] for k in MICRO_KINDS}
+        lost = {k: [] for k in MICRO_KINDS}
         with LiveSwitch(down) as sw:
-            for kind in MICRO_KINDS:
-                seed += 1
-                R = run_ranks(world, _micro_rank, kind, n, calls, delay, ratio, elements,
-                              (sw.address, sw.control), seed)
-                calib = np.array([r[2] for r in R[0]])
-                secs = np.array([[r[i][0] for i in range(calls)] for r in R]).max(0)[~calib]
-                lost = np.array([[r[i][1] for i in range(calls)] for r in R]).mean(0)[~calib]
-                out[f"{kind}@{ratio}"] = {"median_s": float(np.median(secs)),
-                                          "p99_s": float(np.percentile(secs, 99)),
-                                          "dropped_fraction": float(lost.mean())}
+            for _ in range(rounds):
+                for kind in MICRO_KINDS:
+                    seed += 1
+                    R = run_ranks(world, _micro_rank, kind, n, calls, delay, ratio, elements,
+                                  (sw.address, sw.control), seed)
+                    calib = np.array([r[2] for r in R[0]])
+                    secs[kind] += list(np.array([[r[i][0] for i in range(calls)]
+                                                 for r in R]).max(0)[~calib])
+                    lost[kind] += list(np.array([[r[i][1] for i in range(calls)]
+                                                 for r in R]).mean(0)[~calib])
+        for kind in MICRO_KINDS:
+            out[f"{kind}@{ratio}"] = {"median_s": float(np.median(secs[kind])),
+                                      "p99_s": float(np.percentile(secs[kind], 99)),
+                                      "dropped_fraction": float(np.mean(lost[kind])),
+                                      "calls": len(secs[kind])}
         ring = out[f"ring-tcp@{ratio}"]["median_s"]
         print(f"\nallreduce of {n} floats, {world} ranks, delay median {delay * 1e3:.1f} ms, "
               f"P99/P50 = {ratio}")
@@ -240,7 +249,8 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="micro,tta,loss", help="micro,tta,loss")
     ap.add_argument("--delay-ms", type=float, default=5.0, help="median one-way delay")
     ap.add_argument("--bucket", type=int, default=1 << 18, help="floats per allreduce")
-    ap.add_argument("--calls", type=int, default=25)
+    ap.add_argument("--calls", type=int, default=16, help="calls per run (6 calibrate)")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved runs per collective")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--png", default=None, help="write the figures to this PNG")
     args = ap.parse_args(argv)
@@ -256,7 +266,8 @@ def main(argv=None) -> int:
                        "ratios": ratios, "workloads": workloads, "losses": losses}}
     t0 = time.time()
     if "micro" in parts:
-        figs["allreduce"] = micro(ratios, args.bucket, args.calls, args.delay_ms / 1e3, 4, 2048)
+        figs["allreduce"] = micro(ratios, args.bucket, args.calls, args.delay_ms / 1e3, 4, 2048,
+                                  args.rounds)
     from host.collectives.adapters import LiveSwitch
     from host.transport.impair import Impairment
     with tempfile.TemporaryDirectory(prefix="ina-tail-") as logdir:

@@ -43,7 +43,7 @@ class DeadlinePolicy:
     early_fraction: float = 0.25
     target_loss: float = 0.01     # a deadline-ended round losing more than this grows it
     grow: float = 1.25            # multiplicative increase after a lossy deadline round
-    decay: float = 0.95           # ... and its slow return towards 1 on good rounds
+    decay: float = 0.98           # ... and its slow return towards 1 on good rounds
     max_inflate: float = 16.0
     min_deadline: float = 1e-4
     max_deadline: float = 5.0

@@ -416,7 +416,10 @@ class _PhaseClock:
         n = len(need)
         # "nearly done": a tail-marked datagram is in and at most the last percentile
         # of the sender's datagrams is still missing
-        self.nearly = [k - max(1, math.ceil(k * tail_percent / 100.0)) for k in need]
+        # of the sender's datagrams is still missing (with fewer than 100/tail_percent
+        # datagrams that is none: no early timeout, a short phase waits for all or the
+        # deadline, since independent per-datagram delays would make it cut live data)
+        self.nearly = [k - int(k * tail_percent / 100.0) for k in need]
         self.nearly_at = [None] * n
         self.cnt = [0] * n
         self.first = [None] * n
