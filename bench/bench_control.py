@@ -1,8 +1,8 @@
 """Joint vs decoupled control of precision and accumulation: time to target, side by side.
 
-    ina bench control                      simulation at paper scale + knob trace PNG
-    ina bench control --real               also real training (digits, 4 workers, throttled)
-    ina bench control --plot PATH          where the knob trace PNG goes
+    ina bench control                          simulation at paper scale + knob trace PNGs
+    ina bench control -- --real                also real training (digits, 4 workers, throttled)
+    ina bench control -- --plot 'X_{link}.png' where the knob trace PNGs go
 
 Figures are ratios of time to target (other controller / Joint) measured in one run.
 """
@@ -18,13 +18,15 @@ if str(ROOT) not in sys.path:
 
 def main(argv=None) -> int:
     from bench import _results
-    from host.control.experiments import real_comparison, sim_comparison, trace_figure
+    from host.control.experiments import (real_comparison, real_trace, sim_comparison,
+                                          trace_figure)
     ap = argparse.ArgumentParser(prog="ina bench control")
     ap.add_argument("--real", action="store_true", help="also run the real-training comparison")
     ap.add_argument("--real-levels", default="light,heavy")
     ap.add_argument("--plot", default=str(_results.RESULTS / "control_trace_{link}.png"),
                     help="knob trace PNG; {link} becomes 10G and 100G")
     ap.add_argument("--real-plot", default=str(_results.RESULTS / "control_real.png"))
+    ap.add_argument("--real-trace", default=str(_results.RESULTS / "control_real_trace.png"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     _results.RESULTS.mkdir(parents=True, exist_ok=True)
@@ -34,6 +36,7 @@ def main(argv=None) -> int:
     if args.real:
         figures.update(real_comparison(levels=tuple(args.real_levels.split(",")),
                                        seed=args.seed, plot=args.real_plot))
+        figures.update(real_trace(args.real_trace, seed=args.seed))
     print("\nheadline: decoupled / joint time to target: " + ", ".join(
         f"{k.split('_')[1]} {k.split('_')[2]} {v:.2f}x" for k, v in figures.items()
         if k.endswith("_decoupled_over_joint") and k.startswith("sim_")))

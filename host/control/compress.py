@@ -199,9 +199,10 @@ class CompressedCollective:
     """``allreduce(np.ndarray) -> (sum, stats)`` through quantized all-gather on its own
     Gloo group, throttled by a token bucket; ``set_precision(bits)`` changes the knob.
 
-    Measurements, accumulated until ``take_measurements()``: payload bytes sent and
-    seconds spent sending them (throttle included), seconds spent waiting for the
-    slowest worker, squared norms for the noise scale (mean over workers of
+    Measurements, accumulated until ``take_measurements()``: payload bytes sent, seconds
+    spent sending them (throttle included; ``byte_s`` without the fixed cost of one
+    all-gather, ``fixed_s``), seconds spent waiting for the slowest worker (``sync_s``), squared norms for
+    the noise scale (mean over workers of
     |g_i|^2, and of the all-reduced mean corrected for quantization noise), and r_q for
     every precision on a sample of calls."""
 
@@ -221,7 +222,8 @@ class CompressedCollective:
         _CURRENT["c"] = self
 
     def _reset(self):
-        self.m = {"bytes": 0, "seconds": 0.0, "calls": 0, "elements": 0, "sync_s": 0.0, "small_sq": 0.0, "big_sq": 0.0,
+        self.m = {"bytes": 0, "seconds": 0.0, "calls": 0, "elements": 0, "sync_s": 0.0,
+                  "fixed_s": 0.0, "byte_s": 0.0, "small_sq": 0.0, "big_sq": 0.0,
                   "rq_sum": {}, "rq_n": 0}
 
     def set_precision(self, bits: int):
@@ -237,9 +239,12 @@ class CompressedCollective:
     def allreduce(self, x: np.ndarray):
         """Sum of every worker's x, each quantized once at the current precision.
 
-        Two phases: the 8-byte headers are all-gathered first (this also waits for the
-        slowest worker, measured as ``sync_s``), then the payload goes through the token
-        bucket and the all-gather; bandwidth is payload bytes over the second phase."""
+        Three phases: the 8-byte headers are all-gathered first (this also waits for the
+        slowest worker: ``sync_s``); a second 8-byte all-gather, now with everyone present,
+        measures the fixed cost of one all-gather (``fixed_s``); then the payload goes
+        through the token bucket and the all-gather. Per-byte time is the payload phase
+        less the fixed cost, so the bandwidth seen by the controller does not depend on
+        the message size, and the fixed costs go to the cost model as latency."""
         import torch
         import torch.distributed as dist
         x = np.ascontiguousarray(x, np.float32).ravel()
@@ -248,7 +253,11 @@ class CompressedCollective:
         t0 = time.perf_counter()
         heads = [torch.empty(HEADER, dtype=torch.uint8) for _ in range(N)]
         dist.all_gather(heads, torch.from_numpy(msg[:HEADER].copy()), group=self.group)
+        t_head = time.perf_counter()
+        probe = [torch.empty(HEADER, dtype=torch.uint8) for _ in range(N)]
+        dist.all_gather(probe, torch.from_numpy(msg[:HEADER].copy()), group=self.group)
         t1 = time.perf_counter()
+        sync, fixed = t_head - t0, t1 - t_head
         body = msg[HEADER:]
         sent = (N - 1) * body.size
         if self.bucket is not None:
@@ -268,7 +277,9 @@ class CompressedCollective:
             m = self.m
             m["bytes"] += sent
             m["seconds"] += t2 - t1
-            m["sync_s"] += t1 - t0
+            m["sync_s"] += sync
+            m["fixed_s"] += fixed
+            m["byte_s"] += max(t2 - t1 - fixed, 1e-6)
             m["calls"] += 1
             m["elements"] += n
             m["small_sq"] += small
@@ -279,8 +290,8 @@ class CompressedCollective:
                 m["rq_n"] += 1
         self.calls += 1
         self.total_bytes += sent
-        return total, {"bytes": sent, "seconds": t2 - t1, "sync_seconds": t1 - t0,
-                       "bits": bits}
+        return total, {"bytes": sent, "seconds": t2 - t1, "sync_seconds": sync,
+                       "fixed_seconds": fixed, "bits": bits}
 
     def close(self):
         if _CURRENT.get("c") is self:

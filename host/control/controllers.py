@@ -135,6 +135,9 @@ class Telemetry:
     compute: ComputeMeter = field(default_factory=ComputeMeter)
     noise: NoiseScaleEstimator = field(default_factory=NoiseScaleEstimator)
     quant: QuantErrorMeter = field(default_factory=QuantErrorMeter)
+    # the noise-scale estimate is a ratio of two noisy averages: keep the prior until
+    # this many pairs of norms have been averaged
+    min_noise_samples: int = 3
 
     def params(self) -> JobParams:
         kw = {}
@@ -142,7 +145,7 @@ class Telemetry:
             kw["bandwidth"] = self.bandwidth.value
         if self.compute.value is not None:
             kw["t_compute"] = self.compute.value
-        if self.noise.value is not None:
+        if self.noise.value is not None and self.noise.count >= self.min_noise_samples:
             kw["b_noise"] = self.noise.value
         measured = {q: r for q, r in self.quant.value.items() if r is not None}
         if measured:

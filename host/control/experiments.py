@@ -9,7 +9,7 @@ from .controllers import CONTROLLERS, make_controller
 from .simulate import paper_scenario, simulate
 
 __all__ = ["LINKS", "KAPPA2", "sim_comparison", "trace_figure", "real_comparison",
-           "TRACE_SCHEDULE"]
+           "real_trace", "TRACE_SCHEDULE", "REAL_TRACE_SCHEDULE"]
 
 # Bottleneck capacity per worker: a datacenter link, and a thin (oversubscribed or
 # cross-site) one.
@@ -19,6 +19,8 @@ LINKS = {"100G": 12.5e9, "10G": 1.25e9}
 KAPPA2 = 30.0
 # Changing contention for the trace: (start second, background jobs).
 TRACE_SCHEDULE = [(0.0, 0), (1500.0, 1), (3000.0, 4), (5000.0, 2), (6500.0, 0), (8000.0, 4)]
+# The same for real runs, in seconds of training.
+REAL_TRACE_SCHEDULE = [(0.0, 0), (6.0, 4), (14.0, 1), (20.0, 4), (28.0, 0)]
 
 
 def _horizon(capacity):
@@ -54,8 +56,12 @@ def sim_comparison(links=("100G", "10G"), levels=("light", "medium", "heavy"), s
     return figures
 
 
-def trace_figure(path, link="10G", schedule=TRACE_SCHEDULE, seed=0, out=print):
-    """Knobs chosen against time by Joint and Decoupled under changing contention (PNG)."""
+def trace_figure(path, link="10G", schedule=None, seed=0, out=print):
+    """Knobs chosen against time by Joint and Decoupled under changing contention (PNG).
+    The default schedule is TRACE_SCHEDULE, compressed in time for the faster 100G run."""
+    if schedule is None:
+        scale = 1.0 if link == "10G" else 0.4
+        schedule = [(t * scale, n) for t, n in TRACE_SCHEDULE]
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -167,3 +173,57 @@ def _plot_real(path, runs, levels, controllers):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def real_trace(path, controller="joint", workers=4, seed=0, capacity=8e6, workload="digits",
+               schedule=REAL_TRACE_SCHEDULE, out=print):
+    """One real training run under changing contention: measured bandwidth against the
+    link share, and the knobs the controller chose (PNG)."""
+    import json
+    import os
+    import tempfile
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from .realrun import RealSpec, real_run
+    fd, log_path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        spec = RealSpec(controller=controller, capacity=capacity, schedule=schedule,
+                        bg_bytes=capacity / 8, bg_compute=0.2, seed=seed, log_path=log_path)
+        r = real_run(spec, workload=workload, workers=workers, seed=seed)
+        with open(log_path) as f:
+            log = json.load(f)
+    finally:
+        os.unlink(log_path)
+    trace = spec.trace()
+    t = np.array([e["time"] for e in log])
+    end = max(t.max(), r.seconds) if len(t) else r.seconds
+    tt = np.linspace(0, end, 600)
+    fig, ax = plt.subplots(3, 1, figsize=(8, 6.5), sharex=True)
+    share = [trace.mean_rate(max(x - 0.5, 0), x + 0.5) / 1e6 for x in tt]
+    ax[0].plot(tt, share, color="gray", lw=0.8, label="link share (token bucket rate)")
+    ax[0].plot(t, [e["bandwidth"] / 1e6 for e in log], "o-", ms=3, color="C0",
+               label="measured by the controller")
+    ax[0].set_ylabel("MB/s")
+    ax[0].legend(fontsize=8)
+    ax[1].step(t, [e["precision"] for e in log], where="post", color="C0")
+    ax[1].set_ylabel("precision (bits)")
+    ax[1].set_yticks([4, 8, 16, 32])
+    ax[2].step(t, [e["accum"] for e in log], where="post", color="C0")
+    ax[2].set_ylabel("accumulation a")
+    ax[2].set_yscale("log", base=2)
+    ax[2].set_yticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+    ax[2].set_xlabel("seconds of training")
+    tta = r.time_to_accuracy
+    fig.suptitle(f"real run: {workload}, {workers} workers, {controller}; background jobs "
+                 + " -> ".join(str(n) for _, n in schedule)
+                 + (f"; target at {tta:.1f} s" if tta else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    out(f"\nreal knob trace ({controller}, changing contention): "
+        f"{len(log)} decisions, {sum(1 for a, b in zip(log, log[1:]) if (a['precision'], a['accum']) != (b['precision'], b['accum']))}"
+        f" changes, target at {tta if tta is None else round(tta, 1)} s; wrote {path}")
+    return {"real_trace_seconds": tta if tta else float("nan"),
+            "real_trace_decisions": len(log)}

@@ -103,12 +103,13 @@ class RealController:
             self.tel = Telemetry(base=self._base(info, m["elements"] / dsteps))
         tel = self.tel
         # backward() returns only when the exchange is done: take it out of compute
-        comm = m["seconds"] + m["sync_s"]
+        comm = m["sync_s"] + m["fixed_s"] + m["seconds"]
         tel.compute.record(max(dcomp - comm, 0.0), dsteps * a)
-        if m["seconds"] > 0:
-            tel.bandwidth.record(m["bytes"], m["seconds"])
-        # fixed cost per communication: waiting for the slowest worker (and the header)
-        self.sync.update(m["sync_s"] / dsteps)
+        if m["byte_s"] > 0:
+            tel.bandwidth.record(m["bytes"], m["byte_s"])
+        # fixed cost per communication (per optimizer step): waiting for the slowest
+        # worker, and the fixed part of the header and payload all-gathers
+        self.sync.update((m["sync_s"] + 2 * m["fixed_s"]) / dsteps)
         b = tel.base.micro_batch * a
         if w > 1:
             tel.noise.record(b, m["small_sq"] / dsteps, b * w, m["big_sq"] / dsteps)
