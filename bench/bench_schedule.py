@@ -36,19 +36,20 @@ def main(argv=None) -> int:
     m_default, window, note = default_memory()
 
     # -- solve time against the targets (10 s for 9 islands, 60 s for 64) --------------
-    print("optimizer solve time (ratio = solve time / target; < 1 meets it)")
+    print("optimizer solve time (ratio = CPU seconds / target; < 1 meets it. CPU time, not "
+          "wall: this machine is shared, and the search is single-threaded)")
     for n, target, topo in [(9, 10.0, topo9), (64, 60.0, synthetic_topology(64, seed=0))]:
         for mem in (2e6, 1e10):
-            t0 = time.perf_counter()
-            res = optimize(topo, NetConfig(memory_bytes=mem), seed=0, time_budget_s=target)
-            dt = time.perf_counter() - t0
+            t0, c0 = time.perf_counter(), time.process_time()
+            res = optimize(topo, NetConfig(memory_bytes=mem), seed=0, time_budget_s=5 * target)
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
             b = res.best
             lab = b.family if b.family != "cliques" else f"cliques-{b.k}"
-            key = f"solve_ratio_{n}_islands_M{mem:.0e}"
-            figures[key] = dt / target
-            print(f"  {n:3d} islands, M={mem:8.0e}: {dt / target:5.2f} of the {target:.0f} s "
-                  f"target ({res.evaluated} schedules, {'exact R<=2' if res.exact else 'annealed'}"
-                  f"); best {lab} x{len(b.schedule.rounds)}")
+            figures[f"solve_ratio_{n}_islands_M{mem:.0e}"] = cpu / target
+            figures[f"solve_wall_over_cpu_{n}_islands_M{mem:.0e}"] = dt / cpu
+            print(f"  {n:3d} islands, M={mem:8.0e}: {cpu / target:5.2f} of the {target:.0f} s "
+                  f"target (wall/CPU {dt / cpu:4.1f}; {res.evaluated} schedules, "
+                  f"{'exact R<=2' if res.exact else 'annealed'}); best {lab} x{len(b.schedule.rounds)}")
 
     # -- memory sweep --------------------------------------------------------------------
     mems = [1e4, 1e6, 1e8, 1e10] if args.quick else sorted(set(DEFAULT_SWEEP + [m_default]))
