@@ -129,7 +129,7 @@ def objective(sig2: float, t_cycle: float, floor: float) -> float:
     """Consensus contraction per second: -log(max(sigma2, floor)) / T_cycle."""
     if not np.isfinite(t_cycle) or t_cycle <= 0:
         return 0.0
-    return -math.log(max(sig2, floor)) / t_cycle
+    return max(0.0, -math.log(max(sig2, floor)) / t_cycle)   # sigma2 = 1 + 1e-16 is 1
 
 
 @dataclass
