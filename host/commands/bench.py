@@ -7,6 +7,7 @@ writes them as JSON to ``bench/results/<name>.json``.
     ina bench tail       run one
 """
 
+import argparse
 import importlib.util
 import pathlib
 import sys
@@ -22,7 +23,8 @@ def available() -> dict[str, pathlib.Path]:
 
 def add_arguments(p):
     p.add_argument("name", nargs="?", help="benchmark name, or 'all'")
-    p.add_argument("rest", nargs="*", help="arguments passed to the benchmark")
+    p.add_argument("rest", nargs=argparse.REMAINDER,
+                   help="arguments passed to the benchmark (e.g. --quick)")
 
 
 def _load(path):
