@@ -253,12 +253,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved runs per collective")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--png", default=None, help="write the figures to this PNG")
+    ap.add_argument("--workloads", default=None,
+                    help="comma-separated (default: digits; --full: digits,transformer)")
     args = ap.parse_args(argv)
     from bench import _results
     parts = set(args.parts.split(","))
     ratios = [1.0, 1.5, 3.0] if args.full else [1.0, 3.0]
     tta_ratios = ratios if args.full else [3.0]
     workloads = ["digits", "transformer"] if args.full else ["digits"]
+    if args.workloads:
+        workloads = args.workloads.split(",")
     losses = [0.0, 0.01, 0.02, 0.05, 0.10] if args.full else [0.0, 0.05, 0.10]
     backends = list(TRAIN_BACKENDS) if args.full else \
         ["gloo", "ring-tcp", "tar-tcp", "tar-udp", "switch-bounded"]
