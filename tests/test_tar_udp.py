@@ -140,3 +140,39 @@ def test_calibration_runs_over_tcp_then_bounded():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="collective"):
         make_collective("carrier-pigeon", 0, 1, None)
+
+
+def _resolved(rank, world, store, resolve):
+    imp = Impairment(loss=0.08, seed=300 + rank)
+    mesh = Mesh(rank, world, store, impairment=imp)
+    c = TarUdp(mesh, 200, DeadlinePolicy(fixed=0.3), DeadlinePolicy(fixed=0.3),
+               resolve=resolve)
+    mesh.barrier()
+    rows = []
+    for i in range(3):
+        x = np.random.default_rng([rank, i]).standard_normal(12000).astype(np.float32)
+        y, st = c.allreduce(x)
+        rows.append((x, y, st["missing"], st["repaired_chunks"], st["entries_missing"],
+                     st["entries_partial"]))
+    mesh.barrier()
+    mesh.close()
+    return rows
+
+
+@pytest.mark.parametrize("resolve", ["agree", "repair"])
+def test_resolved_results_are_identical_on_every_rank(resolve):
+    res = run_ranks(4, _resolved, resolve)
+    assert sum(r[i][3] for r in res for i in range(3)) > 0      # something was resolved
+    for i in range(3):
+        xs = sum(r[i][0].astype(np.float64) for r in res)
+        y0 = res[0][i][1]
+        for r in res:
+            x, y, missing, _, ent_missing, ent_partial = r[i]
+            assert missing == []                                 # nothing left to drift
+            assert np.array_equal(y, y0)                         # bitwise the same
+            if resolve == "repair":
+                assert ent_missing == 0
+                if ent_partial == 0:
+                    assert np.allclose(y, xs, atol=1e-4)
+            else:
+                assert ent_missing == res[0][i][4]               # the same union everywhere

@@ -33,7 +33,8 @@ KINDS = ("gloo", "ring-tcp", "tar-tcp", "tar-udp", "switch-reliable", "switch-bo
 
 def make_collective(kind, rank, world, store=None, *, impairment=None, elements=1024,
                     deadline=None, calibration=5, early_fraction=0.25, hadamard=False,
-                    seed=0, switch=None, switch_control=None, window=64, job=1, fill="local",
+                    seed=0, switch=None, switch_control=None, window=64, job=1,
+                    fill="local", resolve="local",
                     prefix=None):
     """One rank's collective of ``kind`` (see ``KINDS``).
 
@@ -41,7 +42,7 @@ def make_collective(kind, rank, world, store=None, *, impairment=None, elements=
     (UDP datagrams; for the TCP kinds, per-segment delays and retransmission penalties;
     for the switch kinds, the uplink). ``deadline``: a fixed deadline in seconds (bounded
     kinds), or None for the adaptive policy. ``switch``/``switch_control``: the switch's
-    address and its ``LiveSwitch`` control port."""
+    address and its ``LiveSwitch`` control port. ``fill``/``resolve``: see ``TarUdp``."""
     if kind not in KINDS:
         raise ValueError(f"collective {kind!r}: expected one of {', '.join(KINDS)}")
     if store is None and kind != "gloo":
@@ -67,7 +68,8 @@ def make_collective(kind, rank, world, store=None, *, impairment=None, elements=
         elif kind == "tar-tcp":
             c = TarTcp(mesh, own_mesh=True)
         else:
-            c = TarUdp(mesh, elements, policy(), policy(), fill=fill, own_mesh=True)
+            c = TarUdp(mesh, elements, policy(), policy(), fill=fill, own_mesh=True,
+                       resolve=resolve)
     else:
         from .adapters import switch_collective
         if switch is None:

@@ -24,11 +24,12 @@ from . import make_collective
 from .base import Collective
 
 __all__ = ["ring_tcp", "tar_tcp", "tar_udp", "tar_udp_hadamard", "tar_udp_nofill",
+           "tar_udp_agree", "tar_udp_repair",
            "switch_reliable", "switch_bounded", "RecordingCollective"]
 
 RECORD_KEYS = ("seconds", "entries", "entries_lost", "lost_fraction", "calibrating", "mode",
                "scatter_deadline", "bcast_deadline", "scatter_time", "bcast_time",
-               "switch_deadline", "entries_missing", "dropped_fraction", "partial_slots", "packets_lost")
+               "switch_deadline", "entries_missing", "dropped_fraction", "repaired_chunks", "partial_slots", "packets_lost")
 
 
 class RecordingCollective(Collective):
@@ -102,6 +103,16 @@ def tar_udp_hadamard(rank, world, cfg):
 
 def tar_udp_nofill(rank, world, cfg):
     return _make("tar-udp", rank, world, cfg, fill="zero")
+
+
+def tar_udp_agree(rank, world, cfg):
+    """Bounded TAR whose ranks agree on the missed chunks (zeroed everywhere): no drift."""
+    return _make("tar-udp", rank, world, cfg, resolve="agree")
+
+
+def tar_udp_repair(rank, world, cfg):
+    """Bounded TAR that fetches only its missed broadcast chunks from their owners."""
+    return _make("tar-udp", rank, world, cfg, resolve="repair")
 
 
 def switch_reliable(rank, world, cfg):

@@ -19,7 +19,9 @@ arrived counts. A chunk that reached its owner from ``c < N`` ranks is
 rescaled by ``N/c`` (the count travels in the broadcast header, so every rank knows exactly
 which entries are partial). A broadcast chunk that never arrives is filled with ``N`` times
 the local value (``fill="local"``, OptiReduce's choice) or zeros; its range is reported in
-``stats["missing"]`` so ``host.collectives.consistency`` can repair it. Two loss figures:
+``stats["missing"]`` so ``host.collectives.consistency`` can repair it; or, with
+``resolve="agree"`` / ``"repair"``, the ranks make their results identical right after the
+broadcast deadline (see ``TarUdp._resolve``). Two loss figures:
 ``lost_fraction`` (entries of the result that are not the exact sum: any contribution
 missing) and ``dropped_fraction`` (the share of the ``n * N`` contributions missing, a
 missing broadcast entry counting ``N``), which tracks the datagram loss rate. Duplicates are
@@ -499,9 +501,13 @@ class TarUdp(Collective):
     name = "tar-udp"
 
     def __init__(self, mesh: Mesh, elements=1024, scatter_policy=None, bcast_policy=None,
-                 tail_percent=2.0, fill="local", own_mesh=False, max_stash=200000):
+                 tail_percent=2.0, fill="local", own_mesh=False, max_stash=200000,
+                 resolve="local"):
         if fill not in ("local", "zero"):
             raise ValueError(f"fill {fill!r}: expected 'local' or 'zero'")
+        if resolve not in ("local", "agree", "repair"):
+            raise ValueError(f"resolve {resolve!r}: expected local, agree or repair")
+        self.resolve = resolve
         if not 1 <= elements <= 16000:
             raise ValueError(f"elements {elements}: need 1..16000 per datagram")
         self.mesh, self.rank, self.world = mesh, mesh.rank, mesh.world
@@ -577,6 +583,58 @@ class TarUdp(Collective):
                     items.append((rows[k, :lens[k]], addr))
         self.mesh.send_batch(items)
         return len(items)
+
+    def _resolve(self, bgot, bcount, out, nch, lo, hi):
+        """After the broadcast deadline, make every rank's result the same, over the TCP
+        mesh (small messages, sent only once the bounded phases are over):
+
+        * ``agree``: exchange the lists of missed broadcast chunks; every rank zeroes the
+          union (one tiny all-to-all; the result is identical everywhere, a little more
+          is lost);
+        * ``repair``: ask each owner for only the chunks of its shard this rank missed, and
+          serve the others' requests (traffic proportional to the loss; exact).
+        Returns the number of chunks repaired (or zeroed in agreement)."""
+        mesh, N, r, E = self.mesh, self.world, self.rank, self.E
+        peers = [o for o in range(N) if o != r]
+        tag = mesh.next_tag()
+        if self.resolve == "agree":
+            mine = np.concatenate([np.flatnonzero(~bgot[o]).astype(np.int64) + (o << 32)
+                                   for o in range(N)])
+            for o in peers:
+                mesh.peers[o].send(tag, mine)
+            union = [mine] + [np.frombuffer(mesh.peers[s].recv(tag), np.int64) for s in peers]
+            u = np.unique(np.concatenate(union))
+            for code in u:
+                bgot[int(code) >> 32][int(code) & 0xFFFFFFFF] = False
+            return int(u.size)
+        for o in peers:
+            mesh.peers[o].send(tag, np.flatnonzero(~bgot[o]).astype(np.int64))
+        reqs = {s: np.frombuffer(mesh.peers[s].recv(tag), np.int64) for s in peers}
+        tag = mesh.next_tag()
+        own_lo, own_len = int(lo[r]), int(hi[r] - lo[r])
+        for s, ks in reqs.items():
+            if ks.size and (ks.max() >= nch[r]):
+                raise ConnectionError(f"TAR repair: rank {s} asked for chunk {ks.max()}")
+            parts = [bcount[r][ks].astype(np.int32).view(np.float32)]
+            parts += [out[own_lo + k * E: own_lo + min((k + 1) * E, own_len)] for k in ks]
+            mesh.peers[s].send(tag, np.concatenate(parts) if ks.size else b"")
+        got = 0
+        for o in peers:
+            data = np.frombuffer(mesh.peers[o].recv(tag), np.float32)
+            ks = np.flatnonzero(~bgot[o])
+            if not ks.size:
+                continue
+            counts = data[:ks.size].view(np.int32)
+            pos = ks.size
+            olen = int(hi[o] - lo[o])
+            for k, c in zip(ks, counts):
+                a, b = int(lo[o] + k * E), int(lo[o] + min((k + 1) * E, olen))
+                out[a:b] = data[pos:pos + b - a]
+                pos += b - a
+                bgot[o][k] = True
+                bcount[o][k] = int(c)
+            got += int(ks.size)
+        return got
 
     def _bounded(self, v, call, s_deadline, b_deadline):
         t0 = time.perf_counter()
@@ -721,11 +779,15 @@ class TarUdp(Collective):
         recv_s, recv_b = sum(sclock.cnt), sum(bclock.cnt)
         s_timed_out, b_timed_out = recv_s < s_expected, recv_b < b_expected
         s_early, b_early = sclock.early, bclock.early
+        repaired = 0
+        if self.resolve != "local" and peers:
+            repaired = self._resolve(bgot, bcount, out, nch, lo, hi)
         # missing broadcast chunks: fill, and report their ranges
         missing = []
         missing_entries = 0
         partial_entries = 0
         dropped_contrib = 0     # contributions missing from the result, over n * N
+        fill_local = self.fill == "local" and self.resolve == "local"
         for o in range(N):
             if not nch[o]:
                 continue
@@ -734,12 +796,14 @@ class TarUdp(Collective):
             for k in miss:
                 a = int(lo[o] + k * E)
                 b = a + int(lens[k])
-                out[a:b] = N * v[a:b] if self.fill == "local" else 0.0
+                out[a:b] = N * v[a:b] if fill_local else 0.0
                 missing.append((a, b - a))
             missing_entries += int(lens[miss].sum())
             part = bgot[o] & (bcount[o] < N)
             partial_entries += int(lens[part].sum())
             dropped_contrib += int(((N - bcount[o][part]) * lens[part]).sum())
+        if self.resolve == "agree":
+            missing = []        # every rank zeroed the same chunks: nothing to repair
         s_lost_pk = s_expected - recv_s
         b_lost_pk = b_expected - recv_b
         own = int(hi[r] - lo[r])
@@ -769,5 +833,6 @@ class TarUdp(Collective):
             "scatter_timed_out": s_timed_out, "bcast_timed_out": b_timed_out,
             "scatter_early": s_early, "bcast_early": b_early,
             "late": st["late"], "duplicates": st["dup"], "bad": st["bad"],
+            "repaired_chunks": repaired,
         }
         return out, stats
