@@ -289,7 +289,9 @@ def build_core(core, platform):
                      scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
         m.d.comb += meta_r.addr.eq(scan_ptr)
     m.d.comb += [mip_r.addr.eq(jidx * WS + hdr.worker[:max(1, LWS)] if WS > 1 else jidx),
-                 mport_r.addr.eq(jidx * WS + hdr.worker[:max(1, LWS)] if WS > 1 else jidx)]
+                 mport_r.addr.eq(jidx * WS + hdr.worker[:max(1, LWS)] if WS > 1 else jidx),
+                 # a deferred packet keeps its member entry until it runs again
+                 mip_r.en.eq(~p1_keep), mport_r.en.eq(~p1_keep)]
 
     # ---------------------------------------------------------------- P1
     p1_job = Signal(range(max(2, NJ)))

@@ -89,10 +89,12 @@ class Scoreboard:
     def check(self):
         """Raise on the first slot whose outputs differ; return a summary."""
         keys = sorted(set(self.expected) | set(self.got))
-        for k in keys:
+        bad = [k for k in keys if self.expected.get(k, []) != self.got.get(k, [])]
+        for k in bad[:1]:
             e, g = self.expected.get(k, []), self.got.get(k, [])
             if e != g:
                 raise ScoreboardError(
+                    f"{len(bad)} of {len(keys)} slots differ, first {bad[:8]}\n"
                     f"slot job={k[0]} seq={k[1]}: expected {len(e)} datagrams, got {len(g)}\n"
                     f"  expected: {[(d, o.hex()) for d, o in e][:4]}\n"
                     f"  got:      {[(d, o.hex()) for d, o in g][:4]}\n"
