@@ -100,14 +100,17 @@ def build_core(core, platform):
     m.submodules.mmac = mmac = memory.Memory(shape=48, depth=NJ * WS, init=[])
 
     meta_w = meta.write_port()
-    meta_r = meta.read_port(transparent_for=(meta_w,))
+    # slot metadata and member table: asynchronous reads at P1 from P1's registered
+    # address (distributed RAM on ECP5), so P1 sees every earlier write and starts from
+    # a short path instead of a block RAM's clock-to-output
+    meta_r = meta.read_port(domain="comb")
     acc_w = acc.write_port()
     acc_r = acc.read_port()
     acc_r2 = acc.read_port()
     ovf_w = ovf.write_port()
     ovf_r = ovf.read_port()
     mip_w, mport_w, mmac_w = mip.write_port(), mport.write_port(), mmac.write_port()
-    mip_r, mport_r = mip.read_port(), mport.read_port()
+    mip_r, mport_r = mip.read_port(domain="comb"), mport.read_port(domain="comb")
     mip_r2, mport_r2, mmac_r2 = mip.read_port(), mport.read_port(), mmac.read_port()
 
     # register bus: writes
@@ -267,17 +270,14 @@ def build_core(core, platform):
     m.d.sync += p1_valid.eq(0)
     with m.If(p1_keep):
         m.d.sync += p1_valid.eq(1)
-        m.d.comb += meta_r.addr.eq(p1_rec)
     with m.Elif(dec):
         m.d.sync += p1_valid.eq(1)
         m.d.sync += [p1_kind.eq(K_PKT), p1_reason.eq(reason), p1_rec.eq(rec),
                      p1_seq.eq(hdr.seq), p1_ts.eq(cur_ts), p1_worker.eq(hdr.worker),
                      p1_exp.eq(hdr.exponent), p1_nelem.eq(hdr.nelem),
                      p1_sip.eq(cur_sip), p1_sport.eq(cur_sport)]
-        m.d.comb += meta_r.addr.eq(rec)
     with m.Elif(init_busy):
         m.d.sync += [p1_valid.eq(1), p1_kind.eq(K_INIT), p1_rec.eq(init_rec), init_ptr.eq(init_ptr + 1)]
-        m.d.comb += meta_r.addr.eq(init_rec)
         with m.If(init_ptr == 2 * WM - 1):
             m.d.sync += init_busy.eq(0)
             for j in range(NJ):
@@ -287,11 +287,7 @@ def build_core(core, platform):
         m.d.sync += [p1_valid.eq(1), p1_kind.eq(K_SCAN), p1_rec.eq(scan_ptr),
                      p1_ts.eq(horizon),
                      scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
-        m.d.comb += meta_r.addr.eq(scan_ptr)
-    m.d.comb += [mip_r.addr.eq(jidx * WS + hdr.worker[:max(1, LWS)] if WS > 1 else jidx),
-                 mport_r.addr.eq(jidx * WS + hdr.worker[:max(1, LWS)] if WS > 1 else jidx),
-                 # a deferred packet keeps its member entry until it runs again
-                 mip_r.en.eq(~p1_keep), mport_r.en.eq(~p1_keep)]
+    m.d.comb += meta_r.addr.eq(p1_rec)
 
     # ---------------------------------------------------------------- P1
     p1_job = Signal(range(max(2, NJ)))
@@ -302,6 +298,8 @@ def build_core(core, platform):
     deadline = jf("deadline", p1_job)
     enabled = jf("enable", p1_job)
     md = meta_r.data
+    p1_midx = p1_job * WS + p1_worker[:max(1, LWS)] if WS > 1 else p1_job
+    m.d.comb += [mip_r.addr.eq(p1_midx), mport_r.addr.eq(p1_midx)]
     waiting = retry & q.probe_hit
     is_pkt = p1_valid & (p1_kind == K_PKT) & ~waiting
     is_scan = p1_valid & (p1_kind == K_SCAN) & enabled
