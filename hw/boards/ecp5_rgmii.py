@@ -93,6 +93,15 @@ class Ecp5RgmiiTop(Elaboratable):
         m.d.comb += cd_sync.clk.eq(clk_core)
         m.submodules.rst_sync = ResetSynchronizer(rst, domain="sync")
 
+        # PHY reset: held ~16 ms (2**21 core cycles) after the PLL locks or the button is
+        # released, as the PHYs' datasheets ask (>= 10 ms).
+        phy_rst_cnt = Signal(21)
+        phy_rst = Signal(init=1)
+        with m.If(phy_rst_cnt != (1 << 21) - 1):
+            m.d.sync += phy_rst_cnt.eq(phy_rst_cnt + 1)
+        with m.Else():
+            m.d.sync += phy_rst.eq(0)
+
         # -- datapath and PHYs ------------------------------------------------------------
         m.submodules.dp = dp = InaDatapath(self.board)
         for p, taps in self.ports.items():
@@ -105,7 +114,7 @@ class Ecp5RgmiiTop(Elaboratable):
                            rx_delay_taps=taps)
             m.submodules[f"rgmii{p}"] = phy
             m.d.comb += [
-                phy.rst.eq(rst),
+                phy.rst.eq(rst | phy_rst),
                 getattr(dp, f"p{p}_rx_dv").eq(phy.rx_dv),
                 getattr(dp, f"p{p}_rx_er").eq(phy.rx_er),
                 getattr(dp, f"p{p}_rxd").eq(phy.rxd),
