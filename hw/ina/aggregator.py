@@ -9,14 +9,15 @@ Header path (one operation per cycle; slot metadata in block RAM, read-before-wr
   metadata. In a cycle with no header, the deadline scanner or the job initializer
   issues its own operation on one record.
 * P1: source check against the member table, then the model's slot rules on the record
-  (the read port is transparent to P1's write, so back-to-back operations on one record
-  see each other): expiry at the packet's time, reuse at tag+2W, stale, out of window,
+  (metadata and member table are read asynchronously from P1's registered address, so
+  back-to-back operations on one record see each other): expiry at the packet's time, reuse at tag+2W, stale, out of window,
   re-send, duplicate, nelem mismatch, accept. Up to two output requests (an expired
   PARTIAL, then a completion or a re-send) enter the request queue.
 
-Element path (one beat per cycle): S0 reads the accumulator beat; E1 adds (37-bit,
-exact) with the last write forwarded when it hits the same address; E2 writes it back
-and folds the beat's out-of-int32-range lanes into the record's overflow bit.
+Element path (one beat per cycle): S0 reads the accumulator beat; S1 registers the RAM
+output; E1 adds (37-bit, exact) with the last two writes forwarded when they hit the
+same address; E2 writes it back and folds the beat's out-of-int32-range lanes into the
+record's overflow bit.
 
 Time: ``now`` counts cycles. A packet's time is the cycle its first beat is accepted; a
 slot whose ``opened + deadline <= time`` is expired for every operation, so the scanner
@@ -438,18 +439,31 @@ def build_core(core, platform):
         m.d.sync += pkt_inflight.eq(0)
     m.d.comb += [acc_r.addr.eq(pkt_base + e), acc_r.en.eq(1)]
 
+    # S1: the block RAM's output is registered (its clock-to-output is long on ECP5)
+    s1_valid, s1_mode, s1_first, s1_last = Signal(), Signal(2), Signal(), Signal()
+    s1_addr = Signal(range(R * EB))
+    s1_rec = Signal(range(R))
+    s1_data = Signal(AccL)
+    m.d.sync += [s1_valid.eq(e_ok), s1_mode.eq(mode_now), s1_addr.eq(pkt_base + e),
+                 s1_rec.eq(pkt_rec), s1_first.eq(e == 0), s1_last.eq(e + 1 == pkt_nbeats)]
+    for k in range(L):
+        lane_ok = (e * L + k) < pkt_nelem
+        m.d.sync += s1_data[k].eq(Mux(lane_ok, s0_lane[k].as_signed(), 0))
     e1_valid, e1_mode, e1_first, e1_last = Signal(), Signal(2), Signal(), Signal()
     e1_addr = Signal(range(R * EB))
     e1_rec = Signal(range(R))
     e1_data = Signal(AccL)
-    m.d.sync += [e1_valid.eq(e_ok), e1_mode.eq(mode_now), e1_addr.eq(pkt_base + e),
-                 e1_rec.eq(pkt_rec), e1_first.eq(e == 0), e1_last.eq(e + 1 == pkt_nbeats)]
-    for k in range(L):
-        lane_ok = (e * L + k) < pkt_nelem
-        m.d.sync += e1_data[k].eq(Mux(lane_ok, s0_lane[k].as_signed(), 0))
+    e1_ram = Signal(AccL)
+    m.d.sync += [e1_valid.eq(s1_valid), e1_mode.eq(s1_mode), e1_addr.eq(s1_addr),
+                 e1_rec.eq(s1_rec), e1_first.eq(s1_first), e1_last.eq(s1_last),
+                 e1_data.eq(s1_data), e1_ram.eq(acc_r.data)]
 
+    # forwarding: a read issued in cycle r misses the writes of cycles r and r+1; they
+    # are the two most recent writes when the beat reaches E1 (cycle r+2)
     fw_valid, fw_addr, fw_data = Signal(), Signal(range(R * EB)), Signal(AccL)
-    old = Mux(fw_valid & (fw_addr == e1_addr), fw_data, acc_r.data)
+    fw2_valid, fw2_addr, fw2_data = Signal(), Signal(range(R * EB)), Signal(AccL)
+    old = Mux(fw_valid & (fw_addr == e1_addr), fw_data,
+              Mux(fw2_valid & (fw2_addr == e1_addr), fw2_data, e1_ram))
     e2_valid, e2_first, e2_last = Signal(), Signal(), Signal()
     e2_addr = Signal(range(R * EB))
     e2_rec = Signal(range(R))
@@ -463,7 +477,8 @@ def build_core(core, platform):
             s = s[:32].as_signed()
         m.d.sync += e2_sum[k].eq(s)
     m.d.comb += [acc_w.addr.eq(e2_addr), acc_w.data.eq(e2_sum), acc_w.en.eq(e2_valid)]
-    m.d.sync += [fw_valid.eq(e2_valid), fw_addr.eq(e2_addr), fw_data.eq(e2_sum)]
+    m.d.sync += [fw_valid.eq(e2_valid), fw_addr.eq(e2_addr), fw_data.eq(e2_sum),
+                 fw2_valid.eq(fw_valid), fw2_addr.eq(fw_addr), fw2_data.eq(fw_data)]
     beat_ovf = Cat(saturate32(e2_sum[k])[1] for k in range(L)).any()
     ovf_run = Signal()
     ovf_now = Mux(e2_first, beat_ovf, ovf_run | beat_ovf)
@@ -473,7 +488,8 @@ def build_core(core, platform):
 
     # ---------------------------------------------------------------- replicator
     head = q.head
-    busy = ((pkt_inflight & (pkt_rec == head.rec)) | (e1_valid & (e1_rec == head.rec))
+    busy = ((pkt_inflight & (pkt_rec == head.rec)) | (s1_valid & (s1_rec == head.rec))
+            | (e1_valid & (e1_rec == head.rec))
             | (e2_valid & (e2_rec == head.rec)))
     o = core.o
     run = Signal()
