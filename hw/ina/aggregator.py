@@ -1,13 +1,12 @@
 """The aggregator pipeline and its glue to the replicator (built by ``InaCore``).
 
-Header path (one operation per cycle; slot metadata in block RAM, read-before-write):
+Header path (one operation per cycle on the slot metadata, read-modify-write):
 
 * P0: the beat that completes the header (or ends a short datagram) is decoded: the
   checks that need only the header and the UDP length (truncated, version, type, body
   length, unknown job, worker out of range), the job lookup, the slot record
-  ``job*2Wmax + set*Wmax + seq%W``, and the reads of the member table and the record's
-  metadata. In a cycle with no header, the deadline scanner or the job initializer
-  issues its own operation on one record.
+  ``job*2Wmax + set*Wmax + seq%W``. In a cycle with no header, the deadline scanner
+  or the job initializer issues its own operation on one record.
 * P1: source check against the member table, then the model's slot rules on the record
   (metadata and member table are read asynchronously from P1's registered address, so
   back-to-back operations on one record see each other): expiry at the packet's time, reuse at tag+2W, stale, out of window,
