@@ -265,3 +265,10 @@ def test_simulator_runs_controllers_to_target():
     assert res["joint"].time_to_target < res["static"].time_to_target
     assert res["static"].changes == 0 and res["joint"].changes >= 1
     assert len(res["joint"].log["t"]) == res["joint"].steps
+
+
+def test_cli_rejects_bad_configuration_with_one_line():
+    from host.cli import main
+    assert main(["control", "model", "--precisions", ""]) == 2
+    assert main(["control", "model", "--bandwidth", "-1"]) == 2
+    assert main(["control", "model", "--bandwidth", "6.25e8", "--b-noise", "256"]) == 0

@@ -146,10 +146,28 @@ def real_comparison(levels=("light", "heavy"), controllers=None, workers=4, seed
             figures[f"real_{level}_{n}_final_accuracy"] = r.final_accuracy
             figures[f"real_{level}_{n}_replicas_identical"] = len(set(r.param_hashes)) == 1
         out(f"{level:12s}" + "".join(cells))
+        for n, r in row.items():
+            used = _knob_shares(r)
+            figures[f"real_{level}_{n}_knobs"] = used
+            out(f"{'':12s}{n}: " + ", ".join(f"{k} {v:.0%}" for k, v in used.items()))
     if plot:
         _plot_real(plot, runs, levels, controllers)
         out(f"wrote {plot}")
     return figures
+
+
+def _knob_shares(result):
+    """Share of optimizer steps run at each knob setting, from run_training's record of
+    (seconds, step, accum, precision) at each control point (knobs before the first
+    record: the default fp32/a=1)."""
+    from .knobs import Knobs
+    marks = [(0, Knobs(32, 1))] + [(step, Knobs(int(p), int(a)))
+                                   for _, step, a, p in result.knobs]
+    shares = {}
+    for (s0, k), (s1, _) in zip(marks, marks[1:] + [(result.steps, None)]):
+        if s1 > s0:
+            shares[str(k)] = shares.get(str(k), 0) + (s1 - s0) / max(result.steps, 1)
+    return shares
 
 
 def _plot_real(path, runs, levels, controllers):
