@@ -9,7 +9,9 @@ Three parts, all measured side by side in one run (ratios are the figures):
 2. time-to-accuracy (``host.torch.train.run_training``, DDP with the comm hook): Gloo
    (real torch Gloo; our userspace impairment cannot reach its kernel TCP, so it runs
    without the tail: a conservative baseline), the ring under the tail, TAR over TCP,
-   bounded TAR, in-network reliable and bounded; ratios to both Gloo and the ring.
+   bounded TAR (plain: OptiReduce's local fill; ``-repair``: missed chunks fetched from
+   their owners; ``-agree``: missed chunks zeroed on all ranks), in-network reliable and
+   bounded; ratios to both Gloo and the ring.
 3. loss tolerance: bounded TAR at a fixed generous deadline with 0-10% datagram loss,
    with and without the randomized Hadamard transform: final accuracy and TTA.
 
@@ -38,6 +40,8 @@ TRAIN_BACKENDS = {"gloo": "gloo",
                   "ring-tcp": "host.collectives.plugin:ring_tcp",
                   "tar-tcp": "host.collectives.plugin:tar_tcp",
                   "tar-udp": "host.collectives.plugin:tar_udp",
+                  "tar-udp-repair": "host.collectives.plugin:tar_udp_repair",
+                  "tar-udp-agree": "host.collectives.plugin:tar_udp_agree",
                   "switch-reliable": "host.collectives.plugin:switch_reliable",
                   "switch-bounded": "host.collectives.plugin:switch_bounded"}
 
@@ -265,7 +269,7 @@ def main(argv=None) -> int:
         workloads = args.workloads.split(",")
     losses = [0.0, 0.01, 0.02, 0.05, 0.10] if args.full else [0.0, 0.05, 0.10]
     backends = list(TRAIN_BACKENDS) if args.full else \
-        ["gloo", "ring-tcp", "tar-tcp", "tar-udp", "switch-bounded"]
+        ["gloo", "ring-tcp", "tar-tcp", "tar-udp", "tar-udp-repair", "switch-bounded"]
     figs = {"config": {"delay_ms": args.delay_ms, "bucket": args.bucket, "full": args.full,
                        "ratios": ratios, "workloads": workloads, "losses": losses}}
     t0 = time.time()
