@@ -12,6 +12,7 @@ from host.collectives.adapters import LiveSwitch
 from host.collectives.launch import run_ranks
 
 pytestmark = pytest.mark.xdist_group("tar")
+torch = pytest.importorskip("torch")   # imported once here: forked ranks inherit it
 
 
 def _switch_rank(rank, world, store, sw, mode):
@@ -62,3 +63,22 @@ def test_tar_inside_ddp_training(tmp_path):
     assert len(set(res.param_hashes)) == 1           # exact and reliable: identical
     recs = json.loads((tmp_path / "rank0.json").read_text())["records"]
     assert len(recs) >= 6 and all(r["entries_lost"] == 0 for r in recs)
+
+
+def _gloo(rank, world, store):
+    import torch.distributed as dist
+    from host.collectives import make_collective
+    dist.init_process_group("gloo", init_method=f"file://{store.path}/gloo", rank=rank,
+                            world_size=world)
+    c = make_collective("gloo", rank, world)
+    x = np.arange(1001, dtype=np.float32).reshape(7, 143) * (rank + 1)
+    y, st = c.allreduce(x)
+    dist.destroy_process_group()
+    return y, st["entries"], st["entries_lost"], c.name
+
+
+def test_gloo_behind_the_same_interface():
+    res = run_ranks(2, _gloo)
+    for y, n, lost, name in res:
+        assert name == "gloo" and n == 1001 and lost == 0
+        assert np.array_equal(y, np.arange(1001, dtype=np.float32).reshape(7, 143) * 3)
