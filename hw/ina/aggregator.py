@@ -19,7 +19,7 @@ same address; E2 writes it back and folds the beat's out-of-int32-range lanes in
 record's overflow bit.
 
 Time: ``now`` counts cycles. A packet's time is the cycle its first beat is accepted; a
-slot whose ``opened + deadline <= time`` is expired for every operation, so the scanner
+slot whose ``opened + deadline <= time`` (kept as ``due``) is expired for every operation, so the scanner
 only has to catch slots that no packet touches (the model's ``tick``).
 """
 
@@ -48,7 +48,7 @@ def _log2(n):
 def meta_layout(P):
     return data.StructLayout({
         "tag": signed(34), "complete": 1, "bitmap": P.workers,
-        "count": range(P.workers + 1), "exponent": signed(8), "opened": 32,
+        "count": range(P.workers + 1), "exponent": signed(8), "due": 32,
         "nelem": range(P.elements + 1),
     })
 
@@ -197,13 +197,21 @@ def build_core(core, platform):
             m.d.comb += jidx.eq(j)
     unkjob = ~Cat(hits).any()
     j_log2w = jf("log2_window", jidx)
-    widx = (hdr.seq & ((Const(1, 33) << j_log2w) - 1))[:max(1, LWM)]
-    wset = (hdr.seq >> j_log2w)[0]
+    # the record of each job in parallel (window masks decoded from the static
+    # configuration), then the one of the matching job
+    recs = []
+    for j in range(NJ):
+        lw = jobs[j]["log2_window"]
+        mask = Signal(32, name=f"job{j}_mask")
+        m.d.comb += mask.eq((Const(1, 33) << lw) - 1)
+        wset_j = (hdr.seq & (Const(1, 33) << lw)[:32]).any()
+        widx_j = (hdr.seq & mask)[:max(1, LWM)]
+        recs.append(Cat(widx_j[:LWM], wset_j, Const(j, range(max(2, NJ)))) if LWM
+                    else Cat(wset_j, Const(j, range(max(2, NJ)))))
     rec = Signal(range(R))
-    if LWM:
-        m.d.comb += rec.eq(Cat(widx[:LWM], wset, jidx))
-    else:
-        m.d.comb += rec.eq(Cat(wset, jidx))
+    m.d.comb += rec.eq(Array(recs)[jidx])
+    seqm = Signal(signed(34))     # seq - 2W: the tag a reusable record must have
+    m.d.comb += seqm.eq(hdr.seq - (Const(2, 34) << j_log2w))
 
     body = Signal(signed(18))
     m.d.comb += body.eq(cur_len - 20)
@@ -234,6 +242,7 @@ def build_core(core, platform):
     p1_valid, p1_kind, p1_reason = Signal(), Signal(2), Signal(3)
     p1_rec = Signal(range(R))
     p1_seq, p1_ts = Signal(32), Signal(32)
+    p1_seqm = Signal(signed(34))
     p1_worker, p1_exp = Signal(8), Signal(signed(8))
     p1_nelem = Signal(16)
     p1_sip, p1_sport = Signal(32), Signal(16)
@@ -273,7 +282,7 @@ def build_core(core, platform):
     with m.Elif(dec):
         m.d.sync += p1_valid.eq(1)
         m.d.sync += [p1_kind.eq(K_PKT), p1_reason.eq(reason), p1_rec.eq(rec),
-                     p1_seq.eq(hdr.seq), p1_ts.eq(cur_ts), p1_worker.eq(hdr.worker),
+                     p1_seq.eq(hdr.seq), p1_seqm.eq(seqm), p1_ts.eq(cur_ts), p1_worker.eq(hdr.worker),
                      p1_exp.eq(hdr.exponent), p1_nelem.eq(hdr.nelem),
                      p1_sip.eq(cur_sip), p1_sport.eq(cur_sport)]
     with m.Elif(init_busy):
@@ -314,11 +323,11 @@ def build_core(core, platform):
     m.d.comb += seqs.eq(p1_seq)
     w2 = Signal(signed(34))
     m.d.comb += w2.eq(Const(2, 34) << log2w)
-    elapsed = Signal(32)
-    m.d.comb += elapsed.eq(p1_ts - md.opened)
-    expired = (pkt_ok | is_scan) & bounded & ~md.complete & (elapsed >= deadline)
+    late_by = Signal(32)          # time - due, modulo 2^32: expired when not negative
+    m.d.comb += late_by.eq(p1_ts - md.due)
+    expired = (pkt_ok | is_scan) & bounded & ~md.complete & ~late_by[31]
     complete1 = md.complete | expired
-    reuse_raw = pkt_ok & complete1 & (seqs == md.tag + w2)
+    reuse_raw = pkt_ok & complete1 & (md.tag == p1_seqm)
     m.d.comb += [defer.eq(reuse_raw & (p1_nelem != 0) & (expired | q.probe_hit)),
                  p1_keep.eq(defer | waiting)]
     m.d.sync += retry.eq(defer | waiting)
@@ -332,7 +341,7 @@ def build_core(core, platform):
     cur_nelem = Mux(reuse, p1_nelem, md.nelem)
     cur_complete = complete1 & ~reuse
     cur_tag = Mux(reuse, seqs, md.tag)
-    cur_opened = Mux(reuse, p1_ts, md.opened)
+    cur_due = Mux(reuse, p1_ts + deadline, md.due)
     bit = Signal(P.workers)
     m.d.comb += bit.eq(1 << p1_worker[:5])
     isdup = (cur_bitmap & bit).any()
@@ -366,7 +375,7 @@ def build_core(core, platform):
             meta_w.data.bitmap.eq(cur_bitmap | Mux(accept, bit, 0)),
             meta_w.data.count.eq(Mux(accept, new_count, cur_count)),
             meta_w.data.exponent.eq(Mux(accept, new_exp, cur_exp)),
-            meta_w.data.opened.eq(cur_opened),
+            meta_w.data.due.eq(cur_due),
             meta_w.data.nelem.eq(cur_nelem),
         ]
 

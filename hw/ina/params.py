@@ -77,7 +77,7 @@ class CoreParams:
     @property
     def meta_bits(self) -> int:
         """Per-record state besides the accumulators: tag (34, signed), complete,
-        bitmap, count, max exponent, overflow, opened-at time (32), nelem."""
+        bitmap, count, max exponent, overflow, deadline time (32), nelem."""
         return (34 + 1 + self.workers + _clog2(self.workers + 1) + 8 + 1 + 32
                 + _clog2(self.elements + 1))
 
