@@ -4,6 +4,7 @@
     ina control simulate                                    paper-scale simulation, 5 controllers
     ina control trace --plot trace.png --link 10G          knobs vs time, changing contention
     ina control real --levels light,heavy --plot real.png  real training (digits, 4 workers)
+    ina control kappa --workload transformer --steps 30    kappa2 of real gradients
 
 See docs/control.md.
 """
@@ -32,6 +33,9 @@ def add_arguments(p):
     t.add_argument("--plot", required=True)
     t.add_argument("--link", default="10G", choices=["10G", "100G"])
     t.add_argument("--seed", type=int, default=0)
+    k = sub.add_parser("kappa", help="measure kappa2 (chunk max^2 / mean square) of real gradients")
+    k.add_argument("--workload", default="digits")
+    k.add_argument("--steps", type=int, default=60)
     r = sub.add_parser("real", help="real training under a throttled link, five controllers")
     r.add_argument("--levels", default="light,heavy")
     r.add_argument("--controllers", default=None, help="comma list (default: all five)")
@@ -76,6 +80,9 @@ def run(args):
         elif args.what == "trace":
             from ..control.experiments import trace_figure
             trace_figure(args.plot, link=args.link, seed=args.seed)
+        elif args.what == "kappa":
+            from ..control.experiments import measure_kappa2
+            measure_kappa2(args.workload, steps=args.steps)
         elif args.what == "real":
             from ..control.experiments import real_comparison
             real_comparison(levels=tuple(args.levels.split(",")),

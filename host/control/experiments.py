@@ -9,13 +9,13 @@ from .controllers import CONTROLLERS, make_controller
 from .simulate import paper_scenario, simulate
 
 __all__ = ["LINKS", "KAPPA2", "sim_comparison", "trace_figure", "real_comparison",
-           "real_trace", "TRACE_SCHEDULE", "REAL_TRACE_SCHEDULE"]
+           "real_trace", "measure_kappa2", "TRACE_SCHEDULE", "REAL_TRACE_SCHEDULE"]
 
 # Bottleneck capacity per worker: a datacenter link, and a thin (oversubscribed or
 # cross-site) one.
 LINKS = {"100G": 12.5e9, "10G": 1.25e9}
-# Chunk max^2 / mean square of real gradients (digits CNN: 19-51, small transformer:
-# 15-36, measured with compress.relative_errors); Gaussian would be 10.9.
+# Chunk max^2 / mean square of real gradients (`ina control kappa`: digits CNN 20-55,
+# small transformer 15-20); Gaussian would be 10.9.
 KAPPA2 = 30.0
 # Changing contention for the trace: (start second, background jobs).
 TRACE_SCHEDULE = [(0.0, 0), (1500.0, 1), (3000.0, 4), (5000.0, 2), (6500.0, 0), (8000.0, 4)]
@@ -245,3 +245,31 @@ def real_trace(path, controller="joint", workers=4, seed=0, capacity=8e6, worklo
         f" changes, target at {tta if tta is None else round(tta, 1)} s; wrote {path}")
     return {"real_trace_seconds": tta if tta else float("nan"),
             "real_trace_decisions": len(log)}
+
+
+def measure_kappa2(workload="digits", steps=60, every=10, seed=0, out=print):
+    """kappa2 = 6 L_q^2 r_q of real gradients (single process, plain SGD with momentum),
+    from the exact stochastic-rounding error at int4 and int8, every ``every`` steps."""
+    import torch
+    from ..torch.workloads import get_workload
+    from .compress import relative_errors
+    torch.manual_seed(seed)
+    wl = get_workload(workload, seed)
+    opt = torch.optim.SGD(wl.model.parameters(), lr=wl.lr, momentum=0.9)
+    lossf = torch.nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for step in range(steps):
+        idx = torch.randint(0, len(wl.y_train), (wl.batch,), generator=g)
+        opt.zero_grad()
+        lossf(wl.model(wl.x_train[idx]), wl.y_train[idx]).backward()
+        if step % every == 0:
+            grad = torch.cat([p.grad.ravel() for p in wl.model.parameters()]).numpy()
+            r = relative_errors(grad, (8, 4))
+            rows.append((step, 6 * 7 ** 2 * r[4], 6 * 127 ** 2 * r[8]))
+        opt.step()
+    out(f"kappa2 of {workload} gradients (Gaussian: 10.9)")
+    out("step   from int4   from int8")
+    for step, k4, k8 in rows:
+        out(f"{step:4d} {k4:11.1f} {k8:11.1f}")
+    return rows
