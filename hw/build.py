@@ -111,49 +111,13 @@ def report(build_dir: pathlib.Path):
     return rows, res, ok
 
 
-def port_out_of_context(build_dir: pathlib.Path, freq_mhz=125.0, seed=1):
-    """One Ethernet port (hw/eth/port.py: MAC, buffers, front end; no INA core) placed and
-    routed out of context on the Versa's LFE5UM-45F-8: its own Fmax, apart from the core's."""
-    import subprocess
-    from amaranth.back import rtlil
-    from hw.eth.port import EthPort
-    build_dir.mkdir(parents=True, exist_ok=True)
-    (build_dir / "port.il").write_text(
-        rtlil.convert(EthPort(rx_domain="eth_rx0", tx_domain="eth_tx0"), name="port"))
-    env = toolchain_env()
-    t0 = time.monotonic()
-    subprocess.run([env["YOSYS"], "-q", "-l", "yosys.log", "-p",
-                    "read_rtlil port.il; synth_ecp5 -top port; write_json port.json"],
-                   cwd=build_dir, check=True)
-    subprocess.run([env["NEXTPNR_ECP5"], "--45k", "--package", "CABGA381", "--speed", "8",
-                    "--json", "port.json", "--out-of-context", "--freq", str(freq_mhz),
-                    "--seed", str(seed), "--timing-allow-fail", "--report", "report.json",
-                    "--log", "nextpnr.log", "--quiet"], cwd=build_dir, check=True)
-    return time.monotonic() - t0
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hw.build", description=__doc__.splitlines()[0])
     p.add_argument("--board", default="versa_ecp5", choices=sorted(BOARDS))
     p.add_argument("--jobs", help="jobs TOML (host/protocol/jobtable.py) loaded at reset")
     p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     p.add_argument("--build-dir", help="default build/<board>")
-    p.add_argument("--port-only", action="store_true",
-                   help="place and route one Ethernet port out of context (no INA core, "
-                        "no pins) into build/eth_port_ooc and report its Fmax")
     args = p.parse_args(argv)
-
-    if args.port_only:
-        bd = ROOT / "build" / "eth_port_ooc"
-        secs = port_out_of_context(bd)
-        rows, res, ok = report(bd)
-        print(f"one Ethernet port, out of context on LFE5UM-45F-8, {secs:.0f} s")
-        for clk_name, achieved, constraint, passed in rows:
-            print(f"{clk_name:40s} {achieved:9.1f} {constraint:7.1f}  "
-                  f"{'PASS' if passed else 'FAIL'}")
-        for name, what, used, avail in res:
-            print(f"{what + ' (' + name + ')':40s} {used:9d} {avail:7d}")
-        return 0 if ok else 1
 
     os.environ.update(toolchain_env())
     from hw.boards.ecp5_rgmii import Ecp5RgmiiTop
