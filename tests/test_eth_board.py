@@ -13,8 +13,10 @@ from sim.common import BUILD, run_cocotb
 JOB = {"job": 7, "window": 8, "elements": 8, "members": [
     "10.0.0.10:5000@02:00:00:00:00:10", "10.0.0.11:5001@02:00:00:00:00:11",
     "10.1.0.20:5002@02:00:00:00:00:20", "10.1.0.21:5003@02:00:00:00:00:21"]}
-#: 1250 seqs x 4 workers = 5000 DATA frames in, 5000 RESULT frames out
-LINE_RATE_SEQS = int(os.environ.get("INA_LINE_RATE_SEQS", "1250"))
+#: seqs x 4 workers DATA frames in, as many RESULT frames out. The default (250 seqs,
+#: 1000 frames in + 1000 out) keeps `make test` within its CPU budget;
+#: INA_LINE_RATE_SEQS=1250 is the 5000-frame acceptance run (docs/board.md).
+LINE_RATE_SEQS = int(os.environ.get("INA_LINE_RATE_SEQS", "250"))
 
 
 def _top():
@@ -78,6 +80,7 @@ def test_board_pcap_with_tshark():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 @pytest.mark.xdist_group("eth_board_rate")
 def test_board_line_rate_both_ports():
     _run("eth_board_rate", ["line_rate_both_ports"])
