@@ -154,7 +154,8 @@ class InaHookState:
                 self.comm_seconds += time.perf_counter() - t
                 if isinstance(st, AllreduceStats):
                     self.stats.add(st)
-                self.bytes_sent += tensor.numel() * 4
+                sent = st.get("bytes") if isinstance(st, dict) else None
+                self.bytes_sent += int(sent) if sent is not None else tensor.numel() * 4
                 result = torch.from_numpy(out)
                 if self.average:
                     result.div_(world)

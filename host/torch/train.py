@@ -13,8 +13,8 @@ Plug-in points (strings, so they cross process boundaries):
 * ``controller``: ``"package.module:factory"``; ``factory(cfg)`` returns an object with
   ``on_step(info: dict) -> dict`` called on rank 0 every ``control_interval`` optimizer
   steps. ``info`` has step, epoch, time, loss, comm_seconds, compute_seconds, bytes,
-  accum_steps, precision_bits, grad_norms (per micro-batch squared norms, for the noise
-  scale) and batch. It may return ``accum_steps`` and ``precision_bits``; rank 0
+  accum_steps, precision_bits and batch (``compute_seconds`` is forward+backward wall
+  time, which includes any wait for the comm hook at the end of backward). It may return ``accum_steps`` and ``precision_bits``; rank 0
   broadcasts them so every rank applies the same knobs. ``precision_bits`` is passed to
   the collective's ``set_precision(bits)`` when it has one.
 """
@@ -169,18 +169,17 @@ def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
     dist.barrier()
     t0 = time.perf_counter()
     step, epoch, stop = 0, 0, False
+    micro = 0   # micro-steps into the current accumulation; carries across epochs
     compute_s = 0.0
     last_eval_step = 0
     while not stop:
         g = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
         perm = torch.randperm(n_train, generator=g)
         shard = perm[rank::world]
-        micro = 0
-        grad_norms = []
         for start in range(0, len(shard) - batch + 1, batch):
             idx = shard[start:start + batch]
             tc = time.perf_counter()
-            last_micro = (micro + 1) % accum == 0
+            last_micro = micro + 1 >= accum
             if last_micro:
                 loss = lossf(model(wl.x_train[idx]), wl.y_train[idx]) / accum
                 loss.backward()
@@ -194,6 +193,7 @@ def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
                 continue
             opt.step()
             opt.zero_grad(set_to_none=True)
+            micro = 0
             step += 1
             if cfg.controller and step % cfg.control_interval == 0:
                 knobs = [None]
@@ -207,7 +207,7 @@ def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
                             "batch": batch * world}
                     knobs = [controller.on_step(info) or {}]
                 dist.broadcast_object_list(knobs, src=0)
-                accum = int(knobs[0].get("accum_steps", accum))
+                accum = max(1, int(knobs[0].get("accum_steps", accum)))
                 precision = int(knobs[0].get("precision_bits", precision))
                 if state is not None and hasattr(state.collective, "set_precision"):
                     state.collective.set_precision(precision)

@@ -1,0 +1,22 @@
+"""The training loop itself."""
+
+import pytest
+
+from host.torch.train import TrainConfig, run_training
+
+pytestmark = pytest.mark.xdist_group("torch")
+
+
+def test_accumulation_longer_than_an_epoch_still_steps():
+    # digits on 4 workers has 11 micro-batches per epoch; 16 must span two epochs
+    res = run_training(TrainConfig(backend="gloo", accum_steps=16, max_steps=2,
+                                   max_epochs=10, stop_at_target=False))
+    assert res.steps == 2
+
+
+def test_bad_config_is_rejected():
+    for bad, msg in [(dict(workers=0), "workers"), (dict(accum_steps=0), "accum_steps"),
+                     (dict(backend="carrier-pigeon"), "backend"),
+                     (dict(workload="imagenet"), "unknown workload")]:
+        with pytest.raises(ValueError, match=msg):
+            TrainConfig(**bad).validate()
