@@ -16,7 +16,7 @@ Three parts, all measured side by side in one run (ratios are the figures):
    with and without the randomized Hadamard transform: final accuracy and TTA.
 
 Default (`make bench`): allreduce at P99/P50 in {1.0, 3.0}, time-to-accuracy on digits at
-P99/P50 = 3.0, loss in {0, 5%, 10%}: about six minutes on two busy cores.
+P99/P50 = 3.0, loss in {0, 5%, 10%}: five to seven minutes on two busy cores.
 ``--full``: digits and transformer, P99/P50 in {1.0, 1.5, 3.0}, loss 0-10%.
 ``--png FILE`` draws the figures (TTA ratios, loss sweep, deadline trajectory, loss/step).
 """
@@ -219,7 +219,8 @@ def plot(figs, path):
             ax[0, 1].plot(*zip(*pts), "o-", label=f"bounded TAR, {h}")
     ax[0, 1].set_xlabel("injected datagram loss")
     ax[0, 1].set_ylabel("final test accuracy")
-    ax[0, 1].legend()
+    if ls:
+        ax[0, 1].legend()
     for k, r in tt.items():
         recs = [x for x in r.get("records", []) if not x.get("calibrating")]
         if "tar-udp" in k and recs:
