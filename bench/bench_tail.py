@@ -258,6 +258,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved runs per collective")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--png", default=None, help="write the figures to this PNG")
+    ap.add_argument("--backends", default=None,
+                    help=f"comma-separated TTA backends from {','.join(TRAIN_BACKENDS)}")
     ap.add_argument("--workloads", default=None,
                     help="comma-separated (default: digits; --full: digits,transformer)")
     args = ap.parse_args(argv)
@@ -271,6 +273,12 @@ def main(argv=None) -> int:
     losses = [0.0, 0.01, 0.02, 0.05, 0.10] if args.full else [0.0, 0.05, 0.10]
     backends = list(TRAIN_BACKENDS) if args.full else \
         ["gloo", "ring-tcp", "tar-tcp", "tar-udp", "tar-udp-repair", "switch-bounded"]
+    if args.backends:
+        backends = args.backends.split(",")
+        bad = [b for b in backends if b not in TRAIN_BACKENDS]
+        if bad:
+            print(f"unknown backend {bad[0]!r}; have {', '.join(TRAIN_BACKENDS)}")
+            return 2
     figs = {"config": {"delay_ms": args.delay_ms, "bucket": args.bucket, "full": args.full,
                        "ratios": ratios, "workloads": workloads, "losses": losses}}
     t0 = time.time()
