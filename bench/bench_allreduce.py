@@ -2,7 +2,6 @@
 2 and 4 workers x {256 KB, 4 MB, 64 MB}, as a ratio measured side by side in one run."""
 
 import multiprocessing as mp
-import socket
 import time
 
 import numpy as np
@@ -10,14 +9,6 @@ import numpy as np
 from bench._results import write
 
 SIZES = {"256KB": 256 << 10, "4MB": 4 << 20, "64MB": 64 << 20}
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def _worker(rank, world, port, switch, sizes, reps, q):
@@ -56,10 +47,10 @@ def _worker(rank, world, port, switch, sizes, reps, q):
 def measure(world, sizes, reps):
     import torch  # noqa: F401  (inherited by the forked workers)
     ctx = mp.get_context("fork")
-    from host.train_helpers import start_switch_process
+    from host.train_helpers import start_switch_process, free_tcp_port
     switch, sproc = start_switch_process(ctx)
     q = ctx.Queue()
-    port = _free_port()
+    port = free_tcp_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, switch, sizes, reps, q))
              for r in range(world)]
     for p in procs:

@@ -1,6 +1,17 @@
 """Small process helpers shared by training and benchmarks."""
 
-__all__ = ["start_switch_process"]
+import socket
+
+__all__ = ["start_switch_process", "free_tcp_port"]
+
+
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def _serve(conn):

@@ -3,7 +3,6 @@
 
 import json
 import multiprocessing as mp
-import socket
 import time
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 from host.control.compress import (TokenBucket, decode, encode, expected_sq_error,
                                    message_bytes, quantize, relative_errors)
 from host.control.knobs import ConfigError
+from host.train_helpers import free_tcp_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -76,14 +76,6 @@ def test_token_bucket_holds_back_to_its_rate():
         TokenBucket(lambda t: -1.0, burst=0).take(10)
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def _exchange_worker(rank, world, port, q):
     import torch.distributed as dist
     from host.control.compress import CompressedCollective
@@ -105,7 +97,7 @@ def _exchange_worker(rank, world, port, q):
 
 def test_collective_sends_fewer_bytes_at_lower_precision_and_sums_right():
     ctx = mp.get_context("spawn")
-    q, world, port = ctx.Queue(), 3, _free_port()
+    q, world, port = ctx.Queue(), 3, free_tcp_port()
     procs = [ctx.Process(target=_exchange_worker, args=(r, world, port, q)) for r in range(world)]
     for p in procs:
         p.start()

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field, asdict
 import hashlib
 import importlib
 import os
-import socket
 import time
 
 __all__ = ["TrainConfig", "TrainResult", "run_training", "load_factory"]
@@ -100,14 +99,6 @@ def load_factory(path: str):
     if not name:
         raise ValueError(f"{path!r}: expected package.module:factory")
     return getattr(importlib.import_module(mod), name)
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _params_hash(model):
@@ -275,7 +266,8 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         else:
             from ..train_helpers import start_switch_process
             switch, switch_proc = start_switch_process(ctx)
-    port = _free_port()
+    from ..train_helpers import free_tcp_port
+    port = free_tcp_port()
     procs = [ctx.Process(target=_worker, args=(r, asdict(cfg), port, switch, queue,
                                                keep_params), daemon=True)
              for r in range(cfg.workers)]
