@@ -129,7 +129,7 @@ def main(argv=None) -> int:
 
     t0 = time.monotonic()
     plan = platform.prepare(top, name="top",
-                            nextpnr_opts=f"--timing-allow-fail --seed {args.seed} "
+                            nextpnr_opts=f"--timing-allow-fail --router router2 --seed {args.seed} "
                                          "--report report.json")
     # Pin attributes amaranth-boards lacks, appended to the generated LPF.
     plan.files["top.lpf"] += "\n" + _preferences(platform, c) + "\n"
