@@ -243,3 +243,13 @@ def test_partial_carries_exact_contributor_set(present):
     h, elems = unpack(m.tick(1.0)[0][1])
     assert h["bitmap"] == sum(1 << w for w in present) and h["count"] == len(present)
     assert elems.tolist() == [sum(w + 1 for w in present)] * E
+
+
+def test_live_update_keeps_slots_but_geometry_change_resets():
+    m = SwitchModel([job("bounded", deadline=0.010)])
+    send(m, 0, 0)
+    m.add_job(job("bounded", deadline=0.050))           # live deadline change
+    assert m.tick(0.02) == [] and m.jobs[1].slots[0][0].bitmap == 1
+    assert len(m.tick(0.05)) == N                       # the new deadline applies
+    m.add_job(JobConfig(1, tuple(f"{a}:{p}" for a, p in ADDR), window=2 * W, elements=E))
+    assert all(s.complete for st in m.jobs[1].slots for s in st)

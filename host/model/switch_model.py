@@ -80,7 +80,15 @@ class SwitchModel:
             self.add_job(cfg)
 
     def add_job(self, cfg):
-        """Install (or replace) a job. Replacing resets its slots."""
+        """Install or replace a job. A replacement with the same members, window and
+        elements per packet keeps the slots (so a live deadline or mode change loses
+        nothing in flight); any other replacement resets them."""
+        old = self.jobs.get(cfg.job)
+        if old is not None and (old.cfg.members, old.cfg.window, old.cfg.elements) == (
+                cfg.members, cfg.window, cfg.elements):
+            old.cfg = cfg
+            old.group = [cfg.mcast] if cfg.mcast else [m.addr for m in cfg.members]
+            return
         self.jobs[cfg.job] = _JobState(cfg)
 
     def remove_job(self, job: int):

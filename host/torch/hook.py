@@ -61,6 +61,7 @@ class InaHookState:
     comm_seconds: float = 0.0
     bytes_sent: int = 0
     max_abs_local: float = 0.0   # largest |gradient| this rank contributed (error bounds)
+    extra_stats: dict = field(default_factory=dict)   # summed numeric stats of other collectives
 
     def __post_init__(self):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
@@ -154,6 +155,10 @@ class InaHookState:
                 self.comm_seconds += time.perf_counter() - t
                 if isinstance(st, AllreduceStats):
                     self.stats.add(st)
+                elif isinstance(st, dict):  # other collectives: sum what is numeric
+                    for k, v in st.items():
+                        if isinstance(v, (int, float)) and not isinstance(v, bool):
+                            self.extra_stats[k] = self.extra_stats.get(k, 0) + v
                 sent = st.get("bytes") if isinstance(st, dict) else None
                 self.bytes_sent += int(sent) if sent is not None else tensor.numel() * 4
                 result = torch.from_numpy(out)

@@ -221,7 +221,8 @@ def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
     final = evaluate()
     out = {"rank": rank, "hash": _params_hash(model.module), "steps": step,
            "seconds": seconds, "final": final,
-           "stats": state.stats.as_dict() if state is not None else {},
+           "stats": ({**state.extra_stats, **state.stats.as_dict()}
+                     if state is not None else {}),
            "fallbacks": int(state is not None and not state.use_switch),
            "max_abs_local": state.max_abs_local if state is not None else 0.0}
     if keep_params and rank == 0:
