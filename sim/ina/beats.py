@@ -8,7 +8,7 @@ integer a simulator sees on ``i__payload`` / ``o__payload`` from the Amaranth la
 from hw.ina.layout import in_layout, out_layout
 from hw.ina.params import HEADER_WORDS
 
-__all__ = ["Packer", "datagram_beats", "beats_datagram"]
+__all__ = ["Packer", "datagram_beats", "beats_datagram", "in_payloads", "packers"]
 
 
 class Packer:
