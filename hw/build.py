@@ -90,11 +90,21 @@ def _preferences(platform, c) -> str:
     lines = []
     for port_name, _pin, _attrs in platform.iter_port_constraints_bits():
         if "eth_rgmii" in port_name and ("__tx_" in port_name):
-            lines.append(f'IOBUF PORT "{port_name}" SLEWRATE={io.get("tx_slewrate", "FAST")} '
-                         f'DRIVE={io.get("tx_drive", 8)};')
+            lines.append(f'IOBUF PORT "{port_name}" SLEWRATE={io.get("tx_slewrate", "FAST")};')
         if "eth_rgmii" in port_name and port_name.endswith("__rx_clk__io"):
             lines.append(f'FREQUENCY PORT "{port_name}" {rx_mhz} MHZ;')
     return "\n".join(lines)
+
+
+def _domain_name(net: str) -> str:
+    """nextpnr's clock net name -> our clock domain name."""
+    net = net.replace("$glbnet$", "")
+    for p in (0, 1):
+        if net.endswith(f"eth_rx{p}_clk"):
+            return f"eth_rx{p} (PHY {p} receive clock)"
+    if net == "clk":
+        return "sync (core, eth_tx0/1; PLL)"
+    return net
 
 
 def report(build_dir: pathlib.Path):
@@ -104,7 +114,7 @@ def report(build_dir: pathlib.Path):
     for clk, f in sorted(rep.get("fmax", {}).items()):
         passed = f["achieved"] >= f["constraint"]
         ok &= passed
-        rows.append((clk, f["achieved"], f["constraint"], passed))
+        rows.append((_domain_name(clk), f["achieved"], f["constraint"], passed))
     util = rep.get("utilization", {})
     res = [(name, what, util[name]["used"], util[name]["available"])
            for name, what in RESOURCES if name in util]
