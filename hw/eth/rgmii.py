@@ -61,7 +61,6 @@ class RgmiiPhy(wiring.Component):
         m.domains += cd_rx
         m.d.comb += cd_rx.clk.eq(rx_clk.i)
         m.submodules.rx_rst_sync = ResetSynchronizer(self.rst, domain=self.rx_domain)
-        platform.add_clock_constraint(cd_rx.clk, 125e6)
 
         # PHY reset (active-low pin, inverted by the resource).
         if hasattr(pins, "rst"):
