@@ -21,7 +21,7 @@ help:
 setup: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
-	@command -v iverilog >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iverilog; }
+	@command -v iverilog >/dev/null && command -v tshark >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iverilog tshark; }
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
@@ -52,4 +52,4 @@ report: setup
 
 program:
 	@command -v openFPGALoader >/dev/null || { apt-get update && apt-get install -y openfpgaloader; }
-	openFPGALoader --board $(BOARD) build/$(BOARD)/top.bit
+	openFPGALoader --board $(BOARD) build/$(BOARD)/top.bit || openFPGALoader -c ft2232 build/$(BOARD)/top.bit

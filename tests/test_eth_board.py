@@ -69,14 +69,17 @@ def test_board_pcap_with_tshark():
         _run("eth_board", ["results_match_model_and_bad_frames_are_dropped"])
     from scapy.utils import rdpcap
     from host.protocol.scapy_view import INA
-    n_ina = sum(INA in p for p in rdpcap(str(pcap)))
+    expect = [(int(p[INA].type), int(p[INA].seq), int(p[INA].bitmap))
+              for p in rdpcap(str(pcap)) if INA in p]
     from host.protocol.wireshark import lua_dissector
     lua = pcap.with_name("ina.lua")
     lua.write_text(lua_dissector())
-    out = subprocess.run([tshark, "-r", str(pcap), "-X", f"lua_script:{lua}", "-Y", "ina",
-                          "-T", "fields", "-e", "ina.type"], capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert len(out) == n_ina
+    out = subprocess.run([tshark, "-r", str(pcap), "-X", f"lua_script:{lua}",
+                          "-o", "udp.try_heuristic_first:TRUE", "-Y", "ina",
+                          "-T", "fields", "-e", "ina.type", "-e", "ina.seq", "-e", "ina.bitmap"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    got = [(int(t), int(q), int(b, 16)) for t, q, b in (line.split("\t") for line in out)]
+    assert got == expect and len(expect) > 0
 
 
 @pytest.mark.slow

@@ -1,6 +1,10 @@
-"""Wireshark Lua dissector, generated from the single header definition."""
+"""Wireshark Lua dissector, generated from the single header definition.
 
-from .fields import HEADER_FIELDS, HEADER_BYTES, INA_UDP_PORT
+Registered on the INA UDP port and as a UDP heuristic; with
+``-o udp.try_heuristic_first:TRUE`` it also wins when the other end's port is claimed by
+another dissector (Wireshark tries the lower port first)."""
+
+from .fields import HEADER_FIELDS, HEADER_BYTES, INA_UDP_PORT, VERSION
 
 __all__ = ["lua_dissector"]
 
@@ -44,6 +48,16 @@ def lua_dissector(port: int = INA_UDP_PORT) -> str:
         "  return buf:len()",
         "end",
         f'DissectorTable.get("udp.port"):add({port}, ina)',
+        "-- Wireshark tries the lower UDP port's dissector first; when a worker's port is",
+        "-- claimed by another protocol, this heuristic (with udp.try_heuristic_first)",
+        "-- still finds INA traffic by its port and version byte.",
+        "local function heuristic(buf, pinfo, tree)",
+        f"  if buf:len() < {HEADER_BYTES} or buf(0, 1):uint() ~= {VERSION} then return false end",
+        f"  if pinfo.dst_port ~= {port} and pinfo.src_port ~= {port} then return false end",
+        "  ina.dissector(buf, pinfo, tree)",
+        "  return true",
+        "end",
+        'ina:register_heuristic("udp", heuristic)',
         "",
     ]
     return "\n".join(lines)
