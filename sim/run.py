@@ -1,4 +1,4 @@
-"""``make sim``: run the cocotb benches (every tests/test_sim_*.py) through pytest.
+"""``make sim``: run the cocotb benches (tests/test_sim_*.py, tests/test_eth_*.py) through pytest.
 
     python -m sim.run [--test NAME] [--waves]
 
@@ -24,9 +24,10 @@ def main(argv=None) -> int:
     env = dict(os.environ)
     if args.waves:
         env["INA_WAVES"] = "1"
-    tests = sorted(str(t.relative_to(ROOT)) for t in (ROOT / "tests").glob("test_sim_*.py"))
+    tests = sorted(str(t.relative_to(ROOT)) for pattern in ("test_sim_*.py", "test_eth_*.py")
+                   for t in (ROOT / "tests").glob(pattern))
     if not tests:
-        print("no tests/test_sim_*.py found", file=sys.stderr)
+        print("no tests/test_sim_*.py or tests/test_eth_*.py found", file=sys.stderr)
         return 1
     cmd = [sys.executable, "-m", "pytest", "-s" if args.waves else "-q", *tests]
     if args.test:
