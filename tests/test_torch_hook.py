@@ -61,3 +61,32 @@ def test_bad_switch_address_is_a_clear_error():
         switch_from_env("10.0.0.1:notaport")
     with pytest.raises(ValueError, match="INA_SWITCH"):
         switch_from_env(None)
+
+
+def test_static_job_on_a_switch_loaded_beforehand(ports):
+    """As with an FPGA: the job table is loaded before training (here `ina switch
+    --workers`), workers bind the ports it names, and nothing is sent by CONTROL."""
+    import time
+    from conftest import consecutive_free_ports
+    from host.switch import query_status
+    sport, = ports(1)
+    base = consecutive_free_ports(2)
+    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "switch", "--listen",
+                             f"127.0.0.1:{sport}", "--local-workers", "2", "--base-port",
+                             str(base), "--elements", "256"], stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                query_status(("127.0.0.1", sport), timeout=0.1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        res = run_training(TrainConfig(backend="ina", workers=2, switch=f"127.0.0.1:{sport}",
+                                       static_job=True, worker_base_port=base,
+                                       elements=256, max_steps=3, stop_at_target=False))
+        counters = query_status(("127.0.0.1", sport))["counters"]
+    finally:
+        proc.terminate()
+        proc.wait()
+    assert res.fallbacks == 0 and res.stats["packets_sent"] > 0
+    assert counters.get("control", 0) == 0 and counters["results"] > 0

@@ -28,6 +28,10 @@ def add_arguments(p):
     p.add_argument("--accum-steps", type=int, default=1)
     p.add_argument("--switch", metavar="IP:PORT", help="use this switch (FPGA or remote "
                    "`ina switch`) instead of starting one")
+    p.add_argument("--static-job", action="store_true",
+                   help="the switch already holds the job (an FPGA loaded with `ina "
+                        "hw-config`): send no CONTROL, bind worker r to --worker-base-port + r")
+    p.add_argument("--worker-base-port", type=int, default=0)
     p.add_argument("--elements", type=int, help="elements per packet (default: 8192 on "
                    "loopback, 256 with --switch, which fits a 1500-byte Ethernet MTU)")
     p.add_argument("--window", type=int, default=64)
@@ -55,6 +59,7 @@ def run(args):
                           target=args.target, max_epochs=args.max_epochs, seed=args.seed,
                           lr=args.lr, batch=args.batch, accum_steps=args.accum_steps,
                           switch=args.switch, window=args.window,
+                          static_job=args.static_job, worker_base_port=args.worker_base_port,
                           elements=args.elements or (256 if args.switch else 8192),
                           deadline_ms=args.deadline_ms,
                           loss=args.loss if backend.startswith("ina") else 0.0,

@@ -70,14 +70,17 @@ class InaHookState:
     @classmethod
     def from_env(cls, process_group=None, switch=None, job=None, mode=None, window=64,
                  elements=None, deadline=0.005, configure=True, impairment=None,
-                 connect_timeout=2.0):
+                 connect_timeout=2.0, bind_port=None):
         """Build the state for this rank of a torchrun job.
 
         Environment: INA_SWITCH (ip:port), INA_JOB (default 1), INA_MODE
         (reliable|bounded), INA_ELEMENTS (per packet, default 256), RANK/WORLD_SIZE from torchrun. Every rank binds a UDP port
         on the interface facing the switch; the ranks exchange addresses over the
         process group and rank 0 installs the job on the switch with a CONTROL datagram
-        (``configure=False`` if the switch's job table is loaded another way)."""
+        (``configure=False`` if the switch's job table is loaded another way, as on the
+        FPGA, which takes its jobs from ``ina hw-config``: then each rank binds
+        ``INA_PORT + rank`` (or ``bind_port + rank``) so the addresses match that table,
+        and no STATUS probe is sent; a dead switch shows at the first bucket instead)."""
         rank = dist.get_rank(process_group)
         world = dist.get_world_size(process_group)
         addr = switch_from_env(switch and f"{switch[0]}:{switch[1]}")
@@ -89,8 +92,10 @@ class InaHookState:
         # 256 elements (1044-byte datagrams) fit any Ethernet MTU; loopback takes more
         elements = int(os.environ.get("INA_ELEMENTS", elements or 256))
         mode = os.environ.get("INA_MODE", mode or "reliable")
+        base = int(os.environ.get("INA_PORT", bind_port or 0))
         client = SwitchClient(addr, job, rank, world, window, elements, mode,
-                              bind=(local_address_towards(addr), 0), deadline=deadline,
+                              bind=(local_address_towards(addr), base + rank if base else 0),
+                              deadline=deadline,
                               connect_timeout=connect_timeout, impairment=impairment)
         members = [None] * world
         dist.all_gather_object(members, f"{client.address[0]}:{client.address[1]}",
@@ -105,12 +110,12 @@ class InaHookState:
             except OSError:
                 ok = 0
         state = cls(client, process_group)
-        state.probe(ok)
+        state.probe(ok, query=configure)
         return state
 
-    def probe(self, ok=1):
+    def probe(self, ok=1, query=True):
         """Agree across ranks whether the switch answers; warn and use Gloo if not."""
-        if ok:
+        if ok and query:
             from ..switch import query_status
             try:
                 query_status(self.collective.switch, timeout=1.0)

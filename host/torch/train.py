@@ -47,6 +47,8 @@ class TrainConfig:
     elements: int = 8192              # per packet; 8192 suits loopback, 256 Ethernet
     window: int = 64
     deadline_ms: float = 5.0
+    static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
+    worker_base_port: int = 0         # with static_job: worker r binds this + r
     # uplink impairment (userspace, per worker, seeded)
     loss: float = 0.0
     duplicate: float = 0.0
@@ -70,6 +72,9 @@ class TrainConfig:
         from .workloads import WORKLOADS
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; have {', '.join(WORKLOADS)}")
+        if self.static_job and not (self.switch and self.worker_base_port):
+            raise ValueError("static_job needs switch and worker_base_port (the ports in "
+                             "the switch's job table)")
         if self.switch is not None:
             host, sep, port = self.switch.rpartition(":")
             if not sep or not port.isdigit():
@@ -135,7 +140,8 @@ def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
             switch=switch, job=cfg.job,
             mode="bounded" if cfg.backend == "ina-bounded" else "reliable",
             window=cfg.window, elements=cfg.elements, deadline=cfg.deadline_ms / 1e3,
-            impairment=imp, configure=True)
+            impairment=imp, configure=not cfg.static_job,
+            bind_port=cfg.worker_base_port or None)
     elif cfg.backend != "gloo":
         collective = load_factory(cfg.backend)(rank, world, cfg)
         state = InaHookState(collective, None)
