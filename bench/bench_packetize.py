@@ -70,7 +70,7 @@ def main(argv=()):
           f"passes: {p['ratio_scan_plus_pack_to_copyto']:.2f} (the scan must run before the "
           f"exponents are agreed, so it cannot be fused into the pack)")
     figs["loopback"] = []
-    for elements in (1024, 4096):
+    for elements in (1024, 8192):
         r = loopback_allreduce(1 << 22, 4, elements)
         figs["loopback"].append(r)
         print(f"loopback allreduce, 4 workers x 4M float32, {elements} elements/packet: "
