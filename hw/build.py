@@ -103,7 +103,9 @@ def _domain_name(net: str) -> str:
         if net.endswith(f"eth_rx{p}_clk"):
             return f"eth_rx{p} (PHY {p} receive clock)"
     if net == "clk":
-        return "sync (core, eth_tx0/1; PLL)"
+        return "sync (front end, eth_tx0/1; PLL CLKOP)"
+    if net == "core_clk":
+        return "core (INA core; PLL CLKOS)"
     return net
 
 
@@ -134,7 +136,8 @@ def main(argv=None) -> int:
     factory, _ = BOARDS[args.board]
     platform, clk = factory()
     cfg, ports, c = board_config(args.board, args.jobs)
-    top = Ecp5RgmiiTop(cfg, ports, clk=clk, core_mhz=c["clocks"]["core_mhz"])
+    top = Ecp5RgmiiTop(cfg, ports, clk=clk, sync_mhz=c["clocks"]["sync_mhz"],
+                       core_mhz=c["clocks"]["core_mhz"])
     build_dir = pathlib.Path(args.build_dir or ROOT / "build" / args.board)
 
     t0 = time.monotonic()

@@ -15,6 +15,8 @@ import ipaddress
 
 from amaranth import *
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.cdc import FFSynchronizer
+from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -34,7 +36,7 @@ class BoardConfig:
 
     mac, ip        the board's addresses, shared by both ports
     worker_net     the subnet behind port 0 (CIDR); other destinations go to port 1
-    clock_hz       core clock (deadlines are counted in its cycles)
+    clock_hz       clock of the ``core`` domain (deadlines are counted in its cycles)
     jobs           host.protocol.jobtable.JobConfig entries loaded at reset
     """
     mac: str = "02:1a:00:00:00:01"
@@ -108,12 +110,13 @@ class ConfigLoader(wiring.Component):
 
 
 class InaDatapath(wiring.Component):
-    """Two GMII ports (``p0_*``, ``p1_*``; domains ``eth_rx0/1``, ``eth_tx0/1``) around
-    the INA core. ``p0_counters``/``p1_counters`` follow ``hw.eth.port.PORT_COUNTERS``;
+    """Two GMII ports (``p0_*``, ``p1_*``; domains ``eth_rx0/1``, ``eth_tx0/1``; front end
+    in ``sync``) around the INA core (domain ``core``, behind AsyncFIFOs). ``p0_counters``/``p1_counters`` follow ``hw.eth.port.PORT_COUNTERS``;
     ``cfg_addr``/``cfg_data`` read the core's registers once ``cfg_done`` is high."""
 
-    def __init__(self, board: BoardConfig = BoardConfig(), *, counter_width=32):
+    def __init__(self, board: BoardConfig = BoardConfig(), *, counter_width=32, fifo_depth=64):
         self.board = board
+        self.fifo_depth = fifo_depth
         members = {}
         for p in (0, 1):
             members.update({
@@ -132,17 +135,40 @@ class InaDatapath(wiring.Component):
         b = self.board
         net = ipaddress.IPv4Network(b.worker_net, strict=False)
 
-        m.submodules.core = core = InaCore(b.params)
-        m.submodules.cfg = cfg = ConfigLoader(b.writes(), gap=2 * b.params.window + 8)
+        # The INA core, its config loader, the merge and the router run in the slower
+        # ``core`` domain; the ports in ``sync``. Streams cross through AsyncFIFOs; the config ROM is
+        # replayed inside ``core`` (only its reset crosses, synchronised by the top); the
+        # quasi-static status read port (cfg_addr/cfg_data) and cfg_done cross through
+        # FFSynchronizers (hold cfg_addr >= 2 core + 3 sync cycles before reading).
+        core_dom = DomainRenamer("core")
+        m.submodules.core = core = core_dom(InaCore(b.params))
+        m.submodules.cfg = cfg = core_dom(ConfigLoader(b.writes(), gap=2 * b.params.window + 8))
         wiring.connect(m, cfg.bus, core.cfg)
-        m.d.comb += [cfg.addr.eq(self.cfg_addr), self.cfg_data.eq(cfg.r_data),
-                     self.cfg_done.eq(cfg.done)]
+        m.submodules.addr_sync = FFSynchronizer(self.cfg_addr, cfg.addr, o_domain="core")
+        m.submodules.data_sync = FFSynchronizer(cfg.r_data, self.cfg_data, o_domain="sync")
+        m.submodules.done_sync = FFSynchronizer(cfg.done, self.cfg_done, o_domain="sync")
 
-        m.submodules.merge = merge = PacketArbiter(CORE_IN, 2)
-        m.submodules.router = router = Router()
+        # Merge and router run with the core (they move core words, at core rate).
+        m.submodules.merge = merge = core_dom(PacketArbiter(CORE_IN, 2))
+        m.submodules.router = router = core_dom(Router())
         m.d.comb += [router.net.eq(int(net.network_address)), router.mask.eq(int(net.netmask))]
         wiring.connect(m, merge.o, core.i)
         wiring.connect(m, core.o, router.i)
+        # Per port: datagram words sync -> core, RESULT words core -> sync.
+        cdc_in, cdc_out = {}, {}
+        for p in (0, 1):
+            src = getattr(merge, f"i{p}")
+            dst = getattr(router, f"o{p}")
+            cdc_in[p] = fin = AsyncFIFO(width=len(src.payload.as_value()),
+                                        depth=self.fifo_depth, w_domain="sync", r_domain="core")
+            cdc_out[p] = fout = AsyncFIFO(width=len(dst.payload.as_value()),
+                                          depth=self.fifo_depth, w_domain="core", r_domain="sync")
+            m.submodules[f"in_cdc{p}"] = fin
+            m.submodules[f"out_cdc{p}"] = fout
+            m.d.comb += [src.payload.eq(fin.r_data), src.valid.eq(fin.r_rdy),
+                         fin.r_en.eq(src.ready),
+                         fout.w_data.eq(dst.payload), fout.w_en.eq(dst.valid),
+                         dst.ready.eq(fout.w_rdy)]
 
         for p in (0, 1):
             port = EthPort(rx_domain=f"eth_rx{p}", tx_domain=f"eth_tx{p}",
@@ -161,6 +187,9 @@ class InaDatapath(wiring.Component):
                 getattr(self, f"p{p}_error").eq(port.error),
                 port.mac.eq(b.mac_int), port.ip.eq(b.ip_int),
             ]
-            wiring.connect(m, port.ina, getattr(merge, f"i{p}"))
-            wiring.connect(m, getattr(router, f"o{p}"), port.result)
+            fin, fout = cdc_in[p], cdc_out[p]
+            m.d.comb += [fin.w_data.eq(port.ina.payload), fin.w_en.eq(port.ina.valid),
+                         port.ina.ready.eq(fin.w_rdy),
+                         port.result.payload.eq(fout.r_data), port.result.valid.eq(fout.r_rdy),
+                         fout.r_en.eq(port.result.ready)]
         return m

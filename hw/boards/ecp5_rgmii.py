@@ -58,10 +58,11 @@ class Ecp5RgmiiTop(Elaboratable):
     """``board``: BoardConfig; ``ports``: {port: rx_delay_taps}; ``clk``: (resource
     name, MHz) of the input clock; ``leds``: number of LEDs to use (4 per port)."""
 
-    def __init__(self, board, ports, *, clk=("clk100", 100), core_mhz=125):
+    def __init__(self, board, ports, *, clk=("clk100", 100), sync_mhz=125, core_mhz=37.5):
         self.board = board
         self.ports = ports
         self.clk = clk
+        self.sync_mhz = sync_mhz
         self.core_mhz = core_mhz
 
     def elaborate(self, platform):
@@ -69,19 +70,33 @@ class Ecp5RgmiiTop(Elaboratable):
         # -- clocks and reset -----------------------------------------------------------
         clk_name, fin = self.clk
         clk_in = platform.request(clk_name, dir="i").i
-        ref, fb, op = pll_params(fin, self.core_mhz)
-        clk_core = Signal()
+        ref, fb, op = pll_params(fin, self.sync_mhz)
+        # CLKOP feeds back, so VCO = sync * CLKOP_DIV: pick the divider that also gives the
+        # core clock as VCO / integer (125 and 37.5 MHz: VCO 750 MHz, /6 and /20).
+        fop = fin / ref * fb
+        for op in range(1, 129):
+            vco = fop * op
+            os_div = round(vco / self.core_mhz)
+            if 400 <= vco <= 800 and abs(vco / os_div - self.core_mhz) < 1e-6:
+                break
+        else:
+            raise ValueError(f"no VCO gives {self.sync_mhz} and {self.core_mhz} MHz")
+        clk_core = Signal()     # CLKOP: sync (front end) and RGMII transmit
+        clk_ina = Signal()      # CLKOS: the INA core's domain
         locked = Signal()
         m.submodules.pll = Instance(
             "EHXPLLL",
-            a_FREQUENCY_PIN_CLKI=str(fin), a_FREQUENCY_PIN_CLKOP=str(self.core_mhz),
+            a_FREQUENCY_PIN_CLKI=str(fin), a_FREQUENCY_PIN_CLKOP=str(self.sync_mhz),
+            a_FREQUENCY_PIN_CLKOS=str(self.core_mhz),
             a_ICP_CURRENT="12", a_LPF_RESISTOR="8", a_MFG_ENABLE_FILTEROPAMP="1",
             a_MFG_GMCREF_SEL="2",
             p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
             p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
             p_OUTDIVIDER_MUXC="DIVC", p_OUTDIVIDER_MUXD="DIVD",
             p_CLKI_DIV=ref, p_CLKOP_ENABLE="ENABLED", p_CLKOP_DIV=op,
-            p_CLKOP_CPHASE=op - 1, p_CLKOP_FPHASE=0, p_FEEDBK_PATH="CLKOP", p_CLKFB_DIV=fb,
+            p_CLKOP_CPHASE=op - 1, p_CLKOP_FPHASE=0,
+            p_CLKOS_ENABLE="ENABLED", p_CLKOS_DIV=os_div, p_CLKOS_CPHASE=os_div - 1,
+            p_CLKOS_FPHASE=0, o_CLKOS=clk_ina, i_ENCLKOS=0, p_FEEDBK_PATH="CLKOP", p_CLKFB_DIV=fb,
             i_RST=0, i_STDBY=0, i_CLKI=clk_in, o_CLKOP=clk_core, i_CLKFB=clk_core,
             i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1,
             i_PHASELOADREG=1, i_PLLWAKESYNC=0, i_ENCLKOP=0, o_LOCK=locked)
@@ -92,6 +107,9 @@ class Ecp5RgmiiTop(Elaboratable):
         m.domains.sync = cd_sync = ClockDomain("sync")
         m.d.comb += cd_sync.clk.eq(clk_core)
         m.submodules.rst_sync = ResetSynchronizer(rst, domain="sync")
+        m.domains.core = cd_ina = ClockDomain("core")
+        m.d.comb += cd_ina.clk.eq(clk_ina)
+        m.submodules.core_rst_sync = ResetSynchronizer(rst, domain="core")
 
         # PHY reset: held ~16 ms (2**21 core cycles) after the PLL locks or the button is
         # released, as the PHYs' datasheets ask (>= 10 ms).

@@ -78,9 +78,9 @@ class BoardTB(TB):
         out = {}
         for n in COUNTER_NAMES:
             self.dut.cfg_addr.value = counter_addr(n)
-            await RisingEdge(self.dut.clk)
-            await RisingEdge(self.dut.clk)
-            await RisingEdge(self.dut.clk)
+            # cfg_addr crosses into the core domain and cfg_data back (FFSynchronizers):
+            # 2 core + 1 read + 2 sync cycles; wait with margin.
+            await self.cycles(24)
             out[n] = int(self.dut.cfg_data.value)
         return out
 
