@@ -28,7 +28,6 @@ def test_parity_with_gloo_within_quantization_bound():
     bound = K * lr * ina.max_abs_grad * (2.0 ** -Q.scale_bits(N) + N * 2.0 ** -24)
     assert ina.max_abs_grad > 0 and ina.stats["calls"] >= K
     assert diff <= bound, (diff, bound)
-    assert diff > 0 or ina.stats["packets_sent"] > 0
 
 
 @pytest.mark.parametrize("backend", ["ina", "ina-bounded"])

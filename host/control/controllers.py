@@ -19,6 +19,7 @@ intervals after the last change. This keeps a controller from flapping when two 
 are nearly tied and the measurements are noisy.
 """
 
+import abc
 from dataclasses import dataclass, field
 
 from .costmodel import CostModel, JobParams
@@ -29,7 +30,7 @@ __all__ = ["Controller", "Static", "PrecisionOnly", "AccumulationOnly", "Decoupl
            "CONTROLLERS", "make_controller", "Telemetry"]
 
 
-class Controller:
+class Controller(abc.ABC):
     name = "controller"
 
     def __init__(self, space: KnobSpace = None, hysteresis: float = 0.05, dwell: int = 1):
@@ -44,8 +45,9 @@ class Controller:
         self.since_change = dwell   # free to act at the first interval
         self.changes = 0
 
+    @abc.abstractmethod
     def candidates(self):
-        raise NotImplementedError
+        """The knob settings this controller may choose among (its rule's search space)."""
 
     def propose(self, model: CostModel) -> Knobs:
         """The knobs this controller's rule picks under ``model`` (no hysteresis)."""

@@ -37,6 +37,12 @@ def header_layout() -> data.StructLayout:
 HeaderLayout = header_layout()
 
 
+def _beat_fields(lanes: int) -> dict:
+    """Fields every packet-stream beat of the core has, in and out."""
+    return {"data": data.ArrayLayout(32, lanes), "n": range(lanes + 1), "first": 1,
+            "last": 1, "length": 16}
+
+
 def in_layout(lanes: int) -> data.StructLayout:
     """Payload of the core's input stream (one beat).
 
@@ -49,11 +55,7 @@ def in_layout(lanes: int) -> data.StructLayout:
     src_port  UDP source port of the datagram; read on ``first``
     """
     return data.StructLayout({
-        "data": data.ArrayLayout(32, lanes),
-        "n": range(lanes + 1),
-        "first": 1,
-        "last": 1,
-        "length": 16,
+        **_beat_fields(lanes),
         "src_ip": 32,
         "src_port": 16,
     })
@@ -73,11 +75,7 @@ def out_layout(lanes: int) -> data.StructLayout:
     mcast        1 when the copy goes to an IP multicast group
     """
     return data.StructLayout({
-        "data": data.ArrayLayout(32, lanes),
-        "n": range(lanes + 1),
-        "first": 1,
-        "last": 1,
-        "length": 16,
+        **_beat_fields(lanes),
         "dst_mac": 48,
         "dst_ip": 32,
         "dst_port": 16,
