@@ -39,6 +39,7 @@ __all__ = ["build_core", "meta_layout", "request_layout"]
 R_OK, R_TRUNC, R_BADVER, R_STATUS, R_MALF, R_UNKJOB, R_UNKSRC, R_BIGNELEM = range(8)
 K_SCAN, K_PKT, K_INIT = range(3)
 M_NONE, M_OPEN, M_ADD = range(3)
+DEC_LAT = 3   # pop of a packet's last header beat (cycle t) -> its P2 decision (t + 3)
 
 
 def _log2(n):
@@ -110,7 +111,7 @@ def build_core(core, platform):
     ovf_w = ovf.write_port()
     ovf_r = ovf.read_port()
     mip_w, mport_w, mmac_w = mip.write_port(), mport.write_port(), mmac.write_port()
-    mip_r, mport_r = mip.read_port(domain="comb"), mport.read_port(domain="comb")
+    mip_r, mport_r = mip.read_port(), mport.read_port()
     mip_r2, mport_r2, mmac_r2 = mip.read_port(), mport.read_port(), mmac.read_port()
 
     # register bus: writes
@@ -167,29 +168,78 @@ def build_core(core, platform):
 
     # ---------------------------------------------------------------- request queue
     m.submodules.queue = q = RequestQueue(ReqL, P.queue, range(R))
-    q_tight = q.level > P.queue - 4
+    # ops that may still push after the pops stop: P0, P1, P2 and the beat being
+    # popped, at most two requests each
+    q_stop = q.level > P.queue - 8
 
-    # ---------------------------------------------------------------- input, P0
+    # ---------------------------------------------------------------- input FIFO
+    # Every accepted beat goes into a small FIFO with its datagram's time (the cycle its
+    # first beat was accepted). The pipeline pops one beat per cycle. A popped beat stays
+    # in the FIFO until its packet's decision is final (the commit pointer trails the pop
+    # pointer by DEC_LAT cycles), so a packet that P2 defers is re-run from its first
+    # element beat (rewind), with everything younger flushed.
     i, ip = core.i, core.i.payload
-    in_pkt = Signal()
+    FD = 16
+    FifoL = data.StructLayout({"data": data.ArrayLayout(32, L), "first": 1, "last": 1,
+                               "length": 16, "src_ip": 32, "src_port": 16, "ts": 32})
+    m.submodules.ififo = ififo = memory.Memory(shape=FifoL, depth=FD, init=[])
+    f_w = ififo.write_port()
+    f_r = ififo.read_port(domain="comb")
+    wp, rp = Signal(5, name="fifo_wp"), Signal(5, name="fifo_rp")   # one wrap bit
+    rp_d = [Signal(5, name=f"rp_d{k}") for k in range(DEC_LAT)]   # rp_d[-1]: commit
+    in_pkt_in = Signal()
+    ts_in = Signal(32)
+    in_first = ip.first | ~in_pkt_in
+    m.d.comb += i.ready.eq(((wp - rp_d[-1])[:5] < FD) & ~init_busy)
+    m.d.comb += [f_w.addr.eq(wp[:4]), f_w.en.eq(i.valid & i.ready),
+                 f_w.data.data.eq(ip.data), f_w.data.first.eq(in_first),
+                 f_w.data.last.eq(ip.last), f_w.data.length.eq(ip.length),
+                 f_w.data.src_ip.eq(ip.src_ip), f_w.data.src_port.eq(ip.src_port),
+                 f_w.data.ts.eq(Mux(in_first, now, ts_in))]
+    with m.If(i.valid & i.ready):
+        m.d.sync += [wp.eq(wp + 1), in_pkt_in.eq(~ip.last)]
+        with m.If(in_first):
+            m.d.sync += ts_in.eq(now)
+
+    # ---------------------------------------------------------------- pop and parse
+    b = f_r.data
+    m.d.comb += f_r.addr.eq(rp[:4])
+    avail = rp != wp
+    retry = Signal()            # a deferred packet is being re-run: pops wait
+    pop = avail & ~retry & ~init_busy & ~q_stop
     pos_reg = Signal(16)
     hdr_regs = [Signal(32, name=f"hdr_w{k}") for k in range(HEADER_WORDS)]
     ts_reg, len_reg = Signal(32), Signal(16)
     sip_reg, sport_reg = Signal(32), Signal(16)
     collecting = Signal()
-
-    first = ip.first | ~in_pkt
-    cur_pos = Mux(first, 0, pos_reg)
-    cur_ts = Mux(first, now, ts_reg)
-    cur_len = Mux(first, ip.length, len_reg)
-    cur_sip = Mux(first, ip.src_ip, sip_reg)
-    cur_sport = Mux(first, ip.src_port, sport_reg)
-    hw_comb = [Mux(cur_pos == k // L, ip.data[k % L], hdr_regs[k]) for k in range(HEADER_WORDS)]
-    hdr = data.View(HeaderLayout, Cat(*reversed(hw_comb)))
-
+    cur_pos = Mux(b.first, 0, pos_reg)
     in_hdr = cur_pos < H
-    short = cur_pos < H - 1
+    dec = pop & in_hdr & ((cur_pos == H - 1) | b.last)
+    # delay line from the pop to the element path's S0 (DEC_LAT stages), so a beat
+    # reaches S0 after its packet's decision
+    DlL = data.StructLayout({"valid": 1, "elem": 1, "first": 1, "e": 16,
+                             "data": data.ArrayLayout(32, L)})
+    dl = [Signal(DlL, name=f"dl{k}") for k in range(DEC_LAT)]
+    with m.If(pop):
+        m.d.sync += [pos_reg.eq(Mux(cur_pos == 0xFFFF, cur_pos, cur_pos + 1)),
+                     rp.eq(rp + 1)]
+        for k in range(HEADER_WORDS):
+            with m.If(cur_pos == k // L):
+                m.d.sync += hdr_regs[k].eq(b.data[k % L])
+        with m.If(b.first):
+            m.d.sync += [ts_reg.eq(b.ts), len_reg.eq(b.length), sip_reg.eq(b.src_ip),
+                         sport_reg.eq(b.src_port)]
+        m.d.sync += collecting.eq(~dec & ~b.last)
+    m.d.sync += [dl[0].valid.eq(pop), dl[0].elem.eq(~in_hdr & ~b.first),
+                 dl[0].first.eq(b.first), dl[0].e.eq(cur_pos - H), dl[0].data.eq(b.data)]
+    m.d.sync += [dl[k].eq(dl[k - 1]) for k in range(1, DEC_LAT)]
+    m.d.sync += [rp_d[0].eq(rp)] + [rp_d[k].eq(rp_d[k - 1]) for k in range(1, DEC_LAT)]
+    horizon = Mux(collecting, ts_reg, Mux(avail, b.ts, now))
 
+    # ---------------------------------------------------------------- P0: decode
+    p0_valid, p0_short, p0_rewind = Signal(), Signal(), Signal(5)
+    m.d.sync += [p0_valid.eq(dec), p0_short.eq(cur_pos < H - 1), p0_rewind.eq(rp + 1)]
+    hdr = data.View(HeaderLayout, Cat(*reversed(hdr_regs)))
     hits = [jobs[j]["enable"] & (jobs[j]["job_id"] == hdr.job) for j in range(NJ)]
     jidx = Signal(range(max(2, NJ)))
     for j in reversed(range(NJ)):
@@ -214,10 +264,10 @@ def build_core(core, platform):
     m.d.comb += seqm.eq(hdr.seq - (Const(2, 34) << j_log2w))
 
     body = Signal(signed(18))
-    m.d.comb += body.eq(cur_len - 20)
+    m.d.comb += body.eq(len_reg - 20)
     nelem4 = hdr.nelem * 4
     reason = Signal(3)
-    with m.If(short | (cur_len < 20)):
+    with m.If(p0_short | (len_reg < 20)):
         m.d.comb += reason.eq(R_TRUNC)
     with m.Elif(hdr.version != 1):
         m.d.comb += reason.eq(R_BADVER)
@@ -237,139 +287,160 @@ def build_core(core, platform):
         m.d.comb += reason.eq(R_BIGNELEM)
     with m.Else():
         m.d.comb += reason.eq(R_OK)
+    # member table: read in P0 by (job, worker), compared in P1
+    p0_midx = jidx * WS + hdr.worker[:max(1, LWS)] if WS > 1 else jidx
+    m.d.comb += [mip_r.addr.eq(p0_midx), mport_r.addr.eq(p0_midx)]
 
-    # P1 registers
-    p1_valid, p1_kind, p1_reason = Signal(), Signal(2), Signal(3)
-    p1_rec = Signal(range(R))
-    p1_seq, p1_ts = Signal(32), Signal(32)
-    p1_seqm = Signal(signed(34))
-    p1_worker, p1_exp = Signal(8), Signal(signed(8))
-    p1_nelem = Signal(16)
-    p1_sip, p1_sport = Signal(32), Signal(16)
-
-    # A packet that would reuse (overwrite) a record whose result is still queued, or
-    # that expires it right now, is deferred by P1: P1 fires the PARTIAL if any, keeps
-    # the packet (and its first element beat, if that came in the same cycle), stops
-    # the input, and re-runs the packet when the record's result has been sent.
-    # ``i.ready`` depends on registers only.
-    retry, defer, p1_keep = Signal(), Signal(), Signal()
-    m.d.comb += q.probe.eq(p1_rec)
-    m.d.comb += i.ready.eq(~init_busy & ~q_tight & ~retry)
-    acc_beat = i.valid & i.ready
-    dec = acc_beat & in_hdr & ((cur_pos == H - 1) | ip.last)
-
-    with m.If(acc_beat):
-        m.d.sync += [pos_reg.eq(Mux(cur_pos == 0xFFFF, cur_pos, cur_pos + 1)),
-                     in_pkt.eq(~ip.last)]
-        for k in range(HEADER_WORDS):
-            with m.If(cur_pos == k // L):
-                m.d.sync += hdr_regs[k].eq(ip.data[k % L])
-        with m.If(first):
-            m.d.sync += [ts_reg.eq(now), len_reg.eq(ip.length), sip_reg.eq(ip.src_ip),
-                         sport_reg.eq(ip.src_port)]
-        m.d.sync += collecting.eq(~dec & ~ip.last)
-    horizon = Mux(collecting, ts_reg, now)
-
-    # scanner and initializer
+    # ---------------------------------------------------------------- P1: read, compare
+    # One operation enters P1 per cycle: a re-run packet (from P2), a decoded packet
+    # (P0), a job-initialization write, or a deadline-scanner visit. Two operations on
+    # one record are never in consecutive cycles (the scanner skips P1's record and
+    # waits for a packet decision; two empty one-beat packets to one slot re-run the
+    # second one), so P1 reads the metadata after every earlier write landed.
+    OpL = data.StructLayout({
+        "kind": 2, "reason": 3, "rec": range(R), "seq": 32, "seqm": signed(34),
+        "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16, "sip": 32, "sport": 16,
+        "base": range(R * EB + 1), "nbeats": 16, "rewind": 5,
+    })
+    p1_valid, p1_op, p1_reinj, p1_adj = Signal(), Signal(OpL), Signal(), Signal()
+    p2_valid, p2_op, p2_reinj, p2_adj = Signal(), Signal(OpL), Signal(), Signal()
+    reinject = Signal()
     scan_ptr = Signal(range(R))
     if LWM:
         init_rec = Cat(init_ptr[:LWM], init_ptr[LWM], init_job)
     else:
         init_rec = Cat(init_ptr[0], init_job)
-    m.d.sync += p1_valid.eq(0)
-    with m.If(p1_keep):
-        m.d.sync += p1_valid.eq(1)
-    with m.Elif(dec):
-        m.d.sync += p1_valid.eq(1)
-        m.d.sync += [p1_kind.eq(K_PKT), p1_reason.eq(reason), p1_rec.eq(rec),
-                     p1_seq.eq(hdr.seq), p1_seqm.eq(seqm), p1_ts.eq(cur_ts), p1_worker.eq(hdr.worker),
-                     p1_exp.eq(hdr.exponent), p1_nelem.eq(hdr.nelem),
-                     p1_sip.eq(cur_sip), p1_sport.eq(cur_sport)]
-    with m.Elif(init_busy):
-        m.d.sync += [p1_valid.eq(1), p1_kind.eq(K_INIT), p1_rec.eq(init_rec), init_ptr.eq(init_ptr + 1)]
+    pipe_empty = ~p0_valid & ~p1_valid & ~p2_valid
+    scan_ok = (~p0_valid & ~dec & ~init_busy & ~retry & ~q_stop
+               & ~(p1_valid & (p1_op.rec == scan_ptr)))
+    m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0)]
+    with m.If(reinject):
+        m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1)]
+    with m.Elif(p0_valid):
+        m.d.sync += [p1_valid.eq(1), p1_adj.eq(p1_valid & (p1_op.rec == rec)),
+                     p1_op.kind.eq(K_PKT), p1_op.reason.eq(reason), p1_op.rec.eq(rec),
+                     p1_op.seq.eq(hdr.seq), p1_op.seqm.eq(seqm), p1_op.ts.eq(ts_reg),
+                     p1_op.worker.eq(hdr.worker), p1_op.exp.eq(hdr.exponent),
+                     p1_op.nelem.eq(hdr.nelem), p1_op.sip.eq(sip_reg),
+                     p1_op.sport.eq(sport_reg), p1_op.base.eq(rec * EB),
+                     p1_op.nbeats.eq((hdr.nelem + (L - 1)) >> LL),
+                     p1_op.rewind.eq(p0_rewind)]
+    with m.Elif(init_busy & pipe_empty):
+        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_INIT), p1_op.rec.eq(init_rec),
+                     init_ptr.eq(init_ptr + 1)]
         with m.If(init_ptr == 2 * WM - 1):
             m.d.sync += init_busy.eq(0)
             for j in range(NJ):
                 with m.If(init_job == j):
                     m.d.sync += jobs[j]["enable"].eq(1)
-    with m.Elif(~q_tight):
-        m.d.sync += [p1_valid.eq(1), p1_kind.eq(K_SCAN), p1_rec.eq(scan_ptr),
-                     p1_ts.eq(horizon),
+    with m.Elif(scan_ok):
+        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_SCAN), p1_op.rec.eq(scan_ptr),
+                     p1_op.ts.eq(horizon),
                      scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
-    m.d.comb += meta_r.addr.eq(p1_rec)
+    m.d.comb += meta_r.addr.eq(p1_op.rec)
 
-    # ---------------------------------------------------------------- P1
     p1_job = Signal(range(max(2, NJ)))
-    m.d.comb += p1_job.eq(p1_rec >> (LWM + 1))
-    n = jf("nworkers", p1_job)
-    log2w = jf("log2_window", p1_job)
-    bounded = jf("bounded", p1_job)
-    deadline = jf("deadline", p1_job)
-    enabled = jf("enable", p1_job)
+    m.d.comb += p1_job.eq(p1_op.rec >> (LWM + 1))
     md = meta_r.data
-    p1_midx = p1_job * WS + p1_worker[:max(1, LWS)] if WS > 1 else p1_job
-    m.d.comb += [mip_r.addr.eq(p1_midx), mport_r.addr.eq(p1_midx)]
-    waiting = retry & q.probe_hit
-    is_pkt = p1_valid & (p1_kind == K_PKT) & ~waiting
-    is_scan = p1_valid & (p1_kind == K_SCAN) & enabled
-    is_init = p1_valid & (p1_kind == K_INIT)
-    src_ok = (mip_r.data == p1_sip) & (mport_r.data == p1_sport)
-    early_ok = (p1_reason == R_OK) | (p1_reason == R_BIGNELEM)
-    unksrc = is_pkt & ((p1_reason == R_UNKSRC) | (early_ok & ~src_ok))
-    bignelem = is_pkt & (p1_reason == R_BIGNELEM) & src_ok
-    pkt_ok = is_pkt & (p1_reason == R_OK) & src_ok
-
     seqs = Signal(signed(34))
-    m.d.comb += seqs.eq(p1_seq)
-    w2 = Signal(signed(34))
-    m.d.comb += w2.eq(Const(2, 34) << log2w)
+    m.d.comb += seqs.eq(p1_op.seq)
     late_by = Signal(32)          # time - due, modulo 2^32: expired when not negative
-    m.d.comb += late_by.eq(p1_ts - md.due)
-    expired = (pkt_ok | is_scan) & bounded & ~md.complete & ~late_by[31]
-    complete1 = md.complete | expired
-    reuse_raw = pkt_ok & complete1 & (md.tag == p1_seqm)
-    m.d.comb += [defer.eq(reuse_raw & (p1_nelem != 0) & (expired | q.probe_hit)),
-                 p1_keep.eq(defer | waiting)]
-    m.d.sync += retry.eq(defer | waiting)
+    m.d.comb += late_by.eq(p1_op.ts - md.due)
+    n1 = jf("nworkers", p1_job)
+    log2w1 = jf("log2_window", p1_job)
+    w1 = Signal(signed(34))
+    w2 = Signal(signed(34))
+    m.d.comb += [w1.eq(Const(1, 34) << log2w1), w2.eq(Const(2, 34) << log2w1)]
+    init_idx = p1_op.rec[:LWM] if LWM else C(0, 1)
+    init_set = p1_op.rec[LWM]
+    m.d.comb += q.probe.eq(p1_op.rec)
+    # P2 registers: the metadata, the compare results, the job's configuration
+    p2_md = Signal(MetaL)
+    c = {k: Signal(name=f"c_{k}") for k in
+         ("late", "eq_seqm", "eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0", "nelem_ne",
+          "exp_gt", "probe", "src_ok", "bounded", "enabled", "cnt_lt_n")}
+    p2_bit = Signal(P.workers)
+    p2_cnt1 = Signal(range(P.workers + 2))
+    p2_due = Signal(32)
+    p2_init_tag = Signal(signed(34))
+    p2_job = Signal(range(max(2, NJ)))
+    bit1 = Signal(P.workers)
+    m.d.comb += bit1.eq(1 << p1_op.worker[:5])
+    m.d.sync += [
+        p2_valid.eq(p1_valid & ~reinject), p2_op.eq(p1_op), p2_reinj.eq(p1_reinj),
+        p2_adj.eq(p1_adj), p2_md.eq(md), p2_job.eq(p1_job), p2_bit.eq(bit1),
+        p2_cnt1.eq(md.count + 1), p2_due.eq(p1_op.ts + jf("deadline", p1_job)),
+        p2_init_tag.eq(init_idx + Mux(init_set, w1, 0) - w2),
+        c["late"].eq(~late_by[31]), c["eq_seqm"].eq(md.tag == p1_op.seqm),
+        c["eq_seq"].eq(md.tag == seqs), c["lt"].eq(seqs < md.tag),
+        c["dup"].eq((md.bitmap & bit1).any()), c["cnt1_n"].eq(md.count + 1 == n1),
+        c["one_n"].eq(n1 == 1), c["cnt0"].eq(md.count == 0), c["cnt_lt_n"].eq(md.count < n1),
+        c["nelem_ne"].eq(p1_op.nelem != md.nelem), c["exp_gt"].eq(p1_op.exp > md.exponent),
+        c["probe"].eq(q.probe_hit),
+        c["src_ok"].eq(p1_reinj | ((mip_r.data == p1_op.sip) & (mport_r.data == p1_op.sport))),
+        c["bounded"].eq(jf("bounded", p1_job)), c["enabled"].eq(jf("enable", p1_job)),
+    ]
+
+    # ---------------------------------------------------------------- P2: slot rules
+    v2 = p2_valid & ~p2_adj
+    reason2 = p2_op.reason
+    is_pkt = v2 & (p2_op.kind == K_PKT)
+    is_scan = v2 & (p2_op.kind == K_SCAN) & c["enabled"]
+    is_init = v2 & (p2_op.kind == K_INIT)
+    src_ok = c["src_ok"]
+    early_ok = (reason2 == R_OK) | (reason2 == R_BIGNELEM)
+    unksrc = is_pkt & ((reason2 == R_UNKSRC) | (early_ok & ~src_ok))
+    bignelem = is_pkt & (reason2 == R_BIGNELEM) & src_ok
+    pkt_ok = is_pkt & (reason2 == R_OK) & src_ok
+    md2 = p2_md
+    expired = (pkt_ok | is_scan) & c["bounded"] & ~md2.complete & c["late"]
+    complete1 = md2.complete | expired
+    reuse_raw = pkt_ok & complete1 & c["eq_seqm"]
+    defer = Signal()
+    m.d.comb += defer.eq(reuse_raw & (p2_op.nelem != 0) & (expired | c["probe"]))
+    m.d.comb += reinject.eq(defer | (p2_valid & p2_adj))
+    with m.If(reinject):
+        m.d.sync += retry.eq(1)
+    with m.Elif(p2_valid & p2_reinj):
+        m.d.sync += retry.eq(0)
     reuse = reuse_raw & ~defer
-    join = pkt_ok & ~defer & (reuse | (seqs == md.tag))
-    stale = pkt_ok & ~join & (seqs < md.tag)
-    oow = pkt_ok & ~join & ~(seqs < md.tag) & ~defer
-    cur_bitmap = Mux(reuse, 0, md.bitmap)
-    cur_count = Mux(reuse, 0, md.count)
-    cur_exp = Mux(reuse, -128, md.exponent)
-    cur_nelem = Mux(reuse, p1_nelem, md.nelem)
+    join = pkt_ok & ~defer & (reuse | c["eq_seq"])
+    stale = pkt_ok & ~join & c["lt"]
+    oow = pkt_ok & ~join & ~c["lt"] & ~defer
+    cur_bitmap = Mux(reuse, 0, md2.bitmap)
+    cur_count = Mux(reuse, 0, md2.count)
+    cur_exp = Mux(reuse, -128, md2.exponent)
+    cur_nelem = Mux(reuse, p2_op.nelem, md2.nelem)
     cur_complete = complete1 & ~reuse
-    cur_tag = Mux(reuse, seqs, md.tag)
-    cur_due = Mux(reuse, p1_ts + deadline, md.due)
-    bit = Signal(P.workers)
-    m.d.comb += bit.eq(1 << p1_worker[:5])
-    isdup = (cur_bitmap & bit).any()
+    seqs2 = Signal(signed(34))
+    m.d.comb += seqs2.eq(p2_op.seq)
+    cur_tag = Mux(reuse, seqs2, md2.tag)
+    cur_due = Mux(reuse, p2_due, md2.due)
+    bit = p2_bit
+    isdup = ~reuse & c["dup"]
     if bug == "no_duplicate_check":
         isdup_acc = C(0)
     else:
         isdup_acc = isdup
+    nelem_bad = ~reuse & c["nelem_ne"]
     resend = join & cur_complete
     dup_only = join & ~cur_complete & isdup_acc
-    malf3 = join & ~cur_complete & ~isdup_acc & (p1_nelem != cur_nelem)
-    accept = join & ~cur_complete & ~isdup_acc & (p1_nelem == cur_nelem)
-    new_count = cur_count + 1
-    completes = accept & (new_count == n)
-    new_exp = Mux(p1_exp > cur_exp, p1_exp, cur_exp)
-    mode = Mux(accept, Mux(cur_count == 0, M_OPEN, M_ADD), M_NONE)
+    malf3 = join & ~cur_complete & ~isdup_acc & nelem_bad
+    accept = join & ~cur_complete & ~isdup_acc & ~nelem_bad
+    new_count = Mux(reuse, 1, p2_cnt1)
+    completes = accept & Mux(reuse, c["one_n"], c["cnt1_n"])
+    new_exp = Mux(reuse | c["exp_gt"], p2_op.exp, md2.exponent)
+    opens = reuse | c["cnt0"]
+    mode = Mux(accept, Mux(opens, M_OPEN, M_ADD), M_NONE)
 
     # metadata write
-    init_idx = p1_rec[:LWM] if LWM else C(0, 1)
-    init_set = p1_rec[LWM]
-    w1 = Signal(signed(34))
-    m.d.comb += w1.eq(Const(1, 34) << log2w)
     with m.If(is_init):
-        m.d.comb += [meta_w.en.eq(1), meta_w.addr.eq(p1_rec),
-                     meta_w.data.tag.eq(init_idx + Mux(init_set, w1, 0) - w2),
+        m.d.comb += [meta_w.en.eq(1), meta_w.addr.eq(p2_op.rec),
+                     meta_w.data.tag.eq(p2_init_tag),
                      meta_w.data.complete.eq(1), meta_w.data.exponent.eq(-128)]
     with m.Else():
         m.d.comb += [
-            meta_w.en.eq(expired | reuse | accept), meta_w.addr.eq(p1_rec),
+            meta_w.en.eq(expired | reuse | accept), meta_w.addr.eq(p2_op.rec),
             meta_w.data.tag.eq(cur_tag),
             meta_w.data.complete.eq(cur_complete | completes),
             meta_w.data.bitmap.eq(cur_bitmap | Mux(accept, bit, 0)),
@@ -382,27 +453,27 @@ def build_core(core, platform):
     # requests: a = expired PARTIAL (old contents), b = completion or re-send
     m.d.comb += [
         q.push_a.eq(expired),
-        q.a.rec.eq(p1_rec), q.a.job.eq(p1_job), q.a.unicast.eq(0),
-        q.a.seq.eq(md.tag), q.a.count.eq(md.count), q.a.bitmap.eq(md.bitmap),
-        q.a.exponent.eq(md.exponent), q.a.nelem.eq(md.nelem), q.a.partial.eq(1),
+        q.a.rec.eq(p2_op.rec), q.a.job.eq(p2_job), q.a.unicast.eq(0),
+        q.a.seq.eq(md2.tag), q.a.count.eq(md2.count), q.a.bitmap.eq(md2.bitmap),
+        q.a.exponent.eq(md2.exponent), q.a.nelem.eq(md2.nelem), q.a.partial.eq(1),
         q.push_b.eq(resend | completes),
-        q.b.rec.eq(p1_rec), q.b.job.eq(p1_job), q.b.unicast.eq(resend),
-        q.b.worker.eq(p1_worker),
+        q.b.rec.eq(p2_op.rec), q.b.job.eq(p2_job), q.b.unicast.eq(resend),
+        q.b.worker.eq(p2_op.worker),
         q.b.seq.eq(cur_tag),
         q.b.count.eq(Mux(completes, new_count, cur_count)),
         q.b.bitmap.eq(Mux(completes, cur_bitmap | bit, cur_bitmap)),
         q.b.exponent.eq(Mux(completes, new_exp, cur_exp)),
         q.b.nelem.eq(cur_nelem),
-        q.b.partial.eq(Mux(completes, 0, cur_count < n)),
+        q.b.partial.eq(Mux(completes, 0, c["cnt_lt_n"])),
     ]
 
     inc["rx"].append(is_pkt & ~defer)
     inc["rx_data"].append(pkt_ok & ~defer)
-    inc["drop_truncated"].append(is_pkt & (p1_reason == R_TRUNC))
-    inc["drop_bad_version"].append(is_pkt & (p1_reason == R_BADVER))
-    inc["status_requests"].append(is_pkt & (p1_reason == R_STATUS))
-    inc["drop_malformed"] += [is_pkt & (p1_reason == R_MALF), bignelem, malf3]
-    inc["drop_unknown_job"].append(is_pkt & (p1_reason == R_UNKJOB))
+    inc["drop_truncated"].append(is_pkt & (reason2 == R_TRUNC))
+    inc["drop_bad_version"].append(is_pkt & (reason2 == R_BADVER))
+    inc["status_requests"].append(is_pkt & (reason2 == R_STATUS))
+    inc["drop_malformed"] += [is_pkt & (reason2 == R_MALF), bignelem, malf3]
+    inc["drop_unknown_job"].append(is_pkt & (reason2 == R_UNKJOB))
     inc["drop_unknown_source"].append(unksrc)
     inc["drop_stale"].append(stale)
     inc["drop_out_of_window"].append(oow)
@@ -413,6 +484,15 @@ def build_core(core, platform):
     inc["results"] += [expired, completes]
     inc["partials"].append(expired)
 
+    # flush: a packet that P2 defers (or that followed its slot's previous operation in
+    # the very next cycle) goes back to P1; everything younger is dropped and the input
+    # is rewound to the packet's first element beat
+    with m.If(reinject):
+        m.d.sync += [p0_valid.eq(0), rp.eq(p2_op.rewind), pos_reg.eq(H),
+                     collecting.eq(0)]
+        m.d.sync += [d.valid.eq(0) for d in dl]
+        m.d.sync += [r.eq(p2_op.rewind) for r in rp_d]
+
     # ---------------------------------------------------------------- element path
     pkt_base = Signal(range(R * EB + 1))
     pkt_rec = Signal(range(R))
@@ -420,32 +500,23 @@ def build_core(core, platform):
     pkt_nbeats = Signal(16)
     pkt_mode = Signal(2)
     pkt_inflight = Signal()
-    with m.If(dec):
-        m.d.sync += [pkt_base.eq(rec * EB), pkt_rec.eq(rec), pkt_nelem.eq(hdr.nelem),
-                     pkt_nbeats.eq((hdr.nelem + (L - 1)) >> LL)]
-    mode_now = Mux(is_pkt, mode, pkt_mode)
-    with m.If(is_pkt):
-        m.d.sync += pkt_mode.eq(mode)
-    held_valid = Signal()
-    held_data = Signal(data.ArrayLayout(32, L))
-    replay = retry & ~waiting & held_valid
-    with m.If(defer & acc_beat & ~in_hdr & ~first):
-        m.d.sync += [held_valid.eq(1), held_data.eq(ip.data)]
-    with m.If(retry & ~waiting):
-        m.d.sync += held_valid.eq(0)
-    s0_data = Mux(replay, held_data.as_value(), ip.data.as_value())
-    s0_lane = data.View(data.ArrayLayout(32, L), s0_data)
-    e = Signal(16)
-    m.d.comb += e.eq(Mux(replay, 0, cur_pos - H))
-    ebeat = (acc_beat & ~in_hdr & ~first) | replay
-    e_ok = ebeat & (e < pkt_nbeats) & (mode_now != M_NONE)
-    inc["stream_errors"].append(ebeat & (e >= pkt_nbeats) & (mode_now != M_NONE) & ~defer)
-    inc["stream_errors"].append(acc_beat & first & pkt_inflight)
-    with m.If(is_pkt & (mode != M_NONE) & (p1_nelem != 0)):
-        m.d.sync += pkt_inflight.eq(1)
-    with m.If((ebeat & (e + 1 >= pkt_nbeats)) | (acc_beat & first)):
+    with m.If(is_pkt & ~defer):
+        m.d.sync += [pkt_base.eq(p2_op.base), pkt_rec.eq(p2_op.rec),
+                     pkt_nelem.eq(p2_op.nelem), pkt_nbeats.eq(p2_op.nbeats),
+                     pkt_mode.eq(mode)]
+    s0 = dl[-1]
+    s0_lane = s0.data
+    e = s0.e
+    ebeat = s0.valid & s0.elem
+    e_ok = ebeat & (e < pkt_nbeats) & (pkt_mode != M_NONE)
+    inc["stream_errors"].append(ebeat & (e >= pkt_nbeats) & (pkt_mode != M_NONE))
+    inc["stream_errors"].append(s0.valid & s0.first & pkt_inflight)
+    with m.If((ebeat & (e + 1 >= pkt_nbeats)) | (s0.valid & s0.first)):
         m.d.sync += pkt_inflight.eq(0)
+    with m.If(is_pkt & ~defer & (mode != M_NONE) & (p2_op.nelem != 0)):
+        m.d.sync += pkt_inflight.eq(1)
     m.d.comb += [acc_r.addr.eq(pkt_base + e), acc_r.en.eq(1)]
+    mode_now = pkt_mode
 
     # S1: the block RAM's output is registered (its clock-to-output is long on ECP5)
     s1_valid, s1_mode, s1_first, s1_last = Signal(), Signal(2), Signal(), Signal()
