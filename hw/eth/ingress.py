@@ -112,6 +112,7 @@ class Ingress(wiring.Component):
         echo = Signal()
         port_ok = Signal()
         udp_len_ok = Signal()
+        icmp_csum = Signal(16)   # the echo reply's ICMP checksum (RFC 1624 update)
         udp_len = f(38, 2)
         ip_total = f(16, 2)
 
@@ -120,11 +121,23 @@ class Ingress(wiring.Component):
         kind_icmp = Signal()
         remaining = Signal(16)
 
+        # Counters go up one cycle after their event: the decision logic below sets a
+        # one-cycle pulse (a flip-flop), and the pulse enables the 32-bit increment. This
+        # keeps the adders and their enables off the decision path (timing at 125 MHz).
+        counted = [self.arp_replies, self.icmp_replies, self.ina_packets, self.truncated]
+        counted += [self.drops[k] for k in range(N_DROPS)]
+        event = Signal(len(counted))
+        event_r = Signal(len(counted))
+        m.d.sync += event_r.eq(event)
+        for k, sig in enumerate(counted):
+            with m.If(event_r[k]):
+                m.d.sync += sig.eq(sig + 1)
+
         def count(sig):
-            m.d.sync += sig.eq(sig + 1)
+            m.d.comb += event[next(k for k, c in enumerate(counted) if c is sig)].eq(1)
 
         def drop(reason):
-            m.d.sync += self.drops[reason.value].eq(self.drops[reason.value] + 1)
+            m.d.comb += event[4 + reason.value].eq(1)
 
         ina = self.ina.payload
         meta = Signal(INA_RX)
@@ -148,7 +161,9 @@ class Ingress(wiring.Component):
                         m.next = "CHECK"
             with m.State("CHECK"):
                 ethertype = f(12, 2)
+                icmp_sum = f(36, 2) + 0x0800
                 m.d.sync += [
+                    icmp_csum.eq(Mux(icmp_sum[16], icmp_sum[:16] + 1, icmp_sum[:16])),
                     l2_ok.eq((f(0, 6) == self.mac) | (f(0, 6) == 0xFFFF_FFFF_FFFF)),
                     is_arp.eq(ethertype == 0x0806),
                     is_ip.eq(ethertype == 0x0800),
@@ -173,20 +188,28 @@ class Ingress(wiring.Component):
                     C(0x0800_0604_0002, 48),            # ptype, hlen, plen, oper=reply
                     C(0x0001, 16), C(0x0806, 16),       # htype, EtherType
                     self.mac, f(6, 6))                  # Ethernet src, dst
-                icmp_sum = Signal(17)
-                m.d.comb += icmp_sum.eq(f(36, 2) + 0x0800)
-                icmp_csum = Mux(icmp_sum[16], icmp_sum[:16] + 1, icmp_sum[:16])[:16]
                 icmp_reply = Cat(
                     f(38, 4), icmp_csum, C(0, 16),      # id/seq, checksum, type 0 code 0
                     f(26, 4), f(30, 4),                 # IPv4 dst = asker, src = us
                     f(14, 12),                          # IPv4 header up to the checksum
                     C(0x0800, 16), self.mac, f(6, 6))
+                # The reply and the INA metadata are loaded whatever the decision (they
+                # are used only in REPLY and INA), so the decision chain below drives the
+                # state and a few pulses, not hundreds of register enables.
+                m.d.sync += [
+                    out_sr.eq(Mux(is_arp, arp_reply, icmp_reply)), kind_icmp.eq(~is_arp),
+                    out_n.eq(0),
+                    remaining.eq(udp_len - 8),
+                    meta.length.eq(udp_len - 8),
+                    meta.src_mac.eq(f(6, 6)),
+                    meta.src_ip.eq(f(26, 4)),
+                    meta.src_port.eq(f(34, 2)),
+                ]
                 with m.If(~l2_ok):
                     drop(Drop.L2_ADDR)
                     m.next = "DRAIN"
                 with m.Elif(is_arp):
                     with m.If(arp_ok):
-                        m.d.sync += [out_sr.eq(arp_reply), kind_icmp.eq(0), out_n.eq(0)]
                         count(self.arp_replies)
                         m.next = "REPLY"
                     with m.Else():
@@ -212,7 +235,6 @@ class Ingress(wiring.Component):
                     m.next = "DRAIN"
                 with m.Elif(is_icmp):
                     with m.If(echo):
-                        m.d.sync += [out_sr.eq(icmp_reply), kind_icmp.eq(1), out_n.eq(0)]
                         count(self.icmp_replies)
                         m.next = "REPLY"
                     with m.Else():
@@ -228,13 +250,6 @@ class Ingress(wiring.Component):
                     drop(Drop.UDP_LENGTH)
                     m.next = "DRAIN"
                 with m.Else():
-                    m.d.sync += [
-                        remaining.eq(udp_len - 8),
-                        meta.length.eq(udp_len - 8),
-                        meta.src_mac.eq(f(6, 6)),
-                        meta.src_ip.eq(f(26, 4)),
-                        meta.src_port.eq(f(34, 2)),
-                    ]
                     count(self.ina_packets)
                     m.next = "INA"
             with m.State("REPLY"):

@@ -120,7 +120,8 @@ class PacketBuffer(wiring.Component):
 
     ``i`` takes :data:`RX_BYTE` and is always ready. A frame whose last byte has status
     ``OK`` is committed and comes out of ``o`` (:data:`BYTE`); any other frame, or one that
-    does not fit in ``depth`` bytes, is rolled back. ``frames`` counts committed frames and
+    does not fit in the free space (the buffer holds up to ``depth - 1`` bytes), is rolled
+    back. ``frames`` counts committed frames and
     ``drops`` counts dropped frames per :class:`RxStatus` reason (index = status value).
     """
 
@@ -147,7 +148,13 @@ class PacketBuffer(wiring.Component):
         rd = Signal(aw + 1)      # next address to read
         dropping = Signal()
 
-        full = (wr - rd) == self.depth
+        # ``full`` is registered, from the previous cycle's pointers: the buffer held at
+        # least depth - 1 bytes then. Since at most one byte is written per cycle (and
+        # reads and rollbacks only make room), a write is safe whenever ``full`` is low;
+        # the buffer holds up to depth - 1 bytes. Registering it keeps the pointer
+        # subtraction off the write-enable path (timing at 125 MHz).
+        full = Signal()
+        m.d.sync += full.eq((wr - rd) >= self.depth - 1)
         m.d.comb += self.i.ready.eq(1)
         p = self.i.payload
 
@@ -176,12 +183,22 @@ class PacketBuffer(wiring.Component):
             with m.Elif(~dropping):
                 m.d.sync += wr.eq(wr + 1)
 
-        # Read side: registered read port, one output register.
-        advance = (~self.o.valid | self.o.ready) & (rd != commit)
-        m.d.comb += [rp.en.eq(advance), rp.addr.eq(rd[:aw]),
-                     self.o.payload.data.eq(rp.data[:8]), self.o.payload.last.eq(rp.data[8])]
-        with m.If(advance):
-            m.d.sync += [rd.eq(rd + 1), self.o.valid.eq(1)]
+        # Read side, two stages: the block RAM's synchronous read data (``rp.data``,
+        # valid while ``ram_valid``), then an output register (``o``), so that nothing
+        # downstream sees the RAM's clock-to-output delay (ECP5 DP16KD: ~4 ns of the 8 ns
+        # at 125 MHz). The RAM holds its data while ``rp.en`` is low, so the stage
+        # stalls without a skid buffer; a byte per cycle still flows.
+        ram_valid = Signal()
+        load = ram_valid & (~self.o.valid | self.o.ready)
+        fetch = (~ram_valid | load) & (rd != commit)
+        m.d.comb += [rp.en.eq(fetch), rp.addr.eq(rd[:aw])]
+        with m.If(fetch):
+            m.d.sync += [rd.eq(rd + 1), ram_valid.eq(1)]
+        with m.Elif(load):
+            m.d.sync += ram_valid.eq(0)
+        with m.If(load):
+            m.d.sync += [self.o.valid.eq(1), self.o.payload.data.eq(rp.data[:8]),
+                         self.o.payload.last.eq(rp.data[8])]
         with m.Elif(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
         return m

@@ -67,9 +67,12 @@ class EthPort(wiring.Component):
                                                  w_domain=rxd, r_domain="sync")
         m.d.comb += [rx_cdc.w_en.eq(mac_rx.o.valid), rx_cdc.w_data.eq(mac_rx.o.payload)]
 
+        # A register between the async FIFO and the receive buffer (timing: the FIFO's
+        # empty flag and read data are not one path with the buffer's commit logic). The
+        # buffer is always ready, so the FIFO is read whenever it has a byte.
         m.submodules.rx_buf = rx_buf = PacketBuffer(depth=4096, counter_width=self.cw)
-        m.d.comb += [rx_buf.i.valid.eq(rx_cdc.r_rdy), rx_buf.i.payload.eq(rx_cdc.r_data),
-                     rx_cdc.r_en.eq(rx_buf.i.ready)]
+        m.d.comb += rx_cdc.r_en.eq(1)
+        m.d.sync += [rx_buf.i.valid.eq(rx_cdc.r_rdy), rx_buf.i.payload.eq(rx_cdc.r_data)]
 
         m.submodules.ingress = ingress = Ingress(counter_width=self.cw)
         wiring.connect(m, rx_buf.o, ingress.i)
@@ -97,12 +100,14 @@ class EthPort(wiring.Component):
         wiring.connect(m, ingress.reply, tx_arb.i0)
         wiring.connect(m, udp_tx.o, tx_arb.i1)
 
+        # A register between the merge and the transmit buffer (timing: the merge's
+        # select and the buffer's commit logic are not one path). The buffer is always
+        # ready, so the register needs no back-pressure.
         m.submodules.tx_buf = tx_buf = PacketBuffer(depth=4096, counter_width=self.cw)
-        m.d.comb += [tx_buf.i.valid.eq(tx_arb.o.valid),
+        m.d.comb += [tx_arb.o.ready.eq(1), tx_buf.i.payload.status.eq(RxStatus.OK)]
+        m.d.sync += [tx_buf.i.valid.eq(tx_arb.o.valid),
                      tx_buf.i.payload.data.eq(tx_arb.o.payload.data),
-                     tx_buf.i.payload.last.eq(tx_arb.o.payload.last),
-                     tx_buf.i.payload.status.eq(RxStatus.OK),
-                     tx_arb.o.ready.eq(tx_buf.i.ready)]
+                     tx_buf.i.payload.last.eq(tx_arb.o.payload.last)]
 
         m.submodules.tx_cdc = tx_cdc = AsyncFIFO(width=9, depth=64,
                                                  w_domain="sync", r_domain=txd)
