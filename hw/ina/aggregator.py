@@ -168,9 +168,13 @@ def build_core(core, platform):
 
     # ---------------------------------------------------------------- request queue
     m.submodules.queue = q = RequestQueue(ReqL, P.queue, range(R))
-    # ops that may still push after the pops stop: P0, P1, P2 and the beat being
+    # ops that may still push after the pops stop: P0, P1, P2, P3 and the beat being
     # popped, at most two requests each
-    q_stop = q.level > P.queue - 8
+    q_stop = q.level > P.queue - 10
+    p3_push_a, p3_push_b = Signal(), Signal()   # P3: registered pushes
+    p3_a, p3_b = Signal(ReqL), Signal(ReqL)
+    nxt, nxt_valid = Signal(ReqL), Signal()     # replicator: prefetched request
+    run, cur = Signal(), Signal(ReqL)            # replicator: the request being sent
 
     # ---------------------------------------------------------------- input FIFO
     # Every accepted beat goes into a small FIFO with its datagram's time (the cycle its
@@ -240,28 +244,35 @@ def build_core(core, platform):
     p0_valid, p0_short, p0_rewind = Signal(), Signal(), Signal(5)
     m.d.sync += [p0_valid.eq(dec), p0_short.eq(cur_pos < H - 1), p0_rewind.eq(rp + 1)]
     hdr = data.View(HeaderLayout, Cat(*reversed(hdr_regs)))
-    hits = [jobs[j]["enable"] & (jobs[j]["job_id"] == hdr.job) for j in range(NJ)]
-    jidx = Signal(range(max(2, NJ)))
-    for j in reversed(range(NJ)):
-        with m.If(hits[j]):
-            m.d.comb += jidx.eq(j)
-    unkjob = ~Cat(hits).any()
-    j_log2w = jf("log2_window", jidx)
-    # the record of each job in parallel (window masks decoded from the static
-    # configuration), then the one of the matching job
-    recs = []
+    # per-job window constants, registered from the static configuration (a job is
+    # configured long before its first packet: enabling it takes 2W cycles)
+    wbit = [Signal(33, name=f"job{j}_wbit") for j in range(NJ)]     # W
     for j in range(NJ):
-        lw = jobs[j]["log2_window"]
-        mask = Signal(32, name=f"job{j}_mask")
-        m.d.comb += mask.eq((Const(1, 33) << lw) - 1)
-        wset_j = (hdr.seq & (Const(1, 33) << lw)[:32]).any()
-        widx_j = (hdr.seq & mask)[:max(1, LWM)]
+        m.d.sync += wbit[j].eq(Const(1, 33) << jobs[j]["log2_window"])
+    # every job's candidate in parallel, then the matching job's (priority to the lowest)
+    hits = [jobs[j]["enable"] & (jobs[j]["job_id"] == hdr.job) for j in range(NJ)]
+    unkjob = ~Cat(hits).any()
+
+    def by_job(values, shape):
+        out = Signal(shape)
+        sel = values[0]
+        for j in range(1, NJ):
+            sel = Mux(hits[j] & ~Cat(hits[:j]).any(), values[j], sel)
+        m.d.comb += out.eq(sel)
+        return out
+
+    recs, seqms = [], []
+    for j in range(NJ):
+        wset_j = (hdr.seq & wbit[j][:32]).any()
+        widx_j = (hdr.seq & (wbit[j] - 1)[:32])[:max(1, LWM)]
         recs.append(Cat(widx_j[:LWM], wset_j, Const(j, range(max(2, NJ)))) if LWM
                     else Cat(wset_j, Const(j, range(max(2, NJ)))))
-    rec = Signal(range(R))
-    m.d.comb += rec.eq(Array(recs)[jidx])
-    seqm = Signal(signed(34))     # seq - 2W: the tag a reusable record must have
-    m.d.comb += seqm.eq(hdr.seq - (Const(2, 34) << j_log2w))
+        seqms.append(hdr.seq - Cat(C(0, 1), wbit[j]))     # seq - 2W
+    jidx = by_job([C(j, range(max(2, NJ))) for j in range(NJ)], range(max(2, NJ)))
+    rec = by_job(recs, range(R))
+    seqm = by_job(seqms, signed(34))   # seq - 2W: the tag a reusable record must have
+    bad_worker = by_job([hdr.worker >= jobs[j]["nworkers"] for j in range(NJ)], 1)
+    big_nelem = by_job([hdr.nelem > jobs[j]["elements"] for j in range(NJ)], 1)
 
     body = Signal(signed(18))
     m.d.comb += body.eq(len_reg - 20)
@@ -281,9 +292,9 @@ def build_core(core, platform):
         m.d.comb += reason.eq(R_MALF)
     with m.Elif(unkjob):
         m.d.comb += reason.eq(R_UNKJOB)
-    with m.Elif(hdr.worker >= jf("nworkers", jidx)):
+    with m.Elif(bad_worker):
         m.d.comb += reason.eq(R_UNKSRC)
-    with m.Elif(hdr.nelem > jf("elements", jidx)):
+    with m.Elif(big_nelem):
         m.d.comb += reason.eq(R_BIGNELEM)
     with m.Else():
         m.d.comb += reason.eq(R_OK)
@@ -347,10 +358,9 @@ def build_core(core, platform):
     late_by = Signal(32)          # time - due, modulo 2^32: expired when not negative
     m.d.comb += late_by.eq(p1_op.ts - md.due)
     n1 = jf("nworkers", p1_job)
-    log2w1 = jf("log2_window", p1_job)
-    w1 = Signal(signed(34))
-    w2 = Signal(signed(34))
-    m.d.comb += [w1.eq(Const(1, 34) << log2w1), w2.eq(Const(2, 34) << log2w1)]
+    w1 = Signal(signed(35))
+    w2 = Signal(signed(35))
+    m.d.comb += [w1.eq(Array(wbit)[p1_job]), w2.eq(Cat(C(0, 1), Array(wbit)[p1_job]))]
     init_idx = p1_op.rec[:LWM] if LWM else C(0, 1)
     init_set = p1_op.rec[LWM]
     m.d.comb += q.probe.eq(p1_op.rec)
@@ -376,7 +386,9 @@ def build_core(core, platform):
         c["dup"].eq((md.bitmap & bit1).any()), c["cnt1_n"].eq(md.count + 1 == n1),
         c["one_n"].eq(n1 == 1), c["cnt0"].eq(md.count == 0), c["cnt_lt_n"].eq(md.count < n1),
         c["nelem_ne"].eq(p1_op.nelem != md.nelem), c["exp_gt"].eq(p1_op.exp > md.exponent),
-        c["probe"].eq(q.probe_hit),
+        c["probe"].eq(q.probe_hit | (p3_push_a & (p3_a.rec == p1_op.rec))
+                     | (p3_push_b & (p3_b.rec == p1_op.rec))
+                     | (nxt_valid & (nxt.rec == p1_op.rec)) | (run & (cur.rec == p1_op.rec))),
         c["src_ok"].eq(p1_reinj | ((mip_r.data == p1_op.sip) & (mport_r.data == p1_op.sport))),
         c["bounded"].eq(jf("bounded", p1_job)), c["enabled"].eq(jf("enable", p1_job)),
     ]
@@ -450,21 +462,23 @@ def build_core(core, platform):
             meta_w.data.nelem.eq(cur_nelem),
         ]
 
-    # requests: a = expired PARTIAL (old contents), b = completion or re-send
-    m.d.comb += [
-        q.push_a.eq(expired),
-        q.a.rec.eq(p2_op.rec), q.a.job.eq(p2_job), q.a.unicast.eq(0),
-        q.a.seq.eq(md2.tag), q.a.count.eq(md2.count), q.a.bitmap.eq(md2.bitmap),
-        q.a.exponent.eq(md2.exponent), q.a.nelem.eq(md2.nelem), q.a.partial.eq(1),
-        q.push_b.eq(resend | completes),
-        q.b.rec.eq(p2_op.rec), q.b.job.eq(p2_job), q.b.unicast.eq(resend),
-        q.b.worker.eq(p2_op.worker),
-        q.b.seq.eq(cur_tag),
-        q.b.count.eq(Mux(completes, new_count, cur_count)),
-        q.b.bitmap.eq(Mux(completes, cur_bitmap | bit, cur_bitmap)),
-        q.b.exponent.eq(Mux(completes, new_exp, cur_exp)),
-        q.b.nelem.eq(cur_nelem),
-        q.b.partial.eq(Mux(completes, 0, c["cnt_lt_n"])),
+    # requests: a = expired PARTIAL (old contents), b = completion or re-send; registered
+    # (P3) before they enter the queue
+    m.d.comb += [q.push_a.eq(p3_push_a), q.a.eq(p3_a), q.push_b.eq(p3_push_b), q.b.eq(p3_b)]
+    m.d.sync += [
+        p3_push_a.eq(expired),
+        p3_a.rec.eq(p2_op.rec), p3_a.job.eq(p2_job), p3_a.unicast.eq(0),
+        p3_a.seq.eq(md2.tag), p3_a.count.eq(md2.count), p3_a.bitmap.eq(md2.bitmap),
+        p3_a.exponent.eq(md2.exponent), p3_a.nelem.eq(md2.nelem), p3_a.partial.eq(1),
+        p3_push_b.eq(resend | completes),
+        p3_b.rec.eq(p2_op.rec), p3_b.job.eq(p2_job), p3_b.unicast.eq(resend),
+        p3_b.worker.eq(p2_op.worker),
+        p3_b.seq.eq(cur_tag),
+        p3_b.count.eq(Mux(completes, new_count, cur_count)),
+        p3_b.bitmap.eq(Mux(completes, cur_bitmap | bit, cur_bitmap)),
+        p3_b.exponent.eq(Mux(completes, new_exp, cur_exp)),
+        p3_b.nelem.eq(cur_nelem),
+        p3_b.partial.eq(Mux(completes, 0, c["cnt_lt_n"])),
     ]
 
     inc["rx"].append(is_pkt & ~defer)
@@ -566,13 +580,17 @@ def build_core(core, platform):
     m.d.comb += [ovf_w.addr.eq(e2_rec), ovf_w.data.eq(ovf_now), ovf_w.en.eq(e2_valid & e2_last)]
 
     # ---------------------------------------------------------------- replicator
-    head = q.head
-    busy = ((pkt_inflight & (pkt_rec == head.rec)) | (s1_valid & (s1_rec == head.rec))
-            | (e1_valid & (e1_rec == head.rec))
-            | (e2_valid & (e2_rec == head.rec)))
+    # the queue's head moves into a register (nxt) before it starts, so the start
+    # decision works from registers; a request counts as queued (for the probe) until
+    # its last beat is issued
+    take = ~nxt_valid & q.head_valid
+    m.d.comb += q.pop.eq(take)
+    with m.If(take):
+        m.d.sync += [nxt.eq(q.head), nxt_valid.eq(1)]
+    busy = ((pkt_inflight & (pkt_rec == nxt.rec)) | (s1_valid & (s1_rec == nxt.rec))
+            | (e1_valid & (e1_rec == nxt.rec))
+            | (e2_valid & (e2_rec == nxt.rec)))
     o = core.o
-    run = Signal()
-    cur = Signal(ReqL)
     copy = Signal(range(33))
     beat = Signal(16)
     ncopies = Signal(range(33))
@@ -580,17 +598,18 @@ def build_core(core, platform):
     started = Signal()
     o_valid = Signal()
     o_beat = Signal(16)
-    o_copy_last = Signal()
     adv = ~o_valid | o.ready
-    start = ~run & q.head_valid & ~busy & adv   # (cur feeds the beat on display)
-    m.d.comb += [ovf_r.addr.eq(head.rec), ovf_r.en.eq(start)]
+    start = ~run & nxt_valid & ~busy & adv   # (cur feeds the beat on display)
+    m.d.comb += [ovf_r.addr.eq(nxt.rec), ovf_r.en.eq(start)]
+    with m.If(start):
+        m.d.sync += nxt_valid.eq(0)
     m.d.sync += started.eq(start)
     cur_mcast = jf("mcast_en", cur.job)
     with m.If(start):
-        m.d.sync += [run.eq(1), cur.eq(head), copy.eq(0), beat.eq(0),
-                     ncopies.eq(Mux(head.unicast | jf("mcast_en", head.job), 1,
-                                    jf("nworkers", head.job))),
-                     nbeats_out.eq(H + ((head.nelem + (L - 1)) >> LL))]
+        m.d.sync += [run.eq(1), cur.eq(nxt), copy.eq(0), beat.eq(0),
+                     ncopies.eq(Mux(nxt.unicast | jf("mcast_en", nxt.job), 1,
+                                    jf("nworkers", nxt.job))),
+                     nbeats_out.eq(H + ((nxt.nelem + (L - 1)) >> LL))]
     ovf_flag = ovf_r.data & (cur.nelem != 0)
     inc["overflows"].append(started & ~cur.unicast & ovf_flag)
     issue = run & adv
@@ -600,7 +619,6 @@ def build_core(core, platform):
     m.d.comb += [mip_r2.addr.eq(maddr), mport_r2.addr.eq(maddr), mmac_r2.addr.eq(maddr)]
     for port in (mip_r2, mport_r2, mmac_r2):
         m.d.comb += port.en.eq(issue & (beat == 0))
-    m.d.comb += q.pop.eq(0)
     with m.If(adv):
         m.d.sync += [o_valid.eq(issue), o_beat.eq(beat)]
     with m.If(issue):
@@ -608,7 +626,6 @@ def build_core(core, platform):
             m.d.sync += [beat.eq(0), copy.eq(copy + 1)]
             with m.If(copy == ncopies - 1):
                 m.d.sync += run.eq(0)
-                m.d.comb += q.pop.eq(1)
         with m.Else():
             m.d.sync += beat.eq(beat + 1)
 

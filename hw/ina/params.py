@@ -33,7 +33,7 @@ class CoreParams:
     elements: int = 64
     lanes: int = 1
     jobs: int = 2
-    queue: int = 12
+    queue: int = 16
 
     def __post_init__(self):
         if not 1 <= self.workers <= 32:
@@ -46,8 +46,8 @@ class CoreParams:
             raise ValueError(f"lanes {self.lanes} not in (1, 2, 4, 8, 16)")
         if self.jobs < 2:
             raise ValueError(f"jobs {self.jobs} must be >= 2")
-        if self.queue < 10:
-            raise ValueError(f"queue {self.queue} must be >= 10 (the pipeline can add 8 "
+        if self.queue < 12:
+            raise ValueError(f"queue {self.queue} must be >= 12 (the pipeline can add 10 "
                              "requests after the queue says stop)")
 
     # -- derived sizes -------------------------------------------------------------------

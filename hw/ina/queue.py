@@ -59,9 +59,13 @@ class RequestQueue(wiring.Component):
             self.head.eq(Array(ents)[rp]),
             self.head_valid.eq(level != 0),
         ]
-        hits = []
+        # one valid bit per entry, so the probe is a plain match (no pointer arithmetic)
+        valid = Signal(D)
         for k in range(D):
-            occ = wrap(Const(k + D, range(2 * D + 1)) - rp) < level
-            hits.append(occ & (ents[k].rec == self.probe))
+            with m.If(do_pop & (rp == k)):
+                m.d.sync += valid[k].eq(0)
+            with m.If((self.push_a & (wp == k)) | (self.push_b & (wp_b == k))):
+                m.d.sync += valid[k].eq(1)
+        hits = [valid[k] & (ents[k].rec == self.probe) for k in range(D)]
         m.d.comb += self.probe_hit.eq(Cat(hits).any())
         return m
