@@ -96,8 +96,10 @@ def build_core(core, platform):
     AccL = data.ArrayLayout(signed(AW), L)
     m.submodules.acc = acc = memory.Memory(shape=AccL, depth=R * EB, init=[])
     m.submodules.ovf = ovf = memory.Memory(shape=1, depth=R, init=[])
-    m.submodules.mip = mip = memory.Memory(shape=32, depth=NJ * WS, init=[])
-    m.submodules.mport = mport = memory.Memory(shape=16, depth=NJ * WS, init=[])
+    # member tables in distributed RAM: P0 reads them in the same cycle as the header
+    dist = {"ram_style": "distributed"}
+    m.submodules.mip = mip = memory.Memory(shape=32, depth=NJ * WS, init=[], attrs=dist)
+    m.submodules.mport = mport = memory.Memory(shape=16, depth=NJ * WS, init=[], attrs=dist)
     m.submodules.mmac = mmac = memory.Memory(shape=48, depth=NJ * WS, init=[])
 
     meta_w = meta.write_port()
@@ -111,7 +113,9 @@ def build_core(core, platform):
     ovf_w = ovf.write_port()
     ovf_r = ovf.read_port()
     mip_w, mport_w, mmac_w = mip.write_port(), mport.write_port(), mmac.write_port()
-    mip_r, mport_r = mip.read_port(), mport.read_port()
+    # P0 reads every job's entry for the header's worker (asynchronous: distributed RAM)
+    mip_rj = [mip.read_port(domain="comb") for _ in range(NJ)]
+    mport_rj = [mport.read_port(domain="comb") for _ in range(NJ)]
     mip_r2, mport_r2, mmac_r2 = mip.read_port(), mport.read_port(), mmac.read_port()
 
     # register bus: writes
@@ -299,8 +303,12 @@ def build_core(core, platform):
     with m.Else():
         m.d.comb += reason.eq(R_OK)
     # member table: read in P0 by (job, worker), compared in P1
-    p0_midx = jidx * WS + hdr.worker[:max(1, LWS)] if WS > 1 else jidx
-    m.d.comb += [mip_r.addr.eq(p0_midx), mport_r.addr.eq(p0_midx)]
+    p1_mip = [Signal(32, name=f"p1_mip{j}") for j in range(NJ)]
+    p1_mport = [Signal(16, name=f"p1_mport{j}") for j in range(NJ)]
+    for j in range(NJ):
+        midx = j * WS + hdr.worker[:max(1, LWS)] if WS > 1 else j
+        m.d.comb += [mip_rj[j].addr.eq(midx), mport_rj[j].addr.eq(midx)]
+        m.d.sync += [p1_mip[j].eq(mip_rj[j].data), p1_mport[j].eq(mport_rj[j].data)]
 
     # ---------------------------------------------------------------- P1: read, compare
     # One operation enters P1 per cycle: a re-run packet (from P2), a decoded packet
@@ -352,7 +360,9 @@ def build_core(core, platform):
 
     p1_job = Signal(range(max(2, NJ)))
     m.d.comb += p1_job.eq(p1_op.rec >> (LWM + 1))
-    md = meta_r.data
+    w3_en, w3_addr, w3_data = Signal(), Signal(range(R)), Signal(MetaL)
+    md = Signal(MetaL)
+    m.d.comb += md.eq(Mux(w3_en & (w3_addr == p1_op.rec), w3_data, meta_r.data))
     seqs = Signal(signed(34))
     m.d.comb += seqs.eq(p1_op.seq)
     late_by = Signal(32)          # time - due, modulo 2^32: expired when not negative
@@ -367,13 +377,23 @@ def build_core(core, platform):
     # P2 registers: the metadata, the compare results, the job's configuration
     p2_md = Signal(MetaL)
     c = {k: Signal(name=f"c_{k}") for k in
-         ("late", "eq_seqm", "eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0", "nelem_ne",
-          "exp_gt", "probe", "src_ok", "bounded", "enabled", "cnt_lt_n")}
+         ("eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0", "nelem_ne",
+          "exp_gt", "probe", "src_ok", "cnt_lt_n", "k_pkt", "k_scan", "k_init",
+          "k_pkt_ok", "k_expire", "k_reuse", "nz")}
     p2_bit = Signal(P.workers)
     p2_cnt1 = Signal(range(P.workers + 2))
     p2_due = Signal(32)
     p2_init_tag = Signal(signed(34))
     p2_job = Signal(range(max(2, NJ)))
+    src_ok1 = p1_reinj | ((Array(p1_mip)[p1_job] == p1_op.sip)
+                          & (Array(p1_mport)[p1_job] == p1_op.sport))
+    k_pkt1 = p1_op.kind == K_PKT
+    k_scan1 = (p1_op.kind == K_SCAN) & jf("enable", p1_job)
+    k_pkt_ok1 = k_pkt1 & (p1_op.reason == R_OK) & src_ok1
+    # any operation at time ts may fire its record when it is due (the model's
+    # ``process`` ticks before it even parses the packet)
+    k_expire1 = ((k_pkt1 | k_scan1) & jf("enable", p1_job) & jf("bounded", p1_job)
+                 & ~md.complete & ~late_by[31])
     bit1 = Signal(P.workers)
     m.d.comb += bit1.eq(1 << p1_op.worker[:5])
     m.d.sync += [
@@ -381,7 +401,6 @@ def build_core(core, platform):
         p2_adj.eq(p1_adj), p2_md.eq(md), p2_job.eq(p1_job), p2_bit.eq(bit1),
         p2_cnt1.eq(md.count + 1), p2_due.eq(p1_op.ts + jf("deadline", p1_job)),
         p2_init_tag.eq(init_idx + Mux(init_set, w1, 0) - w2),
-        c["late"].eq(~late_by[31]), c["eq_seqm"].eq(md.tag == p1_op.seqm),
         c["eq_seq"].eq(md.tag == seqs), c["lt"].eq(seqs < md.tag),
         c["dup"].eq((md.bitmap & bit1).any()), c["cnt1_n"].eq(md.count + 1 == n1),
         c["one_n"].eq(n1 == 1), c["cnt0"].eq(md.count == 0), c["cnt_lt_n"].eq(md.count < n1),
@@ -389,34 +408,43 @@ def build_core(core, platform):
         c["probe"].eq(q.probe_hit | (p3_push_a & (p3_a.rec == p1_op.rec))
                      | (p3_push_b & (p3_b.rec == p1_op.rec))
                      | (nxt_valid & (nxt.rec == p1_op.rec)) | (run & (cur.rec == p1_op.rec))),
-        c["src_ok"].eq(p1_reinj | ((mip_r.data == p1_op.sip) & (mport_r.data == p1_op.sport))),
-        c["bounded"].eq(jf("bounded", p1_job)), c["enabled"].eq(jf("enable", p1_job)),
+        c["src_ok"].eq(src_ok1), c["k_pkt"].eq(k_pkt1), c["k_scan"].eq(k_scan1),
+        c["k_init"].eq(p1_op.kind == K_INIT), c["k_pkt_ok"].eq(k_pkt_ok1),
+        # any operation at time ts may fire its record when it is due (the model's
+        # ``process`` ticks before it even parses the packet)
+        c["k_expire"].eq(k_expire1),
+        c["k_reuse"].eq(k_pkt_ok1 & (md.complete | k_expire1) & (md.tag == p1_op.seqm)),
+        c["nz"].eq(p1_op.nelem != 0),
     ]
 
     # ---------------------------------------------------------------- P2: slot rules
     v2 = p2_valid & ~p2_adj
     reason2 = p2_op.reason
-    is_pkt = v2 & (p2_op.kind == K_PKT)
-    is_scan = v2 & (p2_op.kind == K_SCAN) & c["enabled"]
-    is_init = v2 & (p2_op.kind == K_INIT)
+    is_pkt = v2 & c["k_pkt"]
+    is_scan = v2 & c["k_scan"]
+    is_init = v2 & c["k_init"]
     src_ok = c["src_ok"]
     early_ok = (reason2 == R_OK) | (reason2 == R_BIGNELEM)
     unksrc = is_pkt & ((reason2 == R_UNKSRC) | (early_ok & ~src_ok))
     bignelem = is_pkt & (reason2 == R_BIGNELEM) & src_ok
-    pkt_ok = is_pkt & (reason2 == R_OK) & src_ok
+    pkt_ok = v2 & c["k_pkt_ok"]
     md2 = p2_md
-    expired = (pkt_ok | is_scan) & c["bounded"] & ~md2.complete & c["late"]
+    expired = v2 & c["k_expire"]
     complete1 = md2.complete | expired
-    reuse_raw = pkt_ok & complete1 & c["eq_seqm"]
+    # P1 computed the rules up to reuse_raw (= k_reuse while the op is valid); P2 adds
+    # the probe (defer), then the rest from registered bits only
+    k_defer = c["k_reuse"] & c["nz"] & (c["k_expire"] | c["probe"])
+    k_reuse = c["k_reuse"] & ~k_defer
+    k_join = c["k_pkt_ok"] & ~k_defer & (c["k_reuse"] | c["eq_seq"])
     defer = Signal()
-    m.d.comb += defer.eq(reuse_raw & (p2_op.nelem != 0) & (expired | c["probe"]))
+    m.d.comb += defer.eq(v2 & k_defer)
     m.d.comb += reinject.eq(defer | (p2_valid & p2_adj))
     with m.If(reinject):
         m.d.sync += retry.eq(1)
     with m.Elif(p2_valid & p2_reinj):
         m.d.sync += retry.eq(0)
-    reuse = reuse_raw & ~defer
-    join = pkt_ok & ~defer & (reuse | c["eq_seq"])
+    reuse = v2 & k_reuse
+    join = v2 & k_join
     stale = pkt_ok & ~join & c["lt"]
     oow = pkt_ok & ~join & ~c["lt"] & ~defer
     cur_bitmap = Mux(reuse, 0, md2.bitmap)
@@ -445,22 +473,23 @@ def build_core(core, platform):
     opens = reuse | c["cnt0"]
     mode = Mux(accept, Mux(opens, M_OPEN, M_ADD), M_NONE)
 
-    # metadata write
+    # metadata write, registered (P3); P1 takes it from the register while it lands
     with m.If(is_init):
-        m.d.comb += [meta_w.en.eq(1), meta_w.addr.eq(p2_op.rec),
-                     meta_w.data.tag.eq(p2_init_tag),
-                     meta_w.data.complete.eq(1), meta_w.data.exponent.eq(-128)]
+        m.d.sync += [w3_en.eq(1), w3_addr.eq(p2_op.rec), w3_data.eq(0),
+                     w3_data.tag.eq(p2_init_tag),
+                     w3_data.complete.eq(1), w3_data.exponent.eq(-128)]
     with m.Else():
-        m.d.comb += [
-            meta_w.en.eq(expired | reuse | accept), meta_w.addr.eq(p2_op.rec),
-            meta_w.data.tag.eq(cur_tag),
-            meta_w.data.complete.eq(cur_complete | completes),
-            meta_w.data.bitmap.eq(cur_bitmap | Mux(accept, bit, 0)),
-            meta_w.data.count.eq(Mux(accept, new_count, cur_count)),
-            meta_w.data.exponent.eq(Mux(accept, new_exp, cur_exp)),
-            meta_w.data.due.eq(cur_due),
-            meta_w.data.nelem.eq(cur_nelem),
+        m.d.sync += [
+            w3_en.eq(expired | reuse | accept), w3_addr.eq(p2_op.rec),
+            w3_data.tag.eq(cur_tag),
+            w3_data.complete.eq(cur_complete | completes),
+            w3_data.bitmap.eq(cur_bitmap | Mux(accept, bit, 0)),
+            w3_data.count.eq(Mux(accept, new_count, cur_count)),
+            w3_data.exponent.eq(Mux(accept, new_exp, cur_exp)),
+            w3_data.due.eq(cur_due),
+            w3_data.nelem.eq(cur_nelem),
         ]
+    m.d.comb += [meta_w.en.eq(w3_en), meta_w.addr.eq(w3_addr), meta_w.data.eq(w3_data)]
 
     # requests: a = expired PARTIAL (old contents), b = completion or re-send; registered
     # (P3) before they enter the queue
