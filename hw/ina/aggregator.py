@@ -1,26 +1,40 @@
 """The aggregator pipeline and its glue to the replicator (built by ``InaCore``).
 
-Header path (one operation per cycle on the slot metadata, read-modify-write):
+Input: every accepted beat goes into a 16-entry FIFO (distributed RAM) with its
+datagram's time. ``i.ready`` is a function of registers: FIFO space, and no job
+initialization running.
 
-* P0: the beat that completes the header (or ends a short datagram) is decoded: the
-  checks that need only the header and the UDP length (truncated, version, type, body
-  length, unknown job, worker out of range), the job lookup, the slot record
-  ``job*2Wmax + set*Wmax + seq%W``. In a cycle with no header, the deadline scanner
-  or the job initializer issues its own operation on one record.
-* P1: source check against the member table, then the model's slot rules on the record
-  (metadata and member table are read asynchronously from P1's registered address, so
-  back-to-back operations on one record see each other): expiry at the packet's time, reuse at tag+2W, stale, out of window,
-  re-send, duplicate, nelem mismatch, accept. Up to two output requests (an expired
-  PARTIAL, then a completion or a re-send) enter the request queue.
+Header path, one operation per cycle, fixed latency (a packet whose last header beat
+is popped in cycle t is decided in cycle t+3 = ``DEC_LAT``):
 
-Element path (one beat per cycle): S0 reads the accumulator beat; S1 registers the RAM
-output; E1 adds (37-bit, exact) with the last two writes forwarded when they hit the
-same address; E2 writes it back and folds the beat's out-of-int32-range lanes into the
-record's overflow bit.
+* pop: the FIFO's head beat; position kept as flags; header words into registers.
+* P0: decode from registers: the checks that need only the header and the UDP length
+  (truncated, version, type, body length, unknown job, worker out of range), every
+  job's record and ``seq - 2W`` in parallel, then the matching job's; every job's
+  member-table entry for the header's worker.
+* P1: the slot metadata (distributed RAM, read asynchronously at P1's registered
+  record, or P3's write register while that write lands), the compares (tags, expiry,
+  bitmap, count, source), and the rules up to "reuse".
+* P2: defer, join, duplicate, accept, completion; the metadata write and up to two
+  output requests (an expired PARTIAL, then a completion or a re-send) into registers.
+* P3: the metadata write and the requests land.
+
+A packet that P2 defers (it would reuse a record whose result is still queued or being
+sent, or that expires right now), or that followed an operation on its record in the
+very next cycle, goes back to P1; everything younger is flushed and the FIFO's pop
+pointer is rewound to the packet's first element beat (popped beats stay in the FIFO
+until their packet's decision is final). Pops wait until the packet passes.
+
+Element path (one beat per cycle): popped beats reach S0 through a DEC_LAT-stage delay
+line, so a beat arrives the cycle after its packet's decision. S0 reads the
+accumulator beat; S1 registers the RAM output; E1 adds (37-bit, exact) with the last
+two writes forwarded when they hit the same address; E2 writes it back and folds the
+beat's out-of-int32-range lanes into the record's overflow bit.
 
 Time: ``now`` counts cycles. A packet's time is the cycle its first beat is accepted; a
-slot whose ``opened + deadline <= time`` (kept as ``due``) is expired for every operation, so the scanner
-only has to catch slots that no packet touches (the model's ``tick``).
+slot whose ``opened + deadline <= time`` (kept as ``due``) is expired for every
+operation, so the scanner only has to catch slots that no packet touches (the model's
+``tick``).
 """
 
 from amaranth.hdl import *
@@ -39,7 +53,7 @@ __all__ = ["build_core", "meta_layout", "request_layout"]
 R_OK, R_TRUNC, R_BADVER, R_STATUS, R_MALF, R_UNKJOB, R_UNKSRC, R_BIGNELEM = range(8)
 K_SCAN, K_PKT, K_INIT = range(3)
 M_NONE, M_OPEN, M_ADD = range(3)
-DEC_LAT = 3   # pop of a packet's last header beat (cycle t) -> its P2 decision (t + 3)
+DEC_LAT = 4   # pop of a packet's last header beat (cycle t) -> its P2 decision (t + 4)
 
 
 def _log2(n):
@@ -172,9 +186,9 @@ def build_core(core, platform):
 
     # ---------------------------------------------------------------- request queue
     m.submodules.queue = q = RequestQueue(ReqL, P.queue, range(R))
-    # ops that may still push after the pops stop: P0, P1, P2, P3 and the beat being
+    # ops that may still push after the pops stop: P0, P1a, P1b, P2, P3 and the beat being
     # popped, at most two requests each
-    q_stop = q.level > P.queue - 10
+    q_stop = q.level > P.queue - 12
     p3_push_a, p3_push_b = Signal(), Signal()   # P3: registered pushes
     p3_a, p3_b = Signal(ReqL), Signal(ReqL)
     nxt, nxt_valid = Signal(ReqL), Signal()     # replicator: prefetched request
@@ -215,38 +229,49 @@ def build_core(core, platform):
     avail = rp != wp
     retry = Signal()            # a deferred packet is being re-run: pops wait
     pop = avail & ~retry & ~init_busy & ~q_stop
-    pos_reg = Signal(16)
+    # position in the datagram, kept as flags so the pop decision is shallow:
+    # at_hdr[k]: the next beat (if not a first beat) is header beat k; in_hdr_r: it is a
+    # header beat; posmh: its position minus H (the element beat index), saturating
+    at_hdr = Signal(H, init=1)
+    in_hdr_r = Signal(init=1)
+    posmh = Signal(signed(18))
     hdr_regs = [Signal(32, name=f"hdr_w{k}") for k in range(HEADER_WORDS)]
     ts_reg, len_reg = Signal(32), Signal(16)
     sip_reg, sport_reg = Signal(32), Signal(16)
     collecting = Signal()
-    cur_pos = Mux(b.first, 0, pos_reg)
-    in_hdr = cur_pos < H
-    dec = pop & in_hdr & ((cur_pos == H - 1) | b.last)
+    in_hdr = b.first | in_hdr_r
+    hdr_last = Mux(b.first, H == 1, at_hdr[H - 1])     # the beat ends the header
+    dec = pop & in_hdr & (hdr_last | b.last)
     # delay line from the pop to the element path's S0 (DEC_LAT stages), so a beat
     # reaches S0 after its packet's decision
     DlL = data.StructLayout({"valid": 1, "elem": 1, "first": 1, "e": 16,
                              "data": data.ArrayLayout(32, L)})
     dl = [Signal(DlL, name=f"dl{k}") for k in range(DEC_LAT)]
     with m.If(pop):
-        m.d.sync += [pos_reg.eq(Mux(cur_pos == 0xFFFF, cur_pos, cur_pos + 1)),
-                     rp.eq(rp + 1)]
+        m.d.sync += rp.eq(rp + 1)
+        with m.If(b.first):
+            m.d.sync += [at_hdr.eq(0b10 if H > 1 else 0), in_hdr_r.eq(H > 1),
+                         posmh.eq(1 - H)]
+        with m.Else():
+            m.d.sync += [at_hdr.eq(at_hdr << 1), in_hdr_r.eq(in_hdr_r & ~at_hdr[H - 1]),
+                         posmh.eq(Mux(posmh == 0xFFFF, posmh, posmh + 1))]
         for k in range(HEADER_WORDS):
-            with m.If(cur_pos == k // L):
+            hb = k // L
+            with m.If(Mux(b.first, hb == 0, at_hdr[hb])):
                 m.d.sync += hdr_regs[k].eq(b.data[k % L])
         with m.If(b.first):
             m.d.sync += [ts_reg.eq(b.ts), len_reg.eq(b.length), sip_reg.eq(b.src_ip),
                          sport_reg.eq(b.src_port)]
         m.d.sync += collecting.eq(~dec & ~b.last)
-    m.d.sync += [dl[0].valid.eq(pop), dl[0].elem.eq(~in_hdr & ~b.first),
-                 dl[0].first.eq(b.first), dl[0].e.eq(cur_pos - H), dl[0].data.eq(b.data)]
+    m.d.sync += [dl[0].valid.eq(pop), dl[0].elem.eq(~in_hdr),
+                 dl[0].first.eq(b.first), dl[0].e.eq(posmh[:16]), dl[0].data.eq(b.data)]
     m.d.sync += [dl[k].eq(dl[k - 1]) for k in range(1, DEC_LAT)]
     m.d.sync += [rp_d[0].eq(rp)] + [rp_d[k].eq(rp_d[k - 1]) for k in range(1, DEC_LAT)]
     horizon = Mux(collecting, ts_reg, Mux(avail, b.ts, now))
 
     # ---------------------------------------------------------------- P0: decode
     p0_valid, p0_short, p0_rewind = Signal(), Signal(), Signal(5)
-    m.d.sync += [p0_valid.eq(dec), p0_short.eq(cur_pos < H - 1), p0_rewind.eq(rp + 1)]
+    m.d.sync += [p0_valid.eq(dec), p0_short.eq(~hdr_last), p0_rewind.eq(rp + 1)]
     hdr = data.View(HeaderLayout, Cat(*reversed(hdr_regs)))
     # per-job window constants, registered from the static configuration (a job is
     # configured long before its first packet: enabling it takes 2W cycles)
@@ -313,15 +338,17 @@ def build_core(core, platform):
     # ---------------------------------------------------------------- P1: read, compare
     # One operation enters P1 per cycle: a re-run packet (from P2), a decoded packet
     # (P0), a job-initialization write, or a deadline-scanner visit. Two operations on
-    # one record are never in consecutive cycles (the scanner skips P1's record and
-    # waits for a packet decision; two empty one-beat packets to one slot re-run the
-    # second one), so P1 reads the metadata after every earlier write landed.
+    # one record are never in consecutive cycles (the scanner skips P1's record, a scan
+    # visit followed by a packet to its record is dropped, and of two empty one-beat
+    # packets to one slot in a row the second is re-run), so P1 sees every earlier
+    # write: from the memory, or from P3's write register while it lands.
     OpL = data.StructLayout({
         "kind": 2, "reason": 3, "rec": range(R), "seq": 32, "seqm": signed(34),
         "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16, "sip": 32, "sport": 16,
         "base": range(R * EB + 1), "nbeats": 16, "rewind": 5,
     })
     p1_valid, p1_op, p1_reinj, p1_adj = Signal(), Signal(OpL), Signal(), Signal()
+    q1_valid, q1_op, q1_reinj, q1_adj = Signal(), Signal(OpL), Signal(), Signal()
     p2_valid, p2_op, p2_reinj, p2_adj = Signal(), Signal(OpL), Signal(), Signal()
     reinject = Signal()
     scan_ptr = Signal(range(R))
@@ -329,14 +356,18 @@ def build_core(core, platform):
         init_rec = Cat(init_ptr[:LWM], init_ptr[LWM], init_job)
     else:
         init_rec = Cat(init_ptr[0], init_job)
-    pipe_empty = ~p0_valid & ~p1_valid & ~p2_valid
-    scan_ok = (~p0_valid & ~dec & ~init_busy & ~retry & ~q_stop
+    pipe_empty = ~p0_valid & ~p1_valid & ~q1_valid & ~p2_valid
+    scan_ok = (~p0_valid & ~init_busy & ~retry & ~q_stop
                & ~(p1_valid & (p1_op.rec == scan_ptr)))
+    # a scan visit in P1 to the record that the packet in P0 needs next is dropped (the
+    # scanner comes back to it), so a packet never follows a scan of its record directly
+    scan_cancel = p0_valid & (p1_op.kind == K_SCAN) & (p1_op.rec == rec)
     m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0)]
     with m.If(reinject):
         m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1)]
     with m.Elif(p0_valid):
-        m.d.sync += [p1_valid.eq(1), p1_adj.eq(p1_valid & (p1_op.rec == rec)),
+        m.d.sync += [p1_valid.eq(1),
+                     p1_adj.eq(p1_valid & (p1_op.kind == K_PKT) & (p1_op.rec == rec)),
                      p1_op.kind.eq(K_PKT), p1_op.reason.eq(reason), p1_op.rec.eq(rec),
                      p1_op.seq.eq(hdr.seq), p1_op.seqm.eq(seqm), p1_op.ts.eq(ts_reg),
                      p1_op.worker.eq(hdr.worker), p1_op.exp.eq(hdr.exponent),
@@ -358,22 +389,32 @@ def build_core(core, platform):
                      scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
     m.d.comb += meta_r.addr.eq(p1_op.rec)
 
-    p1_job = Signal(range(max(2, NJ)))
-    m.d.comb += p1_job.eq(p1_op.rec >> (LWM + 1))
+    # P1a reads the metadata (taking P3's write while it lands); P1b compares
     w3_en, w3_addr, w3_data = Signal(), Signal(range(R)), Signal(MetaL)
+    q1_md = Signal(MetaL)
+    q1_mip = [Signal(32, name=f"q1_mip{j}") for j in range(NJ)]
+    q1_mport = [Signal(16, name=f"q1_mport{j}") for j in range(NJ)]
+    m.d.sync += [q1_valid.eq(p1_valid & ~reinject & ~scan_cancel), q1_op.eq(p1_op),
+                 q1_reinj.eq(p1_reinj), q1_adj.eq(p1_adj),
+                 q1_md.eq(Mux(w3_en & (w3_addr == p1_op.rec), w3_data, meta_r.data))]
+    m.d.sync += [q1_mip[j].eq(p1_mip[j]) for j in range(NJ)]
+    m.d.sync += [q1_mport[j].eq(p1_mport[j]) for j in range(NJ)]
+
+    q1_job = Signal(range(max(2, NJ)))
+    m.d.comb += q1_job.eq(q1_op.rec >> (LWM + 1))
     md = Signal(MetaL)
-    m.d.comb += md.eq(Mux(w3_en & (w3_addr == p1_op.rec), w3_data, meta_r.data))
+    m.d.comb += md.eq(Mux(w3_en & (w3_addr == q1_op.rec), w3_data, q1_md))
     seqs = Signal(signed(34))
-    m.d.comb += seqs.eq(p1_op.seq)
+    m.d.comb += seqs.eq(q1_op.seq)
     late_by = Signal(32)          # time - due, modulo 2^32: expired when not negative
-    m.d.comb += late_by.eq(p1_op.ts - md.due)
-    n1 = jf("nworkers", p1_job)
+    m.d.comb += late_by.eq(q1_op.ts - md.due)
+    n1 = jf("nworkers", q1_job)
     w1 = Signal(signed(35))
     w2 = Signal(signed(35))
-    m.d.comb += [w1.eq(Array(wbit)[p1_job]), w2.eq(Cat(C(0, 1), Array(wbit)[p1_job]))]
-    init_idx = p1_op.rec[:LWM] if LWM else C(0, 1)
-    init_set = p1_op.rec[LWM]
-    m.d.comb += q.probe.eq(p1_op.rec)
+    m.d.comb += [w1.eq(Array(wbit)[q1_job]), w2.eq(Cat(C(0, 1), Array(wbit)[q1_job]))]
+    init_idx = q1_op.rec[:LWM] if LWM else C(0, 1)
+    init_set = q1_op.rec[LWM]
+    m.d.comb += q.probe.eq(q1_op.rec)
     # P2 registers: the metadata, the compare results, the job's configuration
     p2_md = Signal(MetaL)
     c = {k: Signal(name=f"c_{k}") for k in
@@ -385,36 +426,36 @@ def build_core(core, platform):
     p2_due = Signal(32)
     p2_init_tag = Signal(signed(34))
     p2_job = Signal(range(max(2, NJ)))
-    src_ok1 = p1_reinj | ((Array(p1_mip)[p1_job] == p1_op.sip)
-                          & (Array(p1_mport)[p1_job] == p1_op.sport))
-    k_pkt1 = p1_op.kind == K_PKT
-    k_scan1 = (p1_op.kind == K_SCAN) & jf("enable", p1_job)
-    k_pkt_ok1 = k_pkt1 & (p1_op.reason == R_OK) & src_ok1
+    src_ok1 = q1_reinj | ((Array(q1_mip)[q1_job] == q1_op.sip)
+                          & (Array(q1_mport)[q1_job] == q1_op.sport))
+    k_pkt1 = q1_op.kind == K_PKT
+    k_scan1 = (q1_op.kind == K_SCAN) & jf("enable", q1_job)
+    k_pkt_ok1 = k_pkt1 & (q1_op.reason == R_OK) & src_ok1
     # any operation at time ts may fire its record when it is due (the model's
     # ``process`` ticks before it even parses the packet)
-    k_expire1 = ((k_pkt1 | k_scan1) & jf("enable", p1_job) & jf("bounded", p1_job)
+    k_expire1 = ((k_pkt1 | k_scan1) & jf("enable", q1_job) & jf("bounded", q1_job)
                  & ~md.complete & ~late_by[31])
     bit1 = Signal(P.workers)
-    m.d.comb += bit1.eq(1 << p1_op.worker[:5])
+    m.d.comb += bit1.eq(1 << q1_op.worker[:5])
     m.d.sync += [
-        p2_valid.eq(p1_valid & ~reinject), p2_op.eq(p1_op), p2_reinj.eq(p1_reinj),
-        p2_adj.eq(p1_adj), p2_md.eq(md), p2_job.eq(p1_job), p2_bit.eq(bit1),
-        p2_cnt1.eq(md.count + 1), p2_due.eq(p1_op.ts + jf("deadline", p1_job)),
+        p2_valid.eq(q1_valid & ~reinject), p2_op.eq(q1_op), p2_reinj.eq(q1_reinj),
+        p2_adj.eq(q1_adj), p2_md.eq(md), p2_job.eq(q1_job), p2_bit.eq(bit1),
+        p2_cnt1.eq(md.count + 1), p2_due.eq(q1_op.ts + jf("deadline", q1_job)),
         p2_init_tag.eq(init_idx + Mux(init_set, w1, 0) - w2),
         c["eq_seq"].eq(md.tag == seqs), c["lt"].eq(seqs < md.tag),
         c["dup"].eq((md.bitmap & bit1).any()), c["cnt1_n"].eq(md.count + 1 == n1),
         c["one_n"].eq(n1 == 1), c["cnt0"].eq(md.count == 0), c["cnt_lt_n"].eq(md.count < n1),
-        c["nelem_ne"].eq(p1_op.nelem != md.nelem), c["exp_gt"].eq(p1_op.exp > md.exponent),
-        c["probe"].eq(q.probe_hit | (p3_push_a & (p3_a.rec == p1_op.rec))
-                     | (p3_push_b & (p3_b.rec == p1_op.rec))
-                     | (nxt_valid & (nxt.rec == p1_op.rec)) | (run & (cur.rec == p1_op.rec))),
+        c["nelem_ne"].eq(q1_op.nelem != md.nelem), c["exp_gt"].eq(q1_op.exp > md.exponent),
+        c["probe"].eq(q.probe_hit | (p3_push_a & (p3_a.rec == q1_op.rec))
+                     | (p3_push_b & (p3_b.rec == q1_op.rec))
+                     | (nxt_valid & (nxt.rec == q1_op.rec)) | (run & (cur.rec == q1_op.rec))),
         c["src_ok"].eq(src_ok1), c["k_pkt"].eq(k_pkt1), c["k_scan"].eq(k_scan1),
-        c["k_init"].eq(p1_op.kind == K_INIT), c["k_pkt_ok"].eq(k_pkt_ok1),
+        c["k_init"].eq(q1_op.kind == K_INIT), c["k_pkt_ok"].eq(k_pkt_ok1),
         # any operation at time ts may fire its record when it is due (the model's
         # ``process`` ticks before it even parses the packet)
         c["k_expire"].eq(k_expire1),
-        c["k_reuse"].eq(k_pkt_ok1 & (md.complete | k_expire1) & (md.tag == p1_op.seqm)),
-        c["nz"].eq(p1_op.nelem != 0),
+        c["k_reuse"].eq(k_pkt_ok1 & (md.complete | k_expire1) & (md.tag == q1_op.seqm)),
+        c["nz"].eq(q1_op.nelem != 0),
     ]
 
     # ---------------------------------------------------------------- P2: slot rules
@@ -531,8 +572,8 @@ def build_core(core, platform):
     # the very next cycle) goes back to P1; everything younger is dropped and the input
     # is rewound to the packet's first element beat
     with m.If(reinject):
-        m.d.sync += [p0_valid.eq(0), rp.eq(p2_op.rewind), pos_reg.eq(H),
-                     collecting.eq(0)]
+        m.d.sync += [p0_valid.eq(0), rp.eq(p2_op.rewind), at_hdr.eq(0), in_hdr_r.eq(0),
+                     posmh.eq(0), collecting.eq(0)]
         m.d.sync += [d.valid.eq(0) for d in dl]
         m.d.sync += [r.eq(p2_op.rewind) for r in rp_d]
 
