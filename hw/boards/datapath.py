@@ -20,6 +20,7 @@ from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from hw.eth.cdc import AsyncFIFOLut
 from hw.eth.egress import Router
 from hw.eth.port import PORT_COUNTERS, EthPort
 from hw.eth.words import CORE_IN, PacketArbiter
@@ -161,8 +162,11 @@ class InaDatapath(wiring.Component):
             dst = getattr(router, f"o{p}")
             cdc_in[p] = fin = AsyncFIFO(width=len(src.payload.as_value()),
                                         depth=self.fifo_depth, w_domain="sync", r_domain="core")
-            cdc_out[p] = fout = AsyncFIFO(width=len(dst.payload.as_value()),
-                                          depth=self.fifo_depth, w_domain="core", r_domain="sync")
+            # Read in ``sync``: a LUT RAM FIFO, so the read pointer logic and the read
+            # data are separate short paths at 125 MHz (hw/eth/cdc.py).
+            cdc_out[p] = fout = AsyncFIFOLut(width=len(dst.payload.as_value()),
+                                             depth=self.fifo_depth, w_domain="core",
+                                             r_domain="sync")
             m.submodules[f"in_cdc{p}"] = fin
             m.submodules[f"out_cdc{p}"] = fout
             m.d.comb += [src.payload.eq(fin.r_data), src.valid.eq(fin.r_rdy),
@@ -188,8 +192,13 @@ class InaDatapath(wiring.Component):
                 port.mac.eq(b.mac_int), port.ip.eq(b.ip_int),
             ]
             fin, fout = cdc_in[p], cdc_out[p]
-            m.d.comb += [fin.w_data.eq(port.ina.payload), fin.w_en.eq(port.ina.valid),
-                         port.ina.ready.eq(fin.w_rdy),
+            # Registered ready into the core's FIFO: from its (registered) write level one
+            # cycle ago, at most one word behind, so two entries stay unused; the port's
+            # packet FIFO read logic then does not wait on the Gray-code full compare.
+            room = Signal(name=f"in_cdc_room{p}")
+            m.d.sync += room.eq(fin.w_level <= self.fifo_depth - 3)
+            m.d.comb += [fin.w_data.eq(port.ina.payload), fin.w_en.eq(port.ina.valid & room),
+                         port.ina.ready.eq(room),
                          port.result.payload.eq(fout.r_data), port.result.valid.eq(fout.r_rdy),
                          fout.r_en.eq(port.result.ready)]
         return m

@@ -12,13 +12,14 @@ async FIFO -> :class:`~hw.eth.mac.MacTx` (transmit clock).
 
 from amaranth import *
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import AsyncFIFO, SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from .cdc import AsyncFIFOLut
 from .egress import CORE_OUT, UdpTx
 from .ingress import N_DROPS, Drop, Ingress
 from .mac import BYTE, RX_BYTE, MacRx, MacTx, PacketBuffer, RxStatus
-from .words import CORE_IN, BytesToWords, PacketArbiter, PacketFIFO
+from .words import CORE_IN, BytesToWords, PacketArbiter, PacketFIFO, SkidBuffer
 
 __all__ = ["EthPort", "PORT_COUNTERS"]
 
@@ -63,8 +64,9 @@ class EthPort(wiring.Component):
         m.d.comb += [mac_rx.rx_dv.eq(self.rx_dv), mac_rx.rx_er.eq(self.rx_er),
                      mac_rx.rxd.eq(self.rxd)]
         rx_width = Shape.cast(RX_BYTE).width
-        m.submodules.rx_cdc = rx_cdc = AsyncFIFO(width=rx_width, depth=64,
-                                                 w_domain=rxd, r_domain="sync")
+        # LUT RAM FIFO: its read data is a RAM lookup, registered just below.
+        m.submodules.rx_cdc = rx_cdc = AsyncFIFOLut(width=rx_width, depth=64,
+                                                    w_domain=rxd, r_domain="sync")
         m.d.comb += [rx_cdc.w_en.eq(mac_rx.o.valid), rx_cdc.w_data.eq(mac_rx.o.payload)]
 
         # A register between the async FIFO and the receive buffer (timing: the FIFO's
@@ -87,9 +89,13 @@ class EthPort(wiring.Component):
         # -- transmit -----------------------------------------------------------------
         m.submodules.result_fifo = result_fifo = SyncFIFOBuffered(
             width=Shape.cast(CORE_OUT).width, depth=self.result_depth)
+        # Registered ready (as in PacketFIFO): the async FIFO's read enable does not wait
+        # on this FIFO's level compare. Two entries stay unused.
+        result_room = Signal()
+        m.d.sync += result_room.eq(result_fifo.level <= self.result_depth - 3)
         m.d.comb += [result_fifo.w_data.eq(self.result.payload),
-                     result_fifo.w_en.eq(self.result.valid),
-                     self.result.ready.eq(result_fifo.w_rdy)]
+                     result_fifo.w_en.eq(self.result.valid & result_room),
+                     self.result.ready.eq(result_room)]
         m.submodules.udp_tx = udp_tx = UdpTx()
         m.d.comb += [udp_tx.i.payload.eq(result_fifo.r_data),
                      udp_tx.i.valid.eq(result_fifo.r_rdy),
@@ -109,15 +115,19 @@ class EthPort(wiring.Component):
                      tx_buf.i.payload.data.eq(tx_arb.o.payload.data),
                      tx_buf.i.payload.last.eq(tx_arb.o.payload.last)]
 
-        m.submodules.tx_cdc = tx_cdc = AsyncFIFO(width=9, depth=64,
-                                                 w_domain="sync", r_domain=txd)
+        # LUT RAM FIFO into a skid buffer (transmit domain): the FIFO's read pointer, its
+        # RAM lookup and the MAC's ready are three short paths, not one.
+        m.submodules.tx_cdc = tx_cdc = AsyncFIFOLut(width=9, depth=64,
+                                                    w_domain="sync", r_domain=txd)
         m.d.comb += [tx_cdc.w_data.eq(tx_buf.o.payload), tx_cdc.w_en.eq(tx_buf.o.valid),
                      tx_buf.o.ready.eq(tx_cdc.w_rdy)]
+        m.submodules.tx_skid = tx_skid = DomainRenamer(txd)(SkidBuffer(BYTE))
+        m.d.comb += [tx_skid.i.payload.eq(tx_cdc.r_data), tx_skid.i.valid.eq(tx_cdc.r_rdy),
+                     tx_cdc.r_en.eq(tx_skid.i.ready)]
 
         m.submodules.mac_tx = mac_tx = DomainRenamer(txd)(MacTx())
-        m.d.comb += [mac_tx.i.payload.eq(tx_cdc.r_data), mac_tx.i.valid.eq(tx_cdc.r_rdy),
-                     tx_cdc.r_en.eq(mac_tx.i.ready),
-                     self.tx_en.eq(mac_tx.tx_en), self.tx_er.eq(mac_tx.tx_er),
+        wiring.connect(m, tx_skid.o, mac_tx.i)
+        m.d.comb += [self.tx_en.eq(mac_tx.tx_en), self.tx_er.eq(mac_tx.tx_er),
                      self.txd.eq(mac_tx.txd)]
 
         # -- counters -----------------------------------------------------------------

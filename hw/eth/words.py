@@ -5,6 +5,8 @@
 * :class:`PacketFIFO`: a synchronous FIFO that shows a packet only once all of it is
   inside, so a packet leaves it at one beat per cycle, without bubbles.
 * :class:`PacketArbiter`: round-robin, packet-granular merge of several streams.
+* :class:`SkidBuffer`: a two-entry stream register that cuts both the data/valid and the
+  ready path (timing), at one beat per cycle.
 """
 
 from amaranth import *
@@ -16,7 +18,7 @@ from hw.ina.layout import in_layout
 
 from .ingress import INA_RX
 
-__all__ = ["BytesToWords", "PacketFIFO", "PacketArbiter", "CORE_IN"]
+__all__ = ["BytesToWords", "PacketFIFO", "PacketArbiter", "SkidBuffer", "CORE_IN"]
 
 CORE_IN = in_layout(1)
 
@@ -54,7 +56,9 @@ class BytesToWords(wiring.Component):
 
 class PacketFIFO(wiring.Component):
     """FIFO of ``layout`` beats (a StructLayout with a ``last`` field) that releases a
-    packet only when its last beat is in. ``depth`` must hold the largest packet."""
+    packet only when its last beat is in. ``depth - 2`` must hold the largest packet:
+    ``i.ready`` is registered (from the previous cycle's fill level, so the writer's
+    ready path is one flip-flop), which leaves two entries unused."""
 
     def __init__(self, layout, depth):
         self.layout = layout
@@ -69,14 +73,24 @@ class PacketFIFO(wiring.Component):
         w_last = self.i.valid & self.i.ready & self.i.payload.last
         o_view = data.View(self.layout, fifo.r_data)
         r_last = self.o.valid & self.o.ready & o_view.last
+        # At most one beat goes in per cycle, so a level <= depth - 3 one cycle ago means
+        # the FIFO (depth - 1 in its memory, one in its output register) has room now.
+        room = Signal()
+        m.d.sync += room.eq(fifo.level <= self.depth - 3)
+        # ``r_data`` comes straight out of block RAM (~4 ns clock-to-output on an ECP5), so
+        # a packet leaving is counted one cycle later (``r_last_q``); meanwhile
+        # ``packets - r_last_q`` is the number of whole packets still inside.
+        r_last_q = Signal()
+        m.d.sync += r_last_q.eq(r_last)
+        avail = Mux(r_last_q, packets > 1, packets != 0)
         m.d.comb += [
-            fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid),
-            self.i.ready.eq(fifo.w_rdy),
+            fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid & room),
+            self.i.ready.eq(room),
             self.o.payload.eq(fifo.r_data),
-            self.o.valid.eq(fifo.r_rdy & (packets != 0)),
-            fifo.r_en.eq(self.o.ready & (packets != 0)),
+            self.o.valid.eq(fifo.r_rdy & avail),
+            fifo.r_en.eq(self.o.ready & avail),
         ]
-        m.d.sync += packets.eq(packets + w_last - r_last)
+        m.d.sync += packets.eq(packets + w_last - r_last_q)
         return m
 
 
@@ -111,4 +125,28 @@ class PacketArbiter(wiring.Component):
                 m.d.comb += k.eq((sel + off) % self.n)
                 with m.If(Array(s.valid for s in ins)[k]):
                     m.d.sync += [sel.eq(k), busy.eq(1)]
+        return m
+
+
+class SkidBuffer(wiring.Component):
+    """Stream register for ``layout``: ``o.valid``/``o.payload`` and ``i.ready`` all come
+    from flip-flops. A second (skid) register takes the beat that arrives in the cycle
+    ``o`` stalls, so a beat per cycle flows while ``o.ready`` stays high."""
+
+    def __init__(self, layout):
+        self.layout = layout
+        super().__init__({"i": In(stream.Signature(layout)), "o": Out(stream.Signature(layout))})
+
+    def elaborate(self, platform):
+        m = Module()
+        skid_valid = Signal()
+        skid = Signal(self.layout)
+        m.d.comb += self.i.ready.eq(~skid_valid)
+        with m.If(~self.o.valid | self.o.ready):
+            with m.If(skid_valid):
+                m.d.sync += [self.o.payload.eq(skid), self.o.valid.eq(1), skid_valid.eq(0)]
+            with m.Else():
+                m.d.sync += [self.o.payload.eq(self.i.payload), self.o.valid.eq(self.i.valid)]
+        with m.Elif(self.i.valid & ~skid_valid):
+            m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
         return m
