@@ -392,10 +392,12 @@ def build_core(core, platform):
     # P1a reads the metadata (taking P3's write while it lands); P1b compares
     w3_en, w3_addr, w3_data = Signal(), Signal(range(R)), Signal(MetaL)
     q1_md = Signal(MetaL)
+    q1_sel = Signal()   # P1b takes the metadata from P3's write register
     q1_mip = [Signal(32, name=f"q1_mip{j}") for j in range(NJ)]
     q1_mport = [Signal(16, name=f"q1_mport{j}") for j in range(NJ)]
     m.d.sync += [q1_valid.eq(p1_valid & ~reinject & ~scan_cancel), q1_op.eq(p1_op),
                  q1_reinj.eq(p1_reinj), q1_adj.eq(p1_adj),
+                 q1_sel.eq(p2_valid & ~p2_adj & (p2_op.rec == p1_op.rec)),
                  q1_md.eq(Mux(w3_en & (w3_addr == p1_op.rec), w3_data, meta_r.data))]
     m.d.sync += [q1_mip[j].eq(p1_mip[j]) for j in range(NJ)]
     m.d.sync += [q1_mport[j].eq(p1_mport[j]) for j in range(NJ)]
@@ -403,12 +405,26 @@ def build_core(core, platform):
     q1_job = Signal(range(max(2, NJ)))
     m.d.comb += q1_job.eq(q1_op.rec >> (LWM + 1))
     md = Signal(MetaL)
-    m.d.comb += md.eq(Mux(w3_en & (w3_addr == q1_op.rec), w3_data, q1_md))
+    m.d.comb += md.eq(Mux(q1_sel, w3_data, q1_md))
     seqs = Signal(signed(34))
     m.d.comb += seqs.eq(q1_op.seq)
-    late_by = Signal(32)          # time - due, modulo 2^32: expired when not negative
-    m.d.comb += late_by.eq(q1_op.ts - md.due)
     n1 = jf("nworkers", q1_job)
+    bit1 = Signal(P.workers)
+    m.d.comb += bit1.eq(1 << q1_op.worker[:5])
+
+    def compares(mdx):
+        # every compare on both candidates (P3's write register and P1a's read), then
+        # the result of the one in use: the wide select stays off the compare chains
+        late_by = Signal(32)      # time - due, modulo 2^32: expired when not negative
+        m.d.comb += late_by.eq(q1_op.ts - mdx.due)
+        return {"late": ~late_by[31], "complete": mdx.complete,
+                "eq_seqm": mdx.tag == q1_op.seqm, "eq_seq": mdx.tag == seqs,
+                "lt": seqs < mdx.tag, "dup": (mdx.bitmap & bit1).any(),
+                "cnt1_n": mdx.count + 1 == n1, "cnt0": mdx.count == 0,
+                "cnt_lt_n": mdx.count < n1, "nelem_ne": q1_op.nelem != mdx.nelem,
+                "exp_gt": q1_op.exp > mdx.exponent}
+    cw, cr = compares(w3_data), compares(q1_md)
+    cm = {k: Mux(q1_sel, cw[k], cr[k]) for k in cw}
     w1 = Signal(signed(35))
     w2 = Signal(signed(35))
     m.d.comb += [w1.eq(Array(wbit)[q1_job]), w2.eq(Cat(C(0, 1), Array(wbit)[q1_job]))]
@@ -434,27 +450,23 @@ def build_core(core, platform):
     # any operation at time ts may fire its record when it is due (the model's
     # ``process`` ticks before it even parses the packet)
     k_expire1 = ((k_pkt1 | k_scan1) & jf("enable", q1_job) & jf("bounded", q1_job)
-                 & ~md.complete & ~late_by[31])
-    bit1 = Signal(P.workers)
-    m.d.comb += bit1.eq(1 << q1_op.worker[:5])
+                 & ~cm["complete"] & cm["late"])
     m.d.sync += [
         p2_valid.eq(q1_valid & ~reinject), p2_op.eq(q1_op), p2_reinj.eq(q1_reinj),
         p2_adj.eq(q1_adj), p2_md.eq(md), p2_job.eq(q1_job), p2_bit.eq(bit1),
         p2_cnt1.eq(md.count + 1), p2_due.eq(q1_op.ts + jf("deadline", q1_job)),
         p2_init_tag.eq(init_idx + Mux(init_set, w1, 0) - w2),
-        c["eq_seq"].eq(md.tag == seqs), c["lt"].eq(seqs < md.tag),
-        c["dup"].eq((md.bitmap & bit1).any()), c["cnt1_n"].eq(md.count + 1 == n1),
-        c["one_n"].eq(n1 == 1), c["cnt0"].eq(md.count == 0), c["cnt_lt_n"].eq(md.count < n1),
-        c["nelem_ne"].eq(q1_op.nelem != md.nelem), c["exp_gt"].eq(q1_op.exp > md.exponent),
+        c["eq_seq"].eq(cm["eq_seq"]), c["lt"].eq(cm["lt"]), c["dup"].eq(cm["dup"]),
+        c["cnt1_n"].eq(cm["cnt1_n"]), c["one_n"].eq(n1 == 1), c["cnt0"].eq(cm["cnt0"]),
+        c["cnt_lt_n"].eq(cm["cnt_lt_n"]), c["nelem_ne"].eq(cm["nelem_ne"]),
+        c["exp_gt"].eq(cm["exp_gt"]),
         c["probe"].eq(q.probe_hit | (p3_push_a & (p3_a.rec == q1_op.rec))
                      | (p3_push_b & (p3_b.rec == q1_op.rec))
                      | (nxt_valid & (nxt.rec == q1_op.rec)) | (run & (cur.rec == q1_op.rec))),
         c["src_ok"].eq(src_ok1), c["k_pkt"].eq(k_pkt1), c["k_scan"].eq(k_scan1),
         c["k_init"].eq(q1_op.kind == K_INIT), c["k_pkt_ok"].eq(k_pkt_ok1),
-        # any operation at time ts may fire its record when it is due (the model's
-        # ``process`` ticks before it even parses the packet)
         c["k_expire"].eq(k_expire1),
-        c["k_reuse"].eq(k_pkt_ok1 & (md.complete | k_expire1) & (md.tag == q1_op.seqm)),
+        c["k_reuse"].eq(k_pkt_ok1 & (cm["complete"] | k_expire1) & cm["eq_seqm"]),
         c["nz"].eq(q1_op.nelem != 0),
     ]
 
@@ -521,7 +533,9 @@ def build_core(core, platform):
                      w3_data.complete.eq(1), w3_data.exponent.eq(-128)]
     with m.Else():
         m.d.sync += [
-            w3_en.eq(expired | reuse | accept), w3_addr.eq(p2_op.rec),
+            # every valid operation writes its record back (unchanged when no rule
+            # applies), so P1b's bypass needs only the record number
+            w3_en.eq(v2), w3_addr.eq(p2_op.rec),
             w3_data.tag.eq(cur_tag),
             w3_data.complete.eq(cur_complete | completes),
             w3_data.bitmap.eq(cur_bitmap | Mux(accept, bit, 0)),
