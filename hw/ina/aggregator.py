@@ -236,7 +236,8 @@ def build_core(core, platform):
     in_hdr_r = Signal(init=1)
     posmh = Signal(signed(18))
     hdr_regs = [Signal(32, name=f"hdr_w{k}") for k in range(HEADER_WORDS)]
-    ts_reg, len_reg = Signal(32), Signal(16)
+    ts_reg = Signal(32)
+    body_reg, len_short = Signal(signed(18)), Signal()   # UDP length - 20, < 20
     sip_reg, sport_reg = Signal(32), Signal(16)
     collecting = Signal()
     in_hdr = b.first | in_hdr_r
@@ -260,7 +261,8 @@ def build_core(core, platform):
             with m.If(Mux(b.first, hb == 0, at_hdr[hb])):
                 m.d.sync += hdr_regs[k].eq(b.data[k % L])
         with m.If(b.first):
-            m.d.sync += [ts_reg.eq(b.ts), len_reg.eq(b.length), sip_reg.eq(b.src_ip),
+            m.d.sync += [ts_reg.eq(b.ts), body_reg.eq(b.length - 20),
+                         len_short.eq(b.length < 20), sip_reg.eq(b.src_ip),
                          sport_reg.eq(b.src_port)]
         m.d.sync += collecting.eq(~dec & ~b.last)
     m.d.sync += [dl[0].valid.eq(pop), dl[0].elem.eq(~in_hdr),
@@ -303,11 +305,10 @@ def build_core(core, platform):
     bad_worker = by_job([hdr.worker >= jobs[j]["nworkers"] for j in range(NJ)], 1)
     big_nelem = by_job([hdr.nelem > jobs[j]["elements"] for j in range(NJ)], 1)
 
-    body = Signal(signed(18))
-    m.d.comb += body.eq(len_reg - 20)
+    body = body_reg
     nelem4 = hdr.nelem * 4
     reason = Signal(3)
-    with m.If(p0_short | (len_reg < 20)):
+    with m.If(p0_short | len_short):
         m.d.comb += reason.eq(R_TRUNC)
     with m.Elif(hdr.version != 1):
         m.d.comb += reason.eq(R_BADVER)
@@ -361,13 +362,14 @@ def build_core(core, platform):
                & ~(p1_valid & (p1_op.rec == scan_ptr)))
     # a scan visit in P1 to the record that the packet in P0 needs next is dropped (the
     # scanner comes back to it), so a packet never follows a scan of its record directly
-    scan_cancel = p0_valid & (p1_op.kind == K_SCAN) & (p1_op.rec == rec)
+    same_rec = by_job([p1_op.rec == recs[j] for j in range(NJ)], 1)   # P1a's rec == rec
+    scan_cancel = p0_valid & (p1_op.kind == K_SCAN) & same_rec
     m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0)]
     with m.If(reinject):
         m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1)]
     with m.Elif(p0_valid):
         m.d.sync += [p1_valid.eq(1),
-                     p1_adj.eq(p1_valid & (p1_op.kind == K_PKT) & (p1_op.rec == rec)),
+                     p1_adj.eq(p1_valid & (p1_op.kind == K_PKT) & same_rec),
                      p1_op.kind.eq(K_PKT), p1_op.reason.eq(reason), p1_op.rec.eq(rec),
                      p1_op.seq.eq(hdr.seq), p1_op.seqm.eq(seqm), p1_op.ts.eq(ts_reg),
                      p1_op.worker.eq(hdr.worker), p1_op.exp.eq(hdr.exponent),

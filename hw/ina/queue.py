@@ -36,21 +36,30 @@ class RequestQueue(wiring.Component):
         D = self.depth
         ents = [Signal(self.layout, name=f"ent{k}") for k in range(D)]
         rp = Signal(range(D))
-        wp = Signal(range(D))
         level = self.level
         do_pop = self.pop & (level != 0)
 
         def wrap(x):
             return Mux(x >= D, x - D, x)
 
-        wp_b = wrap(wp + self.push_a)
+        # one-hot write pointer: entry k takes a at wsel[k], and b at wsel[k] (alone) or
+        # at wsel[k-1] (after a), so each entry's write enable is one LUT
+        wsel = Signal(D, init=1)
+        wr = []
         for k in range(D):
-            with m.If(self.push_a & (wp == k)):
+            at_a = self.push_a & wsel[k]
+            at_b = self.push_b & Mux(self.push_a, wsel[(k - 1) % D], wsel[k])
+            wr.append(at_a | at_b)
+            with m.If(at_a):
                 m.d.sync += ents[k].eq(self.a)
-            with m.Elif(self.push_b & (wp_b == k)):
+            with m.Elif(at_b):
                 m.d.sync += ents[k].eq(self.b)
+        with m.Switch(Cat(self.push_a, self.push_b)):
+            with m.Case(0b01, 0b10):
+                m.d.sync += wsel.eq(wsel.rotate_left(1))
+            with m.Case(0b11):
+                m.d.sync += wsel.eq(wsel.rotate_left(2))
         m.d.sync += [
-            wp.eq(wrap(wp + self.push_a + self.push_b)),
             level.eq(level + self.push_a + self.push_b - do_pop),
         ]
         with m.If(do_pop):
@@ -64,7 +73,7 @@ class RequestQueue(wiring.Component):
         for k in range(D):
             with m.If(do_pop & (rp == k)):
                 m.d.sync += valid[k].eq(0)
-            with m.If((self.push_a & (wp == k)) | (self.push_b & (wp_b == k))):
+            with m.If(wr[k]):
                 m.d.sync += valid[k].eq(1)
         hits = [valid[k] & (ents[k].rec == self.probe) for k in range(D)]
         m.d.comb += self.probe_hit.eq(Cat(hits).any())
