@@ -639,12 +639,16 @@ def build_core(core, platform):
 
     # forwarding: a read issued in cycle r misses the writes of cycles r and r+1; they
     # are the two most recent writes when the beat reaches E1 (cycle r+2)
-    fw_valid, fw_addr, fw_data = Signal(), Signal(range(R * EB)), Signal(AccL)
-    fw2_valid, fw2_addr, fw2_data = Signal(), Signal(range(R * EB)), Signal(AccL)
-    old = Mux(fw_valid & (fw_addr == e1_addr), fw_data,
-              Mux(fw2_valid & (fw2_addr == e1_addr), fw2_data, e1_ram))
     e2_valid, e2_first, e2_last = Signal(), Signal(), Signal()
     e2_addr = Signal(range(R * EB))
+    fw_valid, fw_addr, fw_data = Signal(), Signal(range(R * EB)), Signal(AccL)
+    fw2_valid, fw2_addr, fw2_data = Signal(), Signal(range(R * EB)), Signal(AccL)
+    # which write to forward is decided one stage early, in S1, from the writes that
+    # will be fw and fw2 when the beat reaches E1 (E2's and fw's now)
+    e1_f1, e1_f2 = Signal(), Signal()
+    m.d.sync += [e1_f1.eq(e2_valid & (e2_addr == s1_addr)),
+                 e1_f2.eq(fw_valid & (fw_addr == s1_addr))]
+    old = Mux(e1_f1, fw_data, Mux(e1_f2, fw2_data, e1_ram))
     e2_rec = Signal(range(R))
     e2_sum = Signal(AccL)
     m.d.sync += [e2_valid.eq(e1_valid), e2_addr.eq(e1_addr), e2_rec.eq(e1_rec),
