@@ -438,7 +438,7 @@ def build_core(core, platform):
     c = {k: Signal(name=f"c_{k}") for k in
          ("eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0", "nelem_ne",
           "exp_gt", "probe", "src_ok", "cnt_lt_n", "k_pkt", "k_scan", "k_init",
-          "k_pkt_ok", "k_expire", "k_reuse", "nz")}
+          "k_pkt_ok", "k_expire", "k_reuse", "nz", "k_defer")}
     p2_bit = Signal(P.workers)
     p2_cnt1 = Signal(range(P.workers + 2))
     p2_due = Signal(32)
@@ -453,6 +453,10 @@ def build_core(core, platform):
     # ``process`` ticks before it even parses the packet)
     k_expire1 = ((k_pkt1 | k_scan1) & jf("enable", q1_job) & jf("bounded", q1_job)
                  & ~cm["complete"] & cm["late"])
+    k_reuse1 = k_pkt_ok1 & (cm["complete"] | k_expire1) & cm["eq_seqm"]
+    probe1 = (q.probe_hit | (p3_push_a & (p3_a.rec == q1_op.rec))
+              | (p3_push_b & (p3_b.rec == q1_op.rec))
+              | (nxt_valid & (nxt.rec == q1_op.rec)) | (run & (cur.rec == q1_op.rec)))
     m.d.sync += [
         p2_valid.eq(q1_valid & ~reinject), p2_op.eq(q1_op), p2_reinj.eq(q1_reinj),
         p2_adj.eq(q1_adj), p2_md.eq(md), p2_job.eq(q1_job), p2_bit.eq(bit1),
@@ -462,14 +466,12 @@ def build_core(core, platform):
         c["cnt1_n"].eq(cm["cnt1_n"]), c["one_n"].eq(n1 == 1), c["cnt0"].eq(cm["cnt0"]),
         c["cnt_lt_n"].eq(cm["cnt_lt_n"]), c["nelem_ne"].eq(cm["nelem_ne"]),
         c["exp_gt"].eq(cm["exp_gt"]),
-        c["probe"].eq(q.probe_hit | (p3_push_a & (p3_a.rec == q1_op.rec))
-                     | (p3_push_b & (p3_b.rec == q1_op.rec))
-                     | (nxt_valid & (nxt.rec == q1_op.rec)) | (run & (cur.rec == q1_op.rec))),
+        c["probe"].eq(probe1),
         c["src_ok"].eq(src_ok1), c["k_pkt"].eq(k_pkt1), c["k_scan"].eq(k_scan1),
         c["k_init"].eq(q1_op.kind == K_INIT), c["k_pkt_ok"].eq(k_pkt_ok1),
         c["k_expire"].eq(k_expire1),
-        c["k_reuse"].eq(k_pkt_ok1 & (cm["complete"] | k_expire1) & cm["eq_seqm"]),
-        c["nz"].eq(q1_op.nelem != 0),
+        c["k_reuse"].eq(k_reuse1), c["nz"].eq(q1_op.nelem != 0),
+        c["k_defer"].eq(k_reuse1 & (q1_op.nelem != 0) & (k_expire1 | probe1)),
     ]
 
     # ---------------------------------------------------------------- P2: slot rules
@@ -488,7 +490,7 @@ def build_core(core, platform):
     complete1 = md2.complete | expired
     # P1 computed the rules up to reuse_raw (= k_reuse while the op is valid); P2 adds
     # the probe (defer), then the rest from registered bits only
-    k_defer = c["k_reuse"] & c["nz"] & (c["k_expire"] | c["probe"])
+    k_defer = c["k_defer"]
     k_reuse = c["k_reuse"] & ~k_defer
     k_join = c["k_pkt_ok"] & ~k_defer & (c["k_reuse"] | c["eq_seq"])
     defer = Signal()
