@@ -20,9 +20,10 @@ must carry exactly ``ceil(length/4)`` words. Output beats carry the destination
 (``dst_mac``, ``dst_ip``, ``dst_port``), ``length`` and the IPv4 header ``ip_checksum``
 of the RESULT copy, constant over the datagram, for the L2/L3 deparser in front.
 
-The core accepts one beat per cycle with no bubbles (``i.ready`` falls only while a job
-is being (re)initialized, while the output queue is nearly full, or when a packet would
-reuse a slot whose previous result is still being sent).
+The core accepts one beat per cycle with no bubbles. ``i.ready`` falls only while a job
+is being (re)initialized or while its 16-beat input FIFO is full; the FIFO stops
+draining while the output queue is nearly full, or while a packet that would reuse a
+slot whose previous result is still queued or being sent waits to run again.
 """
 
 from amaranth.hdl import *
