@@ -115,9 +115,11 @@ class InaDatapath(wiring.Component):
     in ``sync``) around the INA core (domain ``core``, behind AsyncFIFOs). ``p0_counters``/``p1_counters`` follow ``hw.eth.port.PORT_COUNTERS``;
     ``cfg_addr``/``cfg_data`` read the core's registers once ``cfg_done`` is high."""
 
-    def __init__(self, board: BoardConfig = BoardConfig(), *, counter_width=32, fifo_depth=64):
+    def __init__(self, board: BoardConfig = BoardConfig(), *, counter_width=32, fifo_depth=64,
+                 out_fifo_depth=16):
         self.board = board
-        self.fifo_depth = fifo_depth
+        self.fifo_depth = fifo_depth            # datagram words, sync -> core
+        self.out_fifo_depth = out_fifo_depth    # RESULT words, core -> sync (LUT RAM)
         members = {}
         for p in (0, 1):
             members.update({
@@ -163,9 +165,12 @@ class InaDatapath(wiring.Component):
             cdc_in[p] = fin = AsyncFIFO(width=len(src.payload.as_value()),
                                         depth=self.fifo_depth, w_domain="sync", r_domain="core")
             # Read in ``sync``: a LUT RAM FIFO, so the read pointer logic and the read
-            # data are separate short paths at 125 MHz (hw/eth/cdc.py).
+            # data are separate short paths at 125 MHz (hw/eth/cdc.py). 16 deep: one LUT
+            # RAM per 4 bits with no read multiplexer, and its read pointer drives a quarter
+            # of the RAMs 64 would need (that net's routing was the critical path). The
+            # reader (125 MHz) drains faster than the core (37.5 MHz) fills it.
             cdc_out[p] = fout = AsyncFIFOLut(width=len(dst.payload.as_value()),
-                                             depth=self.fifo_depth, w_domain="core",
+                                             depth=self.out_fifo_depth, w_domain="core",
                                              r_domain="sync")
             m.submodules[f"in_cdc{p}"] = fin
             m.submodules[f"out_cdc{p}"] = fout

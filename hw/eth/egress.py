@@ -66,6 +66,7 @@ class UdpTx(wiring.Component):
         sr = Signal(8 * HDR_BYTES)
         n = Signal(range(HDR_BYTES))
         remaining = Signal(16)
+        rem1 = Signal()          # remaining == 1, kept as a flip-flop (timing: the ready path)
         j = Signal(2)
 
         with m.FSM():
@@ -77,7 +78,7 @@ class UdpTx(wiring.Component):
                             p.dst_ip, self.ip, p.ip_checksum,
                             C(0x4011, 16), C(0x4000, 16), C(0, 16), (p.length + 28)[:16],
                             C(0x4500, 16), C(0x0800, 16), self.mac, p.dst_mac)),
-                        n.eq(0), remaining.eq(p.length), j.eq(0),
+                        n.eq(0), remaining.eq(p.length), rem1.eq(p.length == 1), j.eq(0),
                     ]
                     m.next = "HDR"
             with m.State("HDR"):
@@ -88,16 +89,17 @@ class UdpTx(wiring.Component):
                         m.next = "BODY"
             with m.State("BODY"):
                 word = p.data[0]
-                end_of_word = (j == 3) | (remaining == 1)
+                end_of_word = (j == 3) | rem1
                 m.d.comb += [
                     self.o.valid.eq(self.i.valid),
                     self.o.payload.data.eq(word.word_select(~j, 8)),
-                    self.o.payload.last.eq(remaining == 1),
+                    self.o.payload.last.eq(rem1),
                     self.i.ready.eq(self.o.ready & end_of_word),
                 ]
                 with m.If(self.i.valid & self.o.ready):
-                    m.d.sync += [j.eq(j + 1), remaining.eq(remaining - 1)]
-                    with m.If(remaining == 1):
+                    m.d.sync += [j.eq(j + 1), remaining.eq(remaining - 1),
+                                 rem1.eq(remaining == 2)]
+                    with m.If(rem1):
                         with m.If(p.last):
                             m.next = "IDLE"
                         with m.Else():

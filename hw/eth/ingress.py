@@ -114,7 +114,7 @@ class Ingress(wiring.Component):
         udp_len_ok = Signal()
         icmp_csum = Signal(16)   # the echo reply's ICMP checksum (RFC 1624 update)
         udp_len = f(38, 2)
-        ip_total = f(16, 2)
+        ip_room = Signal(17)     # IPv4 total length - 20 (wraps like the subtraction)
 
         out_sr = Signal(8 * HDR_BYTES)
         out_n = Signal(range(HDR_BYTES))
@@ -153,6 +153,10 @@ class Ingress(wiring.Component):
                         m.d.sync += acc.eq(0)
                     with m.Elif((idx >= 14) & (idx < 34)):
                         m.d.sync += acc.eq(acc + Mux(idx[0], inp.data, inp.data << 8))
+                    with m.If(idx == 18):
+                        # Bytes 16..17 (IPv4 total length) are the last two in: the room
+                        # for UDP, subtracted here so CHECK only compares (timing).
+                        m.d.sync += ip_room.eq(hdr[:16] - 20)
                     with m.If(inp.last):
                         m.d.sync += idx.eq(0)
                         drop(Drop.SHORT)
@@ -178,7 +182,7 @@ class Ingress(wiring.Component):
                     is_udp.eq(f(23, 1) == 17),
                     echo.eq((f(34, 1) == 8) & (f(35, 1) == 0)),
                     port_ok.eq(f(36, 2) == self.udp_port),
-                    udp_len_ok.eq((udp_len > 8) & (udp_len <= ip_total - 20)),
+                    udp_len_ok.eq((udp_len > 8) & (udp_len <= ip_room)),
                 ]
                 m.next = "DECIDE"
             with m.State("DECIDE"):

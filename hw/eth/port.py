@@ -84,7 +84,11 @@ class EthPort(wiring.Component):
         wiring.connect(m, ingress.ina, to_words.i)
         m.submodules.ina_fifo = ina_fifo = PacketFIFO(CORE_IN, depth=512)
         wiring.connect(m, to_words.o, ina_fifo.i)
-        wiring.connect(m, ina_fifo.o, wiring.flipped(self.ina))
+        # The packet FIFO's read data comes straight out of block RAM; registered here
+        # before it goes on (into the core's async FIFO, itself block RAM).
+        m.submodules.ina_skid = ina_skid = SkidBuffer(CORE_IN)
+        wiring.connect(m, ina_fifo.o, ina_skid.i)
+        wiring.connect(m, ina_skid.o, wiring.flipped(self.ina))
 
         # -- transmit -----------------------------------------------------------------
         m.submodules.result_fifo = result_fifo = SyncFIFOBuffered(
@@ -96,11 +100,15 @@ class EthPort(wiring.Component):
         m.d.comb += [result_fifo.w_data.eq(self.result.payload),
                      result_fifo.w_en.eq(self.result.valid & result_room),
                      self.result.ready.eq(result_room)]
+        # The FIFO's read data comes straight out of block RAM: a skid buffer registers it
+        # (and the ready back) before UdpTx's header and state logic.
+        m.submodules.result_skid = result_skid = SkidBuffer(CORE_OUT)
+        m.d.comb += [result_skid.i.payload.eq(result_fifo.r_data),
+                     result_skid.i.valid.eq(result_fifo.r_rdy),
+                     result_fifo.r_en.eq(result_skid.i.ready)]
         m.submodules.udp_tx = udp_tx = UdpTx()
-        m.d.comb += [udp_tx.i.payload.eq(result_fifo.r_data),
-                     udp_tx.i.valid.eq(result_fifo.r_rdy),
-                     result_fifo.r_en.eq(udp_tx.i.ready),
-                     udp_tx.mac.eq(self.mac), udp_tx.ip.eq(self.ip)]
+        wiring.connect(m, result_skid.o, udp_tx.i)
+        m.d.comb += [udp_tx.mac.eq(self.mac), udp_tx.ip.eq(self.ip)]
 
         m.submodules.tx_arb = tx_arb = PacketArbiter(BYTE, 2)
         wiring.connect(m, ingress.reply, tx_arb.i0)

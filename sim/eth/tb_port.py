@@ -196,6 +196,9 @@ async def drops_counted(dut):
     cases.append(("drop_ip_proto", frame_bytes(eth / IP(src=HOST_IP, dst=BOARD_IP, proto=6)
                                                / bytes(40))))
     cases.append(("drop_icmp_type", frame_bytes(eth / ip / ICMP(type=13) / bytes(20))))
+    # UDP length one byte beyond the IPv4 payload (the good frame's 32 is exactly it).
+    cases.append(("drop_udp_length", frame_bytes(eth / ip / UDP(sport=1, dport=INA_UDP_PORT,
+                                                               len=33) / bytes(24))))
     for _, frame in cases:
         await tb.sources[0].send(frame)
     await tb.sources[0].send(frame_bytes(good))
