@@ -5,23 +5,24 @@ datagram's time. ``i.ready`` is a function of registers: FIFO space, and no job
 initialization running.
 
 Header path, one operation per cycle, fixed latency (a packet whose last header beat
-is popped in cycle t is decided in cycle t+3 = ``DEC_LAT``):
+is popped in cycle t is decided in cycle t + ``DEC_LAT`` = t+4):
 
 * pop: the FIFO's head beat; position kept as flags; header words into registers.
 * P0: decode from registers: the checks that need only the header and the UDP length
   (truncated, version, type, body length, unknown job, worker out of range), every
   job's record and ``seq - 2W`` in parallel, then the matching job's; every job's
   member-table entry for the header's worker.
-* P1: the slot metadata (distributed RAM, read asynchronously at P1's registered
-  record, or P3's write register while that write lands), the compares (tags, expiry,
-  bitmap, count, source), and the rules up to "reuse".
-* P2: defer, join, duplicate, accept, completion; the metadata write and up to two
+* P1a: the slot metadata (distributed RAM, read asynchronously at P1a's registered
+  record, or P3's write register while that write lands).
+* P1b: the same bypass once more, the compares on both candidates (tags, expiry,
+  bitmap, count, source, the output-queue probe), and the rules up to "defer".
+* P2: join, duplicate, accept, completion; the metadata write and up to two
   output requests (an expired PARTIAL, then a completion or a re-send) into registers.
 * P3: the metadata write and the requests land.
 
 A packet that P2 defers (it would reuse a record whose result is still queued or being
 sent, or that expires right now), or that followed an operation on its record in the
-very next cycle, goes back to P1; everything younger is flushed and the FIFO's pop
+very next cycle, goes back to P1a; everything younger is flushed and the FIFO's pop
 pointer is rewound to the packet's first element beat (popped beats stay in the FIFO
 until their packet's decision is final). Pops wait until the packet passes.
 
@@ -437,8 +438,8 @@ def build_core(core, platform):
     p2_md = Signal(MetaL)
     c = {k: Signal(name=f"c_{k}") for k in
          ("eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0", "nelem_ne",
-          "exp_gt", "probe", "src_ok", "cnt_lt_n", "k_pkt", "k_scan", "k_init",
-          "k_pkt_ok", "k_expire", "k_reuse", "nz", "k_defer")}
+          "exp_gt", "src_ok", "cnt_lt_n", "k_pkt", "k_scan", "k_init",
+          "k_pkt_ok", "k_expire", "k_reuse", "k_defer")}
     p2_bit = Signal(P.workers)
     p2_cnt1 = Signal(range(P.workers + 2))
     p2_due = Signal(32)
@@ -466,11 +467,10 @@ def build_core(core, platform):
         c["cnt1_n"].eq(cm["cnt1_n"]), c["one_n"].eq(n1 == 1), c["cnt0"].eq(cm["cnt0"]),
         c["cnt_lt_n"].eq(cm["cnt_lt_n"]), c["nelem_ne"].eq(cm["nelem_ne"]),
         c["exp_gt"].eq(cm["exp_gt"]),
-        c["probe"].eq(probe1),
         c["src_ok"].eq(src_ok1), c["k_pkt"].eq(k_pkt1), c["k_scan"].eq(k_scan1),
         c["k_init"].eq(q1_op.kind == K_INIT), c["k_pkt_ok"].eq(k_pkt_ok1),
         c["k_expire"].eq(k_expire1),
-        c["k_reuse"].eq(k_reuse1), c["nz"].eq(q1_op.nelem != 0),
+        c["k_reuse"].eq(k_reuse1),
         c["k_defer"].eq(k_reuse1 & (q1_op.nelem != 0) & (k_expire1 | probe1)),
     ]
 
@@ -488,8 +488,8 @@ def build_core(core, platform):
     md2 = p2_md
     expired = v2 & c["k_expire"]
     complete1 = md2.complete | expired
-    # P1 computed the rules up to reuse_raw (= k_reuse while the op is valid); P2 adds
-    # the probe (defer), then the rest from registered bits only
+    # P1b computed the rules up to reuse and defer (valid when the op is); P2 derives
+    # the rest from registered bits only
     k_defer = c["k_defer"]
     k_reuse = c["k_reuse"] & ~k_defer
     k_join = c["k_pkt_ok"] & ~k_defer & (c["k_reuse"] | c["eq_seq"])
@@ -618,14 +618,13 @@ def build_core(core, platform):
     with m.If(is_pkt & ~defer & (mode != M_NONE) & (p2_op.nelem != 0)):
         m.d.sync += pkt_inflight.eq(1)
     m.d.comb += [acc_r.addr.eq(pkt_base + e), acc_r.en.eq(1)]
-    mode_now = pkt_mode
 
     # S1: the block RAM's output is registered (its clock-to-output is long on ECP5)
     s1_valid, s1_mode, s1_first, s1_last = Signal(), Signal(2), Signal(), Signal()
     s1_addr = Signal(range(R * EB))
     s1_rec = Signal(range(R))
     s1_data = Signal(AccL)
-    m.d.sync += [s1_valid.eq(e_ok), s1_mode.eq(mode_now), s1_addr.eq(pkt_base + e),
+    m.d.sync += [s1_valid.eq(e_ok), s1_mode.eq(pkt_mode), s1_addr.eq(pkt_base + e),
                  s1_rec.eq(pkt_rec), s1_first.eq(e == 0), s1_last.eq(e + 1 == pkt_nbeats)]
     for k in range(L):
         lane_ok = (e * L + k) < pkt_nelem

@@ -47,7 +47,7 @@ class CoreParams:
         if self.jobs < 2:
             raise ValueError(f"jobs {self.jobs} must be >= 2")
         if self.queue < 12:
-            raise ValueError(f"queue {self.queue} must be >= 12 (the pipeline can add 10 "
+            raise ValueError(f"queue {self.queue} must be >= 12 (the pipeline can add 12 "
                              "requests after the queue says stop)")
 
     # -- derived sizes -------------------------------------------------------------------
