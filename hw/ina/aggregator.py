@@ -42,8 +42,8 @@ from amaranth.hdl import *
 from amaranth.lib import data, memory
 
 from .layout import HeaderLayout
-from .params import HEADER_WORDS
-from .queue import RequestQueue
+from .params import HEADER_WORDS, QUEUE_SLACK
+from .queue import RequestQueue, PendingCounts
 from .regs import (GLOBAL_REGS, JOB_REGS, MEMBER_REGS, COUNTER_NAMES, COUNTER_BASE,
                    JOB_BASE, JOB_STRIDE, MEMBER_BASE, ID_VALUE)
 from .replicator import ip_checksum_hw, mcast_mac, saturate32
@@ -87,6 +87,7 @@ def build_core(core, platform):
     WS = 1 << _log2(P.workers)          # member table stride per job
     LWS = _log2(P.workers)
     LL = _log2(L)
+    BYP2 = H == 1       # two-beat packets: a record's operations may be two cycles apart
     m = Module()
 
     now = Signal(32)
@@ -133,8 +134,11 @@ def build_core(core, platform):
     mport_rj = [mport.read_port(domain="comb") for _ in range(NJ)]
     mip_r2, mport_r2, mmac_r2 = mip.read_port(), mport.read_port(), mmac.read_port()
 
-    # register bus: writes
-    bus = core.cfg
+    # register bus: registered on the way in (writes land one cycle later, reads show
+    # two cycles later), so the decoders start from flip-flops
+    bus = Signal(data.StructLayout({"addr": 16, "w_stb": 1, "w_data": 32}))
+    m.d.sync += [bus.addr.eq(core.cfg.addr), bus.w_stb.eq(core.cfg.w_stb),
+                 bus.w_data.eq(core.cfg.w_data)]
     init_busy = Signal()
     init_job = Signal(range(max(2, NJ)))
     init_ptr = Signal(range(2 * WM))
@@ -183,15 +187,15 @@ def build_core(core, platform):
             for r in JOB_REGS:
                 with m.Case(JOB_BASE + JOB_STRIDE * j + r.offset):
                     m.d.comb += rd.eq(jobs[j][r.name])
-    m.d.sync += bus.r_data.eq(rd)
+    m.d.sync += core.cfg.r_data.eq(rd)
 
     # ---------------------------------------------------------------- request queue
-    m.submodules.queue = q = RequestQueue(ReqL, P.queue, range(R))
-    # ops that may still push after the pops stop: P0, P1a, P1b, P2, P3 and the beat being
-    # popped, at most two requests each
-    q_stop = q.level > P.queue - 12
-    p3_push_a, p3_push_b = Signal(), Signal()   # P3: registered pushes
-    p3_a, p3_b = Signal(ReqL), Signal(ReqL)
+    m.submodules.queue = q = RequestQueue(ReqL, P.queue)
+    m.submodules.pending = pend = PendingCounts(R, P.queue + 2)
+    # ops that may still push after the pops stop: P0, P1a, P1b, P2, P3, the beat being
+    # popped and the one popped while the registered stop catches up, two requests each
+    q_stop = Signal()
+    m.d.sync += q_stop.eq(q.level > P.queue - QUEUE_SLACK)
     nxt, nxt_valid = Signal(ReqL), Signal()     # replicator: prefetched request
     run, cur = Signal(), Signal(ReqL)            # replicator: the request being sent
 
@@ -306,29 +310,22 @@ def build_core(core, platform):
     bad_worker = by_job([hdr.worker >= jobs[j]["nworkers"] for j in range(NJ)], 1)
     big_nelem = by_job([hdr.nelem > jobs[j]["elements"] for j in range(NJ)], 1)
 
+    # the checks, in the model's priority order; P1a turns them into one reason
     body = body_reg
     nelem4 = hdr.nelem * 4
-    reason = Signal(3)
-    with m.If(p0_short | len_short):
-        m.d.comb += reason.eq(R_TRUNC)
-    with m.Elif(hdr.version != 1):
-        m.d.comb += reason.eq(R_BADVER)
-    with m.Elif(hdr.type == 3):
-        m.d.comb += reason.eq(R_STATUS)
-    with m.Elif(hdr.type != 1):
-        m.d.comb += reason.eq(R_MALF)
-    with m.Elif(body < nelem4):
-        m.d.comb += reason.eq(R_TRUNC)
-    with m.Elif(body != nelem4):
-        m.d.comb += reason.eq(R_MALF)
-    with m.Elif(unkjob):
-        m.d.comb += reason.eq(R_UNKJOB)
-    with m.Elif(bad_worker):
-        m.d.comb += reason.eq(R_UNKSRC)
-    with m.Elif(big_nelem):
-        m.d.comb += reason.eq(R_BIGNELEM)
-    with m.Else():
-        m.d.comb += reason.eq(R_OK)
+    CHECKS = ((R_TRUNC, p0_short | len_short), (R_BADVER, hdr.version != 1),
+              (R_STATUS, hdr.type == 3), (R_MALF, hdr.type != 1),
+              (R_TRUNC, body < nelem4), (R_MALF, body != nelem4), (R_UNKJOB, unkjob),
+              (R_UNKSRC, bad_worker), (R_BIGNELEM, big_nelem))
+    checks = Cat(c for _, c in CHECKS)
+
+    def first_reason(bits):
+        out = Signal(3)
+        sel = C(R_OK, 3)
+        for k in reversed(range(len(CHECKS))):
+            sel = Mux(bits[k], CHECKS[k][0], sel)
+        m.d.comb += out.eq(sel)
+        return out
     # member table: read in P0 by (job, worker), compared in P1
     p1_mip = [Signal(32, name=f"p1_mip{j}") for j in range(NJ)]
     p1_mport = [Signal(16, name=f"p1_mport{j}") for j in range(NJ)]
@@ -338,16 +335,17 @@ def build_core(core, platform):
         m.d.sync += [p1_mip[j].eq(mip_rj[j].data), p1_mport[j].eq(mport_rj[j].data)]
 
     # ---------------------------------------------------------------- P1: read, compare
-    # One operation enters P1 per cycle: a re-run packet (from P2), a decoded packet
+    # One operation enters P1a per cycle: a re-run packet (from P2), a decoded packet
     # (P0), a job-initialization write, or a deadline-scanner visit. Two operations on
-    # one record are never in consecutive cycles (the scanner skips P1's record, a scan
-    # visit followed by a packet to its record is dropped, and of two empty one-beat
-    # packets to one slot in a row the second is re-run), so P1 sees every earlier
-    # write: from the memory, or from P3's write register while it lands.
+    # one record are never less than three cycles apart (the scanner skips the records
+    # in P1a and P1b, a scan visit followed by a packet to its record within two cycles
+    # is dropped, and a packet that follows a packet to its record within two cycles is
+    # re-run), so P1a sees every earlier write: from the memory, or from P3's write
+    # register while it lands.
     OpL = data.StructLayout({
-        "kind": 2, "reason": 3, "rec": range(R), "seq": 32, "seqm": signed(34),
-        "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16, "sip": 32, "sport": 16,
-        "base": range(R * EB + 1), "nbeats": 16, "rewind": 5,
+        "kind": 2, "checks": len(CHECKS), "reason": 3, "rec": range(R), "seq": 32,
+        "seqm": signed(34), "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16,
+        "sip": 32, "sport": 16, "base": range(R * EB + 1), "nbeats": 16, "rewind": 5,
     })
     p1_valid, p1_op, p1_reinj, p1_adj = Signal(), Signal(OpL), Signal(), Signal()
     q1_valid, q1_op, q1_reinj, q1_adj = Signal(), Signal(OpL), Signal(), Signal()
@@ -360,18 +358,22 @@ def build_core(core, platform):
         init_rec = Cat(init_ptr[0], init_job)
     pipe_empty = ~p0_valid & ~p1_valid & ~q1_valid & ~p2_valid
     scan_ok = (~p0_valid & ~init_busy & ~retry & ~q_stop
-               & ~(p1_valid & (p1_op.rec == scan_ptr)))
-    # a scan visit in P1 to the record that the packet in P0 needs next is dropped (the
-    # scanner comes back to it), so a packet never follows a scan of its record directly
-    same_rec = by_job([p1_op.rec == recs[j] for j in range(NJ)], 1)   # P1a's rec == rec
-    scan_cancel = p0_valid & (p1_op.kind == K_SCAN) & same_rec
+               & ~(p1_valid & (p1_op.rec == scan_ptr)) & ~(q1_valid & (q1_op.rec == scan_ptr)))
+    # the packet in P0 against the operations in P1a (one cycle ahead) and P1b (two)
+    near1 = by_job([p1_op.rec == recs[j] for j in range(NJ)], 1)
+    near2 = by_job([q1_op.rec == recs[j] for j in range(NJ)], 1)
+    # a scan visit to the record that the packet in P0 needs next is dropped (the
+    # scanner comes back to it); a packet right behind a packet to its record is re-run
+    scan_cancel1 = p0_valid & (p1_op.kind == K_SCAN) & near1
+    scan_cancel2 = p0_valid & (q1_op.kind == K_SCAN) & near2
     m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0)]
     with m.If(reinject):
         m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1)]
     with m.Elif(p0_valid):
         m.d.sync += [p1_valid.eq(1),
-                     p1_adj.eq(p1_valid & (p1_op.kind == K_PKT) & same_rec),
-                     p1_op.kind.eq(K_PKT), p1_op.reason.eq(reason), p1_op.rec.eq(rec),
+                     p1_adj.eq((p1_valid & (p1_op.kind == K_PKT) & near1)
+                               | (q1_valid & (q1_op.kind == K_PKT) & near2 & ~BYP2)),
+                     p1_op.kind.eq(K_PKT), p1_op.checks.eq(checks), p1_op.rec.eq(rec),
                      p1_op.seq.eq(hdr.seq), p1_op.seqm.eq(seqm), p1_op.ts.eq(ts_reg),
                      p1_op.worker.eq(hdr.worker), p1_op.exp.eq(hdr.exponent),
                      p1_op.nelem.eq(hdr.nelem), p1_op.sip.eq(sip_reg),
@@ -392,145 +394,153 @@ def build_core(core, platform):
                      scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
     m.d.comb += meta_r.addr.eq(p1_op.rec)
 
-    # P1a reads the metadata (taking P3's write while it lands); P1b compares
+    # P1a: the metadata (or P3's write of it, while it lands) and every compare on it,
+    # into registers; P1b then applies the rules from registered bits only
     w3_en, w3_addr, w3_data = Signal(), Signal(range(R)), Signal(MetaL)
-    q1_md = Signal(MetaL)
-    q1_sel = Signal()   # P1b takes the metadata from P3's write register
-    q1_mip = [Signal(32, name=f"q1_mip{j}") for j in range(NJ)]
-    q1_mport = [Signal(16, name=f"q1_mport{j}") for j in range(NJ)]
-    m.d.sync += [q1_valid.eq(p1_valid & ~reinject & ~scan_cancel), q1_op.eq(p1_op),
-                 q1_reinj.eq(p1_reinj), q1_adj.eq(p1_adj),
-                 q1_sel.eq(p2_valid & ~p2_adj & (p2_op.rec == p1_op.rec)),
-                 q1_md.eq(Mux(w3_en & (w3_addr == p1_op.rec), w3_data, meta_r.data))]
-    m.d.sync += [q1_mip[j].eq(p1_mip[j]) for j in range(NJ)]
-    m.d.sync += [q1_mport[j].eq(p1_mport[j]) for j in range(NJ)]
-
-    q1_job = Signal(range(max(2, NJ)))
-    m.d.comb += q1_job.eq(q1_op.rec >> (LWM + 1))
-    md = Signal(MetaL)
-    m.d.comb += md.eq(Mux(q1_sel, w3_data, q1_md))
-    seqs = Signal(signed(34))
-    m.d.comb += seqs.eq(q1_op.seq)
-    n1 = jf("nworkers", q1_job)
+    p3_push_a, p3_push_b = Signal(), Signal()   # P3: registered pushes
+    p3_a, p3_b = Signal(ReqL), Signal(ReqL)
+    md1 = Signal(MetaL)
+    m.d.comb += md1.eq(Mux(w3_en & (w3_addr == p1_op.rec), w3_data, meta_r.data))
+    p1_job = Signal(range(max(2, NJ)))
+    m.d.comb += p1_job.eq(p1_op.rec >> (LWM + 1))
+    n1 = jf("nworkers", p1_job)
     bit1 = Signal(P.workers)
-    m.d.comb += bit1.eq(1 << q1_op.worker[:5])
-
-    def compares(mdx):
-        # every compare on both candidates (P3's write register and P1a's read), then
-        # the result of the one in use: the wide select stays off the compare chains
-        late_by = Signal(32)      # time - due, modulo 2^32: expired when not negative
-        m.d.comb += late_by.eq(q1_op.ts - mdx.due)
-        return {"late": ~late_by[31], "complete": mdx.complete,
-                "eq_seqm": mdx.tag == q1_op.seqm, "eq_seq": mdx.tag == seqs,
-                "lt": seqs < mdx.tag, "dup": (mdx.bitmap & bit1).any(),
-                "cnt1_n": mdx.count + 1 == n1, "cnt0": mdx.count == 0,
-                "cnt_lt_n": mdx.count < n1, "nelem_ne": q1_op.nelem != mdx.nelem,
-                "exp_gt": q1_op.exp > mdx.exponent}
-    cw, cr = compares(w3_data), compares(q1_md)
-    cm = {k: Mux(q1_sel, cw[k], cr[k]) for k in cw}
+    m.d.comb += bit1.eq(1 << p1_op.worker[:5])
+    src_ok1 = p1_reinj | ((Array(p1_mip)[p1_job] == p1_op.sip)
+                          & (Array(p1_mport)[p1_job] == p1_op.sport))
+    pend1 = (pend.nonzero.bit_select(p1_op.rec, 1)
+             | ((p3_push_a | p3_push_b) & (p3_a.rec == p1_op.rec)))
     w1 = Signal(signed(35))
     w2 = Signal(signed(35))
-    m.d.comb += [w1.eq(Array(wbit)[q1_job]), w2.eq(Cat(C(0, 1), Array(wbit)[q1_job]))]
-    init_idx = q1_op.rec[:LWM] if LWM else C(0, 1)
-    init_set = q1_op.rec[LWM]
-    m.d.comb += q.probe.eq(q1_op.rec)
-    # P2 registers: the metadata, the compare results, the job's configuration
+    m.d.comb += [w1.eq(Array(wbit)[p1_job]), w2.eq(Cat(C(0, 1), Array(wbit)[p1_job]))]
+    init_idx = p1_op.rec[:LWM] if LWM else C(0, 1)
+    init_set = p1_op.rec[LWM]
+    def md_compares(mdx, op, n, bit):
+        """Every compare of an operation against its record's metadata."""
+        seqx = Signal(signed(34))
+        late_by = Signal(32)      # time - due, modulo 2^32: expired when not negative
+        m.d.comb += [seqx.eq(op.seq), late_by.eq(op.ts - mdx.due)]
+        dup = C(0) if bug == "no_duplicate_check" else (mdx.bitmap & bit).any()
+        return {"late": ~late_by[31], "complete": mdx.complete,
+                "eq_seqm": mdx.tag == op.seqm, "eq_seq": mdx.tag == seqx,
+                "lt": seqx < mdx.tag, "dup": dup, "cnt1_n": mdx.count + 1 == n,
+                "cnt0": mdx.count == 0, "cnt_lt_n": mdx.count < n,
+                "nelem_ne": op.nelem != mdx.nelem, "exp_gt": op.exp > mdx.exponent}
+    CmpL = data.StructLayout({k: 1 for k in (
+        "late", "complete", "eq_seqm", "eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0",
+        "cnt_lt_n", "nelem_ne", "nelem_nz", "exp_gt", "src_ok", "pend", "enable",
+        "bounded", "ok")})
+    q1c = Signal(CmpL)
+    q1_md = Signal(MetaL)
+    q1_bit = Signal(P.workers)
+    q1_due = Signal(32)
+    q1_init_tag = Signal(signed(34))
+    q1_job = Signal(range(max(2, NJ)))
+    reason1 = first_reason(p1_op.checks)
+    m.d.sync += [
+        q1_valid.eq(p1_valid & ~reinject & ~scan_cancel1), q1_op.eq(p1_op),
+        q1_op.reason.eq(reason1), q1_reinj.eq(p1_reinj), q1_adj.eq(p1_adj),
+        q1_md.eq(md1), q1_bit.eq(bit1), q1_job.eq(p1_job),
+        q1_due.eq(p1_op.ts + jf("deadline", p1_job)),
+        q1_init_tag.eq(init_idx + Mux(init_set, w1, 0) - w2),
+        q1c.one_n.eq(n1 == 1), q1c.nelem_nz.eq(p1_op.nelem != 0), q1c.src_ok.eq(src_ok1),
+        q1c.pend.eq(pend1), q1c.enable.eq(jf("enable", p1_job)),
+        q1c.bounded.eq(jf("bounded", p1_job)), q1c.ok.eq(reason1 == R_OK),
+    ]
+    m.d.sync += [getattr(q1c, k).eq(v) for k, v in md_compares(md1, p1_op, n1, bit1).items()]
+    q1m = q1c      # the compares in use in P1b
+    if BYP2:
+        # L >= 5: a packet may follow a packet to its record two cycles later (two-beat
+        # packets), so P1b may need P3's write, which P1a could not see: the compares
+        # run on it too and the registered select picks one
+        q1_sel = Signal()
+        m.d.sync += q1_sel.eq(p2_valid & ~p2_adj & (p2_op.rec == p1_op.rec))
+        cw = md_compares(w3_data, q1_op, jf("nworkers", q1_job), q1_bit)
+        q1m = Signal(CmpL)
+        m.d.comb += q1m.eq(q1c)
+        for k, v in cw.items():
+            m.d.comb += getattr(q1m, k).eq(Mux(q1_sel, v, getattr(q1c, k)))
+        m.d.comb += q1m.pend.eq(q1c.pend | ((p3_push_a | p3_push_b) & (p3_a.rec == q1_op.rec)))
+        q1_mdx = Signal(MetaL)
+        m.d.comb += q1_mdx.eq(Mux(q1_sel, w3_data, q1_md))
+    else:
+        q1_mdx = q1_md
+
+    # P1b: the slot rules, from registered bits. Validity is applied in P2 (an invalid
+    # or flushed operation writes nothing and requests nothing), so these assume it.
+    k_pkt1 = q1_op.kind == K_PKT
+    k_scan1 = (q1_op.kind == K_SCAN) & q1m.enable
+    k_pkt_ok1 = k_pkt1 & q1m.ok & q1m.src_ok
+    # any operation at time ts may fire its record when it is due (the model's
+    # ``process`` ticks before it even parses the packet)
+    k_expire1 = (k_pkt1 | k_scan1) & q1m.enable & q1m.bounded & ~q1m.complete & q1m.late
+    k_reuse1 = k_pkt_ok1 & (q1m.complete | k_expire1) & q1m.eq_seqm
+    # reuse waits while the record's last result is queued or being sent, or expires now
+    k_defer1 = k_reuse1 & q1m.nelem_nz & (k_expire1 | q1m.pend)
+    reuse1 = k_reuse1 & ~k_defer1
+    join1 = k_pkt_ok1 & ~k_defer1 & (k_reuse1 | q1m.eq_seq)
+    cur_complete1 = (q1m.complete | k_expire1) & ~reuse1
+    isdup1 = ~reuse1 & q1m.dup
+    nelem_bad1 = ~reuse1 & q1m.nelem_ne
+    accept1 = join1 & ~cur_complete1 & ~isdup1 & ~nelem_bad1
+    R2 = ("defer", "expire", "reuse", "join", "resend", "dup_only", "malf3", "accept",
+          "completes", "opens", "new_exp", "stale", "oow", "isdup", "unksrc", "bignelem",
+          "pkt", "scan", "init", "pkt_ok", "cnt_lt_n")
+    c = Signal(data.StructLayout({k: 1 for k in R2}))
+    early_ok1 = (q1_op.reason == R_OK) | (q1_op.reason == R_BIGNELEM)
     p2_md = Signal(MetaL)
-    c = {k: Signal(name=f"c_{k}") for k in
-         ("eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0", "nelem_ne",
-          "exp_gt", "src_ok", "cnt_lt_n", "k_pkt", "k_scan", "k_init",
-          "k_pkt_ok", "k_expire", "k_reuse", "k_defer")}
     p2_bit = Signal(P.workers)
     p2_cnt1 = Signal(range(P.workers + 2))
     p2_due = Signal(32)
     p2_init_tag = Signal(signed(34))
     p2_job = Signal(range(max(2, NJ)))
-    src_ok1 = q1_reinj | ((Array(q1_mip)[q1_job] == q1_op.sip)
-                          & (Array(q1_mport)[q1_job] == q1_op.sport))
-    k_pkt1 = q1_op.kind == K_PKT
-    k_scan1 = (q1_op.kind == K_SCAN) & jf("enable", q1_job)
-    k_pkt_ok1 = k_pkt1 & (q1_op.reason == R_OK) & src_ok1
-    # any operation at time ts may fire its record when it is due (the model's
-    # ``process`` ticks before it even parses the packet)
-    k_expire1 = ((k_pkt1 | k_scan1) & jf("enable", q1_job) & jf("bounded", q1_job)
-                 & ~cm["complete"] & cm["late"])
-    k_reuse1 = k_pkt_ok1 & (cm["complete"] | k_expire1) & cm["eq_seqm"]
-    probe1 = (q.probe_hit | (p3_push_a & (p3_a.rec == q1_op.rec))
-              | (p3_push_b & (p3_b.rec == q1_op.rec))
-              | (nxt_valid & (nxt.rec == q1_op.rec)) | (run & (cur.rec == q1_op.rec)))
     m.d.sync += [
-        p2_valid.eq(q1_valid & ~reinject), p2_op.eq(q1_op), p2_reinj.eq(q1_reinj),
-        p2_adj.eq(q1_adj), p2_md.eq(md), p2_job.eq(q1_job), p2_bit.eq(bit1),
-        p2_cnt1.eq(md.count + 1), p2_due.eq(q1_op.ts + jf("deadline", q1_job)),
-        p2_init_tag.eq(init_idx + Mux(init_set, w1, 0) - w2),
-        c["eq_seq"].eq(cm["eq_seq"]), c["lt"].eq(cm["lt"]), c["dup"].eq(cm["dup"]),
-        c["cnt1_n"].eq(cm["cnt1_n"]), c["one_n"].eq(n1 == 1), c["cnt0"].eq(cm["cnt0"]),
-        c["cnt_lt_n"].eq(cm["cnt_lt_n"]), c["nelem_ne"].eq(cm["nelem_ne"]),
-        c["exp_gt"].eq(cm["exp_gt"]),
-        c["src_ok"].eq(src_ok1), c["k_pkt"].eq(k_pkt1), c["k_scan"].eq(k_scan1),
-        c["k_init"].eq(q1_op.kind == K_INIT), c["k_pkt_ok"].eq(k_pkt_ok1),
-        c["k_expire"].eq(k_expire1),
-        c["k_reuse"].eq(k_reuse1),
-        c["k_defer"].eq(k_reuse1 & (q1_op.nelem != 0) & (k_expire1 | probe1)),
+        p2_valid.eq(q1_valid & ~reinject & ~scan_cancel2), p2_op.eq(q1_op),
+        p2_reinj.eq(q1_reinj), p2_adj.eq(q1_adj), p2_md.eq(q1_mdx), p2_job.eq(q1_job),
+        p2_bit.eq(q1_bit), p2_cnt1.eq(q1_mdx.count + 1), p2_due.eq(q1_due),
+        p2_init_tag.eq(q1_init_tag),
+        c.defer.eq(k_defer1), c.expire.eq(k_expire1), c.reuse.eq(reuse1), c.join.eq(join1),
+        c.resend.eq(join1 & cur_complete1),
+        c.dup_only.eq(join1 & ~cur_complete1 & isdup1),
+        c.malf3.eq(join1 & ~cur_complete1 & ~isdup1 & nelem_bad1),
+        c.accept.eq(accept1),
+        c.completes.eq(accept1 & Mux(reuse1, q1m.one_n, q1m.cnt1_n)),
+        c.opens.eq(reuse1 | q1m.cnt0), c.new_exp.eq(reuse1 | q1m.exp_gt),
+        c.stale.eq(k_pkt_ok1 & ~join1 & q1m.lt),
+        c.oow.eq(k_pkt_ok1 & ~join1 & ~q1m.lt & ~k_defer1), c.isdup.eq(isdup1),
+        c.unksrc.eq(k_pkt1 & ((q1_op.reason == R_UNKSRC) | (early_ok1 & ~q1m.src_ok))),
+        c.bignelem.eq(k_pkt1 & (q1_op.reason == R_BIGNELEM) & q1m.src_ok),
+        c.pkt.eq(k_pkt1), c.scan.eq(k_scan1), c.init.eq(q1_op.kind == K_INIT),
+        c.pkt_ok.eq(k_pkt_ok1), c.cnt_lt_n.eq(q1m.cnt_lt_n),
     ]
 
-    # ---------------------------------------------------------------- P2: slot rules
+    # ---------------------------------------------------------------- P2: effects
     v2 = p2_valid & ~p2_adj
     reason2 = p2_op.reason
-    is_pkt = v2 & c["k_pkt"]
-    is_scan = v2 & c["k_scan"]
-    is_init = v2 & c["k_init"]
-    src_ok = c["src_ok"]
-    early_ok = (reason2 == R_OK) | (reason2 == R_BIGNELEM)
-    unksrc = is_pkt & ((reason2 == R_UNKSRC) | (early_ok & ~src_ok))
-    bignelem = is_pkt & (reason2 == R_BIGNELEM) & src_ok
-    pkt_ok = v2 & c["k_pkt_ok"]
-    md2 = p2_md
-    expired = v2 & c["k_expire"]
-    complete1 = md2.complete | expired
-    # P1b computed the rules up to reuse and defer (valid when the op is); P2 derives
-    # the rest from registered bits only
-    k_defer = c["k_defer"]
-    k_reuse = c["k_reuse"] & ~k_defer
-    k_join = c["k_pkt_ok"] & ~k_defer & (c["k_reuse"] | c["eq_seq"])
+    is_pkt = v2 & c.pkt
+    is_init = v2 & c.init
     defer = Signal()
-    m.d.comb += defer.eq(v2 & k_defer)
+    m.d.comb += defer.eq(v2 & c.defer)
     m.d.comb += reinject.eq(defer | (p2_valid & p2_adj))
     with m.If(reinject):
         m.d.sync += retry.eq(1)
     with m.Elif(p2_valid & p2_reinj):
         m.d.sync += retry.eq(0)
-    reuse = v2 & k_reuse
-    join = v2 & k_join
-    stale = pkt_ok & ~join & c["lt"]
-    oow = pkt_ok & ~join & ~c["lt"] & ~defer
+    md2 = p2_md
+    expired = v2 & c.expire
+    reuse, accept, completes = c.reuse, c.accept, c.completes
     cur_bitmap = Mux(reuse, 0, md2.bitmap)
     cur_count = Mux(reuse, 0, md2.count)
     cur_exp = Mux(reuse, -128, md2.exponent)
     cur_nelem = Mux(reuse, p2_op.nelem, md2.nelem)
-    cur_complete = complete1 & ~reuse
     seqs2 = Signal(signed(34))
     m.d.comb += seqs2.eq(p2_op.seq)
     cur_tag = Mux(reuse, seqs2, md2.tag)
-    cur_due = Mux(reuse, p2_due, md2.due)
-    bit = p2_bit
-    isdup = ~reuse & c["dup"]
-    if bug == "no_duplicate_check":
-        isdup_acc = C(0)
-    else:
-        isdup_acc = isdup
-    nelem_bad = ~reuse & c["nelem_ne"]
-    resend = join & cur_complete
-    dup_only = join & ~cur_complete & isdup_acc
-    malf3 = join & ~cur_complete & ~isdup_acc & nelem_bad
-    accept = join & ~cur_complete & ~isdup_acc & ~nelem_bad
     new_count = Mux(reuse, 1, p2_cnt1)
-    completes = accept & Mux(reuse, c["one_n"], c["cnt1_n"])
-    new_exp = Mux(reuse | c["exp_gt"], p2_op.exp, md2.exponent)
-    opens = reuse | c["cnt0"]
-    mode = Mux(accept, Mux(opens, M_OPEN, M_ADD), M_NONE)
+    new_exp = Mux(c.new_exp, p2_op.exp, md2.exponent)
+    mode = Mux(accept, Mux(c.opens, M_OPEN, M_ADD), M_NONE)
 
-    # metadata write, registered (P3); P1 takes it from the register while it lands
+    # metadata write, registered (P3); P1a takes it from the register while it lands
     with m.If(is_init):
         m.d.sync += [w3_en.eq(1), w3_addr.eq(p2_op.rec), w3_data.eq(0),
                      w3_data.tag.eq(p2_init_tag),
@@ -538,14 +548,14 @@ def build_core(core, platform):
     with m.Else():
         m.d.sync += [
             # every valid operation writes its record back (unchanged when no rule
-            # applies), so P1b's bypass needs only the record number
+            # applies), so the bypass needs only the record number
             w3_en.eq(v2), w3_addr.eq(p2_op.rec),
             w3_data.tag.eq(cur_tag),
-            w3_data.complete.eq(cur_complete | completes),
-            w3_data.bitmap.eq(cur_bitmap | Mux(accept, bit, 0)),
+            w3_data.complete.eq(~reuse & (md2.complete | c.expire) | completes),
+            w3_data.bitmap.eq(cur_bitmap | Mux(accept, p2_bit, 0)),
             w3_data.count.eq(Mux(accept, new_count, cur_count)),
             w3_data.exponent.eq(Mux(accept, new_exp, cur_exp)),
-            w3_data.due.eq(cur_due),
+            w3_data.due.eq(Mux(reuse, p2_due, md2.due)),
             w3_data.nelem.eq(cur_nelem),
         ]
     m.d.comb += [meta_w.en.eq(w3_en), meta_w.addr.eq(w3_addr), meta_w.data.eq(w3_data)]
@@ -553,37 +563,39 @@ def build_core(core, platform):
     # requests: a = expired PARTIAL (old contents), b = completion or re-send; registered
     # (P3) before they enter the queue
     m.d.comb += [q.push_a.eq(p3_push_a), q.a.eq(p3_a), q.push_b.eq(p3_push_b), q.b.eq(p3_b)]
+    m.d.comb += [pend.add.eq(p3_push_a + p3_push_b), pend.add_rec.eq(p3_a.rec)]
     m.d.sync += [
         p3_push_a.eq(expired),
         p3_a.rec.eq(p2_op.rec), p3_a.job.eq(p2_job), p3_a.unicast.eq(0),
         p3_a.seq.eq(md2.tag), p3_a.count.eq(md2.count), p3_a.bitmap.eq(md2.bitmap),
         p3_a.exponent.eq(md2.exponent), p3_a.nelem.eq(md2.nelem), p3_a.partial.eq(1),
-        p3_push_b.eq(resend | completes),
-        p3_b.rec.eq(p2_op.rec), p3_b.job.eq(p2_job), p3_b.unicast.eq(resend),
+        p3_push_b.eq(v2 & (c.resend | completes)),
+        p3_b.rec.eq(p2_op.rec), p3_b.job.eq(p2_job), p3_b.unicast.eq(c.resend),
         p3_b.worker.eq(p2_op.worker),
         p3_b.seq.eq(cur_tag),
         p3_b.count.eq(Mux(completes, new_count, cur_count)),
-        p3_b.bitmap.eq(Mux(completes, cur_bitmap | bit, cur_bitmap)),
+        p3_b.bitmap.eq(Mux(completes, cur_bitmap | p2_bit, cur_bitmap)),
         p3_b.exponent.eq(Mux(completes, new_exp, cur_exp)),
         p3_b.nelem.eq(cur_nelem),
-        p3_b.partial.eq(Mux(completes, 0, c["cnt_lt_n"])),
+        p3_b.partial.eq(Mux(completes, 0, c.cnt_lt_n)),
     ]
 
-    inc["rx"].append(is_pkt & ~defer)
-    inc["rx_data"].append(pkt_ok & ~defer)
+    resend = v2 & c.resend
+    inc["rx"].append(is_pkt & ~c.defer)
+    inc["rx_data"].append(v2 & c.pkt_ok & ~c.defer)
     inc["drop_truncated"].append(is_pkt & (reason2 == R_TRUNC))
     inc["drop_bad_version"].append(is_pkt & (reason2 == R_BADVER))
     inc["status_requests"].append(is_pkt & (reason2 == R_STATUS))
-    inc["drop_malformed"] += [is_pkt & (reason2 == R_MALF), bignelem, malf3]
+    inc["drop_malformed"] += [is_pkt & (reason2 == R_MALF), v2 & c.bignelem, v2 & c.malf3]
     inc["drop_unknown_job"].append(is_pkt & (reason2 == R_UNKJOB))
-    inc["drop_unknown_source"].append(unksrc)
-    inc["drop_stale"].append(stale)
-    inc["drop_out_of_window"].append(oow)
-    inc["duplicates"] += [resend & isdup, dup_only]
-    inc["late"].append(resend & ~isdup)
+    inc["drop_unknown_source"].append(v2 & c.unksrc)
+    inc["drop_stale"].append(v2 & c.stale)
+    inc["drop_out_of_window"].append(v2 & c.oow)
+    inc["duplicates"] += [resend & c.isdup, v2 & c.dup_only]
+    inc["late"].append(resend & ~c.isdup)
     inc["resent"].append(resend)
-    inc["accepted"].append(accept)
-    inc["results"] += [expired, completes]
+    inc["accepted"].append(v2 & accept)
+    inc["results"] += [expired, v2 & completes]
     inc["partials"].append(expired)
 
     # flush: a packet that P2 defers (or that followed its slot's previous operation in
@@ -684,10 +696,12 @@ def build_core(core, platform):
     o = core.o
     copy = Signal(range(33))
     beat = Signal(16)
-    ncopies = Signal(range(33))
+    left = Signal(16)           # beats of this copy after ``beat``
+    beat_last, copy_last = Signal(), Signal()   # registered: ``left == 0``, last copy
+    copies_left = Signal(range(33))
     nbeats_out = Signal(16)
     started = Signal()
-    o_valid = Signal()
+    o_valid, o_first, o_last = Signal(), Signal(), Signal()
     o_beat = Signal(16)
     adv = ~o_valid | o.ready
     start = ~run & nxt_valid & ~busy & adv   # (cur feeds the beat on display)
@@ -697,10 +711,12 @@ def build_core(core, platform):
     m.d.sync += started.eq(start)
     cur_mcast = jf("mcast_en", cur.job)
     with m.If(start):
+        one = nxt.unicast | jf("mcast_en", nxt.job)
+        nb = H + ((nxt.nelem + (L - 1)) >> LL)
         m.d.sync += [run.eq(1), cur.eq(nxt), copy.eq(0), beat.eq(0),
-                     ncopies.eq(Mux(nxt.unicast | jf("mcast_en", nxt.job), 1,
-                                    jf("nworkers", nxt.job))),
-                     nbeats_out.eq(H + ((nxt.nelem + (L - 1)) >> LL))]
+                     copies_left.eq(Mux(one, 0, jf("nworkers", nxt.job) - 1)),
+                     copy_last.eq(one | (jf("nworkers", nxt.job) == 1)),
+                     nbeats_out.eq(nb), left.eq(nb - 1), beat_last.eq(nb == 1)]
     ovf_flag = ovf_r.data & (cur.nelem != 0)
     inc["overflows"].append(started & ~cur.unicast & ovf_flag)
     issue = run & adv
@@ -711,14 +727,19 @@ def build_core(core, platform):
     for port in (mip_r2, mport_r2, mmac_r2):
         m.d.comb += port.en.eq(issue & (beat == 0))
     with m.If(adv):
-        m.d.sync += [o_valid.eq(issue), o_beat.eq(beat)]
+        m.d.sync += [o_valid.eq(issue), o_beat.eq(beat), o_first.eq(beat == 0),
+                     o_last.eq(beat_last)]
+    # the request's last beat is issued: its record no longer waits for it
+    m.d.comb += [pend.done.eq(issue & beat_last & copy_last), pend.done_rec.eq(cur.rec)]
     with m.If(issue):
-        with m.If(beat == nbeats_out - 1):
-            m.d.sync += [beat.eq(0), copy.eq(copy + 1)]
-            with m.If(copy == ncopies - 1):
+        with m.If(beat_last):
+            m.d.sync += [beat.eq(0), copy.eq(copy + 1), left.eq(nbeats_out - 1),
+                         beat_last.eq(nbeats_out == 1),
+                         copies_left.eq(copies_left - 1), copy_last.eq(copies_left == 1)]
+            with m.If(copy_last):
                 m.d.sync += run.eq(0)
         with m.Else():
-            m.d.sync += beat.eq(beat + 1)
+            m.d.sync += [beat.eq(beat + 1), left.eq(left - 1), beat_last.eq(left == 1)]
 
     # output payload
     oh = Signal(HeaderLayout)
@@ -739,7 +760,7 @@ def build_core(core, platform):
     dst_ip = Mux(use_mcast, jf("mcast_ip", cur.job), mip_r2.data)
     m.d.comb += [
         o.valid.eq(o_valid),
-        op.first.eq(o_beat == 0), op.last.eq(o_beat == nbeats_out - 1),
+        op.first.eq(o_first), op.last.eq(o_last),
         op.length.eq(length), op.mcast.eq(use_mcast), op.dst_ip.eq(dst_ip),
         op.dst_port.eq(Mux(use_mcast, jf("mcast_port", cur.job), mport_r2.data)),
         op.dst_mac.eq(Mux(use_mcast, mcast_mac(dst_ip), mmac_r2.data)),

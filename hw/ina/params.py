@@ -7,10 +7,12 @@ The WAN schedule optimizer imports :class:`CoreParams` for its FPGA-memory defau
 from dataclasses import dataclass
 import math
 
-__all__ = ["CoreParams", "HEADER_WORDS"]
+__all__ = ["CoreParams", "HEADER_WORDS", "QUEUE_SLACK"]
 
 #: the INA header is 20 bytes = 5 words of 32 bits (host/protocol/fields.py)
 HEADER_WORDS = 5
+#: requests the core's pipeline can still add after the request queue says stop
+QUEUE_SLACK = 14
 
 
 def _clog2(n: int) -> int:
@@ -33,7 +35,7 @@ class CoreParams:
     elements: int = 64
     lanes: int = 1
     jobs: int = 2
-    queue: int = 16
+    queue: int = 18
 
     def __post_init__(self):
         if not 1 <= self.workers <= 32:
@@ -46,9 +48,9 @@ class CoreParams:
             raise ValueError(f"lanes {self.lanes} not in (1, 2, 4, 8, 16)")
         if self.jobs < 2:
             raise ValueError(f"jobs {self.jobs} must be >= 2")
-        if self.queue < 12:
-            raise ValueError(f"queue {self.queue} must be >= 12 (the pipeline can add 12 "
-                             "requests after the queue says stop)")
+        if self.queue < QUEUE_SLACK:
+            raise ValueError(f"queue {self.queue} must be >= {QUEUE_SLACK} (the pipeline "
+                             f"can add {QUEUE_SLACK} requests after the queue says stop)")
 
     # -- derived sizes -------------------------------------------------------------------
     @property

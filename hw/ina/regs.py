@@ -5,8 +5,9 @@ counters in :data:`COUNTER_NAMES`): the gateware decoder, the host-side
 :func:`config_writes` and the documentation are all generated from it, in the spirit of
 amaranth-soc's declarative registers (amaranth-soc is not on PyPI).
 
-The bus (:data:`RegBus`) is 32-bit, word addressed: a write happens in the cycle
-``w_stb`` is high; ``r_data`` shows the register at ``addr`` one cycle later.
+The bus (:data:`RegBus`) is 32-bit, word addressed: a write is taken in the cycle
+``w_stb`` is high (the core registers the bus, so the register changes one cycle
+later); ``r_data`` shows the register at ``addr`` two cycles later.
 """
 
 from dataclasses import dataclass
