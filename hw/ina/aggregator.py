@@ -169,25 +169,37 @@ def build_core(core, platform):
                             m.d.sync += [init_busy.eq(1), init_job.eq(j), init_ptr.eq(0)]
                     else:
                         m.d.sync += jobs[j][r.name].eq(bus.w_data)
-    # register bus: reads (one cycle later)
-    rd = Signal(32)
-    with m.Switch(bus.addr):
-        with m.Case(0):
-            m.d.comb += rd.eq(ID_VALUE)
-        with m.Case(1):
-            m.d.comb += rd.eq(L | (NJ << 8) | (P.workers << 16) | (LWM << 24))
-        with m.Case(2):
-            m.d.comb += rd.eq(src_ip)
-        with m.Case(3):
-            m.d.comb += rd.eq(now)
-        for k, n in enumerate(COUNTER_NAMES):
-            with m.Case(COUNTER_BASE + k):
-                m.d.comb += rd.eq(counters[n])
-        for j in range(NJ):
-            for r in JOB_REGS:
-                with m.Case(JOB_BASE + JOB_STRIDE * j + r.offset):
-                    m.d.comb += rd.eq(jobs[j][r.name])
-    m.d.sync += core.cfg.r_data.eq(rd)
+    # register bus: reads, in two registered steps (the registers of each group at the
+    # low address bits, then the group), so ``r_data`` shows ``addr`` three cycles later
+    def pad(values, n):
+        return Array([*values, *[C(0, 32)] * (n - len(values))])
+    glob = [C(ID_VALUE, 32), C(L | (NJ << 8) | (P.workers << 16) | (LWM << 24), 32),
+            src_ip, now]
+    NC = 1 << _log2(len(COUNTER_NAMES))
+    NR = 1 << _log2(len(JOB_REGS))
+    NJP = 1 << _log2(max(2, NJ))
+    job_words = []
+    for j in range(NJP):
+        words = [jobs[j][r.name] for r in JOB_REGS] if j < NJ else []
+        job_words += words + [C(0, 32)] * (NR - len(words))
+    assert COUNTER_BASE % NC == 0 and NR == JOB_STRIDE and JOB_BASE % (NR * NJP) == 0
+    rd_glob, rd_cnt, rd_job = Signal(32), Signal(32), Signal(32)
+    rd_grp = Signal(2)
+    a_ = bus.addr
+    m.d.sync += [
+        rd_glob.eq(pad(glob, 4)[a_[:2]]),
+        rd_cnt.eq(pad([counters[n] for n in COUNTER_NAMES], NC)[a_[:_log2(NC)]]),
+        rd_job.eq(Array(job_words)[a_[:_log2(NR * NJP)]]),
+        rd_grp.eq(Mux(a_ < 4, 1,
+                      Mux((a_ >= COUNTER_BASE) & (a_ < COUNTER_BASE + len(COUNTER_NAMES)), 2,
+                          Mux((a_ >= JOB_BASE) & (a_ < JOB_BASE + JOB_STRIDE * NJ), 3, 0)))),
+    ]
+    with m.Switch(rd_grp):
+        for g, v in ((1, rd_glob), (2, rd_cnt), (3, rd_job)):
+            with m.Case(g):
+                m.d.sync += core.cfg.r_data.eq(v)
+        with m.Default():
+            m.d.sync += core.cfg.r_data.eq(0)
 
     # ---------------------------------------------------------------- request queue
     m.submodules.queue = q = RequestQueue(ReqL, P.queue)

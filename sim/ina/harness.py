@@ -54,7 +54,7 @@ class CoreTB:
     async def read(self, addr):
         d = self.dut
         d.cfg__addr.value = addr
-        await ClockCycles(d.clk, 3)     # the core shows it two cycles later (regs.py)
+        await ClockCycles(d.clk, 4)     # the core shows it three cycles later (regs.py)
         return int(d.cfg__r_data.value)
 
     async def configure(self, jobs, deadlines=None):
