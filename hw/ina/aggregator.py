@@ -295,8 +295,10 @@ def build_core(core, platform):
     # per-job window constants, registered from the static configuration (a job is
     # configured long before its first packet: enabling it takes 2W cycles)
     wbit = [Signal(33, name=f"job{j}_wbit") for j in range(NJ)]     # W
+    nwm1 = [Signal(6, name=f"job{j}_nworkers_m1") for j in range(NJ)]   # N - 1
     for j in range(NJ):
-        m.d.sync += wbit[j].eq(Const(1, 33) << jobs[j]["log2_window"])
+        m.d.sync += [wbit[j].eq(Const(1, 33) << jobs[j]["log2_window"]),
+                     nwm1[j].eq(jobs[j]["nworkers"] - 1)]
     # every job's candidate in parallel, then the matching job's (priority to the lowest)
     hits = [jobs[j]["enable"] & (jobs[j]["job_id"] == hdr.job) for j in range(NJ)]
     unkjob = ~Cat(hits).any()
@@ -374,15 +376,20 @@ def build_core(core, platform):
     # the packet in P0 against the operations in P1a (one cycle ahead) and P1b (two)
     near1 = by_job([p1_op.rec == recs[j] for j in range(NJ)], 1)
     near2 = by_job([q1_op.rec == recs[j] for j in range(NJ)], 1)
+    near3 = by_job([p2_op.rec == recs[j] for j in range(NJ)], 1)
+    # P1a's operation will read P3's write register instead of the memory (the write
+    # lands at the end of that cycle): the select is registered with the operation
+    byp1 = Signal()
+    v2 = Signal()
     # a scan visit to the record that the packet in P0 needs next is dropped (the
     # scanner comes back to it); a packet right behind a packet to its record is re-run
     scan_cancel1 = p0_valid & (p1_op.kind == K_SCAN) & near1
     scan_cancel2 = p0_valid & (q1_op.kind == K_SCAN) & near2
-    m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0)]
+    m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0), byp1.eq(0)]
     with m.If(reinject):
-        m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1)]
+        m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1), byp1.eq(v2)]
     with m.Elif(p0_valid):
-        m.d.sync += [p1_valid.eq(1),
+        m.d.sync += [p1_valid.eq(1), byp1.eq(v2 & near3),
                      p1_adj.eq((p1_valid & (p1_op.kind == K_PKT) & near1)
                                | (q1_valid & (q1_op.kind == K_PKT) & near2 & ~BYP2)),
                      p1_op.kind.eq(K_PKT), p1_op.checks.eq(checks), p1_op.rec.eq(rec),
@@ -394,7 +401,7 @@ def build_core(core, platform):
                      p1_op.rewind.eq(p0_rewind)]
     with m.Elif(init_busy & pipe_empty):
         m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_INIT), p1_op.rec.eq(init_rec),
-                     init_ptr.eq(init_ptr + 1)]
+                     byp1.eq(v2 & (p2_op.rec == init_rec)), init_ptr.eq(init_ptr + 1)]
         with m.If(init_ptr == 2 * WM - 1):
             m.d.sync += init_busy.eq(0)
             for j in range(NJ):
@@ -402,7 +409,7 @@ def build_core(core, platform):
                     m.d.sync += jobs[j]["enable"].eq(1)
     with m.Elif(scan_ok):
         m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_SCAN), p1_op.rec.eq(scan_ptr),
-                     p1_op.ts.eq(horizon),
+                     byp1.eq(v2 & (p2_op.rec == scan_ptr)), p1_op.ts.eq(horizon),
                      scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
     m.d.comb += meta_r.addr.eq(p1_op.rec)
 
@@ -412,7 +419,7 @@ def build_core(core, platform):
     p3_push_a, p3_push_b = Signal(), Signal()   # P3: registered pushes
     p3_a, p3_b = Signal(ReqL), Signal(ReqL)
     md1 = Signal(MetaL)
-    m.d.comb += md1.eq(Mux(w3_en & (w3_addr == p1_op.rec), w3_data, meta_r.data))
+    m.d.comb += md1.eq(Mux(byp1, w3_data, meta_r.data))
     p1_job = Signal(range(max(2, NJ)))
     m.d.comb += p1_job.eq(p1_op.rec >> (LWM + 1))
     n1 = jf("nworkers", p1_job)
@@ -420,14 +427,13 @@ def build_core(core, platform):
     m.d.comb += bit1.eq(1 << p1_op.worker[:5])
     src_ok1 = p1_reinj | ((Array(p1_mip)[p1_job] == p1_op.sip)
                           & (Array(p1_mport)[p1_job] == p1_op.sport))
-    pend1 = (pend.nonzero.bit_select(p1_op.rec, 1)
-             | ((p3_push_a | p3_push_b) & (p3_a.rec == p1_op.rec)))
+    pend1 = pend.nonzero.bit_select(p1_op.rec, 1) | (byp1 & (p3_push_a | p3_push_b))
     w1 = Signal(signed(35))
     w2 = Signal(signed(35))
     m.d.comb += [w1.eq(Array(wbit)[p1_job]), w2.eq(Cat(C(0, 1), Array(wbit)[p1_job]))]
     init_idx = p1_op.rec[:LWM] if LWM else C(0, 1)
     init_set = p1_op.rec[LWM]
-    def md_compares(mdx, op, n, bit):
+    def md_compares(mdx, op, n, nm1, bit):
         """Every compare of an operation against its record's metadata."""
         seqx = Signal(signed(34))
         late_by = Signal(32)      # time - due, modulo 2^32: expired when not negative
@@ -435,7 +441,7 @@ def build_core(core, platform):
         dup = C(0) if bug == "no_duplicate_check" else (mdx.bitmap & bit).any()
         return {"late": ~late_by[31], "complete": mdx.complete,
                 "eq_seqm": mdx.tag == op.seqm, "eq_seq": mdx.tag == seqx,
-                "lt": seqx < mdx.tag, "dup": dup, "cnt1_n": mdx.count + 1 == n,
+                "lt": seqx < mdx.tag, "dup": dup, "cnt1_n": mdx.count == nm1,
                 "cnt0": mdx.count == 0, "cnt_lt_n": mdx.count < n,
                 "nelem_ne": op.nelem != mdx.nelem, "exp_gt": op.exp > mdx.exponent}
     CmpL = data.StructLayout({k: 1 for k in (
@@ -459,7 +465,7 @@ def build_core(core, platform):
         q1c.pend.eq(pend1), q1c.enable.eq(jf("enable", p1_job)),
         q1c.bounded.eq(jf("bounded", p1_job)), q1c.ok.eq(reason1 == R_OK),
     ]
-    m.d.sync += [getattr(q1c, k).eq(v) for k, v in md_compares(md1, p1_op, n1, bit1).items()]
+    m.d.sync += [getattr(q1c, k).eq(v) for k, v in md_compares(md1, p1_op, n1, Array(nwm1)[p1_job], bit1).items()]
     q1m = q1c      # the compares in use in P1b
     if BYP2:
         # L >= 5: a packet may follow a packet to its record two cycles later (two-beat
@@ -467,7 +473,7 @@ def build_core(core, platform):
         # run on it too and the registered select picks one
         q1_sel = Signal()
         m.d.sync += q1_sel.eq(p2_valid & ~p2_adj & (p2_op.rec == p1_op.rec))
-        cw = md_compares(w3_data, q1_op, jf("nworkers", q1_job), q1_bit)
+        cw = md_compares(w3_data, q1_op, jf("nworkers", q1_job), Array(nwm1)[q1_job], q1_bit)
         q1m = Signal(CmpL)
         m.d.comb += q1m.eq(q1c)
         for k, v in cw.items():
@@ -527,7 +533,7 @@ def build_core(core, platform):
     ]
 
     # ---------------------------------------------------------------- P2: effects
-    v2 = p2_valid & ~p2_adj
+    m.d.comb += v2.eq(p2_valid & ~p2_adj)
     reason2 = p2_op.reason
     is_pkt = v2 & c.pkt
     is_init = v2 & c.init
@@ -695,16 +701,30 @@ def build_core(core, platform):
     m.d.comb += [ovf_w.addr.eq(e2_rec), ovf_w.data.eq(ovf_now), ovf_w.en.eq(e2_valid & e2_last)]
 
     # ---------------------------------------------------------------- replicator
-    # the queue's head moves into a register (nxt) before it starts, so the start
-    # decision works from registers; a request counts as queued (for the probe) until
-    # its last beat is issued
-    take = ~nxt_valid & q.head_valid
+    # the queue's head moves into a register (nxt0), then into nxt with what the start
+    # needs worked out (copies, beats per copy), so the start decision and the counters
+    # it loads work from registers
+    nxt0, nxt0_valid = Signal(ReqL), Signal()
+    take = ~nxt0_valid & q.head_valid
     m.d.comb += q.pop.eq(take)
     with m.If(take):
-        m.d.sync += [nxt.eq(q.head), nxt_valid.eq(1)]
-    busy = ((pkt_inflight & (pkt_rec == nxt.rec)) | (s1_valid & (s1_rec == nxt.rec))
-            | (e1_valid & (e1_rec == nxt.rec))
-            | (e2_valid & (e2_rec == nxt.rec)))
+        m.d.sync += [nxt0.eq(q.head), nxt0_valid.eq(1)]
+    move = nxt0_valid & ~nxt_valid
+    nxt_nb = Signal(16)             # beats per copy
+    nxt_copies_m1 = Signal(range(33))
+    one0 = nxt0.unicast | jf("mcast_en", nxt0.job)
+    with m.If(move):
+        m.d.sync += [nxt.eq(nxt0), nxt_valid.eq(1), nxt0_valid.eq(0),
+                     nxt_nb.eq(H + ((nxt0.nelem + (L - 1)) >> LL)),
+                     nxt_copies_m1.eq(Mux(one0, 0, jf("nworkers", nxt0.job) - 1))]
+
+    def busy(rec):      # the element path still writes the record's accumulator
+        return ((pkt_inflight & (pkt_rec == rec)) | (s1_valid & (s1_rec == rec))
+                | (e1_valid & (e1_rec == rec)) | (e2_valid & (e2_rec == rec)))
+    # registered: once a record's request is queued no new beat for it starts, so a
+    # cleared busy stays clear
+    busy_r = Signal()
+    m.d.sync += busy_r.eq(Mux(move, busy(nxt0.rec), busy(nxt.rec)))
     o = core.o
     copy = Signal(range(33))
     beat = Signal(16)
@@ -716,19 +736,16 @@ def build_core(core, platform):
     o_valid, o_first, o_last = Signal(), Signal(), Signal()
     o_beat = Signal(16)
     adv = ~o_valid | o.ready
-    start = ~run & nxt_valid & ~busy & adv   # (cur feeds the beat on display)
+    start = ~run & nxt_valid & ~busy_r & adv   # (cur feeds the beat on display)
     m.d.comb += [ovf_r.addr.eq(nxt.rec), ovf_r.en.eq(start)]
     with m.If(start):
         m.d.sync += nxt_valid.eq(0)
     m.d.sync += started.eq(start)
     cur_mcast = jf("mcast_en", cur.job)
     with m.If(start):
-        one = nxt.unicast | jf("mcast_en", nxt.job)
-        nb = H + ((nxt.nelem + (L - 1)) >> LL)
         m.d.sync += [run.eq(1), cur.eq(nxt), copy.eq(0), beat.eq(0),
-                     copies_left.eq(Mux(one, 0, jf("nworkers", nxt.job) - 1)),
-                     copy_last.eq(one | (jf("nworkers", nxt.job) == 1)),
-                     nbeats_out.eq(nb), left.eq(nb - 1), beat_last.eq(nb == 1)]
+                     copies_left.eq(nxt_copies_m1), copy_last.eq(nxt_copies_m1 == 0),
+                     nbeats_out.eq(nxt_nb), left.eq(nxt_nb - 1), beat_last.eq(nxt_nb == 1)]
     ovf_flag = ovf_r.data & (cur.nelem != 0)
     inc["overflows"].append(started & ~cur.unicast & ovf_flag)
     issue = run & adv
@@ -741,8 +758,9 @@ def build_core(core, platform):
     with m.If(adv):
         m.d.sync += [o_valid.eq(issue), o_beat.eq(beat), o_first.eq(beat == 0),
                      o_last.eq(beat_last)]
-    # the request's last beat is issued: its record no longer waits for it
-    m.d.comb += [pend.done.eq(issue & beat_last & copy_last), pend.done_rec.eq(cur.rec)]
+    # the request's last beat is issued: its record no longer waits for it (registered:
+    # the record counts as waiting one cycle longer)
+    m.d.sync += [pend.done.eq(issue & beat_last & copy_last), pend.done_rec.eq(cur.rec)]
     with m.If(issue):
         with m.If(beat_last):
             m.d.sync += [beat.eq(0), copy.eq(copy + 1), left.eq(nbeats_out - 1),

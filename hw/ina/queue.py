@@ -85,7 +85,7 @@ class PendingCounts(wiring.Component):
             cnt = Signal(range(self.max_pending + 1), name=f"pending{r}")
             up = Mux(self.add_rec == r, self.add, 0)
             down = self.done & (self.done_rec == r)
-            nxt = Signal.like(cnt, name=f"pending{r}_next")
-            m.d.comb += nxt.eq(cnt + up - down)
-            m.d.sync += [cnt.eq(nxt), self.nonzero[r].eq(nxt != 0)]
+            m.d.sync += cnt.eq(cnt + up - down)
+            # a request finishes only after it was added (count >= 1 when ``down``)
+            m.d.sync += self.nonzero[r].eq((up != 0) | Mux(down, cnt != 1, cnt != 0))
         return m
