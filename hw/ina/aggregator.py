@@ -253,6 +253,12 @@ def build_core(core, platform):
     in_hdr_r = Signal(init=1)
     posmh = Signal(signed(18))
     hdr_regs = [Signal(32, name=f"hdr_w{k}") for k in range(HEADER_WORDS)]
+    # the header's job field: which word, which bits (from the generated layout)
+    hdr_job = HeaderLayout["job"]
+    JOB_WORD = HEADER_WORDS - 1 - hdr_job.offset // 32
+    JOB_BIT = hdr_job.offset % 32
+    assert JOB_BIT + hdr_job.width <= 32
+    job_hit = [Signal(name=f"job{j}_hit") for j in range(NJ)]
     ts_reg = Signal(32)
     body_reg, len_short = Signal(signed(18)), Signal()   # UDP length - 20, < 20
     sip_reg, sport_reg = Signal(32), Signal(16)
@@ -277,6 +283,9 @@ def build_core(core, platform):
             hb = k // L
             with m.If(Mux(b.first, hb == 0, at_hdr[hb])):
                 m.d.sync += hdr_regs[k].eq(b.data[k % L])
+                if k == JOB_WORD:   # the job-table match, one stage early
+                    field = b.data[k % L][JOB_BIT:JOB_BIT + hdr_job.width]
+                    m.d.sync += [job_hit[j].eq(field == jobs[j]["job_id"]) for j in range(NJ)]
         with m.If(b.first):
             m.d.sync += [ts_reg.eq(b.ts), body_reg.eq(b.length - 20),
                          len_short.eq(b.length < 20), sip_reg.eq(b.src_ip),
@@ -300,7 +309,7 @@ def build_core(core, platform):
         m.d.sync += [wbit[j].eq(Const(1, 33) << jobs[j]["log2_window"]),
                      nwm1[j].eq(jobs[j]["nworkers"] - 1)]
     # every job's candidate in parallel, then the matching job's (priority to the lowest)
-    hits = [jobs[j]["enable"] & (jobs[j]["job_id"] == hdr.job) for j in range(NJ)]
+    hits = [jobs[j]["enable"] & job_hit[j] for j in range(NJ)]
     unkjob = ~Cat(hits).any()
 
     def by_job(values, shape):
@@ -465,7 +474,12 @@ def build_core(core, platform):
         q1c.pend.eq(pend1), q1c.enable.eq(jf("enable", p1_job)),
         q1c.bounded.eq(jf("bounded", p1_job)), q1c.ok.eq(reason1 == R_OK),
     ]
-    m.d.sync += [getattr(q1c, k).eq(v) for k, v in md_compares(md1, p1_op, n1, Array(nwm1)[p1_job], bit1).items()]
+    # the compares run on the memory's output and on P3's write register, and the
+    # registered bypass select picks one at the end (off the compare chains)
+    nm1 = Array(nwm1)[p1_job]
+    cr = md_compares(meta_r.data, p1_op, n1, nm1, bit1)
+    cb = md_compares(w3_data, p1_op, n1, nm1, bit1)
+    m.d.sync += [getattr(q1c, k).eq(Mux(byp1, cb[k], cr[k])) for k in cr]
     q1m = q1c      # the compares in use in P1b
     if BYP2:
         # L >= 5: a packet may follow a packet to its record two cycles later (two-beat
@@ -502,7 +516,7 @@ def build_core(core, platform):
     nelem_bad1 = ~reuse1 & q1m.nelem_ne
     accept1 = join1 & ~cur_complete1 & ~isdup1 & ~nelem_bad1
     R2 = ("defer", "expire", "reuse", "join", "resend", "dup_only", "malf3", "accept",
-          "completes", "opens", "new_exp", "stale", "oow", "isdup", "unksrc", "bignelem",
+          "one_n", "cnt1_n", "opens", "new_exp", "stale", "oow", "isdup", "unksrc", "bignelem",
           "pkt", "scan", "init", "pkt_ok", "cnt_lt_n")
     c = Signal(data.StructLayout({k: 1 for k in R2}))
     early_ok1 = (q1_op.reason == R_OK) | (q1_op.reason == R_BIGNELEM)
@@ -522,7 +536,7 @@ def build_core(core, platform):
         c.dup_only.eq(join1 & ~cur_complete1 & isdup1),
         c.malf3.eq(join1 & ~cur_complete1 & ~isdup1 & nelem_bad1),
         c.accept.eq(accept1),
-        c.completes.eq(accept1 & Mux(reuse1, q1m.one_n, q1m.cnt1_n)),
+        c.one_n.eq(q1m.one_n), c.cnt1_n.eq(q1m.cnt1_n),
         c.opens.eq(reuse1 | q1m.cnt0), c.new_exp.eq(reuse1 | q1m.exp_gt),
         c.stale.eq(k_pkt_ok1 & ~join1 & q1m.lt),
         c.oow.eq(k_pkt_ok1 & ~join1 & ~q1m.lt & ~k_defer1), c.isdup.eq(isdup1),
@@ -546,7 +560,8 @@ def build_core(core, platform):
         m.d.sync += retry.eq(0)
     md2 = p2_md
     expired = v2 & c.expire
-    reuse, accept, completes = c.reuse, c.accept, c.completes
+    reuse, accept = c.reuse, c.accept
+    completes = accept & Mux(reuse, c.one_n, c.cnt1_n)
     cur_bitmap = Mux(reuse, 0, md2.bitmap)
     cur_count = Mux(reuse, 0, md2.count)
     cur_exp = Mux(reuse, -128, md2.exponent)
@@ -630,11 +645,13 @@ def build_core(core, platform):
     pkt_rec = Signal(range(R))
     pkt_nelem = Signal(16)
     pkt_nbeats = Signal(16)
+    pkt_nbm1 = Signal(signed(17))   # nbeats - 1: the last beat's index
     pkt_mode = Signal(2)
     pkt_inflight = Signal()
     with m.If(is_pkt & ~defer):
         m.d.sync += [pkt_base.eq(p2_op.base), pkt_rec.eq(p2_op.rec),
                      pkt_nelem.eq(p2_op.nelem), pkt_nbeats.eq(p2_op.nbeats),
+                     pkt_nbm1.eq(p2_op.nbeats - 1),
                      pkt_mode.eq(mode)]
     s0 = dl[-1]
     s0_lane = s0.data
@@ -643,7 +660,7 @@ def build_core(core, platform):
     e_ok = ebeat & (e < pkt_nbeats) & (pkt_mode != M_NONE)
     inc["stream_errors"].append(ebeat & (e >= pkt_nbeats) & (pkt_mode != M_NONE))
     inc["stream_errors"].append(s0.valid & s0.first & pkt_inflight)
-    with m.If((ebeat & (e + 1 >= pkt_nbeats)) | (s0.valid & s0.first)):
+    with m.If((ebeat & (e >= pkt_nbm1)) | (s0.valid & s0.first)):
         m.d.sync += pkt_inflight.eq(0)
     with m.If(is_pkt & ~defer & (mode != M_NONE) & (p2_op.nelem != 0)):
         m.d.sync += pkt_inflight.eq(1)
@@ -655,7 +672,7 @@ def build_core(core, platform):
     s1_rec = Signal(range(R))
     s1_data = Signal(AccL)
     m.d.sync += [s1_valid.eq(e_ok), s1_mode.eq(pkt_mode), s1_addr.eq(pkt_base + e),
-                 s1_rec.eq(pkt_rec), s1_first.eq(e == 0), s1_last.eq(e + 1 == pkt_nbeats)]
+                 s1_rec.eq(pkt_rec), s1_first.eq(e == 0), s1_last.eq(e == pkt_nbm1)]
     for k in range(L):
         lane_ok = (e * L + k) < pkt_nelem
         m.d.sync += s1_data[k].eq(Mux(lane_ok, s0_lane[k].as_signed(), 0))
