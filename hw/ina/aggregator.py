@@ -134,11 +134,19 @@ def build_core(core, platform):
     mport_rj = [mport.read_port(domain="comb") for _ in range(NJ)]
     mip_r2, mport_r2, mmac_r2 = mip.read_port(), mport.read_port(), mmac.read_port()
 
-    # register bus: registered on the way in (writes land one cycle later, reads show
-    # two cycles later), so the decoders start from flip-flops
+    # register bus: registered on the way in, then decoded into one registered strobe
+    # per register (a write lands two cycles later; reads show three cycles later), so
+    # the decoders start from flip-flops and every write is one enable
     bus = Signal(data.StructLayout({"addr": 16, "w_stb": 1, "w_data": 32}))
     m.d.sync += [bus.addr.eq(core.cfg.addr), bus.w_stb.eq(core.cfg.w_stb),
                  bus.w_data.eq(core.cfg.w_data)]
+    wdata = Signal(32)
+    m.d.sync += wdata.eq(bus.w_data)
+
+    def strobe(name, cond):
+        s = Signal(name=f"wr_{name}")
+        m.d.sync += s.eq(bus.w_stb & cond)
+        return s
     init_busy = Signal()
     init_job = Signal(range(max(2, NJ)))
     init_ptr = Signal(range(2 * WM))
@@ -146,29 +154,29 @@ def build_core(core, platform):
     madr = bus.addr - MEMBER_BASE
     m_in = (bus.addr >= MEMBER_BASE) & (bus.addr < MEMBER_BASE + NJ * 32 * 4)
     m_job, m_w, m_k = madr[7:7 + _log2(max(2, NJ))], madr[2:7], madr[0:2]
-    m_ok = bus.w_stb & m_in & (m_w < P.workers)
-    m_idx = m_job * WS + m_w[:max(1, LWS)] if WS > 1 else m_job
+    m_ok = m_in & (m_w < P.workers)
+    m_idx = Signal(range(NJ * WS))
+    m.d.sync += m_idx.eq(m_job * WS + m_w[:max(1, LWS)] if WS > 1 else m_job)
+    wr_m = [strobe(f"member_{k}", m_ok & (m_k == k)) for k in range(4)]
     m.d.comb += [
         mip_w.addr.eq(m_idx), mport_w.addr.eq(m_idx), mmac_w.addr.eq(m_idx),
-        mip_w.data.eq(bus.w_data), mport_w.data.eq(bus.w_data),
-        mmac_w.data.eq(Cat(bus.w_data, mac_hi)),
-        mip_w.en.eq(m_ok & (m_k == 0)), mport_w.en.eq(m_ok & (m_k == 1)),
-        mmac_w.en.eq(m_ok & (m_k == 3)),
+        mip_w.data.eq(wdata), mport_w.data.eq(wdata), mmac_w.data.eq(Cat(wdata, mac_hi)),
+        mip_w.en.eq(wr_m[0]), mport_w.en.eq(wr_m[1]), mmac_w.en.eq(wr_m[3]),
     ]
-    with m.If(m_ok & (m_k == 2)):
-        m.d.sync += mac_hi.eq(bus.w_data)
-    with m.If(bus.w_stb):
-        with m.If(bus.addr == next(r.offset for r in GLOBAL_REGS if r.name == "src_ip")):
-            m.d.sync += src_ip.eq(bus.w_data)
-        for j in range(NJ):
-            for r in JOB_REGS:
-                with m.If(bus.addr == JOB_BASE + JOB_STRIDE * j + r.offset):
-                    if r.name == "enable":
-                        m.d.sync += jobs[j]["enable"].eq(0)
-                        with m.If(bus.w_data[0]):
-                            m.d.sync += [init_busy.eq(1), init_job.eq(j), init_ptr.eq(0)]
-                    else:
-                        m.d.sync += jobs[j][r.name].eq(bus.w_data)
+    with m.If(wr_m[2]):
+        m.d.sync += mac_hi.eq(wdata)
+    src_ip_addr = next(r.offset for r in GLOBAL_REGS if r.name == "src_ip")
+    with m.If(strobe("src_ip", bus.addr == src_ip_addr)):
+        m.d.sync += src_ip.eq(wdata)
+    for j in range(NJ):
+        for r in JOB_REGS:
+            with m.If(strobe(f"job{j}_{r.name}", bus.addr == JOB_BASE + JOB_STRIDE * j + r.offset)):
+                if r.name == "enable":
+                    m.d.sync += jobs[j]["enable"].eq(0)
+                    with m.If(wdata[0]):
+                        m.d.sync += [init_busy.eq(1), init_job.eq(j), init_ptr.eq(0)]
+                else:
+                    m.d.sync += jobs[j][r.name].eq(wdata)
     # register bus: reads, in two registered steps (the registers of each group at the
     # low address bits, then the group), so ``r_data`` shows ``addr`` three cycles later
     def pad(values, n):
@@ -449,14 +457,15 @@ def build_core(core, platform):
         m.d.comb += [seqx.eq(op.seq), late_by.eq(op.ts - mdx.due)]
         dup = C(0) if bug == "no_duplicate_check" else (mdx.bitmap & bit).any()
         return {"late": ~late_by[31], "complete": mdx.complete,
-                "eq_seqm": mdx.tag == op.seqm, "eq_seq": mdx.tag == seqx,
+                # equality as XOR (so it is not folded into the "lt" subtraction)
+                "eq_seqm": (mdx.tag ^ op.seqm) == 0, "eq_seq": (mdx.tag ^ seqx) == 0,
                 "lt": seqx < mdx.tag, "dup": dup, "cnt1_n": mdx.count == nm1,
                 "cnt0": mdx.count == 0, "cnt_lt_n": mdx.count < n,
                 "nelem_ne": op.nelem != mdx.nelem, "exp_gt": op.exp > mdx.exponent}
     CmpL = data.StructLayout({k: 1 for k in (
         "late", "complete", "eq_seqm", "eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0",
         "cnt_lt_n", "nelem_ne", "nelem_nz", "exp_gt", "src_ok", "pend", "enable",
-        "bounded", "ok")})
+        "bounded", "ok", "pkt", "may_expire")})
     q1c = Signal(CmpL)
     q1_md = Signal(MetaL)
     q1_bit = Signal(P.workers)
@@ -473,6 +482,10 @@ def build_core(core, platform):
         q1c.one_n.eq(n1 == 1), q1c.nelem_nz.eq(p1_op.nelem != 0), q1c.src_ok.eq(src_ok1),
         q1c.pend.eq(pend1), q1c.enable.eq(jf("enable", p1_job)),
         q1c.bounded.eq(jf("bounded", p1_job)), q1c.ok.eq(reason1 == R_OK),
+        q1c.pkt.eq((p1_op.kind == K_PKT) & (reason1 == R_OK)),
+        # a packet or a scan of an enabled bounded job may fire its record
+        q1c.may_expire.eq(((p1_op.kind == K_PKT) | (p1_op.kind == K_SCAN))
+                          & jf("enable", p1_job) & jf("bounded", p1_job)),
     ]
     # the compares run on the memory's output and on P3's write register, and the
     # registered bypass select picks one at the end (off the compare chains)
@@ -502,10 +515,10 @@ def build_core(core, platform):
     # or flushed operation writes nothing and requests nothing), so these assume it.
     k_pkt1 = q1_op.kind == K_PKT
     k_scan1 = (q1_op.kind == K_SCAN) & q1m.enable
-    k_pkt_ok1 = k_pkt1 & q1m.ok & q1m.src_ok
+    k_pkt_ok1 = q1m.pkt & q1m.src_ok
     # any operation at time ts may fire its record when it is due (the model's
     # ``process`` ticks before it even parses the packet)
-    k_expire1 = (k_pkt1 | k_scan1) & q1m.enable & q1m.bounded & ~q1m.complete & q1m.late
+    k_expire1 = q1m.may_expire & ~q1m.complete & q1m.late
     k_reuse1 = k_pkt_ok1 & (q1m.complete | k_expire1) & q1m.eq_seqm
     # reuse waits while the record's last result is queued or being sent, or expires now
     k_defer1 = k_reuse1 & q1m.nelem_nz & (k_expire1 | q1m.pend)

@@ -6,8 +6,8 @@ counters in :data:`COUNTER_NAMES`): the gateware decoder, the host-side
 amaranth-soc's declarative registers (amaranth-soc is not on PyPI).
 
 The bus (:data:`RegBus`) is 32-bit, word addressed: a write is taken in the cycle
-``w_stb`` is high (the core registers the bus, so the register changes one cycle
-later); ``r_data`` shows the register at ``addr`` three cycles later (0 for an
+``w_stb`` is high (the core registers the bus and then the decoded write, so the
+register changes two cycles later); ``r_data`` shows the register at ``addr`` three cycles later (0 for an
 address that holds no register).
 """
 

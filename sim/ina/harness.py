@@ -67,7 +67,7 @@ class CoreTB:
                                            elements_max=self.P.elements,
                                            workers_max=self.P.workers, deadline_cycles=dl):
                 await self.write(addr, val)
-            await ClockCycles(self.dut.clk, 2 * self.P.window + 4)
+            await ClockCycles(self.dut.clk, 2 * self.P.window + 8)
 
     async def counters(self) -> dict:
         return {n: await self.read(counter_addr(n)) for n in COUNTER_NAMES}
