@@ -397,6 +397,9 @@ def build_core(core, platform):
     # P1a's operation will read P3's write register instead of the memory (the write
     # lands at the end of that cycle): the select is registered with the operation
     byp1 = Signal()
+    # a copy of P1a's record number that only addresses the metadata memory (its other
+    # init value keeps synthesis from merging it with p1_op.rec)
+    p1_raddr = Signal(range(R), init=1)
     v2 = Signal()
     # a scan visit to the record that the packet in P0 needs next is dropped (the
     # scanner comes back to it); a packet right behind a packet to its record is re-run
@@ -404,12 +407,14 @@ def build_core(core, platform):
     scan_cancel2 = p0_valid & (q1_op.kind == K_SCAN) & near2
     m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0), byp1.eq(0)]
     with m.If(reinject):
-        m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1), byp1.eq(v2)]
+        m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1), byp1.eq(v2),
+                     p1_raddr.eq(p2_op.rec)]
     with m.Elif(p0_valid):
         m.d.sync += [p1_valid.eq(1), byp1.eq(v2 & near3),
                      p1_adj.eq((p1_valid & (p1_op.kind == K_PKT) & near1)
                                | (q1_valid & (q1_op.kind == K_PKT) & near2 & ~BYP2)),
                      p1_op.kind.eq(K_PKT), p1_op.checks.eq(checks), p1_op.rec.eq(rec),
+                     p1_raddr.eq(rec),
                      p1_op.seq.eq(hdr.seq), p1_op.seqm.eq(seqm), p1_op.ts.eq(ts_reg),
                      p1_op.worker.eq(hdr.worker), p1_op.exp.eq(hdr.exponent),
                      p1_op.nelem.eq(hdr.nelem), p1_op.sip.eq(sip_reg),
@@ -417,7 +422,7 @@ def build_core(core, platform):
                      p1_op.nbeats.eq((hdr.nelem + (L - 1)) >> LL),
                      p1_op.rewind.eq(p0_rewind)]
     with m.Elif(init_busy & pipe_empty):
-        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_INIT), p1_op.rec.eq(init_rec),
+        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_INIT), p1_op.rec.eq(init_rec), p1_raddr.eq(init_rec),
                      byp1.eq(v2 & (p2_op.rec == init_rec)), init_ptr.eq(init_ptr + 1)]
         with m.If(init_ptr == 2 * WM - 1):
             m.d.sync += init_busy.eq(0)
@@ -425,10 +430,10 @@ def build_core(core, platform):
                 with m.If(init_job == j):
                     m.d.sync += jobs[j]["enable"].eq(1)
     with m.Elif(scan_ok):
-        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_SCAN), p1_op.rec.eq(scan_ptr),
+        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_SCAN), p1_op.rec.eq(scan_ptr), p1_raddr.eq(scan_ptr),
                      byp1.eq(v2 & (p2_op.rec == scan_ptr)), p1_op.ts.eq(horizon),
                      scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
-    m.d.comb += meta_r.addr.eq(p1_op.rec)
+    m.d.comb += meta_r.addr.eq(p1_raddr)
 
     # P1a: the metadata (or P3's write of it, while it lands) and every compare on it,
     # into registers; P1b then applies the rules from registered bits only
@@ -457,11 +462,13 @@ def build_core(core, platform):
         m.d.comb += [seqx.eq(op.seq), late_by.eq(op.ts - mdx.due)]
         dup = C(0) if bug == "no_duplicate_check" else (mdx.bitmap & bit).any()
         return {"late": ~late_by[31], "complete": mdx.complete,
-                # equality as XOR (so it is not folded into the "lt" subtraction)
-                "eq_seqm": (mdx.tag ^ op.seqm) == 0, "eq_seq": (mdx.tag ^ seqx) == 0,
+                # wide equality as two magnitude compares: two carry chains side by
+                # side instead of a tree of LUTs
+                "eq_seqm": (mdx.tag >= op.seqm) & (op.seqm >= mdx.tag),
+                "eq_seq": (mdx.tag >= seqx) & (seqx >= mdx.tag),
                 "lt": seqx < mdx.tag, "dup": dup, "cnt1_n": mdx.count == nm1,
                 "cnt0": mdx.count == 0, "cnt_lt_n": mdx.count < n,
-                "nelem_ne": op.nelem != mdx.nelem, "exp_gt": op.exp > mdx.exponent}
+                "nelem_ne": (op.nelem < mdx.nelem) | (mdx.nelem < op.nelem), "exp_gt": op.exp > mdx.exponent}
     CmpL = data.StructLayout({k: 1 for k in (
         "late", "complete", "eq_seqm", "eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0",
         "cnt_lt_n", "nelem_ne", "nelem_nz", "exp_gt", "src_ok", "pend", "enable",
