@@ -191,21 +191,27 @@ def build_core(core, platform):
         words = [jobs[j][r.name] for r in JOB_REGS] if j < NJ else []
         job_words += words + [C(0, 32)] * (NR - len(words))
     assert COUNTER_BASE % NC == 0 and NR == JOB_STRIDE and JOB_BASE % (NR * NJP) == 0
-    rd_glob, rd_cnt, rd_job = Signal(32), Signal(32), Signal(32)
-    rd_grp = Signal(2)
+    # groups of at most 16 words, each read into a register at the low address bits
+    groups = [pad(glob, 4)]
+    cnt_words = [counters[n] for n in COUNTER_NAMES]
+    groups += [pad(cnt_words[k:k + 16], 16) for k in range(0, NC, 16)]
+    groups += [Array(job_words[k:k + 16]) for k in range(0, len(job_words), 16)]
+    bases = ([0] + [COUNTER_BASE + k for k in range(0, NC, 16)]
+             + [JOB_BASE + k for k in range(0, len(job_words), 16)])
+    ends = ([4] + [COUNTER_BASE + min(k + 16, len(COUNTER_NAMES)) for k in range(0, NC, 16)]
+            + [JOB_BASE + k + len(JOB_REGS) for k in range(0, len(job_words), 16)])
+    rd_regs = [Signal(32, name=f"rd_group{g}") for g in range(len(groups))]
+    rd_grp = Signal(range(len(groups) + 1))     # 0: no register there
     a_ = bus.addr
-    m.d.sync += [
-        rd_glob.eq(pad(glob, 4)[a_[:2]]),
-        rd_cnt.eq(pad([counters[n] for n in COUNTER_NAMES], NC)[a_[:_log2(NC)]]),
-        rd_job.eq(Array(job_words)[a_[:_log2(NR * NJP)]]),
-        rd_grp.eq(Mux(a_ < 4, 1,
-                      Mux((a_ >= COUNTER_BASE) & (a_ < COUNTER_BASE + len(COUNTER_NAMES)), 2,
-                          Mux((a_ >= JOB_BASE) & (a_ < JOB_BASE + JOB_STRIDE * NJ), 3, 0)))),
-    ]
+    sel = C(0, len(rd_grp))
+    for g in reversed(range(len(groups))):
+        m.d.sync += rd_regs[g].eq(groups[g][a_[:_log2(len(groups[g]))]])
+        sel = Mux((a_ >= bases[g]) & (a_ < ends[g]), g + 1, sel)
+    m.d.sync += rd_grp.eq(sel)
     with m.Switch(rd_grp):
-        for g, v in ((1, rd_glob), (2, rd_cnt), (3, rd_job)):
-            with m.Case(g):
-                m.d.sync += core.cfg.r_data.eq(v)
+        for g in range(len(groups)):
+            with m.Case(g + 1):
+                m.d.sync += core.cfg.r_data.eq(rd_regs[g])
         with m.Default():
             m.d.sync += core.cfg.r_data.eq(0)
 
@@ -455,6 +461,12 @@ def build_core(core, platform):
     m.d.comb += [w1.eq(Array(wbit)[p1_job]), w2.eq(Cat(C(0, 1), Array(wbit)[p1_job]))]
     init_idx = p1_op.rec[:LWM] if LWM else C(0, 1)
     init_set = p1_op.rec[LWM]
+    def eq_chain(a, b):
+        """a == b for wide values: XOR, then "is zero" as the borrow of x - 1, which a
+        carry chain computes (a tree of LUTs would be four levels deep)."""
+        x = (a ^ b).as_unsigned()
+        return (Cat(x, C(0, 1)) - 1)[len(x)]
+
     def md_compares(mdx, op, n, nm1, bit):
         """Every compare of an operation against its record's metadata."""
         seqx = Signal(signed(34))
@@ -462,13 +474,10 @@ def build_core(core, platform):
         m.d.comb += [seqx.eq(op.seq), late_by.eq(op.ts - mdx.due)]
         dup = C(0) if bug == "no_duplicate_check" else (mdx.bitmap & bit).any()
         return {"late": ~late_by[31], "complete": mdx.complete,
-                # wide equality as two magnitude compares: two carry chains side by
-                # side instead of a tree of LUTs
-                "eq_seqm": (mdx.tag >= op.seqm) & (op.seqm >= mdx.tag),
-                "eq_seq": (mdx.tag >= seqx) & (seqx >= mdx.tag),
+                "eq_seqm": eq_chain(mdx.tag, op.seqm), "eq_seq": eq_chain(mdx.tag, seqx),
                 "lt": seqx < mdx.tag, "dup": dup, "cnt1_n": mdx.count == nm1,
                 "cnt0": mdx.count == 0, "cnt_lt_n": mdx.count < n,
-                "nelem_ne": (op.nelem < mdx.nelem) | (mdx.nelem < op.nelem), "exp_gt": op.exp > mdx.exponent}
+                "nelem_ne": ~eq_chain(op.nelem, mdx.nelem), "exp_gt": op.exp > mdx.exponent}
     CmpL = data.StructLayout({k: 1 for k in (
         "late", "complete", "eq_seqm", "eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0",
         "cnt_lt_n", "nelem_ne", "nelem_nz", "exp_gt", "src_ok", "pend", "enable",
