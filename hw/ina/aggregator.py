@@ -387,7 +387,11 @@ def build_core(core, platform):
     p1_valid, p1_op, p1_reinj, p1_adj = Signal(), Signal(OpL), Signal(), Signal()
     q1_valid, q1_op, q1_reinj, q1_adj = Signal(), Signal(OpL), Signal(), Signal()
     p2_valid, p2_op, p2_reinj, p2_adj = Signal(), Signal(OpL), Signal(), Signal()
+    # P2 sends its operation back to P1a (defer, or too close behind its record's last
+    # operation): decided in P1b and registered, once for the operation pipeline and
+    # once (inverted, so synthesis keeps both) for the flush of the input side
     reinject = Signal()
+    n_flush = Signal(init=1)
     scan_ptr = Signal(range(R))
     if LWM:
         init_rec = Cat(init_ptr[:LWM], init_ptr[LWM], init_job)
@@ -557,6 +561,8 @@ def build_core(core, platform):
     p2_job = Signal(range(max(2, NJ)))
     m.d.sync += [
         p2_valid.eq(q1_valid & ~reinject & ~scan_cancel2), p2_op.eq(q1_op),
+        reinject.eq(q1_valid & ~reinject & ~scan_cancel2 & (q1_adj | k_defer1)),
+        n_flush.eq(~(q1_valid & ~reinject & ~scan_cancel2 & (q1_adj | k_defer1))),
         p2_reinj.eq(q1_reinj), p2_adj.eq(q1_adj), p2_md.eq(q1_mdx), p2_job.eq(q1_job),
         p2_bit.eq(q1_bit), p2_cnt1.eq(q1_mdx.count + 1), p2_due.eq(q1_due),
         p2_init_tag.eq(q1_init_tag),
@@ -582,7 +588,6 @@ def build_core(core, platform):
     is_init = v2 & c.init
     defer = Signal()
     m.d.comb += defer.eq(v2 & c.defer)
-    m.d.comb += reinject.eq(defer | (p2_valid & p2_adj))
     with m.If(reinject):
         m.d.sync += retry.eq(1)
     with m.Elif(p2_valid & p2_reinj):
@@ -663,7 +668,7 @@ def build_core(core, platform):
     # flush: a packet that P2 defers (or that followed its slot's previous operation in
     # the very next cycle) goes back to P1; everything younger is dropped and the input
     # is rewound to the packet's first element beat
-    with m.If(reinject):
+    with m.If(~n_flush):
         m.d.sync += [p0_valid.eq(0), rp.eq(p2_op.rewind), at_hdr.eq(0), in_hdr_r.eq(0),
                      posmh.eq(0), collecting.eq(0)]
         m.d.sync += [d.valid.eq(0) for d in dl]
