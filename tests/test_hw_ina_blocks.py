@@ -102,19 +102,20 @@ def test_request_queue_dual_push_pop():
     dut = RequestQueue(layout, 8)
     sim = Simulator(dut)
     sim.add_clock(1e-6)
-    model = []
 
     async def tb(ctx):
         rng = random.Random(3)
-        for cycle in range(400):
-            level = ctx.get(dut.level)
-            assert level == len(model)
+        model = []          # entries: lists of the requests not yet taken
+        pairs = 0
+        for cycle in range(600):
+            assert ctx.get(dut.level) == len(model)
+            assert ctx.get(dut.head_valid) == bool(model)
             if model:
-                assert ctx.get(dut.head_valid) and ctx.get(dut.head.tag) == model[0][1]
-            free = 8 - level
-            pa = free >= 1 and rng.random() < 0.5
-            pb = free >= 1 + pa and rng.random() < 0.4
-            pop = bool(model) and rng.random() < 0.5
+                assert ctx.get(dut.head.tag) == model[0][0][1]
+            room = len(model) < 8
+            pa = room and rng.random() < 0.4
+            pb = room and rng.random() < 0.4
+            pop = bool(model) and rng.random() < 0.6
             a = (rng.randrange(32), cycle & 0xFF)
             b = (rng.randrange(32), (cycle + 128) & 0xFF)
             ctx.set(dut.push_a, pa)
@@ -124,8 +125,13 @@ def test_request_queue_dual_push_pop():
             ctx.set(dut.b, {"rec": b[0], "tag": b[1]})
             await ctx.tick()
             if pop:
-                model.pop(0)
-            model.extend([a] * pa + [b] * pb)
+                model[0].pop(0)
+                if not model[0]:
+                    model.pop(0)
+            if pa or pb:
+                model.append([a] * pa + [b] * pb)
+                pairs += pa and pb
+        assert pairs > 50
     sim.add_testbench(tb)
     sim.run()
 

@@ -217,10 +217,8 @@ def build_core(core, platform):
 
     # ---------------------------------------------------------------- request queue
     m.submodules.queue = q = RequestQueue(ReqL, P.queue)
-    m.submodules.pending = pend = PendingCounts(R, P.queue + 2)
-    # ops that may still push after the pops stop: P0, P1a, P1b, P2, P3, the beat being
-    # popped and the one popped while the registered stop catches up, two requests each
-    q_stop = Signal()
+    m.submodules.pending = pend = PendingCounts(R, 2 * P.queue + 2)
+    q_stop = Signal()     # see QUEUE_SLACK
     m.d.sync += q_stop.eq(q.level > P.queue - QUEUE_SLACK)
     nxt, nxt_valid = Signal(ReqL), Signal()     # replicator: prefetched request
     run, cur = Signal(), Signal(ReqL)            # replicator: the request being sent

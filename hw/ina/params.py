@@ -11,8 +11,10 @@ __all__ = ["CoreParams", "HEADER_WORDS", "QUEUE_SLACK"]
 
 #: the INA header is 20 bytes = 5 words of 32 bits (host/protocol/fields.py)
 HEADER_WORDS = 5
-#: requests the core's pipeline can still add after the request queue says stop
-QUEUE_SLACK = 14
+#: operations (each up to two requests) the core's pipeline can still add after the
+#: request queue says stop: the beat being popped, P0, P1a, P1b, P2, P3, and the one
+#: popped while the registered stop catches up
+QUEUE_SLACK = 7
 
 
 def _clog2(n: int) -> int:
@@ -28,14 +30,15 @@ class CoreParams:
     elements  most int32 elements per packet (E)
     lanes     32-bit elements per clock cycle (L)
     jobs      number of job-table entries, each with its own range of 2W slot records
-    queue     depth of the output request queue (results waiting for the replicator)
+    queue     depth of the output request queue, in operations (each holds the up to two
+              results one operation produces for the replicator)
     """
     workers: int = 32
     window: int = 8
     elements: int = 64
     lanes: int = 1
     jobs: int = 2
-    queue: int = 18
+    queue: int = 16
 
     def __post_init__(self):
         if not 1 <= self.workers <= 32:
@@ -48,9 +51,10 @@ class CoreParams:
             raise ValueError(f"lanes {self.lanes} not in (1, 2, 4, 8, 16)")
         if self.jobs < 2:
             raise ValueError(f"jobs {self.jobs} must be >= 2")
-        if self.queue < QUEUE_SLACK:
-            raise ValueError(f"queue {self.queue} must be >= {QUEUE_SLACK} (the pipeline "
-                             f"can add {QUEUE_SLACK} requests after the queue says stop)")
+        if self.queue <= QUEUE_SLACK or self.queue & (self.queue - 1):
+            raise ValueError(f"queue {self.queue} must be a power of two > {QUEUE_SLACK} "
+                             f"(the pipeline can add {QUEUE_SLACK} operations after the "
+                             "queue says stop)")
 
     # -- derived sizes -------------------------------------------------------------------
     @property

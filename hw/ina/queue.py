@@ -1,26 +1,28 @@
-"""Output request queue: a small register FIFO that takes up to two requests per cycle,
-and per-record counts of the requests not yet sent (what a packet that would reuse a
+"""Output request queue: a FIFO in distributed RAM that takes up to two requests per
+cycle, and per-record counts of the requests not yet sent (what a packet that would reuse a
 slot record must wait for)."""
 
 from amaranth.hdl import *
-from amaranth.lib import wiring, data
+from amaranth.lib import wiring, data, memory
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["RequestQueue", "PendingCounts"]
 
 
 class RequestQueue(wiring.Component):
-    """Depth-``depth`` FIFO of ``layout`` records.
+    """FIFO of the requests of up to ``depth`` operations, in distributed RAM. An
+    operation pushes up to two requests in one cycle (a before b) into one entry; the
+    reader takes them one at a time, oldest first.
 
-    push_a, push_b   two writes in one cycle (a before b); either may be alone
+    push_a, push_b   the operation's requests (either may be alone)
     a, b             the records to write
-    pop              drop the head (when ``head_valid``)
-    head, head_valid the oldest record
-    level            number of records held
+    pop              take ``head`` (when ``head_valid``)
+    head, head_valid the oldest request
+    level            entries (operations) held, counting one being read
     """
 
     def __init__(self, layout: data.StructLayout, depth: int):
-        assert depth >= 4
+        assert depth >= 4 and depth & (depth - 1) == 0, "depth: a power of two >= 4"
         self.layout, self.depth = layout, depth
         super().__init__({
             "push_a": In(1), "a": In(layout),
@@ -33,29 +35,27 @@ class RequestQueue(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         D = self.depth
-        ents = [Signal(self.layout, name=f"ent{k}") for k in range(D)]
-        rp = Signal(range(D))
-        level = self.level
-        do_pop = self.pop & (level != 0)
-        # one-hot write pointer: entry k takes a at wsel[k], and b at wsel[k] (alone) or
-        # at wsel[k-1] (after a), so each entry's write enable is one LUT
-        wsel = Signal(D, init=1)
-        for k in range(D):
-            at_a = self.push_a & wsel[k]
-            at_b = self.push_b & Mux(self.push_a, wsel[(k - 1) % D], wsel[k])
-            with m.If(at_a):
-                m.d.sync += ents[k].eq(self.a)
-            with m.Elif(at_b):
-                m.d.sync += ents[k].eq(self.b)
-        with m.Switch(Cat(self.push_a, self.push_b)):
-            with m.Case(0b01, 0b10):
-                m.d.sync += wsel.eq(wsel.rotate_left(1))
-            with m.Case(0b11):
-                m.d.sync += wsel.eq(wsel.rotate_left(2))
-        m.d.sync += level.eq(level + self.push_a + self.push_b - do_pop)
-        with m.If(do_pop):
-            m.d.sync += rp.eq(Mux(rp == D - 1, 0, rp + 1))
-        m.d.comb += [self.head.eq(Array(ents)[rp]), self.head_valid.eq(level != 0)]
+        EntL = data.StructLayout({"a": self.layout, "b": self.layout, "va": 1, "vb": 1})
+        m.submodules.mem = mem = memory.Memory(shape=EntL, depth=D, init=[],
+                                               attrs={"ram_style": "distributed"})
+        w, r = mem.write_port(), mem.read_port(domain="comb")
+        wp, rp = Signal(range(D)), Signal(range(D))
+        half = Signal()     # the head entry's a has been taken
+        push = self.push_a | self.push_b
+        m.d.comb += [w.addr.eq(wp), w.en.eq(push), w.data.a.eq(self.a), w.data.b.eq(self.b),
+                     w.data.va.eq(self.push_a), w.data.vb.eq(self.push_b), r.addr.eq(rp)]
+        ent = r.data
+        take_a = ent.va & ~half
+        m.d.comb += [self.head.eq(Mux(take_a, ent.a, ent.b)),
+                     self.head_valid.eq(self.level != 0)]
+        done = self.pop & (self.level != 0) & ~(take_a & ent.vb)   # the entry is used up
+        with m.If(self.pop & (self.level != 0)):
+            m.d.sync += half.eq(take_a & ent.vb)
+        with m.If(push):
+            m.d.sync += wp.eq(wp + 1)
+        with m.If(done):
+            m.d.sync += rp.eq(rp + 1)
+        m.d.sync += self.level.eq(self.level + push - done)
         return m
 
 
