@@ -107,8 +107,15 @@ def build_core(core, platform):
 
     MetaL = meta_layout(P)
     ReqL = request_layout(P)
-    init_meta = [{"complete": 1, "exponent": -128} for _ in range(R)]
-    m.submodules.meta = meta = memory.Memory(shape=MetaL, depth=R, init=init_meta)
+    # the slot metadata in two memories (the fields P1a compares first), each read at its
+    # own copy of P1a's record number, so each address drives half the RAM cells
+    META_A = ("tag", "due", "complete")
+    MetaA = data.StructLayout({k: MetaL.members[k] for k in META_A})
+    MetaB = data.StructLayout({k: v for k, v in MetaL.members.items() if k not in META_A})
+    m.submodules.meta_a = meta_a = memory.Memory(shape=MetaA, depth=R,
+                                                 init=[{"complete": 1}] * R)
+    m.submodules.meta_b = meta_b = memory.Memory(shape=MetaB, depth=R,
+                                                 init=[{"exponent": -128}] * R)
     AccL = data.ArrayLayout(signed(AW), L)
     m.submodules.acc = acc = memory.Memory(shape=AccL, depth=R * EB, init=[])
     m.submodules.ovf = ovf = memory.Memory(shape=1, depth=R, init=[])
@@ -118,11 +125,14 @@ def build_core(core, platform):
     m.submodules.mport = mport = memory.Memory(shape=16, depth=NJ * WS, init=[], attrs=dist)
     m.submodules.mmac = mmac = memory.Memory(shape=48, depth=NJ * WS, init=[])
 
-    meta_w = meta.write_port()
+    meta_wa, meta_wb = meta_a.write_port(), meta_b.write_port()
     # slot metadata and member table: asynchronous reads at P1 from P1's registered
     # address (distributed RAM on ECP5), so P1 sees every earlier write and starts from
     # a short path instead of a block RAM's clock-to-output
-    meta_r = meta.read_port(domain="comb")
+    meta_ra, meta_rb = meta_a.read_port(domain="comb"), meta_b.read_port(domain="comb")
+    meta_r = Signal(MetaL)
+    m.d.comb += [getattr(meta_r, k).eq(getattr(meta_ra.data, k)) for k in META_A]
+    m.d.comb += [getattr(meta_r, k).eq(getattr(meta_rb.data, k)) for k in MetaB.members]
     acc_w = acc.write_port()
     acc_r = acc.read_port()
     acc_r2 = acc.read_port()
@@ -405,9 +415,10 @@ def build_core(core, platform):
     # P1a's operation will read P3's write register instead of the memory (the write
     # lands at the end of that cycle): the select is registered with the operation
     byp1 = Signal()
-    # a copy of P1a's record number that only addresses the metadata memory (its other
-    # init value keeps synthesis from merging it with p1_op.rec)
+    # copies of P1a's record number that only address the metadata memories (their
+    # other init values keep synthesis from merging them with p1_op.rec)
     p1_raddr = Signal(range(R), init=1)
+    p1_raddr_b = Signal(range(R), init=2)
     v2 = Signal()
     # a scan visit to the record that the packet in P0 needs next is dropped (the
     # scanner comes back to it); a packet right behind a packet to its record is re-run
@@ -416,13 +427,13 @@ def build_core(core, platform):
     m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0), byp1.eq(0)]
     with m.If(reinject):
         m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1), byp1.eq(v2),
-                     p1_raddr.eq(p2_op.rec)]
+                     p1_raddr.eq(p2_op.rec), p1_raddr_b.eq(p2_op.rec)]
     with m.Elif(p0_valid):
         m.d.sync += [p1_valid.eq(1), byp1.eq(v2 & near3),
                      p1_adj.eq((p1_valid & (p1_op.kind == K_PKT) & near1)
                                | (q1_valid & (q1_op.kind == K_PKT) & near2 & ~BYP2)),
                      p1_op.kind.eq(K_PKT), p1_op.checks.eq(checks), p1_op.rec.eq(rec),
-                     p1_raddr.eq(rec),
+                     p1_raddr.eq(rec), p1_raddr_b.eq(rec),
                      p1_op.seq.eq(hdr.seq), p1_op.seqm.eq(seqm), p1_op.ts.eq(ts_reg),
                      p1_op.worker.eq(hdr.worker), p1_op.exp.eq(hdr.exponent),
                      p1_op.nelem.eq(hdr.nelem), p1_op.sip.eq(sip_reg),
@@ -430,7 +441,8 @@ def build_core(core, platform):
                      p1_op.nbeats.eq((hdr.nelem + (L - 1)) >> LL),
                      p1_op.rewind.eq(p0_rewind)]
     with m.Elif(init_busy & pipe_empty):
-        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_INIT), p1_op.rec.eq(init_rec), p1_raddr.eq(init_rec),
+        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_INIT), p1_op.rec.eq(init_rec),
+                     p1_raddr.eq(init_rec), p1_raddr_b.eq(init_rec),
                      byp1.eq(v2 & (p2_op.rec == init_rec)), init_ptr.eq(init_ptr + 1)]
         with m.If(init_ptr == 2 * WM - 1):
             m.d.sync += init_busy.eq(0)
@@ -438,10 +450,11 @@ def build_core(core, platform):
                 with m.If(init_job == j):
                     m.d.sync += jobs[j]["enable"].eq(1)
     with m.Elif(scan_ok):
-        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_SCAN), p1_op.rec.eq(scan_ptr), p1_raddr.eq(scan_ptr),
+        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_SCAN), p1_op.rec.eq(scan_ptr),
+                     p1_raddr.eq(scan_ptr), p1_raddr_b.eq(scan_ptr),
                      byp1.eq(v2 & (p2_op.rec == scan_ptr)), p1_op.ts.eq(horizon),
                      scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
-    m.d.comb += meta_r.addr.eq(p1_raddr)
+    m.d.comb += [meta_ra.addr.eq(p1_raddr), meta_rb.addr.eq(p1_raddr_b)]
 
     # P1a: the metadata (or P3's write of it, while it lands) and every compare on it,
     # into registers; P1b then applies the rules from registered bits only
@@ -449,7 +462,7 @@ def build_core(core, platform):
     p3_push_a, p3_push_b = Signal(), Signal()   # P3: registered pushes
     p3_a, p3_b = Signal(ReqL), Signal(ReqL)
     md1 = Signal(MetaL)
-    m.d.comb += md1.eq(Mux(byp1, w3_data, meta_r.data))
+    m.d.comb += md1.eq(Mux(byp1, w3_data, meta_r))
     p1_job = Signal(range(max(2, NJ)))
     m.d.comb += p1_job.eq(p1_op.rec >> (LWM + 1))
     n1 = jf("nworkers", p1_job)
@@ -474,15 +487,15 @@ def build_core(core, platform):
         seqx = Signal(signed(34))
         late_by = Signal(32)      # time - due, modulo 2^32: expired when not negative
         m.d.comb += [seqx.eq(op.seq), late_by.eq(op.ts - mdx.due)]
-        dup = C(0) if bug == "no_duplicate_check" else (mdx.bitmap & bit).any()
+        dup = C(0) if bug == "no_duplicate_check" else mdx.bitmap.bit_select(op.worker[:5], 1)
         return {"late": ~late_by[31], "complete": mdx.complete,
                 "eq_seqm": eq_chain(mdx.tag, op.seqm), "eq_seq": eq_chain(mdx.tag, seqx),
                 "lt": seqx < mdx.tag, "dup": dup, "cnt1_n": mdx.count == nm1,
                 "cnt0": mdx.count == 0, "cnt_lt_n": mdx.count < n,
-                "nelem_ne": ~eq_chain(op.nelem, mdx.nelem), "exp_gt": op.exp > mdx.exponent}
+                "nelem_ne": ~eq_chain(op.nelem, mdx.nelem)}
     CmpL = data.StructLayout({k: 1 for k in (
         "late", "complete", "eq_seqm", "eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0",
-        "cnt_lt_n", "nelem_ne", "nelem_nz", "exp_gt", "src_ok", "pend", "enable",
+        "cnt_lt_n", "nelem_ne", "nelem_nz", "src_ok", "pend", "enable",
         "bounded", "ok", "pkt", "may_expire")})
     q1c = Signal(CmpL)
     q1_md = Signal(MetaL)
@@ -508,7 +521,7 @@ def build_core(core, platform):
     # the compares run on the memory's output and on P3's write register, and the
     # registered bypass select picks one at the end (off the compare chains)
     nm1 = Array(nwm1)[p1_job]
-    cr = md_compares(meta_r.data, p1_op, n1, nm1, bit1)
+    cr = md_compares(meta_r, p1_op, n1, nm1, bit1)
     cb = md_compares(w3_data, p1_op, n1, nm1, bit1)
     m.d.sync += [getattr(q1c, k).eq(Mux(byp1, cb[k], cr[k])) for k in cr]
     q1m = q1c      # the compares in use in P1b
@@ -559,8 +572,9 @@ def build_core(core, platform):
     p2_job = Signal(range(max(2, NJ)))
     m.d.sync += [
         p2_valid.eq(q1_valid & ~reinject & ~scan_cancel2), p2_op.eq(q1_op),
-        reinject.eq(q1_valid & ~reinject & ~scan_cancel2 & (q1_adj | k_defer1)),
-        n_flush.eq(~(q1_valid & ~reinject & ~scan_cancel2 & (q1_adj | k_defer1))),
+        # (a scan is never re-run, so a cancelled scan need not be looked at here)
+        reinject.eq(q1_valid & ~reinject & (q1_adj | k_defer1)),
+        n_flush.eq(~(q1_valid & ~reinject & (q1_adj | k_defer1))),
         p2_reinj.eq(q1_reinj), p2_adj.eq(q1_adj), p2_md.eq(q1_mdx), p2_job.eq(q1_job),
         p2_bit.eq(q1_bit), p2_cnt1.eq(q1_mdx.count + 1), p2_due.eq(q1_due),
         p2_init_tag.eq(q1_init_tag),
@@ -570,7 +584,7 @@ def build_core(core, platform):
         c.malf3.eq(join1 & ~cur_complete1 & ~isdup1 & nelem_bad1),
         c.accept.eq(accept1),
         c.one_n.eq(q1m.one_n), c.cnt1_n.eq(q1m.cnt1_n),
-        c.opens.eq(reuse1 | q1m.cnt0), c.new_exp.eq(reuse1 | q1m.exp_gt),
+        c.opens.eq(reuse1 | q1m.cnt0), c.new_exp.eq(reuse1),
         c.stale.eq(k_pkt_ok1 & ~join1 & q1m.lt),
         c.oow.eq(k_pkt_ok1 & ~join1 & ~q1m.lt & ~k_defer1), c.isdup.eq(isdup1),
         c.unksrc.eq(k_pkt1 & ((q1_op.reason == R_UNKSRC) | (early_ok1 & ~q1m.src_ok))),
@@ -602,7 +616,8 @@ def build_core(core, platform):
     m.d.comb += seqs2.eq(p2_op.seq)
     cur_tag = Mux(reuse, seqs2, md2.tag)
     new_count = Mux(reuse, 1, p2_cnt1)
-    new_exp = Mux(c.new_exp, p2_op.exp, md2.exponent)
+    # the larger exponent (compared here, from registers, off P1a's path)
+    new_exp = Mux(c.new_exp | (p2_op.exp > md2.exponent), p2_op.exp, md2.exponent)
     mode = Mux(accept, Mux(c.opens, M_OPEN, M_ADD), M_NONE)
 
     # metadata write, registered (P3); P1a takes it from the register while it lands
@@ -623,7 +638,9 @@ def build_core(core, platform):
             w3_data.due.eq(Mux(reuse, p2_due, md2.due)),
             w3_data.nelem.eq(cur_nelem),
         ]
-    m.d.comb += [meta_w.en.eq(w3_en), meta_w.addr.eq(w3_addr), meta_w.data.eq(w3_data)]
+    for port, keys in ((meta_wa, META_A), (meta_wb, MetaB.members)):
+        m.d.comb += [port.en.eq(w3_en), port.addr.eq(w3_addr)]
+        m.d.comb += [getattr(port.data, k).eq(getattr(w3_data, k)) for k in keys]
 
     # requests: a = expired PARTIAL (old contents), b = completion or re-send; registered
     # (P3) before they enter the queue
