@@ -108,7 +108,7 @@ def test_request_queue_dual_push_pop():
         model = []          # entries: lists of the requests not yet taken
         pairs = 0
         for cycle in range(600):
-            assert ctx.get(dut.level) == len(model)
+            assert ctx.get(dut.level) == sum(len(e) for e in model)
             assert ctx.get(dut.head_valid) == bool(model)
             if model:
                 assert ctx.get(dut.head.tag) == model[0][0][1]

@@ -228,7 +228,7 @@ def build_core(core, platform):
     # ---------------------------------------------------------------- request queue
     m.submodules.queue = q = RequestQueue(ReqL, P.queue)
     m.submodules.pending = pend = PendingCounts(R, 2 * P.queue + 2)
-    q_stop = Signal()     # see QUEUE_SLACK
+    q_stop = Signal()     # see QUEUE_SLACK (entries in use never exceed requests held)
     m.d.sync += q_stop.eq(q.level > P.queue - QUEUE_SLACK)
     nxt, nxt_valid = Signal(ReqL), Signal()     # replicator: prefetched request
     run, cur = Signal(), Signal(ReqL)            # replicator: the request being sent

@@ -18,7 +18,8 @@ class RequestQueue(wiring.Component):
     a, b             the records to write
     pop              take ``head`` (when ``head_valid``)
     head, head_valid the oldest request
-    level            entries (operations) held, counting one being read
+    level            requests held (at least the entries in use: an entry holds one or
+                     two), so ``level <= depth`` keeps the FIFO from overflowing
     """
 
     def __init__(self, layout: data.StructLayout, depth: int):
@@ -29,7 +30,7 @@ class RequestQueue(wiring.Component):
             "push_b": In(1), "b": In(layout),
             "pop": In(1),
             "head": Out(layout), "head_valid": Out(1),
-            "level": Out(range(depth + 1)),
+            "level": Out(range(2 * depth + 1)),
         })
 
     def elaborate(self, platform):
@@ -55,7 +56,8 @@ class RequestQueue(wiring.Component):
             m.d.sync += wp.eq(wp + 1)
         with m.If(done):
             m.d.sync += rp.eq(rp + 1)
-        m.d.sync += self.level.eq(self.level + push - done)
+        m.d.sync += self.level.eq(self.level + self.push_a + self.push_b
+                                  - (self.pop & (self.level != 0)))
         return m
 
 
