@@ -415,10 +415,10 @@ def build_core(core, platform):
     # P1a's operation will read P3's write register instead of the memory (the write
     # lands at the end of that cycle): the select is registered with the operation
     byp1 = Signal()
-    # copies of P1a's record number that only address the metadata memories (their
-    # other init values keep synthesis from merging them with p1_op.rec)
-    p1_raddr = Signal(range(R), init=1)
-    p1_raddr_b = Signal(range(R), init=2)
+    # copies of P1a's record number that only address the metadata memories (another
+    # init value, or no reset, keeps synthesis from merging them with p1_op.rec)
+    p1_raddr = Signal(range(R), init=R - 1)
+    p1_raddr_b = Signal(range(R), reset_less=True)
     v2 = Signal()
     # a scan visit to the record that the packet in P0 needs next is dropped (the
     # scanner comes back to it); a packet right behind a packet to its record is re-run
@@ -487,14 +487,13 @@ def build_core(core, platform):
         seqx = Signal(signed(34))
         late_by = Signal(32)      # time - due, modulo 2^32: expired when not negative
         m.d.comb += [seqx.eq(op.seq), late_by.eq(op.ts - mdx.due)]
-        dup = C(0) if bug == "no_duplicate_check" else mdx.bitmap.bit_select(op.worker[:5], 1)
         return {"late": ~late_by[31], "complete": mdx.complete,
                 "eq_seqm": eq_chain(mdx.tag, op.seqm), "eq_seq": eq_chain(mdx.tag, seqx),
-                "lt": seqx < mdx.tag, "dup": dup, "cnt1_n": mdx.count == nm1,
+                "lt": seqx < mdx.tag, "cnt1_n": mdx.count == nm1,
                 "cnt0": mdx.count == 0, "cnt_lt_n": mdx.count < n,
                 "nelem_ne": ~eq_chain(op.nelem, mdx.nelem)}
     CmpL = data.StructLayout({k: 1 for k in (
-        "late", "complete", "eq_seqm", "eq_seq", "lt", "dup", "cnt1_n", "one_n", "cnt0",
+        "late", "complete", "eq_seqm", "eq_seq", "lt", "cnt1_n", "one_n", "cnt0",
         "cnt_lt_n", "nelem_ne", "nelem_nz", "src_ok", "pend", "enable",
         "bounded", "ok", "pkt", "may_expire")})
     q1c = Signal(CmpL)
@@ -556,7 +555,10 @@ def build_core(core, platform):
     reuse1 = k_reuse1 & ~k_defer1
     join1 = k_pkt_ok1 & ~k_defer1 & (k_reuse1 | q1m.eq_seq)
     cur_complete1 = (q1m.complete | k_expire1) & ~reuse1
-    isdup1 = ~reuse1 & q1m.dup
+    # the worker's bit, selected here from the registered bitmap (off P1a's path)
+    dup1 = (C(0) if bug == "no_duplicate_check"
+            else q1_mdx.bitmap.bit_select(q1_op.worker[:5], 1))
+    isdup1 = ~reuse1 & dup1
     nelem_bad1 = ~reuse1 & q1m.nelem_ne
     accept1 = join1 & ~cur_complete1 & ~isdup1 & ~nelem_bad1
     R2 = ("defer", "expire", "reuse", "join", "resend", "dup_only", "malf3", "accept",
