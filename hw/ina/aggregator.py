@@ -558,11 +558,9 @@ def build_core(core, platform):
     # the worker's bit, selected here from the registered bitmap (off P1a's path)
     dup1 = (C(0) if bug == "no_duplicate_check"
             else q1_mdx.bitmap.bit_select(q1_op.worker[:5], 1))
-    isdup1 = ~reuse1 & dup1
-    nelem_bad1 = ~reuse1 & q1m.nelem_ne
-    accept1 = join1 & ~cur_complete1 & ~isdup1 & ~nelem_bad1
-    R2 = ("defer", "expire", "reuse", "join", "resend", "dup_only", "malf3", "accept",
-          "one_n", "cnt1_n", "opens", "new_exp", "stale", "oow", "isdup", "unksrc", "bignelem",
+    # (join, completeness, duplicate and element count combine in P2)
+    R2 = ("defer", "expire", "reuse", "join", "cur_complete", "dup", "nelem_ne",
+          "one_n", "cnt1_n", "opens", "new_exp", "stale", "oow", "unksrc", "bignelem",
           "pkt", "scan", "init", "pkt_ok", "cnt_lt_n")
     c = Signal(data.StructLayout({k: 1 for k in R2}))
     early_ok1 = (q1_op.reason == R_OK) | (q1_op.reason == R_BIGNELEM)
@@ -581,14 +579,11 @@ def build_core(core, platform):
         p2_bit.eq(q1_bit), p2_cnt1.eq(q1_mdx.count + 1), p2_due.eq(q1_due),
         p2_init_tag.eq(q1_init_tag),
         c.defer.eq(k_defer1), c.expire.eq(k_expire1), c.reuse.eq(reuse1), c.join.eq(join1),
-        c.resend.eq(join1 & cur_complete1),
-        c.dup_only.eq(join1 & ~cur_complete1 & isdup1),
-        c.malf3.eq(join1 & ~cur_complete1 & ~isdup1 & nelem_bad1),
-        c.accept.eq(accept1),
+        c.cur_complete.eq(cur_complete1), c.dup.eq(dup1), c.nelem_ne.eq(q1m.nelem_ne),
         c.one_n.eq(q1m.one_n), c.cnt1_n.eq(q1m.cnt1_n),
         c.opens.eq(reuse1 | q1m.cnt0), c.new_exp.eq(reuse1),
         c.stale.eq(k_pkt_ok1 & ~join1 & q1m.lt),
-        c.oow.eq(k_pkt_ok1 & ~join1 & ~q1m.lt & ~k_defer1), c.isdup.eq(isdup1),
+        c.oow.eq(k_pkt_ok1 & ~join1 & ~q1m.lt & ~k_defer1),
         c.unksrc.eq(k_pkt1 & ((q1_op.reason == R_UNKSRC) | (early_ok1 & ~q1m.src_ok))),
         c.bignelem.eq(k_pkt1 & (q1_op.reason == R_BIGNELEM) & q1m.src_ok),
         c.pkt.eq(k_pkt1), c.scan.eq(k_scan1), c.init.eq(q1_op.kind == K_INIT),
@@ -608,7 +603,13 @@ def build_core(core, platform):
         m.d.sync += retry.eq(0)
     md2 = p2_md
     expired = v2 & c.expire
-    reuse, accept = c.reuse, c.accept
+    reuse = c.reuse
+    isdup = ~reuse & c.dup
+    nelem_bad = ~reuse & c.nelem_ne
+    resend_ = c.join & c.cur_complete
+    dup_only = c.join & ~c.cur_complete & isdup
+    malf3 = c.join & ~c.cur_complete & ~isdup & nelem_bad
+    accept = c.join & ~c.cur_complete & ~isdup & ~nelem_bad
     completes = accept & Mux(reuse, c.one_n, c.cnt1_n)
     cur_bitmap = Mux(reuse, 0, md2.bitmap)
     cur_count = Mux(reuse, 0, md2.count)
@@ -653,8 +654,8 @@ def build_core(core, platform):
         p3_a.rec.eq(p2_op.rec), p3_a.job.eq(p2_job), p3_a.unicast.eq(0),
         p3_a.seq.eq(md2.tag), p3_a.count.eq(md2.count), p3_a.bitmap.eq(md2.bitmap),
         p3_a.exponent.eq(md2.exponent), p3_a.nelem.eq(md2.nelem), p3_a.partial.eq(1),
-        p3_push_b.eq(v2 & (c.resend | completes)),
-        p3_b.rec.eq(p2_op.rec), p3_b.job.eq(p2_job), p3_b.unicast.eq(c.resend),
+        p3_push_b.eq(v2 & (resend_ | completes)),
+        p3_b.rec.eq(p2_op.rec), p3_b.job.eq(p2_job), p3_b.unicast.eq(resend_),
         p3_b.worker.eq(p2_op.worker),
         p3_b.seq.eq(cur_tag),
         p3_b.count.eq(Mux(completes, new_count, cur_count)),
@@ -664,19 +665,19 @@ def build_core(core, platform):
         p3_b.partial.eq(Mux(completes, 0, c.cnt_lt_n)),
     ]
 
-    resend = v2 & c.resend
+    resend = v2 & resend_
     inc["rx"].append(is_pkt & ~c.defer)
     inc["rx_data"].append(v2 & c.pkt_ok & ~c.defer)
     inc["drop_truncated"].append(is_pkt & (reason2 == R_TRUNC))
     inc["drop_bad_version"].append(is_pkt & (reason2 == R_BADVER))
     inc["status_requests"].append(is_pkt & (reason2 == R_STATUS))
-    inc["drop_malformed"] += [is_pkt & (reason2 == R_MALF), v2 & c.bignelem, v2 & c.malf3]
+    inc["drop_malformed"] += [is_pkt & (reason2 == R_MALF), v2 & c.bignelem, v2 & malf3]
     inc["drop_unknown_job"].append(is_pkt & (reason2 == R_UNKJOB))
     inc["drop_unknown_source"].append(v2 & c.unksrc)
     inc["drop_stale"].append(v2 & c.stale)
     inc["drop_out_of_window"].append(v2 & c.oow)
-    inc["duplicates"] += [resend & c.isdup, v2 & c.dup_only]
-    inc["late"].append(resend & ~c.isdup)
+    inc["duplicates"] += [resend & isdup, v2 & dup_only]
+    inc["late"].append(resend & ~isdup)
     inc["resent"].append(resend)
     inc["accepted"].append(v2 & accept)
     inc["results"] += [expired, v2 & completes]
@@ -780,11 +781,15 @@ def build_core(core, platform):
     move = nxt0_valid & ~nxt_valid
     nxt_nb = Signal(16)             # beats per copy
     nxt_copies_m1 = Signal(range(33))
+    AB = _log2(R * EB) + 2
+    nxt_base = Signal(signed(AB))    # the record's first accumulator beat, minus H
+    cur_base, r2_ptr = Signal(signed(AB)), Signal(signed(AB))
     one0 = nxt0.unicast | jf("mcast_en", nxt0.job)
     with m.If(move):
         m.d.sync += [nxt.eq(nxt0), nxt_valid.eq(1), nxt0_valid.eq(0),
                      nxt_nb.eq(H + ((nxt0.nelem + (L - 1)) >> LL)),
-                     nxt_copies_m1.eq(Mux(one0, 0, jf("nworkers", nxt0.job) - 1))]
+                     nxt_copies_m1.eq(Mux(one0, 0, jf("nworkers", nxt0.job) - 1)),
+                     nxt_base.eq(nxt0.rec * EB - H)]
 
     def busy(rec):      # the element path still writes the record's accumulator
         return ((pkt_inflight & (pkt_rec == rec)) | (s1_valid & (s1_rec == rec))
@@ -812,12 +817,14 @@ def build_core(core, platform):
     cur_mcast = jf("mcast_en", cur.job)
     with m.If(start):
         m.d.sync += [run.eq(1), cur.eq(nxt), copy.eq(0), beat.eq(0),
+                     cur_base.eq(nxt_base), r2_ptr.eq(nxt_base),
                      copies_left.eq(nxt_copies_m1), copy_last.eq(nxt_copies_m1 == 0),
                      nbeats_out.eq(nxt_nb), left.eq(nxt_nb - 1), beat_last.eq(nxt_nb == 1)]
     ovf_flag = ovf_r.data & (cur.nelem != 0)
     inc["overflows"].append(started & ~cur.unicast & ovf_flag)
     issue = run & adv
-    m.d.comb += [acc_r2.addr.eq(cur.rec * EB + beat - H), acc_r2.en.eq(adv)]
+    # the accumulator beat to read for ``beat`` (rec * EB + beat - H), kept as a counter
+    m.d.comb += [acc_r2.addr.eq(r2_ptr[:len(acc_r2.addr)]), acc_r2.en.eq(adv)]
     member = Mux(cur.unicast, cur.worker, copy)
     maddr = cur.job * WS + member[:max(1, LWS)] if WS > 1 else cur.job
     m.d.comb += [mip_r2.addr.eq(maddr), mport_r2.addr.eq(maddr), mmac_r2.addr.eq(maddr)]
@@ -832,12 +839,14 @@ def build_core(core, platform):
     with m.If(issue):
         with m.If(beat_last):
             m.d.sync += [beat.eq(0), copy.eq(copy + 1), left.eq(nbeats_out - 1),
+                         r2_ptr.eq(cur_base),
                          beat_last.eq(nbeats_out == 1),
                          copies_left.eq(copies_left - 1), copy_last.eq(copies_left == 1)]
             with m.If(copy_last):
                 m.d.sync += run.eq(0)
         with m.Else():
-            m.d.sync += [beat.eq(beat + 1), left.eq(left - 1), beat_last.eq(left == 1)]
+            m.d.sync += [beat.eq(beat + 1), left.eq(left - 1), beat_last.eq(left == 1),
+                         r2_ptr.eq(r2_ptr + 1)]
 
     # output payload
     oh = Signal(HeaderLayout)
