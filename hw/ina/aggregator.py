@@ -107,15 +107,20 @@ def build_core(core, platform):
 
     MetaL = meta_layout(P)
     ReqL = request_layout(P)
-    # the slot metadata in two memories (the fields P1a compares first), each read at its
-    # own copy of P1a's record number, so each address drives half the RAM cells
+    # the slot metadata: one memory per job (2W records: one bank of distributed RAM, so
+    # no bank select in front of the compares) and per half of the fields (the fields
+    # P1a compares first), each half read at its own copy of P1a's record number
     META_A = ("tag", "due", "complete")
     MetaA = data.StructLayout({k: MetaL.members[k] for k in META_A})
     MetaB = data.StructLayout({k: v for k, v in MetaL.members.items() if k not in META_A})
-    m.submodules.meta_a = meta_a = memory.Memory(shape=MetaA, depth=R,
-                                                 init=[{"complete": 1}] * R)
-    m.submodules.meta_b = meta_b = memory.Memory(shape=MetaB, depth=R,
-                                                 init=[{"exponent": -128}] * R)
+    JR = 2 * WM                             # records per job
+    meta_mem = {}
+    for j in range(NJ):
+        meta_mem[j, "a"] = memory.Memory(shape=MetaA, depth=JR, init=[{"complete": 1}] * JR)
+        meta_mem[j, "b"] = memory.Memory(shape=MetaB, depth=JR,
+                                         init=[{"exponent": -128}] * JR)
+        m.submodules[f"meta_a{j}"] = meta_mem[j, "a"]
+        m.submodules[f"meta_b{j}"] = meta_mem[j, "b"]
     AccL = data.ArrayLayout(signed(AW), L)
     m.submodules.acc = acc = memory.Memory(shape=AccL, depth=R * EB, init=[])
     m.submodules.ovf = ovf = memory.Memory(shape=1, depth=R, init=[])
@@ -125,14 +130,17 @@ def build_core(core, platform):
     m.submodules.mport = mport = memory.Memory(shape=16, depth=NJ * WS, init=[], attrs=dist)
     m.submodules.mmac = mmac = memory.Memory(shape=48, depth=NJ * WS, init=[])
 
-    meta_wa, meta_wb = meta_a.write_port(), meta_b.write_port()
-    # slot metadata and member table: asynchronous reads at P1 from P1's registered
-    # address (distributed RAM on ECP5), so P1 sees every earlier write and starts from
+    # slot metadata and member table: asynchronous reads at P1a from P1a's registered
+    # address (distributed RAM on ECP5), so P1a sees every earlier write and starts from
     # a short path instead of a block RAM's clock-to-output
-    meta_ra, meta_rb = meta_a.read_port(domain="comb"), meta_b.read_port(domain="comb")
-    meta_r = Signal(MetaL)
-    m.d.comb += [getattr(meta_r, k).eq(getattr(meta_ra.data, k)) for k in META_A]
-    m.d.comb += [getattr(meta_r, k).eq(getattr(meta_rb.data, k)) for k in MetaB.members]
+    meta_wp = {k: v.write_port() for k, v in meta_mem.items()}
+    meta_rp = {k: v.read_port(domain="comb") for k, v in meta_mem.items()}
+    meta_rj = [Signal(MetaL, name=f"meta_r{j}") for j in range(NJ)]   # job j's record
+    for j in range(NJ):
+        m.d.comb += [getattr(meta_rj[j], k).eq(getattr(meta_rp[j, "a"].data, k))
+                     for k in META_A]
+        m.d.comb += [getattr(meta_rj[j], k).eq(getattr(meta_rp[j, "b"].data, k))
+                     for k in MetaB.members]
     acc_w = acc.write_port()
     acc_r = acc.read_port()
     acc_r2 = acc.read_port()
@@ -454,17 +462,19 @@ def build_core(core, platform):
                      p1_raddr.eq(scan_ptr), p1_raddr_b.eq(scan_ptr),
                      byp1.eq(v2 & (p2_op.rec == scan_ptr)), p1_op.ts.eq(horizon),
                      scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
-    m.d.comb += [meta_ra.addr.eq(p1_raddr), meta_rb.addr.eq(p1_raddr_b)]
+    for j in range(NJ):
+        m.d.comb += [meta_rp[j, "a"].addr.eq(p1_raddr[:LWM + 1]),
+                     meta_rp[j, "b"].addr.eq(p1_raddr_b[:LWM + 1])]
 
     # P1a: the metadata (or P3's write of it, while it lands) and every compare on it,
     # into registers; P1b then applies the rules from registered bits only
     w3_en, w3_addr, w3_data = Signal(), Signal(range(R)), Signal(MetaL)
     p3_push_a, p3_push_b = Signal(), Signal()   # P3: registered pushes
     p3_a, p3_b = Signal(ReqL), Signal(ReqL)
-    md1 = Signal(MetaL)
-    m.d.comb += md1.eq(Mux(byp1, w3_data, meta_r))
     p1_job = Signal(range(max(2, NJ)))
     m.d.comb += p1_job.eq(p1_op.rec >> (LWM + 1))
+    md1 = Signal(MetaL)
+    m.d.comb += md1.eq(Mux(byp1, w3_data, Array(meta_rj)[p1_job]))
     n1 = jf("nworkers", p1_job)
     bit1 = Signal(P.workers)
     m.d.comb += bit1.eq(1 << p1_op.worker[:5])
@@ -520,7 +530,9 @@ def build_core(core, platform):
     # the compares run on the memory's output and on P3's write register, and the
     # registered bypass select picks one at the end (off the compare chains)
     nm1 = Array(nwm1)[p1_job]
-    cr = md_compares(meta_r, p1_op, n1, nm1, bit1)
+    # (and on every job's memory, the record's job picked at the end)
+    crj = [md_compares(meta_rj[j], p1_op, n1, nm1, bit1) for j in range(NJ)]
+    cr = {k: Array(c[k] for c in crj)[p1_job] for k in crj[0]}
     cb = md_compares(w3_data, p1_op, n1, nm1, bit1)
     m.d.sync += [getattr(q1c, k).eq(Mux(byp1, cb[k], cr[k])) for k in cr]
     q1m = q1c      # the compares in use in P1b
@@ -641,8 +653,10 @@ def build_core(core, platform):
             w3_data.due.eq(Mux(reuse, p2_due, md2.due)),
             w3_data.nelem.eq(cur_nelem),
         ]
-    for port, keys in ((meta_wa, META_A), (meta_wb, MetaB.members)):
-        m.d.comb += [port.en.eq(w3_en), port.addr.eq(w3_addr)]
+    for (j, half), port in meta_wp.items():
+        m.d.comb += [port.en.eq(w3_en & (w3_addr >> (LWM + 1) == j)),
+                     port.addr.eq(w3_addr[:LWM + 1])]
+        keys = META_A if half == "a" else MetaB.members
         m.d.comb += [getattr(port.data, k).eq(getattr(w3_data, k)) for k in keys]
 
     # requests: a = expired PARTIAL (old contents), b = completion or re-send; registered
