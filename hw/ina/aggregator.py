@@ -487,10 +487,9 @@ def build_core(core, platform):
     init_idx = p1_op.rec[:LWM] if LWM else C(0, 1)
     init_set = p1_op.rec[LWM]
     def eq_chain(a, b):
-        """a == b for wide values: XOR, then "is zero" as the borrow of x - 1, which a
-        carry chain computes (a tree of LUTs would be four levels deep)."""
-        x = (a ^ b).as_unsigned()
-        return (Cat(x, C(0, 1)) - 1)[len(x)]
+        """a == b for wide values as two magnitude compares: two carry chains straight
+        from the operands (a tree of LUTs would be four levels deep)."""
+        return ~(a < b) & ~(b < a)
 
     def md_compares(mdx, op, n, nm1, bit):
         """Every compare of an operation against its record's metadata."""
