@@ -153,9 +153,8 @@ def test_pending_counts_follow_adds_and_dones():
             done = bool(busy) and rng.random() < 0.45
             done_rec = rng.choice(busy) if done else rng.randrange(8)
             ctx.set(dut.add, add)
-            ctx.set(dut.add_rec, add_rec)
-            ctx.set(dut.done, done)
-            ctx.set(dut.done_rec, done_rec)
+            ctx.set(dut.add_hot, 1 << add_rec)
+            ctx.set(dut.done_hot, (1 << done_rec) if done else 0)
             await ctx.tick()
             counts[add_rec] += add
             counts[done_rec] -= done

@@ -309,6 +309,12 @@ def build_core(core, platform):
         with m.Else():
             m.d.sync += [at_hdr.eq(at_hdr << 1), in_hdr_r.eq(in_hdr_r & ~at_hdr[H - 1]),
                          posmh.eq(Mux(posmh == 0xFFFF, posmh, posmh + 1))]
+        m.d.sync += collecting.eq(~dec & ~b.last)
+    # the header registers load from the head beat whenever there is one, popped or not:
+    # a beat that waits loads the same values again when it is popped, and the beat
+    # after a packet's last header beat is never a header beat of that packet, so P0
+    # (one cycle after that pop) sees the header; the load does not wait for ``pop``
+    with m.If(avail):
         for k in range(HEADER_WORDS):
             hb = k // L
             with m.If(Mux(b.first, hb == 0, at_hdr[hb])):
@@ -320,7 +326,6 @@ def build_core(core, platform):
             m.d.sync += [ts_reg.eq(b.ts), body_reg.eq(b.length - 20),
                          len_short.eq(b.length < 20), sip_reg.eq(b.src_ip),
                          sport_reg.eq(b.src_port)]
-        m.d.sync += collecting.eq(~dec & ~b.last)
     m.d.sync += [dl[0].valid.eq(pop), dl[0].elem.eq(~in_hdr),
                  dl[0].first.eq(b.first), dl[0].e.eq(posmh[:16]), dl[0].data.eq(b.data)]
     m.d.sync += [dl[k].eq(dl[k - 1]) for k in range(1, DEC_LAT)]
@@ -661,7 +666,9 @@ def build_core(core, platform):
     # requests: a = expired PARTIAL (old contents), b = completion or re-send; registered
     # (P3) before they enter the queue
     m.d.comb += [q.push_a.eq(p3_push_a), q.a.eq(p3_a), q.push_b.eq(p3_push_b), q.b.eq(p3_b)]
-    m.d.comb += [pend.add.eq(p3_push_a + p3_push_b), pend.add_rec.eq(p3_a.rec)]
+    p3_hot = Signal(R)      # P3's record, one-hot (registered with it)
+    m.d.sync += p3_hot.eq(1 << p2_op.rec)
+    m.d.comb += [pend.add.eq(p3_push_a + p3_push_b), pend.add_hot.eq(p3_hot)]
     m.d.sync += [
         p3_push_a.eq(expired),
         p3_a.rec.eq(p2_op.rec), p3_a.job.eq(p2_job), p3_a.unicast.eq(0),
@@ -848,7 +855,7 @@ def build_core(core, platform):
                      o_last.eq(beat_last)]
     # the request's last beat is issued: its record no longer waits for it (registered:
     # the record counts as waiting one cycle longer)
-    m.d.sync += [pend.done.eq(issue & beat_last & copy_last), pend.done_rec.eq(cur.rec)]
+    m.d.sync += pend.done_hot.eq(Mux(issue & beat_last & copy_last, 1 << cur.rec, 0))
     with m.If(issue):
         with m.If(beat_last):
             m.d.sync += [beat.eq(0), copy.eq(copy + 1), left.eq(nbeats_out - 1),

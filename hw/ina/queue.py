@@ -64,8 +64,10 @@ class RequestQueue(wiring.Component):
 class PendingCounts(wiring.Component):
     """For each of ``records`` slot records, how many of its requests are not yet sent.
 
-    add, add_rec     ``add`` (0, 1 or 2) requests of record ``add_rec`` enter the queue
-    done, done_rec   the last beat of one request of ``done_rec`` has been issued
+    add, add_hot     ``add`` (0, 1 or 2) requests of the record whose bit is set in
+                     ``add_hot`` (one-hot) enter the queue
+    done_hot         the last beat of one request of the record whose bit is set has
+                     been issued (one-hot, or 0)
     nonzero          bit r: record r has requests waiting or being sent (registered:
                      it shows this cycle's add and done from the next cycle on)
 
@@ -76,8 +78,7 @@ class PendingCounts(wiring.Component):
     def __init__(self, records: int, max_pending: int):
         self.records, self.max_pending = records, max_pending
         super().__init__({
-            "add": In(2), "add_rec": In(range(records)),
-            "done": In(1), "done_rec": In(range(records)),
+            "add": In(2), "add_hot": In(records), "done_hot": In(records),
             "nonzero": Out(records),
         })
 
@@ -85,8 +86,8 @@ class PendingCounts(wiring.Component):
         m = Module()
         for r in range(self.records):
             cnt = Signal(range(self.max_pending + 1), name=f"pending{r}")
-            up = Mux(self.add_rec == r, self.add, 0)
-            down = self.done & (self.done_rec == r)
+            up = Mux(self.add_hot[r], self.add, 0)
+            down = self.done_hot[r]
             m.d.sync += cnt.eq(cnt + up - down)
             # a request finishes only after it was added (count >= 1 when ``down``)
             m.d.sync += self.nonzero[r].eq((up != 0) | Mux(down, cnt != 1, cnt != 0))
