@@ -7,24 +7,30 @@ initialization running.
 Header path, one operation per cycle, fixed latency (a packet whose last header beat
 is popped in cycle t is decided in cycle t + ``DEC_LAT`` = t+4):
 
-* pop: the FIFO's head beat; position kept as flags; header words into registers.
+* pop: the FIFO's head beat; position kept as flags; header words into registers (they
+  load from the head beat whether or not it is popped), the job-table match too.
 * P0: decode from registers: the checks that need only the header and the UDP length
   (truncated, version, type, body length, unknown job, worker out of range), every
   job's record and ``seq - 2W`` in parallel, then the matching job's; every job's
   member-table entry for the header's worker.
-* P1a: the slot metadata (distributed RAM, read asynchronously at P1a's registered
-  record, or P3's write register while that write lands).
-* P1b: the same bypass once more, the compares on both candidates (tags, expiry,
-  bitmap, count, source, the output-queue probe), and the rules up to "defer".
-* P2: join, duplicate, accept, completion; the metadata write and up to two
-  output requests (an expired PARTIAL, then a completion or a re-send) into registers.
+* P1a: the slot metadata (distributed RAM, one memory per job, read asynchronously at
+  its own address register, or P3's write register while that write lands, chosen by
+  a registered select) and every compare on it (tags, expiry, counts, element count:
+  carry chains), the source check, the reason, the record's pending-request count.
+* P1b: the slot rules from those registered bits (expire, reuse, defer, join, stale,
+  out of window), the worker's bitmap bit, and whether the operation goes back to P1a.
+* P2: accept / complete / re-send / duplicate, the larger exponent; the metadata write
+  and up to two output requests (an expired PARTIAL, then a completion or a re-send)
+  into registers.
 * P3: the metadata write and the requests land.
 
-A packet that P2 defers (it would reuse a record whose result is still queued or being
-sent, or that expires right now), or that followed an operation on its record in the
-very next cycle, goes back to P1a; everything younger is flushed and the FIFO's pop
+A packet that P1b defers (it would reuse a record whose result is still queued or being
+sent, or that expires right now), or that followed an operation on its record within
+two cycles, goes back to P1a from P2; everything younger is flushed and the FIFO's pop
 pointer is rewound to the packet's first element beat (popped beats stay in the FIFO
-until their packet's decision is final). Pops wait until the packet passes.
+until their packet's decision is final). Pops wait until the packet passes. With
+one-beat headers (L >= 5) packets two cycles apart are normal, so P1b also compares
+P3's write register and picks it when it holds the record.
 
 Element path (one beat per cycle): popped beats reach S0 through a DEC_LAT-stage delay
 line, so a beat arrives the cycle after its packet's decision. S0 reads the
@@ -491,10 +497,19 @@ def build_core(core, platform):
     m.d.comb += [w1.eq(Array(wbit)[p1_job]), w2.eq(Cat(C(0, 1), Array(wbit)[p1_job]))]
     init_idx = p1_op.rec[:LWM] if LWM else C(0, 1)
     init_set = p1_op.rec[LWM]
+    def below(a, b):
+        """a < b as the sign of an explicit subtraction: a carry chain straight from the
+        operands (synthesis keeps a subtraction a chain; a compare it may turn into
+        LUTs)."""
+        a = Cat(a, C(0, 1)).as_signed() if not a.shape().signed else a
+        b = Cat(b, C(0, 1)).as_signed() if not b.shape().signed else b
+        d = a - b
+        return d[len(d) - 1]
+
     def eq_chain(a, b):
-        """a == b for wide values as two magnitude compares: two carry chains straight
-        from the operands (a tree of LUTs would be four levels deep)."""
-        return ~(a < b) & ~(b < a)
+        """a == b for wide values as two magnitude compares: two carry chains side by
+        side (a tree of LUTs would be four levels deep or more)."""
+        return ~below(a, b) & ~below(b, a)
 
     def md_compares(mdx, op, n, nm1, bit):
         """Every compare of an operation against its record's metadata."""
@@ -503,7 +518,7 @@ def build_core(core, platform):
         m.d.comb += [seqx.eq(op.seq), late_by.eq(op.ts - mdx.due)]
         return {"late": ~late_by[31], "complete": mdx.complete,
                 "eq_seqm": eq_chain(mdx.tag, op.seqm), "eq_seq": eq_chain(mdx.tag, seqx),
-                "lt": seqx < mdx.tag, "cnt1_n": mdx.count == nm1,
+                "lt": below(seqx, mdx.tag), "cnt1_n": mdx.count == nm1,
                 "cnt0": mdx.count == 0, "cnt_lt_n": mdx.count < n,
                 "nelem_ne": ~eq_chain(op.nelem, mdx.nelem)}
     CmpL = data.StructLayout({k: 1 for k in (
