@@ -612,7 +612,8 @@ def build_core(core, platform):
         c.defer.eq(k_defer1), c.expire.eq(k_expire1), c.reuse.eq(reuse1), c.join.eq(join1),
         c.cur_complete.eq(cur_complete1), c.dup.eq(dup1), c.nelem_ne.eq(q1m.nelem_ne),
         c.one_n.eq(q1m.one_n), c.cnt1_n.eq(q1m.cnt1_n),
-        c.opens.eq(reuse1 | q1m.cnt0), c.new_exp.eq(reuse1),
+        c.opens.eq(reuse1 | q1m.cnt0), # the larger exponent (compared here from registers, off P1a's path)
+        c.new_exp.eq(reuse1 | (q1_op.exp > q1_mdx.exponent)),
         c.stale.eq(k_pkt_ok1 & ~join1 & q1m.lt),
         c.oow.eq(k_pkt_ok1 & ~join1 & ~q1m.lt & ~k_defer1),
         c.unksrc.eq(k_pkt1 & ((q1_op.reason == R_UNKSRC) | (early_ok1 & ~q1m.src_ok))),
@@ -650,8 +651,7 @@ def build_core(core, platform):
     m.d.comb += seqs2.eq(p2_op.seq)
     cur_tag = Mux(reuse, seqs2, md2.tag)
     new_count = Mux(reuse, 1, p2_cnt1)
-    # the larger exponent (compared here, from registers, off P1a's path)
-    new_exp = Mux(c.new_exp | (p2_op.exp > md2.exponent), p2_op.exp, md2.exponent)
+    new_exp = Mux(c.new_exp, p2_op.exp, md2.exponent)
     mode = Mux(accept, Mux(c.opens, M_OPEN, M_ADD), M_NONE)
 
     # metadata write, registered (P3); P1a takes it from the register while it lands
