@@ -363,7 +363,9 @@ def build_core(core, platform):
 
     recs, seqms = [], []
     for j in range(NJ):
-        wset_j = (hdr.seq & wbit[j][:32]).any()
+        # a job's window is at most the core's (config_writes refuses others), so only
+        # the low LWM + 1 bits of seq can hold its set bit
+        wset_j = (hdr.seq[:LWM + 1] & wbit[j][:LWM + 1]).any()
         widx_j = (hdr.seq & (wbit[j] - 1)[:32])[:max(1, LWM)]
         recs.append(Cat(widx_j[:LWM], wset_j, Const(j, range(max(2, NJ)))) if LWM
                     else Cat(wset_j, Const(j, range(max(2, NJ)))))
