@@ -548,22 +548,15 @@ def build_core(core, platform):
         q1c.may_expire.eq(((p1_op.kind == K_PKT) | (p1_op.kind == K_SCAN))
                           & jf("enable", p1_job) & jf("bounded", p1_job)),
     ]
-    # the compares run on every job's memory (the record's job picked at the end) and
-    # on P3's write register, both registered; P1b picks one with the registered bypass
-    # select (so no select sits behind the compare chains)
+    # the compares run on the memory's output and on P3's write register, and the
+    # registered bypass select picks one at the end (off the compare chains)
     nm1 = Array(nwm1)[p1_job]
+    # (and on every job's memory, the record's job picked at the end)
     crj = [md_compares(meta_rj[j], p1_op, n1, nm1, bit1) for j in range(NJ)]
     cr = {k: Array(c[k] for c in crj)[p1_job] for k in crj[0]}
     cb = md_compares(w3_data, p1_op, n1, nm1, bit1)
-    q1c_b = Signal(CmpL)
-    q1_byp = Signal()
-    m.d.sync += [getattr(q1c, k).eq(v) for k, v in cr.items()]
-    m.d.sync += [getattr(q1c_b, k).eq(v) for k, v in cb.items()]
-    m.d.sync += q1_byp.eq(byp1)
-    q1m = Signal(CmpL)      # the compares in use in P1b
-    m.d.comb += q1m.eq(q1c)
-    m.d.comb += [getattr(q1m, k).eq(Mux(q1_byp, getattr(q1c_b, k), getattr(q1c, k)))
-                 for k in cr]
+    m.d.sync += [getattr(q1c, k).eq(Mux(byp1, cb[k], cr[k])) for k in cr]
+    q1m = q1c      # the compares in use in P1b
     if BYP2:
         # L >= 5: a packet may follow a packet to its record two cycles later (two-beat
         # packets), so P1b may need P3's write, which P1a could not see: the compares
@@ -571,12 +564,11 @@ def build_core(core, platform):
         q1_sel = Signal()
         m.d.sync += q1_sel.eq(p2_valid & ~p2_adj & (p2_op.rec == p1_op.rec))
         cw = md_compares(w3_data, q1_op, jf("nworkers", q1_job), Array(nwm1)[q1_job], q1_bit)
-        q1m2 = Signal(CmpL)
-        m.d.comb += q1m2.eq(q1m)
+        q1m = Signal(CmpL)
+        m.d.comb += q1m.eq(q1c)
         for k, v in cw.items():
-            m.d.comb += getattr(q1m2, k).eq(Mux(q1_sel, v, getattr(q1m, k)))
-        m.d.comb += q1m2.pend.eq(q1c.pend | ((p3_push_a | p3_push_b) & (p3_a.rec == q1_op.rec)))
-        q1m = q1m2
+            m.d.comb += getattr(q1m, k).eq(Mux(q1_sel, v, getattr(q1c, k)))
+        m.d.comb += q1m.pend.eq(q1c.pend | ((p3_push_a | p3_push_b) & (p3_a.rec == q1_op.rec)))
         q1_mdx = Signal(MetaL)
         m.d.comb += q1_mdx.eq(Mux(q1_sel, w3_data, q1_md))
     else:
