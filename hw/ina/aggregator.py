@@ -470,11 +470,14 @@ def build_core(core, platform):
             for j in range(NJ):
                 with m.If(init_job == j):
                     m.d.sync += jobs[j]["enable"].eq(1)
-    with m.Elif(scan_ok):
-        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_SCAN), p1_op.rec.eq(scan_ptr),
+    with m.Else():
+        # the scanner's visit, loaded whether or not it may go (so the load does not
+        # wait for ``scan_ok``: an invalid operation is never looked at)
+        m.d.sync += [p1_valid.eq(scan_ok), p1_op.kind.eq(K_SCAN), p1_op.rec.eq(scan_ptr),
                      p1_raddr.eq(scan_ptr), p1_raddr_b.eq(scan_ptr),
-                     byp1.eq(v2 & (p2_op.rec == scan_ptr)), p1_op.ts.eq(horizon),
-                     scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))]
+                     byp1.eq(v2 & (p2_op.rec == scan_ptr)), p1_op.ts.eq(horizon)]
+        with m.If(scan_ok):
+            m.d.sync += scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))
     for j in range(NJ):
         m.d.comb += [meta_rp[j, "a"].addr.eq(p1_raddr[:LWM + 1]),
                      meta_rp[j, "b"].addr.eq(p1_raddr_b[:LWM + 1])]
