@@ -251,7 +251,7 @@ def build_core(core, platform):
     # Every accepted beat goes into a small FIFO with its datagram's time (the cycle its
     # first beat was accepted). The pipeline pops one beat per cycle. A popped beat stays
     # in the FIFO until its packet's decision is final (the commit pointer trails the pop
-    # pointer by DEC_LAT cycles), so a packet that P2 defers is re-run from its first
+    # pointer by DEC_LAT cycles), so a packet that is deferred is re-run from its first
     # element beat (rewind), with everything younger flushed.
     i, ip = core.i, core.i.payload
     FD = 16
@@ -370,7 +370,6 @@ def build_core(core, platform):
         recs.append(Cat(widx_j[:LWM], wset_j, Const(j, range(max(2, NJ)))) if LWM
                     else Cat(wset_j, Const(j, range(max(2, NJ)))))
         seqms.append(hdr.seq - Cat(C(0, 1), wbit[j]))     # seq - 2W
-    jidx = by_job([C(j, range(max(2, NJ))) for j in range(NJ)], range(max(2, NJ)))
     rec = by_job(recs, range(R))
     seqm = by_job(seqms, signed(34))   # seq - 2W: the tag a reusable record must have
     bad_worker = by_job([hdr.worker >= jobs[j]["nworkers"] for j in range(NJ)], 1)
@@ -723,8 +722,8 @@ def build_core(core, platform):
     inc["results"] += [expired, v2 & completes]
     inc["partials"].append(expired)
 
-    # flush: a packet that P2 defers (or that followed its slot's previous operation in
-    # the very next cycle) goes back to P1; everything younger is dropped and the input
+    # flush: a deferred packet (or one that followed its slot's previous operation
+    # within two cycles) goes back to P1a; everything younger is dropped and the input
     # is rewound to the packet's first element beat
     with m.If(~n_flush):
         m.d.sync += [p0_valid.eq(0), rp.eq(p2_op.rewind), at_hdr.eq(0), in_hdr_r.eq(0),
