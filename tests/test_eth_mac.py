@@ -98,3 +98,58 @@ def test_mac_rx_packet_buffer_commits_good_and_counts_bad():
     sim.add_testbench(bench)
     sim.run()
     assert out == [good, good[::-1]]
+
+
+def test_packet_buffer_holds_exactly_depth_minus_one_bytes_across_wraps():
+    """With the output stalled, a frame of depth - 1 bytes fits; once the read stages have
+    taken two bytes out, a 2-byte frame fits and one byte more does not; a frame of
+    depth + 1 bytes never fits (``full`` is registered, so the byte that reaches depth
+    - 1 still goes in, and the RAM is never overrun). Also after the pointers
+    have wrapped several times (``full`` from copies of the read pointer)."""
+    D = 16
+    dut = PacketBuffer(depth=D)
+    out = []
+
+    async def bench(ctx):
+        async def send(n, tag):
+            for k in range(n):
+                ctx.set(dut.i.valid, 1)
+                ctx.set(dut.i.payload, {"data": (tag + k) & 0xFF, "last": k == n - 1,
+                                        "status": RxStatus.OK})
+                await ctx.tick()
+            ctx.set(dut.i.valid, 0)
+            await ctx.tick().repeat(2)
+
+        async def drain():
+            ctx.set(dut.o.ready, 1)
+            cur = bytearray()
+            for _ in range(3 * D):
+                if ctx.get(dut.o.valid):
+                    cur.append(ctx.get(dut.o.payload.data))
+                    if ctx.get(dut.o.payload.last):
+                        out.append(bytes(cur))
+                        cur = bytearray()
+                await ctx.tick()
+            ctx.set(dut.o.ready, 0)
+
+        expect = []
+        for rnd in range(5):                       # 5 x (15 + 2 + 3) bytes: 3 wraps
+            await send(D - 1, 20 * rnd)            # fills the RAM
+            expect.append(bytes((20 * rnd + k) & 0xFF for k in range(D - 1)))
+            await send(2, 150)                     # the two bytes the read stages freed
+            expect.append(bytes([150, 151]))
+            await send(1, 200)                     # no room left: dropped
+            await drain()
+            await send(3, 100 + rnd)               # room again
+            expect.append(bytes((100 + rnd + k) & 0xFF for k in range(3)))
+            await drain()
+        await send(D + 1, 50)                      # never fits
+        await drain()
+        assert out == expect
+        assert ctx.get(dut.frames) == 15
+        assert ctx.get(dut.drops[RxStatus.OVERFLOW.value]) == 6
+
+    sim = Simulator(dut)
+    sim.add_clock(8e-9)
+    sim.add_testbench(bench)
+    sim.run()

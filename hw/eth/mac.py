@@ -152,9 +152,14 @@ class PacketBuffer(wiring.Component):
         # least depth - 1 bytes then. Since at most one byte is written per cycle (and
         # reads and rollbacks only make room), a write is safe whenever ``full`` is low;
         # the buffer holds up to depth - 1 bytes. Registering it keeps the pointer
-        # subtraction off the write-enable path (timing at 125 MHz).
+        # arithmetic off the write-enable path (timing at 125 MHz). Since ``wr - rd``
+        # never exceeds depth (a write needs ``full`` low one cycle earlier), "at least
+        # depth - 1" is "equal to depth - 1 or depth": two equality compares against
+        # copies of ``rd`` kept that far ahead, instead of a subtraction and a compare.
         full = Signal()
-        m.d.sync += full.eq((wr - rd) >= self.depth - 1)
+        rd_lo = Signal(aw + 1, init=self.depth - 1)    # rd + depth - 1
+        rd_hi = Signal(aw + 1, init=self.depth)        # rd + depth
+        m.d.sync += full.eq((wr == rd_lo) | (wr == rd_hi))
         m.d.comb += self.i.ready.eq(1)
         p = self.i.payload
 
@@ -193,7 +198,8 @@ class PacketBuffer(wiring.Component):
         fetch = (~ram_valid | load) & (rd != commit)
         m.d.comb += [rp.en.eq(fetch), rp.addr.eq(rd[:aw])]
         with m.If(fetch):
-            m.d.sync += [rd.eq(rd + 1), ram_valid.eq(1)]
+            m.d.sync += [rd.eq(rd + 1), rd_lo.eq(rd_lo + 1), rd_hi.eq(rd_hi + 1),
+                         ram_valid.eq(1)]
         with m.Elif(load):
             m.d.sync += ram_valid.eq(0)
         with m.If(load):
