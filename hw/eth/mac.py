@@ -120,7 +120,7 @@ class PacketBuffer(wiring.Component):
 
     ``i`` takes :data:`RX_BYTE` and is always ready. A frame whose last byte has status
     ``OK`` is committed and comes out of ``o`` (:data:`BYTE`); any other frame, or one that
-    does not fit in the free space (the buffer holds up to ``depth - 1`` bytes), is rolled
+    does not fit in the free space (an empty buffer always takes ``depth - 1`` bytes), is rolled
     back. ``frames`` counts committed frames and
     ``drops`` counts dropped frames per :class:`RxStatus` reason (index = status value).
     """
