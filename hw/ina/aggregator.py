@@ -501,7 +501,6 @@ def build_core(core, platform):
     m.d.comb += [w1.eq(Array(wbit)[p1_job]), w2.eq(Cat(C(0, 1), Array(wbit)[p1_job]))]
     init_idx = p1_op.rec[:LWM] if LWM else C(0, 1)
     init_set = p1_op.rec[LWM]
-
     def below(a, b):
         """a < b as the sign of an explicit subtraction: a carry chain straight from the
         operands (synthesis keeps a subtraction a chain; a compare it may turn into
@@ -516,7 +515,7 @@ def build_core(core, platform):
         side (a tree of LUTs would be four levels deep or more)."""
         return ~below(a, b) & ~below(b, a)
 
-    def md_compares(mdx, op, n, nm1):
+    def md_compares(mdx, op, n, nm1, bit):
         """Every compare of an operation against its record's metadata."""
         seqx = Signal(signed(34))
         late_by = Signal(32)      # time - due, modulo 2^32: expired when not negative
@@ -528,8 +527,8 @@ def build_core(core, platform):
                 "nelem_ne": ~eq_chain(op.nelem, mdx.nelem)}
     CmpL = data.StructLayout({k: 1 for k in (
         "late", "complete", "eq_seqm", "eq_seq", "lt", "cnt1_n", "one_n", "cnt0",
-        "cnt_lt_n", "nelem_ne", "nelem_nz", "src_ok", "pend", "enable", "pkt",
-        "may_expire")})
+        "cnt_lt_n", "nelem_ne", "nelem_nz", "src_ok", "pend", "enable",
+        "bounded", "ok", "pkt", "may_expire")})
     q1c = Signal(CmpL)
     q1_md = Signal(MetaL)
     q1_bit = Signal(P.workers)
@@ -545,17 +544,19 @@ def build_core(core, platform):
         q1_init_tag.eq(init_idx + Mux(init_set, w1, 0) - w2),
         q1c.one_n.eq(n1 == 1), q1c.nelem_nz.eq(p1_op.nelem != 0), q1c.src_ok.eq(src_ok1),
         q1c.pend.eq(pend1), q1c.enable.eq(jf("enable", p1_job)),
+        q1c.bounded.eq(jf("bounded", p1_job)), q1c.ok.eq(reason1 == R_OK),
         q1c.pkt.eq((p1_op.kind == K_PKT) & (reason1 == R_OK)),
         # a packet or a scan of an enabled bounded job may fire its record
         q1c.may_expire.eq(((p1_op.kind == K_PKT) | (p1_op.kind == K_SCAN))
                           & jf("enable", p1_job) & jf("bounded", p1_job)),
     ]
-    # the compares run on every job's memory and on P3's write register; the record's
-    # job and the registered bypass select pick one at the end (off the compare chains)
+    # the compares run on the memory's output and on P3's write register, and the
+    # registered bypass select picks one at the end (off the compare chains)
     nm1 = Array(nwm1)[p1_job]
-    crj = [md_compares(meta_rj[j], p1_op, n1, nm1) for j in range(NJ)]
+    # (and on every job's memory, the record's job picked at the end)
+    crj = [md_compares(meta_rj[j], p1_op, n1, nm1, bit1) for j in range(NJ)]
     cr = {k: Array(c[k] for c in crj)[p1_job] for k in crj[0]}
-    cb = md_compares(w3_data, p1_op, n1, nm1)
+    cb = md_compares(w3_data, p1_op, n1, nm1, bit1)
     m.d.sync += [getattr(q1c, k).eq(Mux(byp1, cb[k], cr[k])) for k in cr]
     q1m = q1c      # the compares in use in P1b
     if BYP2:
@@ -564,7 +565,7 @@ def build_core(core, platform):
         # run on it too and the registered select picks one
         q1_sel = Signal()
         m.d.sync += q1_sel.eq(p2_valid & ~p2_adj & (p2_op.rec == p1_op.rec))
-        cw = md_compares(w3_data, q1_op, jf("nworkers", q1_job), Array(nwm1)[q1_job])
+        cw = md_compares(w3_data, q1_op, jf("nworkers", q1_job), Array(nwm1)[q1_job], q1_bit)
         q1m = Signal(CmpL)
         m.d.comb += q1m.eq(q1c)
         for k, v in cw.items():
@@ -615,8 +616,7 @@ def build_core(core, platform):
         c.defer.eq(k_defer1), c.expire.eq(k_expire1), c.reuse.eq(reuse1), c.join.eq(join1),
         c.cur_complete.eq(cur_complete1), c.dup.eq(dup1), c.nelem_ne.eq(q1m.nelem_ne),
         c.one_n.eq(q1m.one_n), c.cnt1_n.eq(q1m.cnt1_n),
-        c.opens.eq(reuse1 | q1m.cnt0),
-        # the larger exponent (compared here from registers, off P1a's path)
+        c.opens.eq(reuse1 | q1m.cnt0), # the larger exponent (compared here from registers, off P1a's path)
         c.new_exp.eq(reuse1 | (q1_op.exp > q1_mdx.exponent)),
         c.stale.eq(k_pkt_ok1 & ~join1 & q1m.lt),
         c.oow.eq(k_pkt_ok1 & ~join1 & ~q1m.lt & ~k_defer1),
