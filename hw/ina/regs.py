@@ -6,9 +6,9 @@ counters in :data:`COUNTER_NAMES`): the gateware decoder, the host-side
 amaranth-soc's declarative registers (amaranth-soc is not on PyPI).
 
 The bus (:data:`RegBus`) is 32-bit, word addressed: a write is taken in the cycle
-``w_stb`` is high (the core registers the bus and then the decoded write, so the
-register changes two cycles later); ``r_data`` shows the register at ``addr`` three cycles later (0 for an
-address that holds no register).
+``w_stb`` is high (registered, then decoded: it lands :data:`WRITE_LATENCY` cycles later);
+``r_data`` shows the register at ``addr`` :data:`READ_LATENCY` cycles later (0 where there
+is no register).
 """
 
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from amaranth.lib.wiring import In, Out
 __all__ = ["RegBus", "Reg", "GLOBAL_REGS", "JOB_REGS", "MEMBER_REGS", "COUNTER_NAMES",
            "JOB_BASE", "JOB_STRIDE", "MEMBER_BASE", "COUNTER_BASE", "ID_VALUE",
            "job_reg_addr", "member_reg_addr", "counter_addr", "config_writes",
-           "register_map_text"]
+           "register_map_text", "READ_LATENCY", "WRITE_LATENCY"]
 
 #: from the host's point of view (the core has ``cfg: In(RegBus)``)
 RegBus = wiring.Signature({
@@ -148,3 +148,11 @@ def register_map_text() -> str:
         rows.append(f"| 0x{MEMBER_BASE:04x} + 4*(32*j + w) + {r.offset} | member.{r.name} | "
                     f"{r.width} | {r.access} | {r.doc} |")
     return "\n".join(rows)
+
+
+#: cycles from ``w_stb`` until the register holds the value (the core registers the bus,
+#: then the decoded strobe)
+WRITE_LATENCY = 2
+#: cycles from ``addr`` until ``r_data`` shows the register (bus register, group
+#: register, output register)
+READ_LATENCY = 3

@@ -10,7 +10,8 @@ from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge, ClockCycles
 
 from hw.ina.params import CoreParams
-from hw.ina.regs import config_writes, counter_addr, COUNTER_NAMES, GLOBAL_REGS
+from hw.ina.regs import (config_writes, counter_addr, COUNTER_NAMES, GLOBAL_REGS,
+                         READ_LATENCY, WRITE_LATENCY)
 from .beats import packers, in_payloads, beats_datagram
 from .scoreboard import Scoreboard
 
@@ -54,7 +55,8 @@ class CoreTB:
     async def read(self, addr):
         d = self.dut
         d.cfg__addr.value = addr
-        await ClockCycles(d.clk, 4)     # the core shows it three cycles later (regs.py)
+        # one edge more than the latency: cocotb reads the values from before the edge
+        await ClockCycles(d.clk, READ_LATENCY + 1)
         return int(d.cfg__r_data.value)
 
     async def configure(self, jobs, deadlines=None):
@@ -67,7 +69,8 @@ class CoreTB:
                                            elements_max=self.P.elements,
                                            workers_max=self.P.workers, deadline_cycles=dl):
                 await self.write(addr, val)
-            await ClockCycles(self.dut.clk, 2 * self.P.window + 8)
+            # the enable write lands, then the job's 2W records are initialized
+            await ClockCycles(self.dut.clk, WRITE_LATENCY + 2 * self.P.window + 6)
 
     async def counters(self) -> dict:
         return {n: await self.read(counter_addr(n)) for n in COUNTER_NAMES}
