@@ -196,3 +196,45 @@ def test_config_writes_cover_the_job_and_reject_misfits():
         config_writes(JobConfig(1, ("1.1.1.1:1",), window=4, elements=128), 0,
                       clock_hz=1e8, window_max=8, elements_max=64)
     assert "job.deadline" in register_map_text()
+
+
+def _core_enables(writes, wait=400):
+    """Run the INA core on Amaranth's simulator: ``writes`` [(job, value)] to the job
+    ``enable`` registers on consecutive cycles, then ``wait`` cycles; returns what each
+    job's ``enable`` reads and whether the core takes input."""
+    from hw.ina.core import InaCore
+    from hw.ina.regs import READ_LATENCY
+    P = CoreParams()
+    dut = InaCore(P)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    out = {}
+
+    async def tb(ctx):
+        for job, value in writes:
+            ctx.set(dut.cfg.addr, job_reg_addr(job, "enable"))
+            ctx.set(dut.cfg.w_data, value)
+            ctx.set(dut.cfg.w_stb, 1)
+            await ctx.tick()
+        ctx.set(dut.cfg.w_stb, 0)
+        await ctx.tick().repeat(wait)
+        for j in range(P.jobs):
+            ctx.set(dut.cfg.addr, job_reg_addr(j, "enable"))
+            await ctx.tick().repeat(READ_LATENCY + 1)
+            out[j] = ctx.get(dut.cfg.r_data)
+        out["ready"] = ctx.get(dut.i.ready)
+    sim.add_testbench(tb)
+    sim.run()
+    return out
+
+
+def test_core_enables_written_back_to_back_both_initialize():
+    # the second job's enable lands while the first job's records are being reset:
+    # both initialize, one after the other (the second used to restart the first's
+    # initialization with its own job, and the first job never came up)
+    assert _core_enables([(0, 1), (1, 1)]) == {0: 1, 1: 1, "ready": 1}
+
+
+def test_core_enable_written_zero_during_initialization_stops_it():
+    assert _core_enables([(0, 1), (1, 1), (0, 0)]) == {0: 0, 1: 1, "ready": 1}
+    assert _core_enables([(0, 1), (1, 1), (1, 0)]) == {0: 1, 1: 0, "ready": 1}

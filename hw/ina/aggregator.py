@@ -8,15 +8,19 @@ Header path, one operation per cycle, fixed latency (a packet whose last header 
 is popped in cycle t is decided in cycle t + ``DEC_LAT`` = t+4):
 
 * pop: the FIFO's head beat; position kept as flags; header words into registers (they
-  load from the head beat whether or not it is popped), the job-table match too.
+  load from the head beat whether or not it is popped), the job-table match and every
+  job's record index for the seq too.
 * P0: decode from registers: the checks that need only the header and the UDP length
   (truncated, version, type, body length, unknown job, worker out of range), every
-  job's record and ``seq - 2W`` in parallel, then the matching job's; every job's
-  member-table entry for the header's worker.
-* P1a: the slot metadata (distributed RAM, one memory per job, read asynchronously at
-  its own address register, or P3's write register while that write lands, chosen by
-  a registered select) and every compare on it (tags, expiry, counts, element count:
-  carry chains), the source check, the reason, the record's pending-request count.
+  job's ``seq - 2W`` in parallel, then the matching job's; every job's member-table
+  entry for the header's worker. The slot metadata is read here, for whichever
+  operation enters P1a next (distributed RAM, one memory per job, one read port per
+  source of operations, all addressed from registers), into registers.
+* P1a: every compare on the metadata (tags, expiry, counts, element count: carry
+  chains), run on four candidates at once: the read of the record's job, a copy of
+  the write that landed while it was read, and P3's write register (the write that
+  lands now); a registered one-hot select picks one. Also the source check, the
+  reason, the record's pending-request count.
 * P1b: the slot rules from those registered bits (expire, reuse, defer, join, stale,
   out of window), the worker's bitmap bit, and whether the operation goes back to P1a.
 * P2: accept / complete / re-send / duplicate, the larger exponent; the metadata write
@@ -113,20 +117,13 @@ def build_core(core, platform):
 
     MetaL = meta_layout(P)
     ReqL = request_layout(P)
-    # the slot metadata: one memory per job (2W records: one bank of distributed RAM, so
-    # no bank select in front of the compares) and per half of the fields (the fields
-    # P1a compares first), each half read at its own copy of P1a's record number
-    META_A = ("tag", "due", "complete")
-    MetaA = data.StructLayout({k: MetaL.members[k] for k in META_A})
-    MetaB = data.StructLayout({k: v for k, v in MetaL.members.items() if k not in META_A})
+    # the slot metadata: one memory per job (2W records: one bank of distributed RAM,
+    # each read at the job's own candidate record, so no bank select before the read)
     JR = 2 * WM                             # records per job
-    meta_mem = {}
+    meta_mem = [memory.Memory(shape=MetaL, depth=JR, init=[{"complete": 1, "exponent": -128}] * JR)
+                for j in range(NJ)]
     for j in range(NJ):
-        meta_mem[j, "a"] = memory.Memory(shape=MetaA, depth=JR, init=[{"complete": 1}] * JR)
-        meta_mem[j, "b"] = memory.Memory(shape=MetaB, depth=JR,
-                                         init=[{"exponent": -128}] * JR)
-        m.submodules[f"meta_a{j}"] = meta_mem[j, "a"]
-        m.submodules[f"meta_b{j}"] = meta_mem[j, "b"]
+        m.submodules[f"meta{j}"] = meta_mem[j]
     AccL = data.ArrayLayout(signed(AW), L)
     m.submodules.acc = acc = memory.Memory(shape=AccL, depth=R * EB, init=[])
     m.submodules.ovf = ovf = memory.Memory(shape=1, depth=R, init=[])
@@ -136,17 +133,13 @@ def build_core(core, platform):
     m.submodules.mport = mport = memory.Memory(shape=16, depth=NJ * WS, init=[], attrs=dist)
     m.submodules.mmac = mmac = memory.Memory(shape=48, depth=NJ * WS, init=[])
 
-    # slot metadata and member table: asynchronous reads at P1a from P1a's registered
-    # address (distributed RAM on ECP5), so P1a sees every earlier write and starts from
-    # a short path instead of a block RAM's clock-to-output
-    meta_wp = {k: v.write_port() for k, v in meta_mem.items()}
-    meta_rp = {k: v.read_port(domain="comb") for k, v in meta_mem.items()}
-    meta_rj = [Signal(MetaL, name=f"meta_r{j}") for j in range(NJ)]   # job j's record
-    for j in range(NJ):
-        m.d.comb += [getattr(meta_rj[j], k).eq(getattr(meta_rp[j, "a"].data, k))
-                     for k in META_A]
-        m.d.comb += [getattr(meta_rj[j], k).eq(getattr(meta_rp[j, "b"].data, k))
-                     for k in MetaB.members]
+    # slot metadata: asynchronous reads (distributed RAM on ECP5) in the cycle an
+    # operation is loaded into P1a, into a register (see P1a)
+    meta_wp = [mem.write_port() for mem in meta_mem]
+    # one read port per source of P1a's operation, each at a register: the decoded
+    # packet's candidate record (``p0``), the re-run operation's (``p2``), the scanner's
+    meta_rp = {(j, src): meta_mem[j].read_port(domain="comb")
+               for j in range(NJ) for src in ("p0", "p2", "scan")}
     acc_w = acc.write_port()
     acc_r = acc.read_port()
     acc_r2 = acc.read_port()
@@ -172,6 +165,8 @@ def build_core(core, platform):
         m.d.sync += s.eq(bus.w_stb & cond)
         return s
     init_busy = Signal()
+    init_req = Signal(NJ)       # jobs whose ``enable`` was written 1, waiting to initialize
+    wr_enable = [None] * NJ
     init_job = Signal(range(max(2, NJ)))
     init_ptr = Signal(range(2 * WM))
     mac_hi = Signal(16)
@@ -194,12 +189,11 @@ def build_core(core, platform):
         m.d.sync += src_ip.eq(wdata)
     for j in range(NJ):
         for r in JOB_REGS:
-            with m.If(strobe(f"job{j}_{r.name}", bus.addr == JOB_BASE + JOB_STRIDE * j + r.offset)):
-                if r.name == "enable":
-                    m.d.sync += jobs[j]["enable"].eq(0)
-                    with m.If(wdata[0]):
-                        m.d.sync += [init_busy.eq(1), init_job.eq(j), init_ptr.eq(0)]
-                else:
+            wr = strobe(f"job{j}_{r.name}", bus.addr == JOB_BASE + JOB_STRIDE * j + r.offset)
+            if r.name == "enable":
+                wr_enable[j] = wr       # (applied with the job's initialization, below)
+            else:
+                with m.If(wr):
                     m.d.sync += jobs[j][r.name].eq(wdata)
     # register bus: reads, in two registered steps (the registers of each group at the
     # low address bits, then the group), so ``r_data`` shows ``addr`` three cycles later
@@ -265,7 +259,11 @@ def build_core(core, platform):
     in_pkt_in = Signal()
     ts_in = Signal(32)
     in_first = ip.first | ~in_pkt_in
-    m.d.comb += i.ready.eq(((wp - rp_d[-1])[:5] < FD) & ~init_busy)
+    # room for a beat, registered one cycle late with one entry to spare (the FIFO
+    # fills by at most one beat per cycle; the commit pointer never moves back)
+    in_room = Signal(init=1)
+    m.d.sync += in_room.eq((wp - rp_d[-1])[:5] < FD - 1)
+    m.d.comb += i.ready.eq(in_room & ~init_busy & ~init_req.any())
     m.d.comb += [f_w.addr.eq(wp[:4]), f_w.en.eq(i.valid & i.ready),
                  f_w.data.data.eq(ip.data), f_w.data.first.eq(in_first),
                  f_w.data.last.eq(ip.last), f_w.data.length.eq(ip.length),
@@ -295,6 +293,12 @@ def build_core(core, platform):
     JOB_BIT = hdr_job.offset % 32
     assert JOB_BIT + hdr_job.width <= 32
     job_hit = [Signal(name=f"job{j}_hit") for j in range(NJ)]
+    # the header's seq word, and every job's record index for it (set bit, then the
+    # slot's index), also registered at the pop: P0 reads the metadata at them
+    SEQ_WORD = HEADER_WORDS - 1 - HeaderLayout["seq"].offset // 32
+    assert HeaderLayout["seq"].offset % 32 == 0
+    wbit = [Signal(33, name=f"job{j}_wbit") for j in range(NJ)]     # W
+    hrec = [Signal(LWM + 1, name=f"job{j}_hrec") for j in range(NJ)]
     ts_reg = Signal(32)
     body_reg, len_short = Signal(signed(18)), Signal()   # UDP length - 20, < 20
     sip_reg, sport_reg = Signal(32), Signal(16)
@@ -328,6 +332,14 @@ def build_core(core, platform):
                 if k == JOB_WORD:   # the job-table match, one stage early
                     field = b.data[k % L][JOB_BIT:JOB_BIT + hdr_job.width]
                     m.d.sync += [job_hit[j].eq(field == jobs[j]["job_id"]) for j in range(NJ)]
+                if k == SEQ_WORD:
+                    # a job's window is at most the core's (config_writes refuses
+                    # others), so only the low LWM + 1 bits of seq hold its set bit
+                    sq = b.data[k % L][:LWM + 1]
+                    for j in range(NJ):
+                        wset_j = (sq & wbit[j][:LWM + 1]).any()
+                        widx_j = (sq & (wbit[j] - 1)[:LWM + 1])[:max(1, LWM)]
+                        m.d.sync += hrec[j].eq(Cat(widx_j[:LWM], wset_j))
         with m.If(b.first):
             m.d.sync += [ts_reg.eq(b.ts), body_reg.eq(b.length - 20),
                          len_short.eq(b.length < 20), sip_reg.eq(b.src_ip),
@@ -339,12 +351,12 @@ def build_core(core, platform):
     horizon = Mux(collecting, ts_reg, Mux(avail, b.ts, now))
 
     # ---------------------------------------------------------------- P0: decode
-    p0_valid, p0_short, p0_rewind = Signal(), Signal(), Signal(5)
+    p0_valid, p0_short = Signal(name="p0_valid"), Signal(name="p0_short")
+    p0_rewind = Signal(5, name="p0_rewind")
     m.d.sync += [p0_valid.eq(dec), p0_short.eq(~hdr_last), p0_rewind.eq(rp + 1)]
     hdr = data.View(HeaderLayout, Cat(*reversed(hdr_regs)))
     # per-job window constants, registered from the static configuration (a job is
-    # configured long before its first packet: enabling it takes 2W cycles)
-    wbit = [Signal(33, name=f"job{j}_wbit") for j in range(NJ)]     # W
+    # configured long before its first packet: enabling it takes 10W cycles)
     nwm1 = [Signal(6, name=f"job{j}_nworkers_m1") for j in range(NJ)]   # N - 1
     for j in range(NJ):
         m.d.sync += [wbit[j].eq(Const(1, 33) << jobs[j]["log2_window"]),
@@ -363,12 +375,7 @@ def build_core(core, platform):
 
     recs, seqms = [], []
     for j in range(NJ):
-        # a job's window is at most the core's (config_writes refuses others), so only
-        # the low LWM + 1 bits of seq can hold its set bit
-        wset_j = (hdr.seq[:LWM + 1] & wbit[j][:LWM + 1]).any()
-        widx_j = (hdr.seq & (wbit[j] - 1)[:32])[:max(1, LWM)]
-        recs.append(Cat(widx_j[:LWM], wset_j, Const(j, range(max(2, NJ)))) if LWM
-                    else Cat(wset_j, Const(j, range(max(2, NJ)))))
+        recs.append(Cat(hrec[j], Const(j, range(max(2, NJ)))))
         seqms.append(hdr.seq - Cat(C(0, 1), wbit[j]))     # seq - 2W
     rec = by_job(recs, range(R))
     seqm = by_job(seqms, signed(34))   # seq - 2W: the tag a reusable record must have
@@ -412,9 +419,12 @@ def build_core(core, platform):
         "seqm": signed(34), "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16,
         "sip": 32, "sport": 16, "base": range(R * EB + 1), "nbeats": 16, "rewind": 5,
     })
-    p1_valid, p1_op, p1_reinj, p1_adj = Signal(), Signal(OpL), Signal(), Signal()
-    q1_valid, q1_op, q1_reinj, q1_adj = Signal(), Signal(OpL), Signal(), Signal()
-    p2_valid, p2_op, p2_reinj, p2_adj = Signal(), Signal(OpL), Signal(), Signal()
+    def stage(name):    # an operation's registers in one stage
+        return (Signal(name=f"{name}_valid"), Signal(OpL, name=f"{name}_op"),
+                Signal(name=f"{name}_reinj"), Signal(name=f"{name}_adj"))
+    p1_valid, p1_op, p1_reinj, p1_adj = stage("p1")
+    q1_valid, q1_op, q1_reinj, q1_adj = stage("q1")
+    p2_valid, p2_op, p2_reinj, p2_adj = stage("p2")
     # P2 sends its operation back to P1a (defer, or too close behind its record's last
     # operation): decided in P1b and registered, once for the operation pipeline and
     # once (inverted, so synthesis keeps both) for the flush of the input side
@@ -426,44 +436,42 @@ def build_core(core, platform):
     else:
         init_rec = Cat(init_ptr[0], init_job)
     pipe_empty = ~p0_valid & ~p1_valid & ~q1_valid & ~p2_valid
+    # a job's initialization writes its records one at a time through the empty
+    # pipeline. Registered: while ``init_busy`` nothing enters (no pops, no scans), so
+    # a pipeline that was empty, and took no initialization write, still is
+    init_go = Signal()
+    m.d.sync += init_go.eq(init_busy & pipe_empty & ~init_go)
     scan_ok = (~p0_valid & ~init_busy & ~retry & ~q_stop
                & ~(p1_valid & (p1_op.rec == scan_ptr)) & ~(q1_valid & (q1_op.rec == scan_ptr)))
     # the packet in P0 against the operations in P1a (one cycle ahead) and P1b (two)
     near1 = by_job([p1_op.rec == recs[j] for j in range(NJ)], 1)
     near2 = by_job([q1_op.rec == recs[j] for j in range(NJ)], 1)
     near3 = by_job([p2_op.rec == recs[j] for j in range(NJ)], 1)
-    # P1a's operation will read P3's write register instead of the memory (the write
-    # lands at the end of that cycle): the select is registered with the operation
+    # P1a's operation takes P3's write register instead of its read (the write lands
+    # at the end of that cycle; registered with the operation, see below)
     byp1 = Signal()
-    # copies of P1a's record number that only address the metadata memories (another
-    # init value, or no reset, keeps synthesis from merging them with p1_op.rec)
-    p1_raddr = Signal(range(R), init=R - 1)
-    p1_raddr_b = Signal(range(R), reset_less=True)
     v2 = Signal()
     # a scan visit to the record that the packet in P0 needs next is dropped (the
     # scanner comes back to it); a packet right behind a packet to its record is re-run
     scan_cancel1 = p0_valid & (p1_op.kind == K_SCAN) & near1
     scan_cancel2 = p0_valid & (q1_op.kind == K_SCAN) & near2
-    m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0), byp1.eq(0)]
+    m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0)]
     with m.If(reinject):
-        m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1), byp1.eq(v2),
-                     p1_raddr.eq(p2_op.rec), p1_raddr_b.eq(p2_op.rec)]
+        m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1)]
     with m.Elif(p0_valid):
-        m.d.sync += [p1_valid.eq(1), byp1.eq(v2 & near3),
+        m.d.sync += [p1_valid.eq(1),
                      p1_adj.eq((p1_valid & (p1_op.kind == K_PKT) & near1)
                                | (q1_valid & (q1_op.kind == K_PKT) & near2 & ~BYP2)),
                      p1_op.kind.eq(K_PKT), p1_op.checks.eq(checks), p1_op.rec.eq(rec),
-                     p1_raddr.eq(rec), p1_raddr_b.eq(rec),
                      p1_op.seq.eq(hdr.seq), p1_op.seqm.eq(seqm), p1_op.ts.eq(ts_reg),
                      p1_op.worker.eq(hdr.worker), p1_op.exp.eq(hdr.exponent),
                      p1_op.nelem.eq(hdr.nelem), p1_op.sip.eq(sip_reg),
                      p1_op.sport.eq(sport_reg), p1_op.base.eq(rec * EB),
                      p1_op.nbeats.eq((hdr.nelem + (L - 1)) >> LL),
                      p1_op.rewind.eq(p0_rewind)]
-    with m.Elif(init_busy & pipe_empty):
+    with m.Elif(init_go):
         m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_INIT), p1_op.rec.eq(init_rec),
-                     p1_raddr.eq(init_rec), p1_raddr_b.eq(init_rec),
-                     byp1.eq(v2 & (p2_op.rec == init_rec)), init_ptr.eq(init_ptr + 1)]
+                     init_ptr.eq(init_ptr + 1)]
         with m.If(init_ptr == 2 * WM - 1):
             m.d.sync += init_busy.eq(0)
             for j in range(NJ):
@@ -473,23 +481,70 @@ def build_core(core, platform):
         # the scanner's visit, loaded whether or not it may go (so the load does not
         # wait for ``scan_ok``: an invalid operation is never looked at)
         m.d.sync += [p1_valid.eq(scan_ok), p1_op.kind.eq(K_SCAN), p1_op.rec.eq(scan_ptr),
-                     p1_raddr.eq(scan_ptr), p1_raddr_b.eq(scan_ptr),
-                     byp1.eq(v2 & (p2_op.rec == scan_ptr)), p1_op.ts.eq(horizon)]
+                     p1_op.ts.eq(horizon)]
         with m.If(scan_ok):
             m.d.sync += scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))
+    # a job's initialization starts when none runs, the lowest requested job first; a
+    # write of 1 to ``enable`` requests one (after the one running, even for the same
+    # job), a write of 0 cancels the request and stops the job's running one. Both
+    # disable the job until its initialization is over (``enable`` reads 1 then).
+    with m.If(~init_busy & init_req.any()):
+        m.d.sync += [init_busy.eq(1), init_ptr.eq(0)]
+        for j in reversed(range(NJ)):
+            with m.If(init_req[j]):
+                m.d.sync += [init_job.eq(j), init_req.eq(init_req & ~(1 << j))]
     for j in range(NJ):
-        m.d.comb += [meta_rp[j, "a"].addr.eq(p1_raddr[:LWM + 1]),
-                     meta_rp[j, "b"].addr.eq(p1_raddr_b[:LWM + 1])]
+        with m.If(wr_enable[j]):
+            m.d.sync += jobs[j]["enable"].eq(0)
+            with m.If(wdata[0]):
+                m.d.sync += init_req[j].eq(1)
+            with m.Else():
+                m.d.sync += init_req[j].eq(0)
+                with m.If(init_busy & (init_job == j)):
+                    m.d.sync += init_busy.eq(0)
+    # The metadata is read in the cycle the operation is loaded into P1a: every job's
+    # memory at its candidate from each source (one read port each, addressed straight
+    # from registers), the source picked from the outputs, into one register per job
+    # (``p1_md``; P1a picks the job). An initialization needs no metadata: it reads as a
+    # scan would. Two writes are not in the memory yet when P1a's operation is read:
+    # P3's, which lands at the end of that cycle (it is copied, as ``w4_data``), and
+    # P2's (P3's write register while the operation is in P1a).
+    w3_en = Signal(name="w3_en")
+    w3_addr = Signal(range(R), name="w3_addr")
+    w3_data = Signal(MetaL, name="w3_data")
+    w4_data = Signal(MetaL, name="w4_data")
+    p1_md = [Signal(MetaL, name=f"p1_md{j}") for j in range(NJ)]
+    for j in range(NJ):
+        m.d.comb += [meta_rp[j, "p0"].addr.eq(hrec[j]),
+                     meta_rp[j, "p2"].addr.eq(p2_op.rec[:LWM + 1]),
+                     meta_rp[j, "scan"].addr.eq(scan_ptr[:LWM + 1])]
+        m.d.sync += p1_md[j].eq(Mux(reinject, meta_rp[j, "p2"].data,
+                                    Mux(p0_valid, meta_rp[j, "p0"].data,
+                                        meta_rp[j, "scan"].data)))
+    m.d.sync += w4_data.eq(w3_data)
+    # which of the four P1a takes: P3's write register (``byp1``), w4 (``byp0``), or the
+    # read of the record's job
+    def by_src(from_p2, from_p0, from_scan):
+        # the operation that enters P1a, in the priority order above
+        return Mux(reinject, from_p2, Mux(p0_valid, from_p0, from_scan))
+    b1, b0 = Signal(), Signal()
+    m.d.comb += [
+        b1.eq(v2 & by_src(1, near3, p2_op.rec == scan_ptr)),
+        b0.eq(w3_en & by_src(w3_addr == p2_op.rec,
+                             by_job([w3_addr == recs[j] for j in range(NJ)], 1),
+                             w3_addr == scan_ptr)),
+    ]
+    byp0 = Signal()
+    m.d.sync += [byp1.eq(b1), byp0.eq(b0)]
 
     # P1a: the metadata (or P3's write of it, while it lands) and every compare on it,
     # into registers; P1b then applies the rules from registered bits only
-    w3_en, w3_addr, w3_data = Signal(), Signal(range(R)), Signal(MetaL)
-    p3_push_a, p3_push_b = Signal(), Signal()   # P3: registered pushes
-    p3_a, p3_b = Signal(ReqL), Signal(ReqL)
+    p3_push_a, p3_push_b = Signal(name="p3_push_a"), Signal(name="p3_push_b")
+    p3_a, p3_b = Signal(ReqL, name="p3_a"), Signal(ReqL, name="p3_b")   # P3's requests
     p1_job = Signal(range(max(2, NJ)))
     m.d.comb += p1_job.eq(p1_op.rec >> (LWM + 1))
     md1 = Signal(MetaL)
-    m.d.comb += md1.eq(Mux(byp1, w3_data, Array(meta_rj)[p1_job]))
+    m.d.comb += md1.eq(Mux(byp1, w3_data, Mux(byp0, w4_data, Array(p1_md)[p1_job])))
     n1 = jf("nworkers", p1_job)
     bit1 = Signal(P.workers)
     m.d.comb += bit1.eq(1 << p1_op.worker[:5])
@@ -553,11 +608,18 @@ def build_core(core, platform):
     # the compares run on the memory's output and on P3's write register, and the
     # registered bypass select picks one at the end (off the compare chains)
     nm1 = Array(nwm1)[p1_job]
-    # (and on every job's memory, the record's job picked at the end)
-    crj = [md_compares(meta_rj[j], p1_op, n1, nm1, bit1) for j in range(NJ)]
-    cr = {k: Array(c[k] for c in crj)[p1_job] for k in crj[0]}
-    cb = md_compares(w3_data, p1_op, n1, nm1, bit1)
-    m.d.sync += [getattr(q1c, k).eq(Mux(byp1, cb[k], cr[k])) for k in cr]
+    # (and on the copy of P3's previous write)
+    cands = [(byp1, md_compares(w3_data, p1_op, n1, nm1, bit1)),
+             (~byp1 & byp0, md_compares(w4_data, p1_op, n1, nm1, bit1))]
+    cands += [(~byp1 & ~byp0 & (p1_job == j), md_compares(p1_md[j], p1_op, n1, nm1, bit1))
+              for j in range(NJ)]
+    cb = cands[0][1]
+    for k in cb:
+        # one LUT per candidate (its select and its compare), then their OR (kept
+        # apart: synthesis would chain them)
+        terms = [Signal(name=f"q1c_{k}_t{n}", attrs={"keep": 1}) for n in range(len(cands))]
+        m.d.comb += [t.eq(sel & c[k]) for t, (sel, c) in zip(terms, cands)]
+        m.d.sync += getattr(q1c, k).eq(Cat(terms).any())
     q1m = q1c      # the compares in use in P1b
     if BYP2:
         # L >= 5: a packet may follow a packet to its record two cycles later (two-beat
@@ -676,11 +738,9 @@ def build_core(core, platform):
             w3_data.due.eq(Mux(reuse, p2_due, md2.due)),
             w3_data.nelem.eq(cur_nelem),
         ]
-    for (j, half), port in meta_wp.items():
+    for j, port in enumerate(meta_wp):
         m.d.comb += [port.en.eq(w3_en & (w3_addr >> (LWM + 1) == j)),
-                     port.addr.eq(w3_addr[:LWM + 1])]
-        keys = META_A if half == "a" else MetaB.members
-        m.d.comb += [getattr(port.data, k).eq(getattr(w3_data, k)) for k in keys]
+                     port.addr.eq(w3_addr[:LWM + 1]), port.data.eq(w3_data)]
 
     # requests: a = expired PARTIAL (old contents), b = completion or re-send; registered
     # (P3) before they enter the queue
@@ -838,8 +898,9 @@ def build_core(core, platform):
     busy_r = Signal()
     m.d.sync += busy_r.eq(Mux(move, busy(nxt0.rec), busy(nxt.rec)))
     o = core.o
-    copy = Signal(range(33))
     beat = Signal(16)
+    beat0 = Signal()            # registered: ``beat == 0``
+    maddr = Signal(range(NJ * WS))
     left = Signal(16)           # beats of this copy after ``beat``
     beat_last, copy_last = Signal(), Signal()   # registered: ``left == 0``, last copy
     copies_left = Signal(range(33))
@@ -855,7 +916,9 @@ def build_core(core, platform):
     m.d.sync += started.eq(start)
     cur_mcast = jf("mcast_en", cur.job)
     with m.If(start):
-        m.d.sync += [run.eq(1), cur.eq(nxt), copy.eq(0), beat.eq(0),
+        member0 = Mux(nxt.unicast, nxt.worker, 0)[:max(1, LWS)]
+        m.d.sync += [run.eq(1), cur.eq(nxt), beat.eq(0), beat0.eq(1),
+                     maddr.eq(nxt.job * WS + member0 if WS > 1 else nxt.job),
                      cur_base.eq(nxt_base), r2_ptr.eq(nxt_base),
                      copies_left.eq(nxt_copies_m1), copy_last.eq(nxt_copies_m1 == 0),
                      nbeats_out.eq(nxt_nb), left.eq(nxt_nb - 1), beat_last.eq(nxt_nb == 1)]
@@ -864,11 +927,10 @@ def build_core(core, platform):
     issue = run & adv
     # the accumulator beat to read for ``beat`` (rec * EB + beat - H), kept as a counter
     m.d.comb += [acc_r2.addr.eq(r2_ptr[:len(acc_r2.addr)]), acc_r2.en.eq(adv)]
-    member = Mux(cur.unicast, cur.worker, copy)
-    maddr = cur.job * WS + member[:max(1, LWS)] if WS > 1 else cur.job
+    # the member-table entry of this copy (the worker for a re-send), kept as a counter
     m.d.comb += [mip_r2.addr.eq(maddr), mport_r2.addr.eq(maddr), mmac_r2.addr.eq(maddr)]
     for port in (mip_r2, mport_r2, mmac_r2):
-        m.d.comb += port.en.eq(issue & (beat == 0))
+        m.d.comb += port.en.eq(issue & beat0)
     with m.If(adv):
         m.d.sync += [o_valid.eq(issue), o_beat.eq(beat), o_first.eq(beat == 0),
                      o_last.eq(beat_last)]
@@ -877,14 +939,16 @@ def build_core(core, platform):
     m.d.sync += pend.done_hot.eq(Mux(issue & beat_last & copy_last, 1 << cur.rec, 0))
     with m.If(issue):
         with m.If(beat_last):
-            m.d.sync += [beat.eq(0), copy.eq(copy + 1), left.eq(nbeats_out - 1),
+            m.d.sync += [beat.eq(0), beat0.eq(1), maddr.eq(maddr + 1),
+                         left.eq(nbeats_out - 1),
                          r2_ptr.eq(cur_base),
                          beat_last.eq(nbeats_out == 1),
                          copies_left.eq(copies_left - 1), copy_last.eq(copies_left == 1)]
             with m.If(copy_last):
                 m.d.sync += run.eq(0)
         with m.Else():
-            m.d.sync += [beat.eq(beat + 1), left.eq(left - 1), beat_last.eq(left == 1),
+            m.d.sync += [beat.eq(beat + 1), beat0.eq(0), left.eq(left - 1),
+                         beat_last.eq(left == 1),
                          r2_ptr.eq(r2_ptr + 1)]
 
     # output payload
