@@ -262,24 +262,36 @@ def build_core(core, platform):
     # room for a beat, registered one cycle late with one entry to spare (the FIFO
     # fills by at most one beat per cycle; the commit pointer never moves back)
     in_room = Signal(init=1)
-    m.d.sync += in_room.eq((wp - rp_d[-1])[:5] < FD - 1)
-    m.d.comb += i.ready.eq(in_room & ~init_busy & ~init_req.any())
+    # (and no job initializes: also a cycle late, harmless, as pops wait for it)
+    m.d.sync += in_room.eq(((wp - rp_d[-1])[:5] < FD - 1) & ~init_busy & ~init_req.any())
+    m.d.comb += i.ready.eq(in_room)
     m.d.comb += [f_w.addr.eq(wp[:4]), f_w.en.eq(i.valid & i.ready),
                  f_w.data.data.eq(ip.data), f_w.data.first.eq(in_first),
                  f_w.data.last.eq(ip.last), f_w.data.length.eq(ip.length),
                  f_w.data.src_ip.eq(ip.src_ip), f_w.data.src_port.eq(ip.src_port),
                  f_w.data.ts.eq(Mux(in_first, now, ts_in))]
+    wp1 = Signal(5, init=1, name="fifo_wp1")        # wp + 1
+    wpm1 = Signal(5, init=31, name="fifo_wpm1")     # wp - 1
     with m.If(i.valid & i.ready):
-        m.d.sync += [wp.eq(wp + 1), in_pkt_in.eq(~ip.last)]
+        m.d.sync += [wp.eq(wp + 1), wp1.eq(wp1 + 1), wpm1.eq(wpm1 + 1), in_pkt_in.eq(~ip.last)]
         with m.If(in_first):
             m.d.sync += ts_in.eq(now)
 
     # ---------------------------------------------------------------- pop and parse
     b = f_r.data
     m.d.comb += f_r.addr.eq(rp[:4])
-    avail = rp != wp
+    # a beat to pop: ``rp != wp``, registered (worked out for the next cycle's pointers
+    # from compares of this cycle's, wp + 1 and wp - 1 kept as registers, so the pop
+    # decision starts from flip-flops)
+    avail, pop = Signal(), Signal()
+    push = i.valid & i.ready
+    rw_next = Signal(5)     # the rewind, when P2 flushes (see the flush)
+    n_flush = Signal(init=1)    # (low: P2 flushes; see ``reinject``)
+    m.d.sync += avail.eq(Mux(~n_flush, Mux(push, rw_next != wp1, rw_next != wp),
+                             Mux(pop, Mux(push, 1, rp != wpm1),
+                                 Mux(push, rp != wp1, rp != wp))))
     retry = Signal()            # a deferred packet is being re-run: pops wait
-    pop = avail & ~retry & ~init_busy & ~q_stop
+    m.d.comb += pop.eq(avail & ~retry & ~init_busy & ~q_stop)
     # position in the datagram, kept as flags so the pop decision is shallow:
     # at_hdr[k]: the next beat (if not a first beat) is header beat k; in_hdr_r: it is a
     # header beat; posmh: its position minus H (the element beat index), saturating
@@ -293,6 +305,7 @@ def build_core(core, platform):
     JOB_BIT = hdr_job.offset % 32
     assert JOB_BIT + hdr_job.width <= 32
     job_hit = [Signal(name=f"job{j}_hit") for j in range(NJ)]
+    job_hit_hi = [Signal(name=f"job{j}_hit_hi") for j in range(NJ)]
     # the header's seq word, and every job's record index for it (set bit, then the
     # slot's index), also registered at the pop: P0 reads the metadata at them
     SEQ_WORD = HEADER_WORDS - 1 - HeaderLayout["seq"].offset // 32
@@ -320,30 +333,37 @@ def build_core(core, platform):
             m.d.sync += [at_hdr.eq(at_hdr << 1), in_hdr_r.eq(in_hdr_r & ~at_hdr[H - 1]),
                          posmh.eq(Mux(posmh == 0xFFFF, posmh, posmh + 1))]
         m.d.sync += collecting.eq(~dec & ~b.last)
-    # the header registers load from the head beat whenever there is one, popped or not:
-    # a beat that waits loads the same values again when it is popped, and the beat
-    # after a packet's last header beat is never a header beat of that packet, so P0
-    # (one cycle after that pop) sees the header; the load does not wait for ``pop``
-    with m.If(avail):
-        for k in range(HEADER_WORDS):
-            hb = k // L
-            with m.If(Mux(b.first, hb == 0, at_hdr[hb])):
-                m.d.sync += hdr_regs[k].eq(b.data[k % L])
-                if k == JOB_WORD:   # the job-table match, one stage early
-                    field = b.data[k % L][JOB_BIT:JOB_BIT + hdr_job.width]
-                    m.d.sync += [job_hit[j].eq(field == jobs[j]["job_id"]) for j in range(NJ)]
-                if k == SEQ_WORD:
-                    # a job's window is at most the core's (config_writes refuses
-                    # others), so only the low LWM + 1 bits of seq hold its set bit
-                    sq = b.data[k % L][:LWM + 1]
-                    for j in range(NJ):
-                        wset_j = (sq & wbit[j][:LWM + 1]).any()
-                        widx_j = (sq & (wbit[j] - 1)[:LWM + 1])[:max(1, LWM)]
-                        m.d.sync += hrec[j].eq(Cat(widx_j[:LWM], wset_j))
-        with m.If(b.first):
-            m.d.sync += [ts_reg.eq(b.ts), body_reg.eq(b.length - 20),
-                         len_short.eq(b.length < 20), sip_reg.eq(b.src_ip),
-                         sport_reg.eq(b.src_port)]
+    # the header registers load from the head beat, popped or not, and whether or not
+    # there is one (an empty FIFO shows an old beat): a beat that waits loads the same
+    # values again when it is popped; the beat after a packet's last header beat is
+    # never a header beat of that packet, so P0 (one cycle after that pop) sees the
+    # header; and a first beat loads only between headers (``collecting``: a header
+    # is being popped), so neither waiting for the pop nor for a beat is on this path
+    for k in range(HEADER_WORDS):
+        hb = k // L
+        with m.If(Mux(b.first, (hb == 0) & ~collecting, at_hdr[hb])):
+            m.d.sync += hdr_regs[k].eq(b.data[k % L])
+            if k == JOB_WORD:   # the job-table match, one stage early, in two halves
+                field = b.data[k % L][JOB_BIT:JOB_BIT + hdr_job.width]
+                hw_ = hdr_job.width // 2
+                # (the job's enable too: a packet whose job word was popped before a
+                # write that disables the job still counts as the job's)
+                m.d.sync += [job_hit[j].eq((field[:hw_] == jobs[j]["job_id"][:hw_])
+                                           & jobs[j]["enable"]) for j in range(NJ)]
+                m.d.sync += [job_hit_hi[j].eq(field[hw_:] == jobs[j]["job_id"][hw_:hdr_job.width])
+                             for j in range(NJ)]
+            if k == SEQ_WORD:
+                # a job's window is at most the core's (config_writes refuses
+                # others), so only the low LWM + 1 bits of seq hold its set bit
+                sq = b.data[k % L][:LWM + 1]
+                for j in range(NJ):
+                    wset_j = (sq & wbit[j][:LWM + 1]).any()
+                    widx_j = (sq & (wbit[j] - 1)[:LWM + 1])[:max(1, LWM)]
+                    m.d.sync += hrec[j].eq(Cat(widx_j[:LWM], wset_j))
+    with m.If(b.first & ~collecting):
+        m.d.sync += [ts_reg.eq(b.ts), body_reg.eq(b.length - 20),
+                     len_short.eq(b.length < 20), sip_reg.eq(b.src_ip),
+                     sport_reg.eq(b.src_port)]
     m.d.sync += [dl[0].valid.eq(pop), dl[0].elem.eq(~in_hdr),
                  dl[0].first.eq(b.first), dl[0].e.eq(posmh[:16]), dl[0].data.eq(b.data)]
     m.d.sync += [dl[k].eq(dl[k - 1]) for k in range(1, DEC_LAT)]
@@ -362,7 +382,7 @@ def build_core(core, platform):
         m.d.sync += [wbit[j].eq(Const(1, 33) << jobs[j]["log2_window"]),
                      nwm1[j].eq(jobs[j]["nworkers"] - 1)]
     # every job's candidate in parallel, then the matching job's (priority to the lowest)
-    hits = [jobs[j]["enable"] & job_hit[j] for j in range(NJ)]
+    hits = [job_hit[j] & job_hit_hi[j] for j in range(NJ)]     # (enabled jobs only)
     unkjob = ~Cat(hits).any()
 
     def by_job(values, shape):
@@ -398,13 +418,15 @@ def build_core(core, platform):
             sel = Mux(bits[k], CHECKS[k][0], sel)
         m.d.comb += out.eq(sel)
         return out
-    # member table: read in P0 by (job, worker), compared in P1
-    p1_mip = [Signal(32, name=f"p1_mip{j}") for j in range(NJ)]
-    p1_mport = [Signal(16, name=f"p1_mport{j}") for j in range(NJ)]
+    # member table: read in P0 by (job, worker) and compared with the source (in three
+    # parts, registered); P1a picks the job's
+    p1_src_eq = [Signal(3, name=f"p1_src_eq{j}") for j in range(NJ)]   # ip lo, hi, port
     for j in range(NJ):
         midx = j * WS + hdr.worker[:max(1, LWS)] if WS > 1 else j
         m.d.comb += [mip_rj[j].addr.eq(midx), mport_rj[j].addr.eq(midx)]
-        m.d.sync += [p1_mip[j].eq(mip_rj[j].data), p1_mport[j].eq(mport_rj[j].data)]
+        ipm, portm = mip_rj[j].data, mport_rj[j].data
+        m.d.sync += p1_src_eq[j].eq(Cat(ipm[:16] == sip_reg[:16], ipm[16:] == sip_reg[16:],
+                                        portm == sport_reg))
 
     # ---------------------------------------------------------------- P1: read, compare
     # One operation enters P1a per cycle: a re-run packet (from P2), a decoded packet
@@ -417,7 +439,7 @@ def build_core(core, platform):
     OpL = data.StructLayout({
         "kind": 2, "checks": len(CHECKS), "reason": 3, "rec": range(R), "seq": 32,
         "seqm": signed(34), "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16,
-        "sip": 32, "sport": 16, "base": range(R * EB + 1), "nbeats": 16, "rewind": 5,
+        "base": range(R * EB + 1), "nbeats": 16, "rewind": 5,
     })
     def stage(name):    # an operation's registers in one stage
         return (Signal(name=f"{name}_valid"), Signal(OpL, name=f"{name}_op"),
@@ -429,7 +451,6 @@ def build_core(core, platform):
     # operation): decided in P1b and registered, once for the operation pipeline and
     # once (inverted, so synthesis keeps both) for the flush of the input side
     reinject = Signal()
-    n_flush = Signal(init=1)
     scan_ptr = Signal(range(R))
     if LWM:
         init_rec = Cat(init_ptr[:LWM], init_ptr[LWM], init_job)
@@ -465,8 +486,7 @@ def build_core(core, platform):
                      p1_op.kind.eq(K_PKT), p1_op.checks.eq(checks), p1_op.rec.eq(rec),
                      p1_op.seq.eq(hdr.seq), p1_op.seqm.eq(seqm), p1_op.ts.eq(ts_reg),
                      p1_op.worker.eq(hdr.worker), p1_op.exp.eq(hdr.exponent),
-                     p1_op.nelem.eq(hdr.nelem), p1_op.sip.eq(sip_reg),
-                     p1_op.sport.eq(sport_reg), p1_op.base.eq(rec * EB),
+                     p1_op.nelem.eq(hdr.nelem), p1_op.base.eq(rec * EB),
                      p1_op.nbeats.eq((hdr.nelem + (L - 1)) >> LL),
                      p1_op.rewind.eq(p0_rewind)]
     with m.Elif(init_go):
@@ -548,8 +568,9 @@ def build_core(core, platform):
     n1 = jf("nworkers", p1_job)
     bit1 = Signal(P.workers)
     m.d.comb += bit1.eq(1 << p1_op.worker[:5])
-    src_ok1 = p1_reinj | ((Array(p1_mip)[p1_job] == p1_op.sip)
-                          & (Array(p1_mport)[p1_job] == p1_op.sport))
+    # (a re-run packet passed the check already; the compares, in three parts, are
+    # only those of the packet from P0)
+    src_ok1 = p1_reinj | Array(p1_src_eq)[p1_job].all()
     pend1 = pend.nonzero.bit_select(p1_op.rec, 1) | (byp1 & (p3_push_a | p3_push_b))
     w1 = Signal(signed(35))
     w2 = Signal(signed(35))
@@ -785,6 +806,7 @@ def build_core(core, platform):
     # flush: a deferred packet (or one that followed its slot's previous operation
     # within two cycles) goes back to P1a; everything younger is dropped and the input
     # is rewound to the packet's first element beat
+    m.d.comb += rw_next.eq(p2_op.rewind)
     with m.If(~n_flush):
         m.d.sync += [p0_valid.eq(0), rp.eq(p2_op.rewind), at_hdr.eq(0), in_hdr_r.eq(0),
                      posmh.eq(0), collecting.eq(0)]
