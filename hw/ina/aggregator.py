@@ -346,10 +346,8 @@ def build_core(core, platform):
             if k == JOB_WORD:   # the job-table match, one stage early, in two halves
                 field = b.data[k % L][JOB_BIT:JOB_BIT + hdr_job.width]
                 hw_ = hdr_job.width // 2
-                # (the job's enable too: a packet whose job word was popped before a
-                # write that disables the job still counts as the job's)
-                m.d.sync += [job_hit[j].eq((field[:hw_] == jobs[j]["job_id"][:hw_])
-                                           & jobs[j]["enable"]) for j in range(NJ)]
+                m.d.sync += [job_hit[j].eq(field[:hw_] == jobs[j]["job_id"][:hw_])
+                             for j in range(NJ)]
                 m.d.sync += [job_hit_hi[j].eq(field[hw_:] == jobs[j]["job_id"][hw_:hdr_job.width])
                              for j in range(NJ)]
             if k == SEQ_WORD:
@@ -382,7 +380,7 @@ def build_core(core, platform):
         m.d.sync += [wbit[j].eq(Const(1, 33) << jobs[j]["log2_window"]),
                      nwm1[j].eq(jobs[j]["nworkers"] - 1)]
     # every job's candidate in parallel, then the matching job's (priority to the lowest)
-    hits = [job_hit[j] & job_hit_hi[j] for j in range(NJ)]     # (enabled jobs only)
+    hits = [jobs[j]["enable"] & job_hit[j] & job_hit_hi[j] for j in range(NJ)]
     unkjob = ~Cat(hits).any()
 
     def by_job(values, shape):

