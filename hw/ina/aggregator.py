@@ -624,10 +624,10 @@ def build_core(core, platform):
         q1c.may_expire.eq(((p1_op.kind == K_PKT) | (p1_op.kind == K_SCAN))
                           & jf("enable", p1_job) & jf("bounded", p1_job)),
     ]
-    # the compares run on the memory's output and on P3's write register, and the
-    # registered bypass select picks one at the end (off the compare chains)
+    # the compares run on every candidate (each job's read, w4, P3's write register),
+    # and the registered selects pick one at the end (off the compare chains)
     nm1 = Array(nwm1)[p1_job]
-    # (and on the copy of P3's previous write)
+    # (a candidate's select: byp1 first, then byp0, then the record's job)
     cands = [(byp1, md_compares(w3_data, p1_op, n1, nm1, bit1)),
              (~byp1 & byp0, md_compares(w4_data, p1_op, n1, nm1, bit1))]
     cands += [(~byp1 & ~byp0 & (p1_job == j), md_compares(p1_md[j], p1_op, n1, nm1, bit1))

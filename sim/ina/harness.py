@@ -131,7 +131,7 @@ class CoreTB:
             if o_ready and d.o__valid.value:
                 v = d.o__payload.value
                 if not v.is_resolvable:
-                    dbg = {n: str(getattr(d, n).value) for n in ("run", "o_beat", "beat", "nbeats_out", "cur", "ncopies", "copy")}
+                    dbg = {n: str(getattr(d, n).value) for n in ("run", "o_beat", "beat", "nbeats_out", "cur", "copies_left", "maddr")}
                     raise AssertionError(f"output payload has X/Z bits: {v} {dbg}")
                 b = unpack(int(v))
                 obeats.append(b)
