@@ -632,8 +632,8 @@ def build_core(core, platform):
              (~byp1 & byp0, md_compares(w4_data, p1_op, n1, nm1, bit1))]
     cands += [(~byp1 & ~byp0 & (p1_job == j), md_compares(p1_md[j], p1_op, n1, nm1, bit1))
               for j in range(NJ)]
-    cb = cands[0][1]
-    for k in cb:
+    # every compare, by name:
+    for k in cands[0][1]:
         # one LUT per candidate (its select and its compare), then their OR (kept
         # apart: synthesis would chain them)
         terms = [Signal(name=f"q1c_{k}_t{n}", attrs={"keep": 1}) for n in range(len(cands))]

@@ -70,7 +70,8 @@ JOB_REGS = (
     Reg("mcast_en", 6, 1, "rw", "1: one RESULT to the multicast group; 0: one per member"),
     Reg("mcast_ip", 7, 32, "rw", "IPv4 multicast group address"),
     Reg("mcast_port", 8, 16, "rw", "UDP port of the multicast group"),
-    Reg("enable", 9, 1, "rw", "write 1: reset the job's slots and enable it; 0: disable"),
+    Reg("enable", 9, 1, "rw", "write 1: queue a reset of the job's slots, then enable it "
+        "(reads 1 once done); 0: disable (cancels a queued or running reset)"),
 )
 
 MEMBER_BASE = 0x1000

@@ -10,8 +10,8 @@ from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge, ClockCycles
 
 from hw.ina.params import CoreParams
-from hw.ina.regs import (config_writes, counter_addr, COUNTER_NAMES, GLOBAL_REGS,
-                         READ_LATENCY, WRITE_LATENCY)
+from hw.ina.regs import (config_writes, counter_addr, job_reg_addr, COUNTER_NAMES,
+                         GLOBAL_REGS, READ_LATENCY, WRITE_LATENCY)
 from .beats import packers, in_payloads, beats_datagram
 from .scoreboard import Scoreboard
 
@@ -69,8 +69,13 @@ class CoreTB:
                                            elements_max=self.P.elements,
                                            workers_max=self.P.workers, deadline_cycles=dl):
                 await self.write(addr, val)
-            # the enable write lands, then the job's 2W records are initialized
-            await ClockCycles(self.dut.clk, WRITE_LATENCY + 2 * self.P.window + 6)
+            # the enable write lands, then the job's records are reset: enable reads 1
+            await ClockCycles(self.dut.clk, WRITE_LATENCY)
+            for _ in range(20 * self.P.window):
+                if await self.read(job_reg_addr(k, "enable")):
+                    break
+            else:
+                raise AssertionError(f"job {k}: enable still reads 0")
 
     async def counters(self) -> dict:
         return {n: await self.read(counter_addr(n)) for n in COUNTER_NAMES}
