@@ -42,10 +42,10 @@ clean:
 
 # Gateware: cocotb benches (WAVES=1 writes waveforms), bitstream, programming.
 sim: setup
-	$(PY) -m sim.run $(if $(TEST),--test $(TEST)) $(if $(WAVES),--waves)
+	$(PY) -m ina_fabric.sim.run $(if $(TEST),--test $(TEST)) $(if $(WAVES),--waves)
 
 bitstream: setup
-	$(PY) -m hw.build --board $(BOARD)
+	$(PY) -m ina_fabric.hw.build --board $(BOARD)
 
 report: setup
 	$(INA) bench hw

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from bench._results import write
+from ina_fabric.bench._results import write
 
 SIZES = {"256KB": 256 << 10, "4MB": 4 << 20, "64MB": 64 << 20}
 
@@ -14,7 +14,7 @@ SIZES = {"256KB": 256 << 10, "4MB": 4 << 20, "64MB": 64 << 20}
 def _worker(rank, world, port, switch, sizes, reps, q):
     import torch
     import torch.distributed as dist
-    from host.torch.hook import InaHookState
+    from ina_fabric.host.torch.hook import InaHookState
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -47,7 +47,7 @@ def _worker(rank, world, port, switch, sizes, reps, q):
 def measure(world, sizes, reps):
     import torch  # noqa: F401  (inherited by the forked workers)
     ctx = mp.get_context("fork")
-    from host.train_helpers import start_switch_process, free_tcp_port
+    from ina_fabric.host.train_helpers import start_switch_process, free_tcp_port
     switch, sproc = start_switch_process(ctx)
     q = ctx.Queue()
     port = free_tcp_port()
@@ -63,7 +63,10 @@ def measure(world, sizes, reps):
 
 
 def main(argv=()):
-    quick = "--quick" in argv
+    import argparse
+    ap = argparse.ArgumentParser(prog="ina bench allreduce", description=__doc__.strip())
+    ap.add_argument("--quick", action="store_true", help="skip the 64 MB size")
+    quick = ap.parse_args(list(argv)).quick
     sizes = {k: v for k, v in SIZES.items() if not (quick and k == "64MB")}
     reps = 3
     rows = []

@@ -1,8 +1,8 @@
 """Joint vs decoupled control of precision and accumulation: time to target, side by side.
 
     ina bench control                          simulation at paper scale + knob trace PNGs
-    ina bench control -- --real                also real training (digits, 4 workers, throttled)
-    ina bench control -- --plot 'X_{link}.png' where the knob trace PNGs go
+    ina bench control --real                   also real training (digits, 4 workers, throttled)
+    ina bench control --plot 'X_{link}.png' where the knob trace PNGs go
 
 Figures are ratios of time to target (other controller / Joint) measured in one run.
 """
@@ -11,16 +11,12 @@ import argparse
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 
 def main(argv=None) -> int:
-    from bench import _results
-    from host.control.experiments import (real_comparison, real_trace, sim_comparison,
+    from ina_fabric.bench import _results
+    from ina_fabric.host.control.experiments import (real_comparison, real_trace, sim_comparison,
                                           trace_figure)
-    ap = argparse.ArgumentParser(prog="ina bench control")
+    ap = argparse.ArgumentParser(prog="ina bench control", description=__doc__.strip().splitlines()[0])
     ap.add_argument("--real", action="store_true", help="also run the real-training comparison")
     ap.add_argument("--real-levels", default="light,heavy")
     ap.add_argument("--plot", default=str(_results.RESULTS / "control_trace_{link}.png"),

@@ -20,11 +20,8 @@ import os
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from bench import _results  # noqa: E402
+from ina_fabric.bench import _results
 
 E_BENCH = 64      # elements per packet in the figures
 W_BENCH = 8
@@ -32,14 +29,14 @@ N_BENCH = 32
 
 
 def cycles_per_packet(lanes: int, mcast: bool, n_seq: int = 160) -> dict:
-    from hw.ina.core import InaCore
-    from hw.ina.params import CoreParams
-    from sim.common import run_cocotb, BUILD
+    from ina_fabric.hw.ina.core import InaCore
+    from ina_fabric.hw.ina.params import CoreParams
+    from ina_fabric.sim.common import run_cocotb, BUILD
     p = CoreParams(workers=N_BENCH, window=W_BENCH, elements=E_BENCH, lanes=lanes, jobs=2)
     name = f"bench_b2b_L{lanes}_{'mcast' if mcast else 'ucast'}"
     out = BUILD / name / "b2b.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
-    run_cocotb(InaCore(p), toplevel="ina_core", test_module="sim.ina.tb_core", name=name,
+    run_cocotb(InaCore(p), toplevel="ina_core", test_module="ina_fabric.sim.ina.tb_core", name=name,
                testcase="test_back_to_back",
                env={"INA_PARAMS": json.dumps(dataclasses.asdict(p)), "INA_NSEQ_B2B": n_seq,
                     "INA_B2B_MCAST": int(mcast), "INA_B2B_STRICT": 0,
@@ -51,7 +48,7 @@ def cycles_per_packet(lanes: int, mcast: bool, n_seq: int = 160) -> dict:
 
 
 def memory_table() -> list[dict]:
-    from hw.ina.params import CoreParams
+    from ina_fabric.hw.ina.params import CoreParams
     rows = []
     for w, e in [(8, 64), (16, 256), (64, 256), (128, 256), (256, 1024)]:
         p = CoreParams(workers=32, window=w, elements=e, lanes=1, jobs=2)
@@ -84,8 +81,8 @@ def main(argv=None) -> int:
               f"({r['bytes_per_job']} B per job)")
 
     if not a.no_synth:
-        from hw.ina.params import CoreParams
-        from hw.ina.synth import synthesize
+        from ina_fabric.hw.ina.params import CoreParams
+        from ina_fabric.hw.ina.synth import synthesize
         devices = ("45k", "85k") if a.full else ("45k",)
         synth_lanes = (1, 2, 4, 8) if a.full else (1,)
         print(f"\nECP5 out-of-context, E={E_BENCH} W={W_BENCH} N<={N_BENCH} 2 jobs, 125 MHz target:")

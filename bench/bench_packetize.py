@@ -5,9 +5,9 @@ import time
 
 import numpy as np
 
-from bench._results import write
-from host import quantize as Q
-from host.protocol import HEADER_BYTES
+from ina_fabric.bench._results import write
+from ina_fabric.host import quantize as Q
+from ina_fabric.protocol import HEADER_BYTES
 
 
 def best_of(fn, reps=7):
@@ -49,7 +49,7 @@ def packetize_ratio(n=1 << 22, elements=1024, workers=4):
 
 
 def loopback_allreduce(size, workers, elements):
-    from host.local import LocalCluster, WorkerSpec
+    from ina_fabric.host.local import LocalCluster, WorkerSpec
     with LocalCluster(WorkerSpec(nworkers=workers, elements=elements)) as c:
         c.allreduce_check(size, 1)  # warm-up (numba caches, socket buffers)
         res = c.allreduce_check(size, 2)
@@ -61,7 +61,11 @@ def loopback_allreduce(size, workers, elements):
 
 
 def main(argv=()):
-    figs = {"packetize": packetize_ratio()}
+    import argparse
+    ap = argparse.ArgumentParser(prog="ina bench packetize", description=__doc__.strip())
+    ap.add_argument("--workers", type=int, default=4, help="workers in the loopback run")
+    args = ap.parse_args(list(argv))
+    figs = {"packetize": packetize_ratio(workers=args.workers)}
     p = figs["packetize"]
     print(f"quantize+packetize (fused, numba) / numpy.copyto: {p['ratio_fused_to_copyto']:.2f}"
           f"   (plain numpy 3-pass: {p['ratio_numpy_3pass_to_copyto']:.2f}; "
@@ -71,9 +75,9 @@ def main(argv=()):
           f"exponents are agreed, so it cannot be fused into the pack)")
     figs["loopback"] = []
     for elements in (1024, 8192):
-        r = loopback_allreduce(1 << 22, 4, elements)
+        r = loopback_allreduce(1 << 22, args.workers, elements)
         figs["loopback"].append(r)
-        print(f"loopback allreduce, 4 workers x 4M float32, {elements} elements/packet: "
+        print(f"loopback allreduce, {args.workers} workers x 4M float32, {elements} elements/packet: "
               f"{r['ms_per_allreduce']:.0f} ms, {r['Gbps_per_worker']:.2f} Gb/s per worker")
     write("packetize", figs)
     return 0

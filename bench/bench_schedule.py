@@ -2,7 +2,7 @@
 memory sweep, simulator agreement, and time to a target loss against all-reduce.
 
     ina bench schedule                 figures to bench/results/schedule.json
-    .venv/bin/python bench/bench_schedule.py --png-dir docs   also regenerate docs/schedule_*.png
+    ina bench schedule --png-dir docs also regenerate docs/schedule_*.png
 """
 
 import argparse
@@ -10,24 +10,21 @@ import pathlib
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from bench import _results  # noqa: E402
+from ina_fabric.bench import _results
 
 
 def main(argv=None) -> int:
-    from host.schedule.topology import default_topology, synthetic_topology
-    from host.schedule.model import NetConfig, RoundModel
-    from host.schedule.search import optimize
-    from host.schedule.simulate import simulate_schedule
-    from host.schedule.experiments import memory_sweep, training_comparison, DEFAULT_SWEEP
-    from host.schedule.train import TrainConfig
-    from host.schedule.hwparams import default_memory
-    from host.schedule import plot
+    from ina_fabric.host.schedule.topology import default_topology, synthetic_topology
+    from ina_fabric.host.schedule.model import NetConfig, RoundModel
+    from ina_fabric.host.schedule.search import optimize
+    from ina_fabric.host.schedule.simulate import simulate_schedule
+    from ina_fabric.host.schedule.experiments import memory_sweep, training_comparison, DEFAULT_SWEEP
+    from ina_fabric.host.schedule.train import TrainConfig
+    from ina_fabric.host.schedule.hwparams import default_memory
+    from ina_fabric.host.schedule import plot
 
-    ap = argparse.ArgumentParser(prog="bench_schedule")
+    ap = argparse.ArgumentParser(prog="ina bench schedule", description=__doc__.strip().splitlines()[0])
     ap.add_argument("--png-dir", help="write the figures (round map, sweep, training) here")
     ap.add_argument("--quick", action="store_true", help="fewer sweep points and rounds")
     args = ap.parse_args(argv)

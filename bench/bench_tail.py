@@ -31,24 +31,21 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 MICRO_KINDS = ["ring-tcp", "tar-tcp", "tar-udp", "switch-reliable", "switch-bounded"]
 TRAIN_BACKENDS = {"gloo": "gloo",
-                  "ring-tcp": "host.collectives.plugin:ring_tcp",
-                  "tar-tcp": "host.collectives.plugin:tar_tcp",
-                  "tar-udp": "host.collectives.plugin:tar_udp",
-                  "tar-udp-repair": "host.collectives.plugin:tar_udp_repair",
-                  "tar-udp-agree": "host.collectives.plugin:tar_udp_agree",
-                  "switch-reliable": "host.collectives.plugin:switch_reliable",
-                  "switch-bounded": "host.collectives.plugin:switch_bounded"}
+                  "ring-tcp": "ina_fabric.host.collectives.plugin:ring_tcp",
+                  "tar-tcp": "ina_fabric.host.collectives.plugin:tar_tcp",
+                  "tar-udp": "ina_fabric.host.collectives.plugin:tar_udp",
+                  "tar-udp-repair": "ina_fabric.host.collectives.plugin:tar_udp_repair",
+                  "tar-udp-agree": "ina_fabric.host.collectives.plugin:tar_udp_agree",
+                  "switch-reliable": "ina_fabric.host.collectives.plugin:switch_reliable",
+                  "switch-bounded": "ina_fabric.host.collectives.plugin:switch_bounded"}
 
 
 def _micro_rank(rank, world, store, kind, n, calls, delay, ratio, elements, sw, seed):
-    from host.collectives import make_collective
-    from host.transport.impair import Impairment
+    from ina_fabric.host.collectives import make_collective
+    from ina_fabric.host.transport.impair import Impairment
     imp = Impairment(delay_median=delay, p99_over_p50=ratio, seed=seed * 100 + rank + 1)
     kw = dict(elements=elements)
     if kind.startswith("switch"):
@@ -68,9 +65,9 @@ def _micro_rank(rank, world, store, kind, n, calls, delay, ratio, elements, sw, 
 def micro(ratios, n, calls, delay, world, elements, rounds=2):
     """Each collective runs ``rounds`` times, interleaved (A B C .. A B C ..), so a change
     in the machine's load during the run falls on all of them alike."""
-    from host.collectives.launch import run_ranks
-    from host.collectives.adapters import LiveSwitch
-    from host.transport.impair import Impairment
+    from ina_fabric.host.collectives.launch import run_ranks
+    from ina_fabric.host.collectives.adapters import LiveSwitch
+    from ina_fabric.host.transport.impair import Impairment
     out = {}
     seed = 0
     for ratio in ratios:
@@ -109,7 +106,7 @@ def micro(ratios, n, calls, delay, world, elements, rounds=2):
 
 def _train(workload, backend, ratio, delay_ms, loss, seed, logdir, live, hadamard=False,
            deadline_ms=None, max_epochs=30, workers=4, stop=True):
-    from host.torch.train import TrainConfig, run_training
+    from ina_fabric.host.torch.train import TrainConfig, run_training
     os.environ["INA_TAR_LOG"] = logdir
     os.environ["INA_LIVE_SWITCH"] = live
     if deadline_ms:
@@ -118,7 +115,7 @@ def _train(workload, backend, ratio, delay_ms, loss, seed, logdir, live, hadamar
         os.environ.pop("INA_TAR_DEADLINE_MS", None)
     b = TRAIN_BACKENDS[backend]
     if hadamard:
-        b = "host.collectives.plugin:tar_udp_hadamard"
+        b = "ina_fabric.host.collectives.plugin:tar_udp_hadamard"
     tail = backend != "gloo"
     cfg = TrainConfig(workload=workload, workers=workers, backend=b, seed=seed,
                       max_epochs=max_epochs, loss=loss,
@@ -263,7 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default=None,
                     help="comma-separated (default: digits; --full: digits,transformer)")
     args = ap.parse_args(argv)
-    from bench import _results
+    from ina_fabric.bench import _results
     parts = set(args.parts.split(","))
     ratios = [1.0, 1.5, 3.0] if args.full else [1.0, 3.0]
     tta_ratios = ratios if args.full else [3.0]
@@ -285,8 +282,8 @@ def main(argv=None) -> int:
     if "micro" in parts:
         figs["allreduce"] = micro(ratios, args.bucket, args.calls, args.delay_ms / 1e3, 4, 2048,
                                   args.rounds)
-    from host.collectives.adapters import LiveSwitch
-    from host.transport.impair import Impairment
+    from ina_fabric.host.collectives.adapters import LiveSwitch
+    from ina_fabric.host.transport.impair import Impairment
     with tempfile.TemporaryDirectory(prefix="ina-tail-") as logdir:
         if "tta" in parts:
             figs["tta"] = {}

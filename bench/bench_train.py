@@ -1,12 +1,17 @@
 """Time-to-accuracy for in-network aggregation (reliable and bounded) against Gloo
 allreduce, on the same seeds, in one run: digits CNN, 4 workers, loopback."""
 
-from bench._results import write
+from ina_fabric.bench._results import write
 
 
 def main(argv=()):
-    from host.torch.train import TrainConfig, run_training
-    workload = "transformer" if "--transformer" in argv else "digits"
+    import argparse
+    ap = argparse.ArgumentParser(prog="ina bench train", description=__doc__.strip())
+    ap.add_argument("--transformer", action="store_true",
+                    help="the transformer workload instead of the digits CNN")
+    args = ap.parse_args(list(argv))
+    from ina_fabric.host.torch.train import TrainConfig, run_training
+    workload = "transformer" if args.transformer else "digits"
     runs = {}
     for backend in ("gloo", "ina", "ina-bounded"):
         r = run_training(TrainConfig(workload=workload, backend=backend, workers=4,

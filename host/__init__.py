@@ -1,3 +1,3 @@
-"""INA-Fabric host runtime: wire format, reference switch, transport, collectives, tooling."""
+"""INA-Fabric host runtime: reference switch, transport, collectives, tooling, ``ina``."""
 
-__version__ = "0.1.0"
+from ina_fabric import __version__  # noqa: F401

@@ -9,7 +9,8 @@ import importlib
 import pkgutil
 import sys
 
-from . import commands, __version__
+from . import commands
+from ina_fabric import __version__
 
 __all__ = ["main", "CliError"]
 
@@ -51,5 +52,5 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     # run the imported module's main, so commands and this share one CliError class
-    from host.cli import main as _main
+    from ina_fabric.host.cli import main as _main
     sys.exit(_main())

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from .protocol.jobtable import JobConfig
+from ina_fabric.protocol.jobtable import JobConfig
 
 __all__ = ["WorkerSpec", "LocalCluster", "worker_data"]
 

@@ -22,7 +22,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .protocol.fields import NO_EXPONENT, HEADER_BYTES
+from ina_fabric.protocol.fields import NO_EXPONENT, HEADER_BYTES
 
 __all__ = ["scale_bits", "local_exponents", "pack_chunk", "dequantize", "error_bound",
            "NO_EXPONENT", "NONFINITE"]

@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 from .model import SwitchModel
-from .protocol.fields import HEADER_BYTES, VERSION, MsgType
-from .protocol.numpy_view import HEADER_DTYPE
+from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType
+from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 
 __all__ = ["SwitchServer", "query_status", "send_job"]
 

@@ -1,6 +1,6 @@
 """Build a bitstream for a board with the YoWASP toolchain (no vendor tools).
 
-    python -m hw.build --board versa_ecp5 [--jobs jobs.toml] [--seed 1]
+    python -m ina_fabric.hw.build --board versa_ecp5 [--jobs jobs.toml] [--seed 1]
 
 Writes ``build/<board>/top.bit``, prints each clock domain's Fmax against its constraint
 and the resource use from nextpnr's report, and exits non-zero when a domain fails
@@ -18,7 +18,7 @@ import sys
 import time
 import tomllib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from ina_fabric.paths import BUILD_DIR, resource
 
 __all__ = ["BOARDS", "main", "board_config", "toolchain_env"]
 
@@ -59,20 +59,20 @@ def toolchain_env() -> dict:
         cand = bindir / tool
         found = str(cand) if cand.exists() else shutil.which(tool)
         if not found:
-            raise SystemExit(f"hw.build: {tool} not found (pip install -r requirements.txt)")
+            raise SystemExit(f"ina_fabric.hw.build: {tool} not found (pip install -r requirements.txt)")
         env[var] = found
     return env
 
 
 def board_config(board: str, jobs_path=None):
     """BoardConfig and per-port RGMII settings from constraints/<board>.toml (+ jobs)."""
-    from hw.boards.datapath import BoardConfig
+    from ina_fabric.hw.boards.datapath import BoardConfig
     _, cfile = BOARDS[board]
-    with open(ROOT / "constraints" / cfile, "rb") as fh:
+    with resource("ina_fabric.constraints", cfile).open("rb") as fh:
         c = tomllib.load(fh)
     jobs = ()
     if jobs_path:
-        from host.protocol.jobtable import load_jobs_toml
+        from ina_fabric.protocol.jobtable import load_jobs_toml
         jobs = tuple(load_jobs_toml(jobs_path))
     b = c["board"]
     cfg = BoardConfig(mac=b["mac"], ip=b["ip"], worker_net=b["worker_net"],
@@ -124,21 +124,23 @@ def report(build_dir: pathlib.Path):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hw.build", description=__doc__.splitlines()[0])
-    p.add_argument("--board", default="versa_ecp5", choices=sorted(BOARDS))
-    p.add_argument("--jobs", help="jobs TOML (host/protocol/jobtable.py) loaded at reset")
+    p = argparse.ArgumentParser(prog="python -m ina_fabric.hw.build", description=__doc__.splitlines()[0])
+    p.add_argument("--board", default="versa_ecp5", choices=sorted(BOARDS),
+                   help="board (constraints shipped in ina_fabric.constraints)")
+    p.add_argument("--jobs", help="jobs TOML (ina_fabric.protocol.jobtable) loaded at reset")
     p.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
-    p.add_argument("--build-dir", help="default build/<board>")
+    p.add_argument("--out", "--build-dir", dest="build_dir", metavar="DIR",
+                   help="output folder (default: build/<board> under the current directory)")
     args = p.parse_args(argv)
 
     os.environ.update(toolchain_env())
-    from hw.boards.ecp5_rgmii import Ecp5RgmiiTop
+    from ina_fabric.hw.boards.ecp5_rgmii import Ecp5RgmiiTop
     factory, _ = BOARDS[args.board]
     platform, clk = factory()
     cfg, ports, c = board_config(args.board, args.jobs)
     top = Ecp5RgmiiTop(cfg, ports, clk=clk, sync_mhz=c["clocks"]["sync_mhz"],
                        core_mhz=c["clocks"]["core_mhz"])
-    build_dir = pathlib.Path(args.build_dir or ROOT / "build" / args.board)
+    build_dir = pathlib.Path(args.build_dir or BUILD_DIR / args.board)
 
     t0 = time.monotonic()
     plan = platform.prepare(top, name="top",

@@ -1,1 +1,1 @@
-"""cocotb benches (run from tests/ by pytest, or by ``python -m sim.run``)."""
+"""cocotb benches (run from tests/ by pytest, or by ``python -m ina_fabric.sim.run``)."""

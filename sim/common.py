@@ -1,10 +1,10 @@
 """Shared helpers for cocotb benches: Amaranth to Verilog, then Icarus via cocotb_tools.
 
-    from sim.common import run_cocotb
-    run_cocotb(component, toplevel="ina_core", test_module="sim.ina.tb_core",
+    from ina_fabric.sim.common import run_cocotb
+    run_cocotb(component, toplevel="ina_core", test_module="ina_fabric.sim.ina.tb_core",
                name="core_L1", env={"SEED": "1"})
 
-Each call builds in its own directory ``build/sim/<name>`` (so pytest-xdist workers never
+Each call builds in its own directory ``build/sim/<name>`` under the current directory (so pytest-xdist workers never
 share one). With ``INA_WAVES=1`` in the environment, waves are written and the file's path
 is printed. Raises AssertionError when a cocotb test fails.
 """
@@ -16,8 +16,14 @@ import sys
 
 __all__ = ["ROOT", "BUILD", "run_cocotb", "verilog_of", "waves_enabled"]
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-BUILD = ROOT / "build" / "sim"
+import ina_fabric
+from ina_fabric.paths import BUILD_DIR
+
+#: the folder that holds the ``ina_fabric`` package (the checkout, or site-packages):
+#: on PYTHONPATH for the simulator's embedded Python
+ROOT = pathlib.Path(ina_fabric.__file__).resolve().parents[1]
+#: each bench builds in BUILD/<name>, under the current directory
+BUILD = BUILD_DIR.resolve() / "sim"
 
 
 def waves_enabled() -> bool:

@@ -8,14 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from host.local import LocalCluster, WorkerSpec
-from host.protocol import unpack, MsgType
-from host.switch import query_status
-from host.transport import SwitchClient, SwitchUnavailable
+from ina_fabric.host.local import LocalCluster, WorkerSpec
+from ina_fabric.protocol import unpack, MsgType
+from ina_fabric.host.switch import query_status
+from ina_fabric.host.transport import SwitchClient, SwitchUnavailable
 
 
 def start_switch(sport, base, n, mode="reliable", deadline_ms=5.0, elements=1024):
-    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "switch", "--listen",
+    proc = subprocess.Popen([sys.executable, "-m", "ina_fabric.host.cli", "switch", "--listen",
                              f"127.0.0.1:{sport}", "--local-workers", str(n), "--base-port",
                              str(base), "--mode", mode, "--deadline-ms", str(deadline_ms),
                              "--elements", str(elements)], stderr=subprocess.DEVNULL)

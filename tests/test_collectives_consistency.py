@@ -4,11 +4,11 @@ without it (OptiReduce's behaviour); repair leaves replicas bitwise equal."""
 import numpy as np
 import pytest
 
-from host.collectives import DeadlinePolicy, ReplicaGuard, drift
-from host.collectives.consistency import sgd_drift_bound
-from host.collectives.launch import run_ranks
-from host.collectives.tar import Mesh, TarUdp
-from host.transport.impair import Impairment
+from ina_fabric.host.collectives import DeadlinePolicy, ReplicaGuard, drift
+from ina_fabric.host.collectives.consistency import sgd_drift_bound
+from ina_fabric.host.collectives.launch import run_ranks
+from ina_fabric.host.collectives.tar import Mesh, TarUdp
+from ina_fabric.host.transport.impair import Impairment
 
 pytestmark = pytest.mark.xdist_group("tar")
 

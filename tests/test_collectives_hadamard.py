@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from host.collectives.hadamard import RandomizedHadamard, fwht, next_pow2
+from ina_fabric.host.collectives.hadamard import RandomizedHadamard, fwht, next_pow2
 
 
 @pytest.mark.parametrize("m", [1, 2, 8, 64, 1024])

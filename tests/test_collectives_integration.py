@@ -7,16 +7,16 @@ import os
 import numpy as np
 import pytest
 
-from host.collectives import make_collective
-from host.collectives.adapters import LiveSwitch
-from host.collectives.launch import run_ranks
+from ina_fabric.host.collectives import make_collective
+from ina_fabric.host.collectives.adapters import LiveSwitch
+from ina_fabric.host.collectives.launch import run_ranks
 
 pytestmark = pytest.mark.xdist_group("tar")
 torch = pytest.importorskip("torch")   # imported once here: forked ranks inherit it
 
 
 def _switch_rank(rank, world, store, sw, mode):
-    from host.switch import query_status
+    from ina_fabric.host.switch import query_status
     c = make_collective(f"switch-{mode}", rank, world, store, switch=sw[0],
                         switch_control=sw[1], calibration=3, elements=256, window=8, job=5)
     rows = []
@@ -51,11 +51,11 @@ def test_switch_collective_and_live_deadline(mode):
 
 
 def test_tar_inside_ddp_training(tmp_path):
-    from host.torch.train import TrainConfig, run_training
+    from ina_fabric.host.torch.train import TrainConfig, run_training
     os.environ["INA_TAR_LOG"] = str(tmp_path)
     try:
         res = run_training(TrainConfig(workload="digits", workers=2, max_steps=6,
-                                       backend="host.collectives.plugin:tar_tcp",
+                                       backend="ina_fabric.host.collectives.plugin:tar_tcp",
                                        stop_at_target=False))
     finally:
         os.environ.pop("INA_TAR_LOG")
@@ -67,7 +67,7 @@ def test_tar_inside_ddp_training(tmp_path):
 
 def _gloo(rank, world, store):
     import torch.distributed as dist
-    from host.collectives import make_collective
+    from ina_fabric.host.collectives import make_collective
     dist.init_process_group("gloo", init_method=f"file://{store.path}/gloo", rank=rank,
                             world_size=world)
     c = make_collective("gloo", rank, world)

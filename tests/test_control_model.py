@@ -6,13 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from host.control.contention import BackgroundJob, BandwidthTrace, background_trace
-from host.control.controllers import (CONTROLLERS, Decoupled, Joint, Telemetry,
+from ina_fabric.host.control.contention import BackgroundJob, BandwidthTrace, background_trace
+from ina_fabric.host.control.controllers import (CONTROLLERS, Decoupled, Joint, Telemetry,
                                       make_controller)
-from host.control.costmodel import CostModel, JobParams, model_quant_ratio, payload_bytes
-from host.control.knobs import ConfigError, Knobs, KnobSpace
-from host.control.measure import BandwidthMeter, Ewma, NoiseScaleEstimator
-from host.control.simulate import paper_scenario, simulate
+from ina_fabric.host.control.costmodel import CostModel, JobParams, model_quant_ratio, payload_bytes
+from ina_fabric.host.control.knobs import ConfigError, Knobs, KnobSpace
+from ina_fabric.host.control.measure import BandwidthMeter, Ewma, NoiseScaleEstimator
+from ina_fabric.host.control.simulate import paper_scenario, simulate
 
 
 def small(**kw):
@@ -268,7 +268,7 @@ def test_simulator_runs_controllers_to_target():
 
 
 def test_cli_rejects_bad_configuration_with_one_line():
-    from host.cli import main
+    from ina_fabric.host.cli import main
     assert main(["control", "model", "--precisions", ""]) == 2
     assert main(["control", "model", "--bandwidth", "-1"]) == 2
     assert main(["control", "model", "--bandwidth", "6.25e8", "--b-noise", "256"]) == 0

@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from host.control.compress import (TokenBucket, decode, encode, expected_sq_error,
+from ina_fabric.host.control.compress import (TokenBucket, decode, encode, expected_sq_error,
                                    message_bytes, quantize, relative_errors)
-from host.control.knobs import ConfigError
-from host.train_helpers import free_tcp_port
+from ina_fabric.host.control.knobs import ConfigError
+from ina_fabric.host.train_helpers import free_tcp_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -78,7 +78,7 @@ def test_token_bucket_holds_back_to_its_rate():
 
 def _exchange_worker(rank, world, port, q):
     import torch.distributed as dist
-    from host.control.compress import CompressedCollective
+    from ina_fabric.host.control.compress import CompressedCollective
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     c = CompressedCollective(rank, world, bits=32, seed=1)
@@ -124,7 +124,7 @@ def test_knobs_change_bytes_and_accumulation_in_the_training_loop(tmp_path):
     """Real training (host.torch.run_training, digits, 2 workers): float32 and a=1 for 8
     optimizer steps, then 4 bits and a=4. Bytes per step shrink about 8x, and with a=4
     the loop consumes 4 micro-batches per optimizer step while communicating once."""
-    from host.control.realrun import RealSpec, real_run
+    from ina_fabric.host.control.realrun import RealSpec, real_run
     log = tmp_path / "log.json"
     spec = RealSpec(controller="static", capacity=1e9, schedule=[(0.0, 0)],
                     script=[(0, 32, 1), (8, 4, 4)], log_path=str(log))

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from sim.common import BUILD, run_cocotb
+from ina_fabric.sim.common import BUILD, run_cocotb
 
 JOB = {"job": 7, "window": 8, "elements": 8, "members": [
     "10.0.0.10:5000@02:00:00:00:00:10", "10.0.0.11:5001@02:00:00:00:00:11",
@@ -20,9 +20,9 @@ LINE_RATE_SEQS = int(os.environ.get("INA_LINE_RATE_SEQS", "250"))
 
 
 def _top():
-    from host.protocol.jobtable import JobConfig
-    from hw.boards.datapath import BoardConfig, InaDatapath
-    from hw.ina.params import CoreParams
+    from ina_fabric.protocol.jobtable import JobConfig
+    from ina_fabric.hw.boards.datapath import BoardConfig, InaDatapath
+    from ina_fabric.hw.ina.params import CoreParams
     job = JobConfig(JOB["job"], tuple(JOB["members"]), window=JOB["window"],
                     elements=JOB["elements"])
     params = CoreParams(workers=4, window=8, elements=8, lanes=1, jobs=2)
@@ -33,7 +33,7 @@ def _run(name, testcase):
     pcap = BUILD / name / "board.pcap"
     env = {"BOARD_TEST_JOB": json.dumps(JOB), "LINE_RATE_SEQS": LINE_RATE_SEQS,
            "PCAP": pcap}
-    run_cocotb(_top(), toplevel="ina_board", test_module="sim.eth.tb_board", name=name,
+    run_cocotb(_top(), toplevel="ina_board", test_module="ina_fabric.sim.eth.tb_board", name=name,
                env=env, testcase=testcase)
     return pcap
 
@@ -45,8 +45,8 @@ def test_board_arp_ping_results_and_drops():
     # The capture reads back with scapy: INA DATA in, RESULT out, all parsed by our layer.
     from scapy.utils import rdpcap
     from scapy.layers.inet import UDP
-    from host.protocol.scapy_view import INA
-    from host.protocol.fields import MsgType
+    from ina_fabric.protocol.scapy_view import INA
+    from ina_fabric.protocol.fields import MsgType
     pkts = rdpcap(str(pcap))
     ina = [p[INA] for p in pkts if INA in p]
     types = {int(p.type) for p in ina}
@@ -68,10 +68,10 @@ def test_board_pcap_with_tshark():
     if not pcap.exists():
         _run("eth_board", ["results_match_model_and_bad_frames_are_dropped"])
     from scapy.utils import rdpcap
-    from host.protocol.scapy_view import INA
+    from ina_fabric.protocol.scapy_view import INA
     expect = [(int(p[INA].type), int(p[INA].seq), int(p[INA].bitmap))
               for p in rdpcap(str(pcap)) if INA in p]
-    from host.protocol.wireshark import lua_dissector
+    from ina_fabric.protocol.wireshark import lua_dissector
     lua = pcap.with_name("ina.lua")
     lua.write_text(lua_dissector())
     out = subprocess.run([tshark, "-r", str(pcap), "-X", f"lua_script:{lua}",

@@ -1,4 +1,4 @@
-"""hw.eth.cdc.AsyncFIFOLut on Amaranth's simulator: two unrelated clocks, random
+"""ina_fabric.hw.eth.cdc.AsyncFIFOLut on Amaranth's simulator: two unrelated clocks, random
 enables on both sides; every word comes out once, in order, and never while not ready."""
 
 import random
@@ -7,7 +7,7 @@ import pytest
 from amaranth import ClockDomain, Module
 from amaranth.sim import Simulator
 
-from hw.eth.cdc import AsyncFIFOLut
+from ina_fabric.hw.eth.cdc import AsyncFIFOLut
 
 
 @pytest.mark.parametrize("w_ns,r_ns", [(8, 8.3), (8.3, 8), (8, 26.7), (26.7, 8)])
@@ -57,7 +57,7 @@ def test_skid_buffer_order_full_rate_and_registered_ready():
     """Random valid/ready: every beat once, in order; with both held high a beat per
     cycle; ``i.ready`` depends on no input in the same cycle (it is a flip-flop)."""
     from amaranth.lib import data
-    from hw.eth.words import SkidBuffer
+    from ina_fabric.hw.eth.words import SkidBuffer
 
     dut = SkidBuffer(data.StructLayout({"data": 8, "last": 1}))
     n = 300

@@ -9,7 +9,7 @@ from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
-from hw.eth.mac import MacRx, MacTx, PacketBuffer, RxStatus
+from ina_fabric.hw.eth.mac import MacRx, MacTx, PacketBuffer, RxStatus
 
 
 def _reference_wire(payload: bytes) -> bytes:

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from host.commands.hw_config import render, control_datagram
-from host.model.switch_model import SwitchModel
-from host.protocol.jobtable import JobConfig
-from hw.ina.regs import job_reg_addr
+from ina_fabric.host.commands.hw_config import render, control_datagram
+from ina_fabric.host.model.switch_model import SwitchModel
+from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.regs import job_reg_addr
 
 JOBS = [JobConfig(7, ("10.0.0.1:5000@02:00:00:00:00:01", "10.0.0.2:5001"), window=4,
                   elements=32, deadline=0.002, mode="bounded"),
@@ -42,6 +42,6 @@ def test_regs_convert_deadline_to_cycles_and_reject_misfits():
 def test_cli_error_is_one_line(tmp_path):
     cfg = tmp_path / "jobs.toml"
     cfg.write_text('[[job]]\nid = 1\nworkers = ["10.0.0.1:5000"]\nwindow = 6\n')
-    r = subprocess.run([sys.executable, "-m", "host.cli", "hw-config", str(cfg), "--format",
+    r = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "hw-config", str(cfg), "--format",
                         "regs"], capture_output=True, text=True)
     assert r.returncode == 2 and "power of two" in r.stderr

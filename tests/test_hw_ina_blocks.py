@@ -9,14 +9,14 @@ from amaranth.hdl import Module, Signal, signed, Const
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
-from host.protocol.fields import HEADER_FIELDS, HEADER_BYTES
-from host.protocol.jobtable import JobConfig
-from host.protocol.numpy_view import pack
-from hw.ina.layout import HeaderLayout, header_int, header_from_words, in_layout, out_layout
-from hw.ina.params import CoreParams
-from hw.ina.queue import RequestQueue, PendingCounts
-from hw.ina.regs import config_writes, job_reg_addr, member_reg_addr, register_map_text
-from hw.ina.replicator import ip_checksum_hw, ipv4_header, ipv4_checksum, mcast_mac, saturate32
+from ina_fabric.protocol.fields import HEADER_FIELDS, HEADER_BYTES
+from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.numpy_view import pack
+from ina_fabric.hw.ina.layout import HeaderLayout, header_int, header_from_words, in_layout, out_layout
+from ina_fabric.hw.ina.params import CoreParams
+from ina_fabric.hw.ina.queue import RequestQueue, PendingCounts
+from ina_fabric.hw.ina.regs import config_writes, job_reg_addr, member_reg_addr, register_map_text
+from ina_fabric.hw.ina.replicator import ip_checksum_hw, ipv4_header, ipv4_checksum, mcast_mac, saturate32
 
 
 def _comb_eval(build, inputs):
@@ -202,8 +202,8 @@ def _core_enables(writes, wait=400):
     """Run the INA core on Amaranth's simulator: ``writes`` [(job, value)] to the job
     ``enable`` registers on consecutive cycles, then ``wait`` cycles; returns what each
     job's ``enable`` reads and whether the core takes input."""
-    from hw.ina.core import InaCore
-    from hw.ina.regs import READ_LATENCY
+    from ina_fabric.hw.ina.core import InaCore
+    from ina_fabric.hw.ina.regs import READ_LATENCY
     P = CoreParams()
     dut = InaCore(P)
     sim = Simulator(dut)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from host.model import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
-from host.protocol import pack, unpack, MsgType, Flags, HEADER_BYTES
-from host.protocol.jobtable import JobConfig
+from ina_fabric.host.model import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
+from ina_fabric.protocol import pack, unpack, MsgType, Flags, HEADER_BYTES
+from ina_fabric.protocol.jobtable import JobConfig
 
 N, W, E = 4, 4, 8
 ADDR = [("127.0.0.1", 5000 + w) for w in range(N)]

@@ -8,10 +8,10 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.utils import rdpcap, wrpcap
 
-from host.protocol import (HEADER_FIELDS, HEADER_BYTES, HEADER_DTYPE, INA_UDP_PORT, pack,
+from ina_fabric.protocol import (HEADER_FIELDS, HEADER_BYTES, HEADER_DTYPE, INA_UDP_PORT, pack,
                            unpack, field_offsets, MsgType)
-from host.protocol.scapy_view import INA
-from host.protocol.wireshark import lua_dissector
+from ina_fabric.protocol.scapy_view import INA
+from ina_fabric.protocol.wireshark import lua_dissector
 
 
 def field_strategy(f):

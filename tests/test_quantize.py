@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from host import quantize as Q
-from host.protocol import HEADER_BYTES
+from ina_fabric.host import quantize as Q
+from ina_fabric.protocol import HEADER_BYTES
 
 
 def roundtrip(workers_values, elements=256):

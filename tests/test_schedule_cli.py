@@ -5,12 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from host.cli import main
-from host.protocol.jobtable import JobConfig, Member
-from host.schedule.experiments import training_comparison
-from host.schedule.model import NetConfig
-from host.schedule.topology import default_topology
-from host.schedule.train import TrainConfig
+from ina_fabric.host.cli import main
+from ina_fabric.protocol.jobtable import JobConfig, Member
+from ina_fabric.host.schedule.experiments import training_comparison
+from ina_fabric.host.schedule.model import NetConfig
+from ina_fabric.host.schedule.topology import default_topology
+from ina_fabric.host.schedule.train import TrainConfig
 
 
 def test_optimize_writes_loadable_json_and_png(tmp_path, capsys):

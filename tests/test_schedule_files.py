@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from host.cli import main
-from host.schedule.topology import load_topology, TopologyError, DEFAULT_TOPOLOGY_PATH
+from ina_fabric.host.cli import main
+from ina_fabric.host.schedule.topology import load_topology, TopologyError, DEFAULT_TOPOLOGY_PATH
 
 
 def _write(tmp_path, text, name="t.toml"):

@@ -10,8 +10,8 @@ routing detours and equipment delay the model does not claim to capture.
 import numpy as np
 import pytest
 
-from host.schedule.cities import CITIES, great_circle_m
-from host.schedule.topology import default_topology, topology_from_dict
+from ina_fabric.host.schedule.cities import CITIES, great_circle_m
+from ina_fabric.host.schedule.topology import default_topology, topology_from_dict
 
 # (a, b, published RTT ms)
 PUBLISHED_RTT_MS = [

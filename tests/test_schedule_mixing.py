@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from host.schedule.model import Round, mixing_matrix, sigma2, objective
-from host.schedule.search import k_partitions, mixed_radix
+from ina_fabric.host.schedule.model import Round, mixing_matrix, sigma2, objective
+from ina_fabric.host.schedule.search import k_partitions, mixed_radix
 
 
 def test_clique_matrix_is_block_average():

@@ -4,9 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from host.schedule.model import NetConfig, RoundModel, Round, Schedule
-from host.schedule.search import optimize
-from host.schedule.topology import default_topology, synthetic_topology
+from ina_fabric.host.schedule.model import NetConfig, RoundModel, Round, Schedule
+from ina_fabric.host.schedule.search import optimize
+from ina_fabric.host.schedule.topology import default_topology, synthetic_topology
 
 pytestmark = pytest.mark.xdist_group("schedule_opt")
 

@@ -4,10 +4,10 @@ the FPGA buffer bound."""
 import numpy as np
 import pytest
 
-from host.schedule.model import NetConfig, RoundModel, Round, Schedule
-from host.schedule.search import optimize, families
-from host.schedule.simulate import fifo, simulate_schedule, simulate_round
-from host.schedule.topology import default_topology, topology_from_dict
+from ina_fabric.host.schedule.model import NetConfig, RoundModel, Round, Schedule
+from ina_fabric.host.schedule.search import optimize, families
+from ina_fabric.host.schedule.simulate import fifo, simulate_schedule, simulate_round
+from ina_fabric.host.schedule.topology import default_topology, topology_from_dict
 
 
 def test_fifo_matches_a_loop():

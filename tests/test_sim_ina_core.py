@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from hw.ina.core import InaCore
-from hw.ina.params import CoreParams
-from sim.common import run_cocotb
+from ina_fabric.hw.ina.core import InaCore
+from ina_fabric.hw.ina.params import CoreParams
+from ina_fabric.sim.common import run_cocotb
 
 pytestmark = pytest.mark.xdist_group("sim_ina")
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.xdist_group("sim_ina")
 def _run(params, name, testcase, planted_bug=None, **env):
     env = {"INA_PARAMS": json.dumps(dataclasses.asdict(params)), **env}
     run_cocotb(InaCore(params, planted_bug=planted_bug), toplevel="ina_core",
-               test_module="sim.ina.tb_core", name=name, testcase=testcase, env=env)
+               test_module="ina_fabric.sim.ina.tb_core", name=name, testcase=testcase, env=env)
 
 
 P_L1 = CoreParams(workers=32, window=8, elements=8, lanes=1, jobs=2)

@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from host.protocol import pack, MsgType, HEADER_BYTES
-from host.switch import query_status
+from ina_fabric.protocol import pack, MsgType, HEADER_BYTES
+from ina_fabric.host.switch import query_status
 
-INA = [sys.executable, "-m", "host.cli"]
+INA = [sys.executable, "-m", "ina_fabric.host.cli"]
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def test_cli_errors_are_one_line(tmp_path):
 
 
 def test_every_verb_has_help():
-    from host.cli import build_parser
+    from ina_fabric.host.cli import build_parser
     sub = build_parser()._subparsers._group_actions[0]
     for verb in sub.choices:
         out = subprocess.run(INA + [verb, "--help"], capture_output=True, text=True, timeout=60)

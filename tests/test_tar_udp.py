@@ -6,10 +6,10 @@ import socket
 import numpy as np
 import pytest
 
-from host.collectives import DeadlinePolicy, make_collective
-from host.collectives.launch import run_ranks
-from host.collectives.tar import Mesh, TarUdp, TarTcp, RingTcp, shard_bounds
-from host.transport.impair import Impairment
+from ina_fabric.host.collectives import DeadlinePolicy, make_collective
+from ina_fabric.host.collectives.launch import run_ranks
+from ina_fabric.host.collectives.tar import Mesh, TarUdp, TarTcp, RingTcp, shard_bounds
+from ina_fabric.host.transport.impair import Impairment
 
 pytestmark = pytest.mark.xdist_group("tar")
 

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from host import quantize as Q
-from host.torch.train import TrainConfig, run_training
+from ina_fabric.host import quantize as Q
+from ina_fabric.host.torch.train import TrainConfig, run_training
 
 pytestmark = pytest.mark.xdist_group("torch")
 
@@ -52,10 +52,10 @@ def test_falls_back_to_gloo_when_no_switch_answers(ports):
 def test_bad_switch_address_is_a_clear_error():
     with pytest.raises(ValueError, match="bad switch address"):
         TrainConfig(switch="not-an-address").validate()
-    out = subprocess.run([sys.executable, "-m", "host.cli", "train", "--switch", "nonsense"],
+    out = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "train", "--switch", "nonsense"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "bad switch address" in out.stderr
-    from host.torch.hook import switch_from_env
+    from ina_fabric.host.torch.hook import switch_from_env
     with pytest.raises(ValueError, match="bad switch address"):
         switch_from_env("10.0.0.1:notaport")
     with pytest.raises(ValueError, match="INA_SWITCH"):
@@ -67,10 +67,10 @@ def test_static_job_on_a_switch_loaded_beforehand(ports):
     --workers`), workers bind the ports it names, and nothing is sent by CONTROL."""
     import time
     from conftest import consecutive_free_ports
-    from host.switch import query_status
+    from ina_fabric.host.switch import query_status
     sport, = ports(1)
     base = consecutive_free_ports(2)
-    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "switch", "--listen",
+    proc = subprocess.Popen([sys.executable, "-m", "ina_fabric.host.cli", "switch", "--listen",
                              f"127.0.0.1:{sport}", "--local-workers", "2", "--base-port",
                              str(base), "--elements", "256"], stderr=subprocess.DEVNULL)
     try:

@@ -140,7 +140,7 @@ def switch_collective(rank, world, store, switch_addr, control=None, mode="relia
     """Make one rank's ``SwitchCollective``: bind, publish the address through ``store``,
     rank 0 installs the job on the switch (CONTROL datagram), everyone waits for it."""
     from ..transport.switch_client import SwitchClient
-    from ..protocol.jobtable import JobConfig
+    from ina_fabric.protocol.jobtable import JobConfig
     from ..switch import send_job
     client = SwitchClient(tuple(switch_addr), job, rank, world, window, elements, mode,
                           bind=("127.0.0.1", 0), deadline=deadline, impairment=impairment)

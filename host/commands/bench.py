@@ -1,55 +1,57 @@
-"""Run benchmarks. Each benchmark is ``bench/bench_<name>.py`` in the source tree, with a
-``main(argv)`` that prints its figures (ratios measured side by side in one run) and
-writes them as JSON to ``bench/results/<name>.json``.
+"""Run benchmarks. Each benchmark is a module ``ina_fabric.bench.bench_<name>`` (the
+``bench/`` folder of the repository, shipped in the package) with a ``main(argv)`` that
+parses its own flags, prints its figures (ratios measured side by side in one run) and
+writes them as JSON to ``<out>/<name>.json``.
 
-    ina bench            list the benchmarks
-    ina bench all        run them all (what `make bench` does)
-    ina bench tail       run one
+    ina bench                     list the benchmarks
+    ina bench all                 run them all (what `make bench` does)
+    ina bench tail --quick        run one, with its own flags
+    ina bench tail --help         that benchmark's flags (runs nothing)
+    ina bench --out DIR tail      figures to DIR/tail.json (default: bench/results)
 """
 
 import argparse
-import importlib.util
-import pathlib
+import importlib
+import pkgutil
 import sys
 
-HELP = "run benchmarks (bench/bench_*.py); `ina bench all` runs every one"
-
-BENCH_DIR = pathlib.Path(__file__).resolve().parents[2] / "bench"
+HELP = "run benchmarks; `ina bench` lists them, `ina bench all` runs every one"
 
 
-def available() -> dict[str, pathlib.Path]:
-    return {p.stem.removeprefix("bench_"): p for p in sorted(BENCH_DIR.glob("bench_*.py"))}
+def available() -> dict[str, str]:
+    """Benchmark name -> module name, found in the installed ``ina_fabric.bench``."""
+    from ina_fabric import bench
+    return {m.name.removeprefix("bench_"): f"{bench.__name__}.{m.name}"
+            for m in sorted(pkgutil.iter_modules(bench.__path__), key=lambda m: m.name)
+            if m.name.startswith("bench_")}
 
 
 def add_arguments(p):
-    p.add_argument("name", nargs="?", help="benchmark name, or 'all'")
+    from ina_fabric.paths import BENCH_RESULTS_DIR
+    p.add_argument("--out", metavar="DIR", default=str(BENCH_RESULTS_DIR),
+                   help="folder for the JSON figures (default: %(default)s, under the "
+                        "current directory)")
+    p.add_argument("name", nargs="?", help="benchmark name, or 'all'; none lists them")
     p.add_argument("rest", nargs=argparse.REMAINDER,
-                   help="arguments passed to the benchmark (e.g. --quick)")
-
-
-def _load(path):
-    if str(BENCH_DIR.parent) not in sys.path:
-        sys.path.insert(0, str(BENCH_DIR.parent))  # so benchmarks can `import bench._results`
-    spec = importlib.util.spec_from_file_location(f"bench.{path.stem}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+                   help="the benchmark's own flags (`ina bench NAME --help` lists them)")
 
 
 def run(args):
+    import pathlib
     from ..cli import CliError
+    from ina_fabric.bench import _results
+    _results.RESULTS = pathlib.Path(args.out)
     benches = available()
     if not args.name:
-        for name, path in benches.items():
-            doc = (_load(path).__doc__ or "").strip().splitlines()
+        for name, mod in benches.items():
+            doc = (importlib.import_module(mod).__doc__ or "").strip().splitlines()
             print(f"{name:12s} {doc[0] if doc else ''}")
         return 0
     if args.name == "all":
         failed = []
-        for name, path in benches.items():
+        for name, mod in benches.items():
             print(f"=== bench {name} ===", flush=True)
-            rc = _load(path).main(list(args.rest))
-            if rc:
+            if importlib.import_module(mod).main(list(args.rest)):
                 failed.append(name)
         if failed:
             print(f"benchmarks that failed: {', '.join(failed)}", file=sys.stderr)
@@ -57,4 +59,7 @@ def run(args):
         return 0
     if args.name not in benches:
         raise CliError(f"unknown benchmark {args.name!r}; have: {', '.join(benches)}")
-    return _load(benches[args.name]).main(list(args.rest)) or 0
+    try:
+        return importlib.import_module(benches[args.name]).main(list(args.rest)) or 0
+    except SystemExit as e:  # argparse inside the benchmark: --help, or a usage error
+        return e.code if isinstance(e.code, int) else 0

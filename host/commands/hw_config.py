@@ -31,8 +31,8 @@ def add_arguments(p):
 
 def control_datagram(cfg) -> bytes:
     """A CONTROL datagram carrying one job-table entry."""
-    from ..protocol.fields import MsgType
-    from ..protocol.numpy_view import pack
+    from ina_fabric.protocol.fields import MsgType
+    from ina_fabric.protocol.numpy_view import pack
     return pack(None, type=MsgType.CONTROL, job=cfg.job) + cfg.to_bytes()
 
 
@@ -45,7 +45,7 @@ def render(jobs, fmt, *, clock_mhz=125.0, core_window=8, core_elements=64,
         return "".join(j.to_bytes().hex() + "\n" for j in jobs)
     if fmt == "control":
         return "".join(control_datagram(j).hex() + "\n" for j in jobs)
-    from hw.ina.regs import config_writes
+    from ina_fabric.protocol.regs import config_writes
     if len(jobs) > core_jobs:
         raise ValueError(f"{len(jobs)} jobs but the core has {core_jobs} job-table entries")
     lines = []
@@ -60,7 +60,7 @@ def render(jobs, fmt, *, clock_mhz=125.0, core_window=8, core_elements=64,
 def run(args):
     import sys
     from ..cli import CliError
-    from ..protocol.jobtable import ConfigError, load_jobs_toml
+    from ina_fabric.protocol.jobtable import ConfigError, load_jobs_toml
     try:
         jobs = load_jobs_toml(args.config)
         out = render(jobs, args.format, clock_mhz=args.clock_mhz,

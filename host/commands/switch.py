@@ -21,7 +21,7 @@ jobs.toml:
 import json
 import sys
 
-from ..protocol.fields import INA_UDP_PORT
+from ina_fabric.protocol.fields import INA_UDP_PORT
 
 HELP = "run the software switch (reference model over UDP), or query a running one"
 
@@ -55,7 +55,7 @@ def _addr(text):
 
 def jobs_from_args(args):
     from ..cli import CliError
-    from ..protocol.jobtable import JobConfig, ConfigError, load_jobs_toml
+    from ina_fabric.protocol.jobtable import JobConfig, ConfigError, load_jobs_toml
     try:
         if args.config:
             return load_jobs_toml(args.config)

@@ -3,7 +3,7 @@
     ina wireshark > ~/.local/lib/wireshark/plugins/ina.lua
 """
 
-from ..protocol.fields import INA_UDP_PORT
+from ina_fabric.protocol.fields import INA_UDP_PORT
 
 HELP = "print the Wireshark Lua dissector for the INA header"
 
@@ -14,5 +14,5 @@ def add_arguments(p):
 
 
 def run(args):
-    from ..protocol.wireshark import lua_dissector
+    from ina_fabric.protocol.wireshark import lua_dissector
     print(lua_dissector(args.port), end="")

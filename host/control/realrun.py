@@ -1,7 +1,7 @@
 """The controller in real training: plug-ins for ``host.torch.train.run_training``.
 
-``run_training`` takes a collective factory (``backend="host.control.realrun:collective"``)
-and a controller factory (``controller="host.control.realrun:controller"``), both
+``run_training`` takes a collective factory (``backend="ina_fabric.host.control.realrun:collective"``)
+and a controller factory (``controller="ina_fabric.host.control.realrun:controller"``), both
 ``"module:factory"`` strings that cross into the spawned worker processes. What they
 need beyond ``TrainConfig`` travels in the environment variable ``INA_CONTROL_SPEC``
 (JSON of ``RealSpec``), which ``real_run`` sets.
@@ -146,8 +146,8 @@ def real_run(spec: RealSpec, workload="digits", workers=4, seed=0, control_inter
     os.environ[ENV] = json.dumps(asdict(spec))
     try:
         cfg = TrainConfig(workload=workload, workers=workers, seed=seed,
-                          backend="host.control.realrun:collective",
-                          controller="host.control.realrun:controller",
+                          backend="ina_fabric.host.control.realrun:collective",
+                          controller="ina_fabric.host.control.realrun:controller",
                           control_interval=control_interval, max_epochs=max_epochs,
                           target=target, **train_kw)
         return run_training(cfg, timeout=timeout)

@@ -26,9 +26,9 @@ import json
 
 import numpy as np
 
-from ..protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
+from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                field_offsets)
-from ..protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
+from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 
 __all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER"]
 
@@ -199,7 +199,7 @@ class SwitchModel:
     def _control(self, datagram, source):
         """CONTROL: the payload is one job-table entry (``JobConfig.to_bytes``); a zero
         ``nworkers`` removes the job. The reply is a STATUS datagram."""
-        from ..protocol.jobtable import JobConfig, ConfigError, ENTRY_DTYPE
+        from ina_fabric.protocol.jobtable import JobConfig, ConfigError, ENTRY_DTYPE
         payload = datagram[HEADER_BYTES:]
         try:
             if len(payload) == ENTRY_DTYPE.itemsize and payload[2] == 0:

@@ -1,7 +1,7 @@
 """The schedule as JSON for the host runtime: per round, one aggregation job per clique
 with its multicast group, and each member island's edge-FPGA job entry.
 
-Each edge job uses the keys of ``host.protocol.jobtable.load_jobs_toml`` (``id``,
+Each edge job uses the keys of ``ina_fabric.protocol.jobtable.load_jobs_toml`` (``id``,
 ``workers``, ``multicast``, ``window``, ``elements``), so
 ``JobConfig(id, tuple(workers), window, elements, mcast=...)`` builds it: the FPGA at
 island i aggregates the streams of the clique's other members (its own host adds its own

@@ -15,20 +15,20 @@ FALLBACK_MEMORY_BYTES = 10_000
 def default_memory() -> tuple[float, float, str]:
     """``(M bytes, slot-window bytes, note)``."""
     try:
-        from hw.ina.params import CoreParams
+        from ina_fabric.hw.ina.params import CoreParams
     except ImportError as e:  # pragma: no cover - only before the gateware lands
         return (float(FALLBACK_MEMORY_BYTES), 2048.0,
-                f"hw.ina.params not importable ({e}); fallback M = {FALLBACK_MEMORY_BYTES} B")
+                f"ina_fabric.hw.ina.params not importable ({e}); fallback M = {FALLBACK_MEMORY_BYTES} B")
     p = CoreParams(workers=32)
     window = p.window * p.elements * 4
     return (float(p.slot_memory_bytes), float(window),
-            f"M from hw.ina.params.CoreParams(workers=32): {p.describe()}")
+            f"M from ina_fabric.hw.ina.params.CoreParams(workers=32): {p.describe()}")
 
 
 def job_shape() -> tuple[int, int]:
     """``(window W, elements E)`` for the edge-FPGA job entries of the schedule JSON."""
     try:
-        from hw.ina.params import CoreParams
+        from ina_fabric.hw.ina.params import CoreParams
     except ImportError:  # pragma: no cover
         return 8, 64
     p = CoreParams(workers=32)

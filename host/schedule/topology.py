@@ -27,12 +27,15 @@ import tomllib
 
 import numpy as np
 
+from ina_fabric.paths import resource
+
 from .cities import CITIES, great_circle_m
 
 __all__ = ["Topology", "TopologyError", "load_topology", "default_topology",
            "DEFAULT_TOPOLOGY_PATH", "synthetic_topology"]
 
-DEFAULT_TOPOLOGY_PATH = pathlib.Path(__file__).with_name("default_topology.toml")
+# package data, found through importlib.resources (a plain file in any non-zip install)
+DEFAULT_TOPOLOGY_PATH = pathlib.Path(str(resource("ina_fabric.host.schedule", "default_topology.toml")))
 _TOP_KEYS = {"route_factor", "fibre_speed_m_s", "lan_latency_us", "bandwidth_gbps",
              "link_capacity_gbps", "island", "link", "name"}
 _ISLAND_KEYS = {"name", "city", "lat", "lon", "bandwidth_gbps", "address"}

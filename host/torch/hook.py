@@ -102,7 +102,7 @@ class InaHookState:
                                group=process_group)
         ok = 1
         if configure and rank == 0:
-            from ..protocol.jobtable import JobConfig
+            from ina_fabric.protocol.jobtable import JobConfig
             from ..switch import send_job
             cfg = JobConfig(job, tuple(members), window, elements, deadline, mode)
             try:

@@ -20,13 +20,13 @@ from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from hw.eth.cdc import AsyncFIFOLut
-from hw.eth.egress import Router
-from hw.eth.port import PORT_COUNTERS, EthPort
-from hw.eth.words import CORE_IN, PacketArbiter
-from hw.ina.core import InaCore
-from hw.ina.params import CoreParams
-from hw.ina.regs import GLOBAL_REGS, config_writes
+from ina_fabric.hw.eth.cdc import AsyncFIFOLut
+from ina_fabric.hw.eth.egress import Router
+from ina_fabric.hw.eth.port import PORT_COUNTERS, EthPort
+from ina_fabric.hw.eth.words import CORE_IN, PacketArbiter
+from ina_fabric.hw.ina.core import InaCore
+from ina_fabric.hw.ina.params import CoreParams
+from ina_fabric.hw.ina.regs import GLOBAL_REGS, config_writes
 
 __all__ = ["BoardConfig", "InaDatapath", "ConfigLoader"]
 
@@ -38,7 +38,7 @@ class BoardConfig:
     mac, ip        the board's addresses, shared by both ports
     worker_net     the subnet behind port 0 (CIDR); other destinations go to port 1
     clock_hz       clock of the ``core`` domain (deadlines are counted in its cycles)
-    jobs           host.protocol.jobtable.JobConfig entries loaded at reset
+    jobs           ina_fabric.protocol.jobtable.JobConfig entries loaded at reset
     """
     mac: str = "02:1a:00:00:00:01"
     ip: str = "10.0.0.2"

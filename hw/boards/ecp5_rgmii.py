@@ -8,7 +8,7 @@ what needs the FPGA: the ``EHXPLLL`` for the core clock, the DDR I/O of each RGM
 from amaranth import *
 from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer, ResetSynchronizer
 
-from hw.eth.rgmii import RgmiiPhy
+from ina_fabric.hw.eth.rgmii import RgmiiPhy
 
 from .datapath import InaDatapath
 

@@ -13,8 +13,8 @@ from amaranth import *
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from host.protocol.fields import INA_UDP_PORT
-from hw.ina.layout import out_layout
+from ina_fabric.protocol.fields import INA_UDP_PORT
+from ina_fabric.hw.ina.layout import out_layout
 
 from .ingress import HDR_BYTES
 from .mac import BYTE

@@ -19,7 +19,7 @@ from amaranth import *
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from host.protocol.fields import INA_UDP_PORT
+from ina_fabric.protocol.fields import INA_UDP_PORT
 
 from .mac import BYTE
 

@@ -14,7 +14,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-from hw.ina.layout import in_layout
+from ina_fabric.hw.ina.layout import in_layout
 
 from .ingress import INA_RX
 

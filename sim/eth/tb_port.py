@@ -12,11 +12,11 @@ from cocotb.triggers import RisingEdge, with_timeout
 from scapy.layers.inet import ICMP, IP, UDP, IPOption_NOP, IPOption_Router_Alert
 from scapy.layers.l2 import ARP, Ether
 
-from host.protocol.fields import INA_UDP_PORT
-from hw.eth.egress import CORE_OUT
-from hw.eth.port import PORT_COUNTERS
-from hw.eth.words import CORE_IN
-from sim.eth.util import TB, frame_bytes, ip2int, mac2int, pack, unpack
+from ina_fabric.protocol.fields import INA_UDP_PORT
+from ina_fabric.hw.eth.egress import CORE_OUT
+from ina_fabric.hw.eth.port import PORT_COUNTERS
+from ina_fabric.hw.eth.words import CORE_IN
+from ina_fabric.sim.eth.util import TB, frame_bytes, ip2int, mac2int, pack, unpack
 
 BOARD_MAC = "02:00:00:00:00:01"
 BOARD_IP = "10.0.0.2"

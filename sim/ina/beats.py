@@ -5,8 +5,8 @@ the elements start on a new beat (hw/ina/layout.py). Payloads are packed into th
 integer a simulator sees on ``i__payload`` / ``o__payload`` from the Amaranth layouts.
 """
 
-from hw.ina.layout import in_layout, out_layout
-from hw.ina.params import HEADER_WORDS
+from ina_fabric.hw.ina.layout import in_layout, out_layout
+from ina_fabric.hw.ina.params import HEADER_WORDS
 
 __all__ = ["Packer", "datagram_beats", "beats_datagram", "in_payloads", "packers"]
 

@@ -3,9 +3,9 @@
 model counters). The scoreboard checks the core against the model on each; the
 expected counters check that the scenario really exercises its row."""
 
-from host.protocol.fields import MsgType
-from host.protocol.jobtable import JobConfig
-from host.protocol.numpy_view import pack
+from ina_fabric.protocol.fields import MsgType
+from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.numpy_view import pack
 
 __all__ = ["SCENARIOS", "b2b_jobs", "b2b_traffic"]
 

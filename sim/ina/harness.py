@@ -9,8 +9,8 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge, ClockCycles
 
-from hw.ina.params import CoreParams
-from hw.ina.regs import (config_writes, counter_addr, job_reg_addr, COUNTER_NAMES,
+from ina_fabric.hw.ina.params import CoreParams
+from ina_fabric.hw.ina.regs import (config_writes, counter_addr, job_reg_addr, COUNTER_NAMES,
                          GLOBAL_REGS, READ_LATENCY, WRITE_LATENCY)
 from .beats import packers, in_payloads, beats_datagram
 from .scoreboard import Scoreboard

@@ -17,11 +17,11 @@ import ipaddress
 
 import numpy as np
 
-from host.model.switch_model import SwitchModel
-from host.protocol.fields import MsgType
-from host.protocol.numpy_view import HEADER_DTYPE
-from hw.ina.replicator import ipv4_header
-from hw.ina.regs import COUNTER_NAMES
+from ina_fabric.host.model.switch_model import SwitchModel
+from ina_fabric.protocol.fields import MsgType
+from ina_fabric.protocol.numpy_view import HEADER_DTYPE
+from ina_fabric.hw.ina.replicator import ipv4_header
+from ina_fabric.hw.ina.regs import COUNTER_NAMES
 
 __all__ = ["Scoreboard", "ScoreboardError"]
 

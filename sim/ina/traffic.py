@@ -9,9 +9,9 @@ windowed sender's would; the stream is open loop (it does not react to results).
 
 import numpy as np
 
-from host.protocol.fields import MsgType, Flags
-from host.protocol.numpy_view import pack
-from host.protocol.jobtable import JobConfig
+from ina_fabric.protocol.fields import MsgType, Flags
+from ina_fabric.protocol.numpy_view import pack
+from ina_fabric.protocol.jobtable import JobConfig
 
 __all__ = ["Mix", "make_jobs", "generate"]
 
