@@ -14,7 +14,7 @@ SIZES = {"256KB": 256 << 10, "4MB": 4 << 20, "64MB": 64 << 20}
 def _worker(rank, world, port, switch, sizes, reps, q):
     import torch
     import torch.distributed as dist
-    from ina_fabric.host.torch.hook import InaHookState
+    from ina_fabric.host.ddp.hook import InaHookState
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -47,7 +47,7 @@ def _worker(rank, world, port, switch, sizes, reps, q):
 def measure(world, sizes, reps):
     import torch  # noqa: F401  (inherited by the forked workers)
     ctx = mp.get_context("fork")
-    from ina_fabric.host.train_helpers import start_switch_process, free_tcp_port
+    from ina_fabric.host.cluster import start_switch_process, free_tcp_port
     switch, sproc = start_switch_process(ctx)
     q = ctx.Queue()
     port = free_tcp_port()

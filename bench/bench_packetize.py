@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from ina_fabric.bench._results import write
-from ina_fabric.host import quantize as Q
+from ina_fabric.host.transport import quantize as Q
 from ina_fabric.protocol import HEADER_BYTES
 
 
@@ -49,7 +49,7 @@ def packetize_ratio(n=1 << 22, elements=1024, workers=4):
 
 
 def loopback_allreduce(size, workers, elements):
-    from ina_fabric.host.local import LocalCluster, WorkerSpec
+    from ina_fabric.host.cluster import LocalCluster, WorkerSpec
     with LocalCluster(WorkerSpec(nworkers=workers, elements=elements)) as c:
         c.allreduce_check(size, 1)  # warm-up (numba caches, socket buffers)
         res = c.allreduce_check(size, 2)

@@ -6,7 +6,7 @@ Three parts, all measured side by side in one run (ratios are the figures):
    algorithm over our impaired TCP), TAR over TCP, bounded TAR over UDP (adaptive
    deadline), in-network reliable and bounded (adaptive switch deadline), at each
    P99/P50; speedups are ring-time / time, and the fraction of entries lost per call.
-2. time-to-accuracy (``host.torch.train.run_training``, DDP with the comm hook): Gloo
+2. time-to-accuracy (``host.ddp.train.run_training``, DDP with the comm hook): Gloo
    (real torch Gloo; our userspace impairment cannot reach its kernel TCP, so it runs
    without the tail: a conservative baseline), the ring under the tail, TAR over TCP,
    bounded TAR (plain: OptiReduce's local fill; ``-repair``: missed chunks fetched from
@@ -65,7 +65,7 @@ def _micro_rank(rank, world, store, kind, n, calls, delay, ratio, elements, sw, 
 def micro(ratios, n, calls, delay, world, elements, rounds=2):
     """Each collective runs ``rounds`` times, interleaved (A B C .. A B C ..), so a change
     in the machine's load during the run falls on all of them alike."""
-    from ina_fabric.host.collectives.launch import run_ranks
+    from ina_fabric.host.cluster import run_ranks
     from ina_fabric.host.collectives.adapters import LiveSwitch
     from ina_fabric.host.transport.impair import Impairment
     out = {}
@@ -106,7 +106,7 @@ def micro(ratios, n, calls, delay, world, elements, rounds=2):
 
 def _train(workload, backend, ratio, delay_ms, loss, seed, logdir, live, hadamard=False,
            deadline_ms=None, max_epochs=30, workers=4, stop=True):
-    from ina_fabric.host.torch.train import TrainConfig, run_training
+    from ina_fabric.host.ddp.train import TrainConfig, run_training
     os.environ["INA_TAR_LOG"] = logdir
     os.environ["INA_LIVE_SWITCH"] = live
     if deadline_ms:

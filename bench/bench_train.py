@@ -10,7 +10,7 @@ def main(argv=()):
     ap.add_argument("--transformer", action="store_true",
                     help="the transformer workload instead of the digits CNN")
     args = ap.parse_args(list(argv))
-    from ina_fabric.host.torch.train import TrainConfig, run_training
+    from ina_fabric.host.ddp.train import TrainConfig, run_training
     workload = "transformer" if args.transformer else "digits"
     runs = {}
     for backend in ("gloo", "ina", "ina-bounded"):

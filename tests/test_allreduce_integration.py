@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from ina_fabric.host.local import LocalCluster, WorkerSpec
+from ina_fabric.host.cluster import LocalCluster, WorkerSpec
 from ina_fabric.protocol import unpack, MsgType
 from ina_fabric.host.switch import query_status
 from ina_fabric.host.transport import SwitchClient, SwitchUnavailable

@@ -6,7 +6,7 @@ import pytest
 
 from ina_fabric.host.collectives import DeadlinePolicy, ReplicaGuard, drift
 from ina_fabric.host.collectives.consistency import sgd_drift_bound
-from ina_fabric.host.collectives.launch import run_ranks
+from ina_fabric.host.cluster import run_ranks
 from ina_fabric.host.collectives.tar import Mesh, TarUdp
 from ina_fabric.host.transport.impair import Impairment
 

@@ -9,7 +9,7 @@ import pytest
 
 from ina_fabric.host.collectives import make_collective
 from ina_fabric.host.collectives.adapters import LiveSwitch
-from ina_fabric.host.collectives.launch import run_ranks
+from ina_fabric.host.cluster import run_ranks
 
 pytestmark = pytest.mark.xdist_group("tar")
 torch = pytest.importorskip("torch")   # imported once here: forked ranks inherit it
@@ -51,7 +51,7 @@ def test_switch_collective_and_live_deadline(mode):
 
 
 def test_tar_inside_ddp_training(tmp_path):
-    from ina_fabric.host.torch.train import TrainConfig, run_training
+    from ina_fabric.host.ddp.train import TrainConfig, run_training
     os.environ["INA_TAR_LOG"] = str(tmp_path)
     try:
         res = run_training(TrainConfig(workload="digits", workers=2, max_steps=6,

@@ -11,7 +11,7 @@ import pytest
 from ina_fabric.host.control.compress import (TokenBucket, decode, encode, expected_sq_error,
                                    message_bytes, quantize, relative_errors)
 from ina_fabric.host.control.knobs import ConfigError
-from ina_fabric.host.train_helpers import free_tcp_port
+from ina_fabric.host.cluster import free_tcp_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -121,7 +121,7 @@ def test_collective_sends_fewer_bytes_at_lower_precision_and_sums_right():
 
 
 def test_knobs_change_bytes_and_accumulation_in_the_training_loop(tmp_path):
-    """Real training (host.torch.run_training, digits, 2 workers): float32 and a=1 for 8
+    """Real training (host.ddp.run_training, digits, 2 workers): float32 and a=1 for 8
     optimizer steps, then 4 bits and a=4. Bytes per step shrink about 8x, and with a=4
     the loop consumes 4 micro-batches per optimizer step while communicating once."""
     from ina_fabric.host.control.realrun import RealSpec, real_run

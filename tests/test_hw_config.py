@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from ina_fabric.host.commands.hw_config import render, control_datagram
-from ina_fabric.host.model.switch_model import SwitchModel
+from ina_fabric.host.switch.model import SwitchModel
 from ina_fabric.protocol.jobtable import JobConfig
 from ina_fabric.protocol.regs import job_reg_addr
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ina_fabric.host.model import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
+from ina_fabric.host.switch import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
 from ina_fabric.protocol import pack, unpack, MsgType, Flags, HEADER_BYTES
 from ina_fabric.protocol.jobtable import JobConfig
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ina_fabric.host import quantize as Q
+from ina_fabric.host.transport import quantize as Q
 from ina_fabric.protocol import HEADER_BYTES
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ina_fabric.host.collectives import DeadlinePolicy, make_collective
-from ina_fabric.host.collectives.launch import run_ranks
+from ina_fabric.host.cluster import run_ranks
 from ina_fabric.host.collectives.tar import Mesh, TarUdp, TarTcp, RingTcp, shard_bounds
 from ina_fabric.host.transport.impair import Impairment
 

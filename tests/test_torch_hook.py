@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from ina_fabric.host import quantize as Q
-from ina_fabric.host.torch.train import TrainConfig, run_training
+from ina_fabric.host.transport import quantize as Q
+from ina_fabric.host.ddp.train import TrainConfig, run_training
 
 pytestmark = pytest.mark.xdist_group("torch")
 
@@ -55,7 +55,7 @@ def test_bad_switch_address_is_a_clear_error():
     out = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "train", "--switch", "nonsense"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "bad switch address" in out.stderr
-    from ina_fabric.host.torch.hook import switch_from_env
+    from ina_fabric.host.ddp.hook import switch_from_env
     with pytest.raises(ValueError, match="bad switch address"):
         switch_from_env("10.0.0.1:notaport")
     with pytest.raises(ValueError, match="INA_SWITCH"):

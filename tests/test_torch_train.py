@@ -2,7 +2,7 @@
 
 import pytest
 
-from ina_fabric.host.torch.train import TrainConfig, run_training
+from ina_fabric.host.ddp.train import TrainConfig, run_training
 
 pytestmark = pytest.mark.xdist_group("torch")
 

@@ -1,4 +1,4 @@
-"""Factories for ``host.torch`` (``ina train --backends host.collectives.plugin:tar_udp``).
+"""Factories for ``host.ddp`` (``ina train --backends host.collectives.plugin:tar_udp``).
 
 Each factory is ``f(rank, world, cfg) -> Collective`` with ``cfg`` the ``TrainConfig``;
 the impairment comes from ``cfg`` (loss, delay_ms, p99_over_p50, duplicate, reorder,

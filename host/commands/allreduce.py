@@ -44,7 +44,7 @@ def add_arguments(p):
 def run(args):
     import json
     from ..cli import CliError
-    from ..local import LocalCluster, WorkerSpec
+    from ..cluster import LocalCluster, WorkerSpec
     n = parse_size(args.size)
     if not 1 <= args.workers <= 32:
         raise CliError("--workers must be in 1..32")

@@ -6,7 +6,7 @@ switch (started here) or a switch you name, and the same run on Gloo as the base
     ina train --workload transformer --max-epochs 3
     ina train --switch 192.168.1.50:19900        aggregate on an FPGA board
 
-Under torchrun (multi-node), use host.torch.hook.InaHookState.from_env in your script
+Under torchrun (multi-node), use host.ddp.hook.InaHookState.from_env in your script
 (see README, "Train with torchrun").
 """
 
@@ -49,7 +49,7 @@ def run(args):
     import sys
     from tqdm import tqdm
     from ..cli import CliError
-    from ..torch.train import TrainConfig, run_training
+    from ..ddp.train import TrainConfig, run_training
     runs = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not runs:
         raise CliError("--backends is empty")

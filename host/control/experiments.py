@@ -116,7 +116,7 @@ def trace_figure(path, link="10G", schedule=None, seed=0, out=print):
 
 def real_comparison(levels=("light", "heavy"), controllers=None, workers=4, seed=0,
                     capacity=8e6, workload="digits", out=print, plot=None):
-    """Real training (``host.torch``) with each controller under each contention level of
+    """Real training (``host.ddp``) with each controller under each contention level of
     the userspace-throttled link: seconds to target accuracy, ratios to Joint."""
     from .realrun import RealSpec, real_run
     controllers = controllers or list(CONTROLLERS)
@@ -251,7 +251,7 @@ def measure_kappa2(workload="digits", steps=60, every=10, seed=0, out=print):
     """kappa2 = 6 L_q^2 r_q of real gradients (single process, plain SGD with momentum),
     from the exact stochastic-rounding error at int4 and int8, every ``every`` steps."""
     import torch
-    from ..torch.workloads import get_workload
+    from ..ddp.workloads import get_workload
     from .compress import relative_errors
     torch.manual_seed(seed)
     wl = get_workload(workload, seed)

@@ -1,4 +1,4 @@
-"""The controller in real training: plug-ins for ``host.torch.train.run_training``.
+"""The controller in real training: plug-ins for ``host.ddp.train.run_training``.
 
 ``run_training`` takes a collective factory (``backend="ina_fabric.host.control.realrun:collective"``)
 and a controller factory (``controller="ina_fabric.host.control.realrun:controller"``), both
@@ -42,7 +42,7 @@ class RealSpec:
     seed: int = 0
     hysteresis: float = 0.05
     precisions: tuple = (32, 16, 8, 4)
-    # a <= micro-batches per epoch per worker (digits, 4 workers: 11): host.torch's loop
+    # a <= micro-batches per epoch per worker (digits, 4 workers: 11): host.ddp's loop
     # restarts its micro-step count every epoch, so a larger a would never step
     accums: tuple = (1, 2, 4, 8)
     b_noise_prior: float = 64.0
@@ -142,7 +142,7 @@ def real_run(spec: RealSpec, workload="digits", workers=4, seed=0, control_inter
              max_epochs=60, target=None, timeout=900, **train_kw):
     """One training run with the given controller under the spec's contention; returns
     the ``TrainResult``."""
-    from ..torch.train import TrainConfig, run_training
+    from ..ddp.train import TrainConfig, run_training
     os.environ[ENV] = json.dumps(asdict(spec))
     try:
         cfg = TrainConfig(workload=workload, workers=workers, seed=seed,

@@ -27,7 +27,7 @@ import numpy as np
 
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
-from .. import quantize as Q
+from . import quantize as Q
 
 __all__ = ["SwitchClient", "AllreduceStats", "SwitchUnavailable", "AllreduceTimeout"]
 

@@ -39,7 +39,7 @@ GLOBAL_REGS = (
 )
 
 COUNTER_BASE = 0x040
-#: the reference model's counter names (``ina_fabric.host.model`` COUNTERS) that apply,
+#: the reference model's counter names (``ina_fabric.host.switch`` COUNTERS) that apply,
 #: plus stream_errors (a stream whose beat count disagrees with its length)
 COUNTER_NAMES = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",

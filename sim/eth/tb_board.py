@@ -17,7 +17,7 @@ from scapy.layers.l2 import ARP, Ether
 from scapy.utils import wrpcap
 from cocotbext.eth import GmiiFrame
 
-from ina_fabric.host.model.switch_model import SwitchModel
+from ina_fabric.host.switch.model import SwitchModel
 from ina_fabric.protocol.fields import INA_UDP_PORT
 from ina_fabric.protocol.jobtable import JobConfig
 from ina_fabric.protocol.numpy_view import pack

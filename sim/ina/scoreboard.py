@@ -1,4 +1,4 @@
-"""Scoreboard: the reference model (host/model/switch_model.py) replayed on what the
+"""Scoreboard: the reference model (host/switch/model.py) replayed on what the
 core saw, compared with what the core sent.
 
 Time. The core's time is its cycle counter; a packet's time is the cycle its first beat
@@ -17,7 +17,7 @@ import ipaddress
 
 import numpy as np
 
-from ina_fabric.host.model.switch_model import SwitchModel
+from ina_fabric.host.switch.model import SwitchModel
 from ina_fabric.protocol.fields import MsgType
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 from ina_fabric.hw.ina.replicator import ipv4_header

@@ -1,4 +1,4 @@
 """PyTorch integration: the DDP comm hook (``hook``), workloads, and the training loop.
 
-Importing ``host.torch`` does not import torch; import the submodules you need.
+Importing ``host.ddp`` does not import torch; import the submodules you need.
 """

@@ -31,7 +31,7 @@ class SwitchServer:
         self.address = self.sock.getsockname()
         self.out = self.sock
         if impairment is not None and impairment.active:
-            from .transport.impair import ImpairedSocket
+            from ..transport.impair import ImpairedSocket
             self.out = ImpairedSocket(self.sock, impairment)
         self.running = False
         self.errors = 0

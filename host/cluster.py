@@ -1,19 +1,93 @@
-"""A switch and N worker processes on this machine, for `ina allreduce`, tests and benches.
+"""Local process clusters: the one place that starts switches and ranks on this machine.
 
-Workers bind ephemeral UDP ports first; the parent then installs the job on the switch
-with a CONTROL datagram (the same path an FPGA's job table is loaded by), so parallel runs
-never collide on ports.
+- :func:`start_switch_process`: a software switch with an empty job table in a child.
+- :func:`run_ranks`: ``world`` forked ranks calling ``fn(rank, world, store, *args)``
+  with a shared :class:`~ina_fabric.host.collectives.base.DirStore`; results in rank order,
+  a failing rank's traceback re-raised here.
+- :class:`LocalCluster`: a switch and N worker processes (``ina allreduce``, tests,
+  benches). Workers bind ephemeral UDP ports first; the parent then installs the job on
+  the switch with a CONTROL datagram (the same path an FPGA's job table is loaded by), so
+  parallel runs never collide on ports.
+- :func:`free_tcp_port`: a rendezvous port for torch.distributed.
 """
 
 from dataclasses import dataclass, asdict
 import multiprocessing as mp
+import socket
+import tempfile
 import time
+import traceback
 
 import numpy as np
 
 from ina_fabric.protocol.jobtable import JobConfig
 
-__all__ = ["WorkerSpec", "LocalCluster", "worker_data"]
+__all__ = ["WorkerSpec", "LocalCluster", "worker_data", "run_ranks", "start_switch_process",
+           "free_tcp_port"]
+
+
+def free_tcp_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _serve(conn):
+    from .switch import SwitchServer
+    server = SwitchServer([], "127.0.0.1", 0)
+    conn.send(server.address)
+    server.serve_forever()
+
+
+def start_switch_process(ctx):
+    """A software switch with an empty job table (jobs arrive by CONTROL) in a child
+    process of the multiprocessing context ``ctx``. Returns (address, process)."""
+    a, b = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(b,), daemon=True)
+    proc.start()
+    return tuple(a.recv()), proc
+
+
+
+def _child(fn, rank, world, path, args, q):
+    try:
+        from .collectives.base import DirStore
+        res = fn(rank, world, DirStore(path), *args)
+        q.put((rank, True, res))
+    except BaseException:
+        q.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(world, fn, *args, timeout=300.0, start_method="fork"):
+    ctx = mp.get_context(start_method)
+    with tempfile.TemporaryDirectory(prefix="ina-rdv-") as path:
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_child, args=(fn, r, world, path, args, q), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        results = [None] * world
+        errors = []
+        try:
+            for _ in range(world):
+                rank, ok, res = q.get(timeout=timeout)
+                if ok:
+                    results[rank] = res
+                else:
+                    errors.append(f"rank {rank}:\n{res}")
+                    break
+        finally:
+            for p in procs:
+                p.join(timeout=5 if not errors else 0.5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        if errors:
+            raise RuntimeError("a rank failed: " + errors[0])
+        return results
 
 
 @dataclass
@@ -55,7 +129,7 @@ def _worker_main(spec_d, w, switch, conn):
         if cmd is None:
             break
         n, iters = cmd
-        from . import quantize as Q
+        from .transport import quantize as Q
         maxerr, worst_ratio, secs = 0.0, 0.0, 0.0
         try:
             for it in range(iters):
@@ -90,7 +164,6 @@ class LocalCluster:
         self.procs, self.conns = [], []
         self.switch_proc = None
         if switch is None:
-            from .train_helpers import start_switch_process
             self.switch, self.switch_proc = start_switch_process(self.ctx)
         else:
             host, _, port = switch.rpartition(":")

@@ -271,9 +271,9 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
             host, _, port = cfg.switch.rpartition(":")
             switch = (host, int(port))
         else:
-            from ..train_helpers import start_switch_process
+            from ..cluster import start_switch_process
             switch, switch_proc = start_switch_process(ctx)
-    from ..train_helpers import free_tcp_port
+    from ..cluster import free_tcp_port
     port = free_tcp_port()
     procs = [ctx.Process(target=_worker, args=(r, asdict(cfg), port, switch, queue,
                                                keep_params), daemon=True)

@@ -1,0 +1,8 @@
+"""The software switch: the reference model (``model``, *the* definition of the
+aggregator semantics) and its UDP server (``server``, what ``ina switch`` runs)."""
+
+from .model import SwitchModel, COUNTERS, INT32_MIN, INT32_MAX, GROUP_WORKER
+from .server import SwitchServer, query_status, send_job
+
+__all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER",
+           "SwitchServer", "query_status", "send_job"]
