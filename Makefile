@@ -32,13 +32,13 @@ test: setup
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup tests
 
 demo: setup
-	$(INA) train --workers 4 --plot demo.png
+	$(INA) train --workers 4 --plot --out ina-out/demo
 
 bench: setup
 	$(INA) bench all
 
 clean:
-	rm -rf build bench/results .pytest_cache sim_build
+	rm -rf build bench/results ina-out .pytest_cache sim_build
 
 # Gateware: cocotb benches (WAVES=1 writes waveforms), bitstream, programming.
 sim: setup

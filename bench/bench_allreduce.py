@@ -18,7 +18,8 @@ def _worker(rank, world, port, switch, sizes, reps, q):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    state = InaHookState.from_env(switch=switch, elements=8192)
+    from ina_fabric.protocol.jobtable import LINK_DEFAULTS
+    state = InaHookState.from_env(switch=switch, elements=LINK_DEFAULTS["loopback"].elements)
     client = state.collective
     out = {}
     for name, nbytes in sizes.items():

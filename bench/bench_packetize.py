@@ -50,7 +50,9 @@ def packetize_ratio(n=1 << 22, elements=1024, workers=4):
 
 def loopback_allreduce(size, workers, elements):
     from ina_fabric.host.cluster import LocalCluster, WorkerSpec
-    with LocalCluster(WorkerSpec(nworkers=workers, elements=elements)) as c:
+    from ina_fabric.protocol.jobtable import job_defaults
+    spec = WorkerSpec(nworkers=workers, settings=job_defaults("loopback", elements=elements))
+    with LocalCluster(spec) as c:
         c.allreduce_check(size, 1)  # warm-up (numba caches, socket buffers)
         res = c.allreduce_check(size, 2)
     t = res["seconds"] / 2

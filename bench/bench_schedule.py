@@ -2,7 +2,7 @@
 memory sweep, simulator agreement, and time to a target loss against all-reduce.
 
     ina bench schedule                 figures to bench/results/schedule.json
-    ina bench schedule --png-dir docs also regenerate docs/schedule_*.png
+    ina bench schedule --plot docs also regenerate docs/schedule_*.png
 """
 
 import argparse
@@ -25,7 +25,8 @@ def main(argv=None) -> int:
     from ina_fabric.host.schedule import plot
 
     ap = argparse.ArgumentParser(prog="ina bench schedule", description=__doc__.strip().splitlines()[0])
-    ap.add_argument("--png-dir", help="write the figures (round map, sweep, training) here")
+    ap.add_argument("--plot", "--png-dir", dest="png_dir", metavar="DIR",
+                    help="write the figures (round map, sweep, training) here")
     ap.add_argument("--quick", action="store_true", help="fewer sweep points and rounds")
     args = ap.parse_args(argv)
     figures = {}

@@ -18,7 +18,7 @@ Three parts, all measured side by side in one run (ratios are the figures):
 Default (`make bench`): allreduce at P99/P50 in {1.0, 3.0}, time-to-accuracy on digits at
 P99/P50 = 3.0, loss in {0, 5%, 10%}: five to seven minutes on two busy cores.
 ``--full``: digits and transformer, P99/P50 in {1.0, 1.5, 3.0}, loss 0-10%.
-``--png FILE`` draws the figures (TTA ratios, loss sweep, deadline trajectory, loss/step).
+``--plot FILE`` draws the figures (TTA ratios, loss sweep, deadline trajectory, loss/step).
 """
 
 import argparse
@@ -44,12 +44,12 @@ TRAIN_BACKENDS = {"gloo": "gloo",
 
 
 def _micro_rank(rank, world, store, kind, n, calls, delay, ratio, elements, sw, seed):
-    from ina_fabric.host.collectives import make_collective
+    from ina_fabric.host.collectives import make_collective, SwitchTarget
     from ina_fabric.host.transport.impair import Impairment
     imp = Impairment(delay_median=delay, p99_over_p50=ratio, seed=seed * 100 + rank + 1)
     kw = dict(elements=elements)
     if kind.startswith("switch"):
-        kw = dict(switch=sw[0], switch_control=sw[1], job=seed + 1, elements=1024)
+        kw = dict(switch=SwitchTarget(sw[0], sw[1], job=seed + 1), elements=1024)
     c = make_collective(kind, rank, world, store, impairment=imp, calibration=5,
                         prefix=f"{kind}-{seed}", **kw)
     rows = []
@@ -254,7 +254,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=16, help="calls per run (6 calibrate)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved runs per collective")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--png", default=None, help="write the figures to this PNG")
+    ap.add_argument("--plot", "--png", dest="png", default=None, metavar="PNG",
+                    help="write the figures to this PNG")
     ap.add_argument("--backends", default=None,
                     help=f"comma-separated TTA backends from {','.join(TRAIN_BACKENDS)}")
     ap.add_argument("--workloads", default=None,

@@ -26,6 +26,23 @@ def _verbs():
                 f"{commands.__name__}.{info.name}")
 
 
+def _polish(parser):
+    """Every (sub)command: defaults shown in --help, and a description (its help line
+    where it has no docstring)."""
+    from .commands._common import HelpFormatter
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if action.help is None and not any(action.default is x for x in
+                                           (None, False, True, argparse.SUPPRESS)):
+            action.help = action.dest.replace("_", " ")   # a line to show the default on
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                if not sub.description:
+                    sub.description = helps.get(name)
+                _polish(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ina", description="INA-Fabric: in-network gradient aggregation.")
@@ -36,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
+    _polish(parser)
     return parser
 
 

@@ -11,7 +11,7 @@
 - :func:`free_tcp_port`: a rendezvous port for torch.distributed.
 """
 
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, field
 import multiprocessing as mp
 import socket
 import tempfile
@@ -20,7 +20,9 @@ import traceback
 
 import numpy as np
 
-from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.jobtable import JobConfig, JobSettings, LINK_DEFAULTS
+
+from .transport.impair import Impairment
 
 __all__ = ["WorkerSpec", "LocalCluster", "worker_data", "run_ranks", "start_switch_process",
            "free_tcp_port"]
@@ -92,16 +94,14 @@ def run_ranks(world, fn, *args, timeout=300.0, start_method="fork"):
 
 @dataclass
 class WorkerSpec:
+    """N workers of one job on this host. ``settings``: the job's window, elements,
+    deadline and mode (default: the loopback defaults); ``impairment``: the uplink policy
+    each worker gets a fresh copy of (seeded per worker)."""
     job: int = 1
     nworkers: int = 4
-    window: int = 64
-    elements: int = 1024
-    mode: str = "reliable"
-    deadline: float = 0.005
+    settings: JobSettings = field(default_factory=lambda: LINK_DEFAULTS["loopback"])
     base_port: int = 0           # 0: ephemeral ports
-    loss: float = 0.0
-    duplicate: float = 0.0
-    reorder: float = 0.0
+    impairment: Impairment = field(default_factory=Impairment)
     seed: int = 0
 
 
@@ -110,15 +110,14 @@ def worker_data(seed, worker, it, n):
     return (rng.standard_normal(n) * rng.uniform(0.1, 10)).astype(np.float32)
 
 
-def _worker_main(spec_d, w, switch, conn):
-    from .transport import SwitchClient, Impairment
-    spec = WorkerSpec(**spec_d)
-    imp = Impairment(loss=spec.loss, duplicate=spec.duplicate, reorder=spec.reorder,
-                     seed=spec.seed * 1000 + w + 1, log_drops=True)
+def _worker_main(spec, w, switch, conn):
+    from .transport import SwitchClient
+    imp = spec.impairment.fresh(seed=spec.seed * 1000 + w + 1, log_drops=True)
     port = spec.base_port + w if spec.base_port else 0
+    s = spec.settings
     try:
-        client = SwitchClient(switch, spec.job, w, spec.nworkers, spec.window, spec.elements,
-                              spec.mode, bind=("127.0.0.1", port), deadline=spec.deadline,
+        client = SwitchClient(switch, spec.job, w, spec.nworkers, s.window, s.elements,
+                              s.mode, bind=("127.0.0.1", port), deadline=s.deadline,
                               impairment=imp)
     except (OSError, ValueError) as e:
         conn.send(("error", str(e)))
@@ -143,9 +142,9 @@ def _worker_main(spec_d, w, switch, conn):
                 # per-chunk bound from the exponent of the exact chunk max
                 chunks = Q.local_exponents(
                     np.max([np.abs(worker_data(spec.seed, v, it, n)) for v in
-                            range(spec.nworkers)], axis=0), spec.elements)
+                            range(spec.nworkers)], axis=0), spec.settings.elements)
                 bound = np.repeat([Q.error_bound(int(e), spec.nworkers) for e in chunks],
-                                  spec.elements)[:n] + np.abs(exact) * 2.0 ** -23
+                                  spec.settings.elements)[:n] + np.abs(exact) * 2.0 ** -23
                 maxerr = max(maxerr, float(err.max()))
                 worst_ratio = max(worst_ratio, float((err / bound).max()))
             conn.send(("ok", {"seconds": secs, "max_error": maxerr,
@@ -174,7 +173,7 @@ class LocalCluster:
         addrs = []
         for w in range(spec.nworkers):
             a, b = self.ctx.Pipe()
-            p = self.ctx.Process(target=_worker_main, args=(asdict(spec), w, self.switch, b),
+            p = self.ctx.Process(target=_worker_main, args=(spec, w, self.switch, b),
                                  daemon=True)
             p.start()
             self.procs.append(p)
@@ -185,8 +184,7 @@ class LocalCluster:
                 self.close()
                 raise ValueError(val)
             addrs.append(f"{val[0]}:{val[1]}")
-        self.config = JobConfig(spec.job, tuple(addrs), spec.window, spec.elements,
-                                spec.deadline, spec.mode)
+        self.config = JobConfig.from_settings(spec.job, addrs, spec.settings)
         if self.switch_proc is not None:
             from .switch import send_job
             send_job(self.switch, self.config)

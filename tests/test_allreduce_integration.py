@@ -11,7 +11,8 @@ import pytest
 from ina_fabric.host.cluster import LocalCluster, WorkerSpec
 from ina_fabric.protocol import unpack, MsgType
 from ina_fabric.host.switch import query_status
-from ina_fabric.host.transport import SwitchClient, SwitchUnavailable
+from ina_fabric.host.transport import SwitchClient, SwitchUnavailable, Impairment
+from ina_fabric.protocol.jobtable import job_defaults
 
 
 def start_switch(sport, base, n, mode="reliable", deadline_ms=5.0, elements=1024):
@@ -35,8 +36,10 @@ def run(ports, n, size, mode="reliable", deadline_ms=5.0, **impair):
     base = consecutive_free_ports(n)
     proc = start_switch(sport, base, n, mode, deadline_ms)
     try:
-        spec = WorkerSpec(nworkers=n, mode=mode, deadline=deadline_ms / 1e3, base_port=base,
-                          seed=7, **impair)
+        spec = WorkerSpec(nworkers=n, base_port=base, seed=7,
+                          settings=job_defaults("loopback", mode=mode, elements=1024,
+                                                deadline=deadline_ms / 1e3),
+                          impairment=Impairment(**impair))
         with LocalCluster(spec, switch=f"127.0.0.1:{sport}", timeout=240) as cluster:
             res = cluster.allreduce_check(size, 1)
         res["switch"] = query_status(("127.0.0.1", sport))["counters"]

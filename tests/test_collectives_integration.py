@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from ina_fabric.host.collectives import make_collective
+from ina_fabric.host.collectives import make_collective, SwitchTarget
 from ina_fabric.host.collectives.adapters import LiveSwitch
 from ina_fabric.host.cluster import run_ranks
 
@@ -17,8 +17,9 @@ torch = pytest.importorskip("torch")   # imported once here: forked ranks inheri
 
 def _switch_rank(rank, world, store, sw, mode):
     from ina_fabric.host.switch import query_status
-    c = make_collective(f"switch-{mode}", rank, world, store, switch=sw[0],
-                        switch_control=sw[1], calibration=3, elements=256, window=8, job=5)
+    c = make_collective(f"switch-{mode}", rank, world, store,
+                        switch=SwitchTarget(sw[0], sw[1], job=5, window=8),
+                        calibration=3, elements=256)
     rows = []
     for i in range(6):
         x = np.random.default_rng([rank, i]).standard_normal(3000).astype(np.float32)

@@ -58,8 +58,7 @@ def test_bad_files_rejected(tmp_path, text, needle):
 
 def test_cli_reports_bad_topology_as_one_line(tmp_path, capsys):
     p = _write(tmp_path, '[[island]]\nname = "Tokyo"\n[[island]]\nname = "Atlantis"\n')
-    rc = main(["schedule", "optimize", "--topology", str(p), "--out", str(tmp_path / "s.json"),
-               "--png", str(tmp_path / "s.png")])
+    rc = main(["schedule", "optimize", "--topology", str(p), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1
     assert "unknown city 'Atlantis'" in err and str(p) in err

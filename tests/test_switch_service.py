@@ -88,16 +88,75 @@ def test_cli_errors_are_one_line(tmp_path):
     out = subprocess.run(INA + ["switch", "--config", str(bad)], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 2 and "window 0 not in" in out.stderr
-    out = subprocess.run(INA + ["switch"], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    out = subprocess.run(INA + ["switch", "--local-workers", "2"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--base-port" in out.stderr
+    out = subprocess.run(INA + ["allreduce", "--size", "4Mx"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 2 and "bad size" in out.stderr
     out = subprocess.run(INA + ["switch", "--status", "--address", "127.0.0.1:1"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "no answer" in out.stderr
 
 
-def test_every_verb_has_help():
+def _commands(parser, path=()):
+    """Every (sub)command path of the ina parser."""
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield path + (name,), sub
+                yield from _commands(sub, path + (name,))
+
+
+def test_every_command_has_help_and_description():
+    """Every verb and sub-verb: --help exits 0 quickly, has a description, and shows the
+    defaults of its options."""
     from ina_fabric.host.cli import build_parser
+    for path, sub in _commands(build_parser()):
+        assert sub.description, f"ina {' '.join(path)}: no description"
+        text = sub.format_help()
+        for action in sub._actions:
+            if action.option_strings and action.default not in (None, False) and \
+                    action.default != "==SUPPRESS==":
+                assert f"(default: {action.default})" in " ".join(text.split()), \
+                    f"ina {' '.join(path)} {action.option_strings[0]}: default not shown"
     sub = build_parser()._subparsers._group_actions[0]
     for verb in sub.choices:
         out = subprocess.run(INA + [verb, "--help"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "usage: ina" in out.stdout, verb
+
+
+def test_help_never_runs_anything(tmp_path):
+    """`ina bench NAME --help` prints the benchmark's flags and runs nothing (it ran the
+    packetize benchmark before); nothing is written."""
+    from ina_fabric.host.commands.bench import available
+    for name in available():
+        out = subprocess.run(INA + ["bench", "--out", str(tmp_path / "r"), name, "--help"],
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert out.returncode == 0 and "usage: ina bench" in out.stdout, (name, out.stderr)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_switch_starts_with_no_job_and_takes_one_by_control(ports):
+    """`ina switch` with no job flags serves, and a job installed by CONTROL works."""
+    from ina_fabric.host.switch import send_job
+    from ina_fabric.protocol.jobtable import JobConfig
+    sport, w0, w1 = ports(3)
+    proc = subprocess.Popen(INA + ["switch", "--listen", f"127.0.0.1:{sport}"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(100):
+            try:
+                st = query_status(("127.0.0.1", sport), timeout=0.2)
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert st["jobs"] == [] or st["jobs"] == {}
+        send_job(("127.0.0.1", sport), JobConfig(7, (f"127.0.0.1:{w0}", f"127.0.0.1:{w1}")))
+        jobs = query_status(("127.0.0.1", sport))["jobs"]
+        assert "7" in jobs or any(j.get("job") == 7 for j in jobs)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert "no jobs yet" in proc.stderr.read()

@@ -54,7 +54,7 @@ def test_bad_switch_address_is_a_clear_error():
         TrainConfig(switch="not-an-address").validate()
     out = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "train", "--switch", "nonsense"],
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "bad switch address" in out.stderr
+    assert out.returncode == 2 and "bad address 'nonsense': expected ip:port" in out.stderr
     from ina_fabric.host.ddp.hook import switch_from_env
     with pytest.raises(ValueError, match="bad switch address"):
         switch_from_env("10.0.0.1:notaport")

@@ -134,21 +134,21 @@ class SwitchCollective(Collective):
         self.client.close()
 
 
-def switch_collective(rank, world, store, switch_addr, control=None, mode="reliable",
-                      job=1, window=64, elements=1024, deadline=0.005, policy=None,
-                      impairment=None, prefix="sw"):
+def switch_collective(rank, world, store, switch_addr, control=None, *, job=1,
+                      settings=None, policy=None, impairment=None, prefix="sw"):
     """Make one rank's ``SwitchCollective``: bind, publish the address through ``store``,
-    rank 0 installs the job on the switch (CONTROL datagram), everyone waits for it."""
+    rank 0 installs the job on the switch (CONTROL datagram), everyone waits for it.
+    ``settings``: a ``JobSettings`` (default: the Ethernet defaults)."""
     from ..transport.switch_client import SwitchClient
-    from ina_fabric.protocol.jobtable import JobConfig
+    from ina_fabric.protocol.jobtable import JobConfig, job_defaults
     from ..switch import send_job
-    client = SwitchClient(tuple(switch_addr), job, rank, world, window, elements, mode,
-                          bind=("127.0.0.1", 0), deadline=deadline, impairment=impairment)
+    s = settings or job_defaults()
+    client = SwitchClient(tuple(switch_addr), job, rank, world, s.window, s.elements, s.mode,
+                          bind=("127.0.0.1", 0), deadline=s.deadline, impairment=impairment)
     store.set(f"{prefix}/addr/{rank}", f"{client.address[0]}:{client.address[1]}")
     if rank == 0:
         members = tuple(store.get(f"{prefix}/addr/{i}").decode() for i in range(world))
-        cfg = JobConfig(job, members, window=window, elements=elements, deadline=deadline,
-                        mode=mode)
+        cfg = JobConfig.from_settings(job, members, s)
         send_job(tuple(switch_addr), cfg)
         store.set(f"{prefix}/ready", "1")
     store.get(f"{prefix}/ready")

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from . import make_collective
+from . import make_collective, SwitchTarget
 from .base import Collective
 
 __all__ = ["ring_tcp", "tar_tcp", "tar_udp", "tar_udp_hadamard", "tar_udp_nofill",
@@ -58,30 +58,23 @@ class RecordingCollective(Collective):
                 {"name": self.name, "records": self.records}, default=float))
 
 
-def _impairment(rank, cfg):
-    from ..transport.impair import Impairment
-    return Impairment(loss=cfg.loss, duplicate=cfg.duplicate, reorder=cfg.reorder,
-                      delay_median=cfg.delay_ms / 1e3, p99_over_p50=cfg.p99_over_p50,
-                      seed=cfg.seed * 1000 + rank + 1)
-
-
 def _make(kind, rank, world, cfg, **kw):
     env = os.environ
     dl = env.get("INA_TAR_DEADLINE_MS")
-    opts = dict(impairment=_impairment(rank, cfg),
-                elements=int(env.get("INA_TAR_ELEMENTS", 2048)),
+    opts = dict(elements=int(env.get("INA_TAR_ELEMENTS", 2048)),
                 deadline=float(dl) / 1e3 if dl else None,
                 calibration=int(env.get("INA_TAR_CALIBRATION", 5)), seed=cfg.seed)
     opts.update(kw)
+    switch = None
     if kind.startswith("switch"):
         live = env.get("INA_LIVE_SWITCH")
         if not live:
             raise ValueError("switch collectives need INA_LIVE_SWITCH=ip:port,ip:port")
         (h, p), (ch, cp) = (a.rsplit(":", 1) for a in live.split(","))
-        opts.update(switch=(h, int(p)), switch_control=(ch, int(cp)), job=cfg.job,
-                    window=cfg.window)
+        switch = SwitchTarget((h, int(p)), (ch, int(cp)), job=cfg.job, window=cfg.window)
         opts["elements"] = int(env.get("INA_TAR_ELEMENTS", cfg.elements))
-    c = make_collective(kind, rank, world, None, **opts)
+    c = make_collective(kind, rank, world, None, impairment=cfg.uplink(rank), switch=switch,
+                        **opts)
     return RecordingCollective(c, env.get("INA_TAR_LOG"))
 
 

@@ -2,60 +2,50 @@
 switch and check the sum against float64 numpy.
 
     ina allreduce                              (starts its own software switch)
-    ina allreduce --workers 4 --size 4M --loss 0.02 --mode bounded
-    ina allreduce --switch 10.0.0.10:19900 ...  (an FPGA or a remote ina switch)
+    ina allreduce --workers 4 --size 16M --loss 0.02 --mode bounded
+    ina allreduce --switch 198.18.0.10:19900 --elements 256 ...  (an FPGA or a remote switch)
+
+Sizes are bytes (K, M, G are powers of 1024: 4M = 4MB = 4MiB). The job settings default
+to the loopback ones; a switch across Ethernet wants --elements 256.
 """
 
 HELP = "allreduce through a switch with N local workers; prints throughput and stats"
 
 
-def parse_size(text: str) -> int:
-    from ..cli import CliError
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower()
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(t)
-    except ValueError:
-        raise CliError(f"bad size {text!r}: use e.g. 65536, 256k, 4M") from None
-
-
 def add_arguments(p):
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--size", default="1M", help="float32 elements per worker (e.g. 4M)")
-    p.add_argument("--iterations", type=int, default=3)
-    p.add_argument("--mode", choices=("reliable", "bounded"), default="reliable")
-    p.add_argument("--elements", type=int, help="elements per packet (default: 8192 on "
-                   "loopback, 256 with --switch)")
-    p.add_argument("--window", type=int, default=64)
-    p.add_argument("--deadline-ms", type=float, default=5.0)
-    p.add_argument("--loss", type=float, default=0.0, help="uplink loss probability")
-    p.add_argument("--duplicate", type=float, default=0.0)
-    p.add_argument("--reorder", type=float, default=0.0)
-    p.add_argument("--switch", metavar="IP:PORT",
-                   help="use this switch instead of starting a local one "
-                        "(it must have the job configured)")
-    p.add_argument("--job", type=int, default=1)
-    p.add_argument("--base-port", type=int, default=20000)
-    p.add_argument("--seed", type=int, default=0)
+    from ._common import (add_base_port_argument, add_impairment_arguments,
+                          add_job_arguments, add_switch_argument, size_arg)
+    p.add_argument("--workers", type=int, default=4, help="local worker processes (1..32)")
+    p.add_argument("--size", type=size_arg, default="4M",
+                   help="bytes of float32 per worker and call (4M = 1,048,576 floats)")
+    p.add_argument("--iterations", type=int, default=3, help="calls, each checked")
+    add_job_arguments(p, "loopback")
+    add_impairment_arguments(p)
+    add_switch_argument(p, "use this switch (an FPGA or a remote `ina switch`; it must "
+                           "have the job configured) instead of starting a local one")
+    p.add_argument("--job", type=int, default=1, help="job id")
+    add_base_port_argument(p)
+    p.add_argument("--seed", type=int, default=0, help="data and impairment seed")
 
 
 def run(args):
     import json
     from ..cli import CliError
     from ..cluster import LocalCluster, WorkerSpec
-    n = parse_size(args.size)
+    from ..transport.impair import Impairment
+    from ._common import job_settings
+    if args.size % 4 or args.size <= 0:
+        raise CliError(f"--size {args.size}: a positive number of bytes, a multiple of 4")
+    n = args.size // 4
     if not 1 <= args.workers <= 32:
         raise CliError("--workers must be in 1..32")
-    spec = WorkerSpec(job=args.job, nworkers=args.workers, window=args.window,
-                      elements=args.elements or (256 if args.switch else 8192),
-                      mode=args.mode,
-                      deadline=args.deadline_ms / 1e3, base_port=args.base_port,
-                      loss=args.loss, duplicate=args.duplicate, reorder=args.reorder,
-                      seed=args.seed)
     try:
-        with LocalCluster(spec, switch=args.switch) as cluster:
+        spec = WorkerSpec(job=args.job, nworkers=args.workers, settings=job_settings(args),
+                          base_port=args.base_port, seed=args.seed,
+                          impairment=Impairment(loss=args.loss, duplicate=args.duplicate,
+                                                reorder=args.reorder))
+        switch = f"{args.switch[0]}:{args.switch[1]}" if args.switch else None
+        with LocalCluster(spec, switch=switch) as cluster:
             res = cluster.allreduce_check(n, args.iterations)
     except (OSError, ValueError) as e:
         raise CliError(str(e)) from None

@@ -2,8 +2,10 @@
 
     ina control model --bandwidth 1.25e9 --b-noise 256     predicted time to target per knob pair
     ina control simulate                                    paper-scale simulation, 5 controllers
-    ina control trace --plot trace.png --link 10G          knobs vs time, changing contention
-    ina control real --levels light,heavy --plot real.png  real training (digits, 4 workers)
+    ina control trace --link 10G                          knobs vs time, changing contention
+    ina control real --levels light,heavy --plot          real training (digits, 4 workers)
+
+Figures go to --out DIR (default ina-out/control): trace_<link>.png, real.png.
     ina control kappa --workload transformer --steps 30    kappa2 of real gradients
 
 See docs/control.md.
@@ -13,6 +15,7 @@ HELP = "joint precision/accumulation controller: cost model, simulation, real ru
 
 
 def add_arguments(p):
+    from ._common import add_output_arguments
     sub = p.add_subparsers(dest="what", required=True, metavar="WHAT")
     m = sub.add_parser("model", help="print predicted time to target for every knob pair")
     m.add_argument("--params", type=int, default=774_000_000)
@@ -30,7 +33,7 @@ def add_arguments(p):
     s.add_argument("--levels", default="light,medium,heavy")
     s.add_argument("--seed", type=int, default=0)
     t = sub.add_parser("trace", help="PNG of knobs vs time under changing contention")
-    t.add_argument("--plot", required=True)
+    add_output_arguments(t, "control", plot=False)
     t.add_argument("--link", default="10G", choices=["10G", "100G"])
     t.add_argument("--seed", type=int, default=0)
     k = sub.add_parser("kappa", help="measure kappa2 (chunk max^2 / mean square) of real gradients")
@@ -43,7 +46,7 @@ def add_arguments(p):
     r.add_argument("--capacity", type=float, default=8e6, help="bytes/s per worker link")
     r.add_argument("--workload", default="digits")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--plot", default=None)
+    add_output_arguments(r, "control")
 
 
 def _ints(text, what):
@@ -79,16 +82,24 @@ def run(args):
                            levels=tuple(args.levels.split(",")), seed=args.seed)
         elif args.what == "trace":
             from ..control.experiments import trace_figure
-            trace_figure(args.plot, link=args.link, seed=args.seed)
+            args.out.mkdir(parents=True, exist_ok=True)
+            png = args.out / f"trace_{args.link}.png"
+            trace_figure(str(png), link=args.link, seed=args.seed)
+            print(f"wrote {png}")
         elif args.what == "kappa":
             from ..control.experiments import measure_kappa2
             measure_kappa2(args.workload, steps=args.steps)
         elif args.what == "real":
             from ..control.experiments import real_comparison
+            if args.plot:
+                args.out.mkdir(parents=True, exist_ok=True)
             real_comparison(levels=tuple(args.levels.split(",")),
                             controllers=args.controllers.split(",") if args.controllers else None,
                             workers=args.workers, seed=args.seed, capacity=args.capacity,
-                            workload=args.workload, plot=args.plot)
+                            workload=args.workload,
+                            plot=str(args.out / "real.png") if args.plot else None)
+            if args.plot:
+                print(f"wrote {args.out / 'real.png'}")
     except ConfigError as e:
         raise CliError(str(e)) from None
     except KeyError as e:

@@ -19,7 +19,7 @@ FORMATS = ("hex", "bin", "control", "regs")
 
 def add_arguments(p):
     p.add_argument("config", help="jobs TOML file ([[job]] tables, as for `ina switch`)")
-    p.add_argument("--format", choices=FORMATS, default="hex", help="output form (default hex)")
+    p.add_argument("--format", choices=FORMATS, default="hex", help="output form")
     p.add_argument("-o", "--out", help="write to this file instead of stdout")
     p.add_argument("--clock-mhz", type=float, default=125.0,
                    help="core clock for deadline cycles (regs; default 125)")

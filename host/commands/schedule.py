@@ -7,23 +7,19 @@ aggregation (docs/schedule.md).
     ina schedule train                   decentralized training vs all-reduce baselines
     ina schedule topology                print the topology and its latencies
 
-Sizes accept k, M, G suffixes (powers of 1000) or Ki, Mi, Gi (powers of 1024).
+Sizes are bytes, as in every ina command: K, M, G, T are powers of 1024 with or without
+B or iB (64M = 64MB = 64MiB); a plain number (1e9) is bytes.
+
+Each action writes into --out DIR (default ina-out/schedule).
 """
 
-import re
 import sys
 
 HELP = "WAN schedule optimizer: rotating cliques, memory sweep, simulator, training"
 
-_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
-           "ki": 1024, "mi": 1024 ** 2, "gi": 1024 ** 3}
-
-
-def parse_size(text: str) -> float:
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([kmgt]i?)?b?\s*", str(text), re.I)
-    if not m:
-        raise ValueError(f"not a size: {text!r}")
-    return float(m.group(1)) * _SUFFIX[(m.group(2) or "").lower()]
+def parse_size(text) -> float:
+    from ._common import parse_size as _bytes
+    return float(_bytes(text))
 
 
 def _common(p, memory=True):
@@ -32,43 +28,46 @@ def _common(p, memory=True):
     if memory:
         p.add_argument("--memory", metavar="M", help="FPGA memory per island, bytes "
                        "(default: the gateware's slot memory, hw/ina/params.py)")
-    p.add_argument("--update-bytes", metavar="S", default="1G",
-                   help="bytes each island exchanges per round (default 1G)")
+    p.add_argument("--update-bytes", metavar="S", default="1e9",
+                   help="bytes each island exchanges per round")
     p.add_argument("--jitter-us", type=float, default=10.0,
-                   help="arrival-time uncertainty the FPGA buffer absorbs (default 10)")
+                   help="arrival-time uncertainty the FPGA buffer absorbs")
     p.add_argument("--slot-window", metavar="BYTES", help="FPGA state needed at zero skew "
                    "(default: one set of W slots of the gateware)")
     p.add_argument("--no-multicast", action="store_true", help="senders send k-1 copies")
     p.add_argument("--no-fpga", action="store_true", help="no in-line aggregation")
     p.add_argument("--sigma-floor", type=float, default=1e-3,
-                   help="sigma2 below this counts as converged (default 1e-3)")
+                   help="sigma2 below this counts as converged")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-budget", type=float, default=50.0,
-                   help="optimizer time limit in seconds (default 50)")
+                   help="optimizer time limit in seconds")
 
 
 def add_arguments(p):
+    from ._common import add_output_arguments
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    o = sub.add_parser("optimize", help="find the best schedule; print it, write JSON + PNG")
+    o = sub.add_parser("optimize", help="find the best schedule; print it, write "
+                       "schedule.json (for the host runtime) and schedule.png (round map)")
     _common(o)
-    o.add_argument("--out", default="schedule.json", help="JSON for the host runtime")
-    o.add_argument("--png", default="schedule.png", help="round diagram (map)")
-    s = sub.add_parser("sweep-memory", help="best schedule against FPGA memory: table + PNG")
+    add_output_arguments(o, "schedule", plot=False)
+    s = sub.add_parser("sweep-memory", help="best schedule against FPGA memory: table, "
+                       "sweep_memory.png and sweep_memory.json")
     _common(s, memory=False)
-    s.add_argument("--memories", help="comma-separated sizes (default 10k..10G)")
-    s.add_argument("--png", default="sweep_memory.png")
-    s.add_argument("--json", help="write the table as JSON too")
+    s.add_argument("--memories", help="comma-separated sizes (default: 10k..10G and the "
+                   "gateware's)")
+    add_output_arguments(s, "schedule", plot=False)
     m = sub.add_parser("simulate", help="simulate the optimizer's schedule; compare round times")
     _common(m)
     m.add_argument("--chunks", type=int, default=0,
                    help="chunks per update (default: fine enough for the buffer check)")
-    t = sub.add_parser("train", help="decentralized training vs all-reduce baselines")
+    t = sub.add_parser("train", help="decentralized training vs all-reduce baselines "
+                       "(schedule_train.png)")
     _common(t)
     t.add_argument("--rounds", type=int, default=120)
     t.add_argument("--local-steps", type=int, default=8)
     t.add_argument("--compute-s", type=float, default=0.3,
-                   help="simulated compute time of the local steps per round (default 0.3)")
-    t.add_argument("--png", default="schedule_train.png")
+                   help="simulated compute time of the local steps per round")
+    add_output_arguments(t, "schedule", plot=False)
     g = sub.add_parser("topology", help="print islands, bandwidths and RTTs")
     g.add_argument("--topology", metavar="FILE")
 
@@ -142,10 +141,12 @@ def _optimize(args):
     _print_schedule(topo, model, b)
     from ..schedule.hwparams import job_shape
     window, elements = job_shape()
-    write_schedule_json(args.out, schedule_json(topo, net, b, model, window=window,
-                                                elements=elements, note=note))
-    plot_rounds(topo, b, args.png)
-    print(f"wrote {args.out} and {args.png}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    js, png = args.out / "schedule.json", args.out / "schedule.png"
+    write_schedule_json(js, schedule_json(topo, net, b, model, window=window,
+                                          elements=elements, note=note))
+    plot_rounds(topo, b, png)
+    print(f"wrote {js} and {png}")
     return 0
 
 
@@ -179,11 +180,13 @@ def _sweep(args):
               " ".join(f"{r['per_family'].get(f, 0):8.3f}" for f in head), flush=True)
     rows = memory_sweep(topo, net, mems, seed=args.seed, time_budget_s=args.time_budget,
                         progress=show)
-    plot_sweep(rows, args.png)
-    print(f"(columns after T_cyc: best -log sigma2 / T_cycle per family, 1/s)\nwrote {args.png}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    png, js = args.out / "sweep_memory.png", args.out / "sweep_memory.json"
+    plot_sweep(rows, png)
+    with open(js, "w") as fh:
+        json.dump(rows, fh, indent=1)
+    print(f"(columns after T_cyc: best -log sigma2 / T_cycle per family, 1/s)\n"
+          f"wrote {png} and {js}")
     return 0
 
 
@@ -227,8 +230,10 @@ def _train(args):
         print(f"{r['method']:58s} {1e3 * r['comm_s_per_round']:8.1f}ms "
               f"{r['time_to_target_s']:9.1f}s {r['gap_vs_colocated']:5.2f}x "
               f"{r['final_test_acc']:8.3f}")
-    plot_training(out["traces"], out["target_loss"], args.png)
-    print(f"wrote {args.png}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    png = args.out / "schedule_train.png"
+    plot_training(out["traces"], out["target_loss"], png)
+    print(f"wrote {png}")
     return 0
 
 

@@ -1,11 +1,14 @@
 """Serve the reference switch model over UDP: the software switch.
 
-Jobs come from a TOML file (one [[job]] table each) or from flags:
+It starts with no job: jobs arrive by CONTROL datagrams (what `ina train`, the DDP hook
+under torchrun and the local clusters send). Jobs can also be loaded at start from a
+TOML file (one [[job]] table each) or from flags:
 
+    ina switch                                                   (no job yet)
     ina switch --config jobs.toml
     ina switch --job 1 --workers 127.0.0.1:20000,127.0.0.1:20001 --mode bounded --deadline-ms 5
     ina switch --job 1 --local-workers 4 --base-port 20000      (4 workers on this host)
-    ina switch --status [--address 127.0.0.1:19900]              (counters of a running switch, JSON)
+    ina switch --status [--switch 127.0.0.1:19900]               (counters of a running switch, JSON)
 
 jobs.toml:
     [[job]]
@@ -27,46 +30,44 @@ HELP = "run the software switch (reference model over UDP), or query a running o
 
 
 def add_arguments(p):
-    p.add_argument("--config", metavar="TOML", help="job table file")
+    from ._common import add_base_port_argument, add_job_arguments, parse_address
     p.add_argument("--listen", default=f"0.0.0.0:{INA_UDP_PORT}", metavar="IP:PORT",
-                   help=f"address to serve on (default 0.0.0.0:{INA_UDP_PORT})")
-    p.add_argument("--job", type=int, default=1, help="job id for a job given by flags")
-    p.add_argument("--workers", metavar="LIST", help="comma-separated worker ip:port list")
-    p.add_argument("--local-workers", type=int, metavar="N",
+                   type=parse_address, help="address to serve on")
+    p.add_argument("--config", metavar="TOML", help="job table file loaded at start")
+    g = p.add_argument_group("a job given by flags (instead of --config; without either "
+                             "the switch starts with no job and jobs arrive by CONTROL)")
+    g.add_argument("--job", type=int, default=1, help="job id")
+    g.add_argument("--workers", metavar="LIST", help="comma-separated worker ip:port list")
+    g.add_argument("--local-workers", type=int, metavar="N",
                    help="N workers on 127.0.0.1, ports base-port .. base-port+N-1")
-    p.add_argument("--base-port", type=int, default=20000)
-    p.add_argument("--window", type=int, default=64)
-    p.add_argument("--elements", type=int, default=1024)
-    p.add_argument("--mode", choices=("reliable", "bounded"), default="reliable")
-    p.add_argument("--deadline-ms", type=float, default=5.0)
-    p.add_argument("--status", action="store_true",
+    add_base_port_argument(p)
+    add_job_arguments(p, "ethernet")
+    q = p.add_argument_group("querying a running switch")
+    q.add_argument("--status", action="store_true",
                    help="print the counters of a running switch as JSON and exit")
-    p.add_argument("--address", default=f"127.0.0.1:{INA_UDP_PORT}",
-                   help="switch to query with --status")
-
-
-def _addr(text):
-    from ..cli import CliError
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise CliError(f"bad address {text!r}: expected ip:port")
-    return host, int(port)
+    q.add_argument("--switch", "--address", dest="switch", type=parse_address,
+                   default=f"127.0.0.1:{INA_UDP_PORT}", metavar="IP:PORT",
+                   help="the switch --status asks")
 
 
 def jobs_from_args(args):
+    """The jobs to load at start: from --config, --workers or --local-workers; none
+    otherwise (jobs then arrive by CONTROL, as the torchrun path installs them)."""
     from ..cli import CliError
+    from ._common import job_settings
     from ina_fabric.protocol.jobtable import JobConfig, ConfigError, load_jobs_toml
     try:
         if args.config:
             return load_jobs_toml(args.config)
         if args.local_workers:
+            if not args.base_port:
+                raise CliError("--local-workers needs --base-port (the workers' first port)")
             members = [f"127.0.0.1:{args.base_port + w}" for w in range(args.local_workers)]
         elif args.workers:
             members = [m.strip() for m in args.workers.split(",") if m.strip()]
         else:
-            raise CliError("no jobs: give --config FILE, --workers LIST or --local-workers N")
-        return [JobConfig(args.job, tuple(members), args.window, args.elements,
-                          args.deadline_ms / 1e3, args.mode)]
+            return []
+        return [JobConfig.from_settings(args.job, members, job_settings(args))]
     except ConfigError as e:
         raise CliError(str(e)) from None
 
@@ -76,17 +77,21 @@ def run(args):
     from ..switch import SwitchServer, query_status
     if args.status:
         try:
-            print(json.dumps(query_status(_addr(args.address)), indent=2, sort_keys=True))
+            print(json.dumps(query_status(args.switch), indent=2, sort_keys=True))
         except OSError as e:
-            raise CliError(f"no answer from switch at {args.address}: {e}") from None
+            raise CliError(f"no answer from switch at {args.switch[0]}:{args.switch[1]}: "
+                           f"{e}") from None
         return 0
     jobs = jobs_from_args(args)
     try:
-        server = SwitchServer(jobs, *_addr(args.listen),
+        server = SwitchServer(jobs, *args.listen,
                               log=lambda m: print(m, file=sys.stderr))
     except OSError as e:
-        raise CliError(f"cannot listen on {args.listen}: {e}") from None
+        raise CliError(f"cannot listen on {args.listen[0]}:{args.listen[1]}: {e}") from None
     host, port = server.address
+    if not jobs:
+        print("no jobs yet: they arrive by CONTROL (ina train, the DDP hook, "
+              "ina allreduce --switch)", file=sys.stderr)
     for j in jobs:
         print(f"job {j.job}: {j.n} workers, window {j.window}, {j.elements} elements/packet, "
               f"{j.mode}" + (f", deadline {j.deadline * 1e3:g} ms" if j.mode == "bounded" else ""),

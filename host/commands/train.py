@@ -2,9 +2,12 @@
 switch (started here) or a switch you name, and the same run on Gloo as the baseline.
 
     ina train                                   digits CNN, 4 workers: ina vs Gloo
-    ina train --backends ina,ina-bounded,gloo --loss 0.02 --plot tta.png
+    ina train --backends ina,ina-bounded,gloo --loss 0.02 --plot
     ina train --workload transformer --max-epochs 3
-    ina train --switch 192.168.1.50:19900        aggregate on an FPGA board
+    ina train --switch 198.18.0.10:19900         aggregate on an FPGA board
+
+Results go to --out DIR (default ina-out/train): results.json, and accuracy.png with
+--plot.
 
 Under torchrun (multi-node), use host.ddp.hook.InaHookState.from_env in your script
 (see README, "Train with torchrun").
@@ -14,34 +17,40 @@ HELP = "train with aggregation offloaded to a switch, against Gloo on the same s
 
 
 def add_arguments(p):
-    p.add_argument("--workload", default="digits", help="digits (default) or transformer")
-    p.add_argument("--workers", type=int, default=4)
+    from ina_fabric.protocol.jobtable import LINK_DEFAULTS
+    from ._common import (add_impairment_arguments, add_output_arguments,
+                          add_switch_argument)
+    lo, eth = LINK_DEFAULTS["loopback"], LINK_DEFAULTS["ethernet"]
+    p.add_argument("--workload", default="digits", choices=("digits", "transformer"),
+                   help="what to train")
+    p.add_argument("--workers", type=int, default=4, help="local ranks (1..32)")
     p.add_argument("--backends", default="ina,gloo",
-                   help="comma-separated runs: ina, ina-bounded, gloo, or module:factory "
-                        "(default: ina,gloo)")
+                   help="comma-separated runs: ina, ina-bounded, gloo, or module:factory")
     p.add_argument("--target", type=float, help="test accuracy to reach (default: the "
                    "workload's: 0.95 for digits)")
-    p.add_argument("--max-epochs", type=int, default=60)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--batch", type=int, help="per-worker batch")
-    p.add_argument("--accum-steps", type=int, default=1)
-    p.add_argument("--switch", metavar="IP:PORT", help="use this switch (FPGA or remote "
-                   "`ina switch`) instead of starting one")
+    p.add_argument("--max-epochs", type=int, default=60, help="stop after this many epochs")
+    p.add_argument("--seed", type=int, default=0, help="model, data and impairment seed")
+    p.add_argument("--lr", type=float, help="learning rate (default: the workload's)")
+    p.add_argument("--batch", type=int, help="per-worker batch (default: the workload's)")
+    p.add_argument("--accum-steps", type=int, default=1,
+                   help="micro-batches per optimizer step")
+    add_switch_argument(p)
     p.add_argument("--static-job", action="store_true",
                    help="the switch already holds the job (an FPGA loaded with `ina "
-                        "hw-config`): send no CONTROL, bind worker r to --worker-base-port + r")
-    p.add_argument("--worker-base-port", type=int, default=0)
-    p.add_argument("--elements", type=int, help="elements per packet (default: 8192 on "
-                   "loopback, 256 with --switch, which fits a 1500-byte Ethernet MTU)")
-    p.add_argument("--window", type=int, default=64)
-    p.add_argument("--deadline-ms", type=float, default=5.0, help="bounded-mode deadline")
-    p.add_argument("--loss", type=float, default=0.0, help="injected uplink loss (ina runs)")
-    p.add_argument("--duplicate", type=float, default=0.0)
-    p.add_argument("--reorder", type=float, default=0.0)
-    p.add_argument("--plot", metavar="PNG", help="write accuracy against wall time here")
-    p.add_argument("--json", metavar="FILE", help="write all results as JSON here")
-    p.add_argument("--no-progress", action="store_true")
+                        "hw-config`): send no CONTROL, bind worker r to --base-port + r")
+    p.add_argument("--base-port", "--worker-base-port", dest="base_port", type=int,
+                   default=0, metavar="PORT",
+                   help="worker r binds PORT+r (0: ephemeral ports)")
+    g = p.add_argument_group("job settings")
+    g.add_argument("--elements", type=int,
+                   help=f"elements per packet (default: {lo.elements} on loopback, "
+                        f"{eth.elements} with --switch, which fits a 1500-byte Ethernet MTU)")
+    g.add_argument("--window", type=int, default=lo.window, help="slots in flight per job")
+    g.add_argument("--deadline-ms", type=float, default=lo.deadline_ms,
+                   help="bounded-mode deadline")
+    add_impairment_arguments(p)
+    add_output_arguments(p, "train")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args):
@@ -50,6 +59,9 @@ def run(args):
     from tqdm import tqdm
     from ..cli import CliError
     from ..ddp.train import TrainConfig, run_training
+    from ina_fabric.protocol.jobtable import job_defaults
+    switch = f"{args.switch[0]}:{args.switch[1]}" if args.switch else None
+    link = "ethernet" if args.switch else "loopback"
     runs = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not runs:
         raise CliError("--backends is empty")
@@ -58,9 +70,9 @@ def run(args):
         cfg = TrainConfig(workload=args.workload, workers=args.workers, backend=backend,
                           target=args.target, max_epochs=args.max_epochs, seed=args.seed,
                           lr=args.lr, batch=args.batch, accum_steps=args.accum_steps,
-                          switch=args.switch, window=args.window,
-                          static_job=args.static_job, worker_base_port=args.worker_base_port,
-                          elements=args.elements or (256 if args.switch else 8192),
+                          switch=switch, window=args.window,
+                          static_job=args.static_job, worker_base_port=args.base_port,
+                          elements=args.elements or job_defaults(link).elements,
                           deadline_ms=args.deadline_ms,
                           loss=args.loss if backend.startswith("ina") else 0.0,
                           duplicate=args.duplicate if backend.startswith("ina") else 0.0,
@@ -91,13 +103,15 @@ def run(args):
         bar.close()
         results[backend] = res
     _report(results, args)
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.plot:
-        _plot(results, args)
-    if args.json:
-        from dataclasses import asdict
-        with open(args.json, "w") as fh:
-            json.dump({k: {kk: vv for kk, vv in asdict(v).items() if kk != "params"}
-                       for k, v in results.items()}, fh, indent=2, default=str)
+        _plot(results, args, args.out / "accuracy.png")
+    from dataclasses import asdict
+    js = args.out / "results.json"
+    with open(js, "w") as fh:
+        json.dump({k: {kk: vv for kk, vv in asdict(v).items() if kk != "params"}
+                   for k, v in results.items()}, fh, indent=2, default=str)
+    print(f"wrote {js}")
     ok = all(r.time_to_accuracy is not None for r in results.values())
     return 0 if ok else 1
 
@@ -124,7 +138,7 @@ def _report(results, args):
           "fewer than N workers)")
 
 
-def _plot(results, args):
+def _plot(results, args, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -145,5 +159,5 @@ def _plot(results, args):
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(args.plot, dpi=120)
-    print(f"wrote {args.plot}")
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")

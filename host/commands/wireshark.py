@@ -10,7 +10,7 @@ HELP = "print the Wireshark Lua dissector for the INA header"
 
 def add_arguments(p):
     p.add_argument("--port", type=int, default=INA_UDP_PORT,
-                   help=f"UDP port to register the dissector on (default {INA_UDP_PORT})")
+                   help="UDP port to register the dissector on")
 
 
 def run(args):

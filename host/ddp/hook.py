@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ina_fabric.protocol.jobtable import job_defaults
+
 from ..transport.switch_client import SwitchClient, SwitchUnavailable, AllreduceStats
 
 __all__ = ["InaHookState", "ina_hook", "switch_from_env", "local_address_towards"]
@@ -68,13 +70,16 @@ class InaHookState:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_env(cls, process_group=None, switch=None, job=None, mode=None, window=64,
-                 elements=None, deadline=0.005, configure=True, impairment=None,
+    def from_env(cls, process_group=None, switch=None, job=None, mode=None, window=None,
+                 elements=None, deadline=None, configure=True, impairment=None,
                  connect_timeout=2.0, bind_port=None):
         """Build the state for this rank of a torchrun job.
 
-        Environment: INA_SWITCH (ip:port), INA_JOB (default 1), INA_MODE
-        (reliable|bounded), INA_ELEMENTS (per packet, default 256), RANK/WORLD_SIZE from torchrun. Every rank binds a UDP port
+        Environment (each overrides the argument; unset, the Ethernet defaults of
+        ``ina_fabric.protocol.jobtable.LINK_DEFAULTS``): INA_SWITCH (ip:port), INA_JOB
+        (default 1), INA_MODE (reliable|bounded), INA_ELEMENTS (per packet), INA_WINDOW,
+        INA_DEADLINE_MS (milliseconds, as every flag and TOML key); RANK/WORLD_SIZE from
+        torchrun. Every rank binds a UDP port
         on the interface facing the switch; the ranks exchange addresses over the
         process group and rank 0 installs the job on the switch with a CONTROL datagram
         (``configure=False`` if the switch's job table is loaded another way, as on the
@@ -89,9 +94,15 @@ class InaHookState:
         except OSError as e:
             raise ValueError(f"bad switch address {addr[0]}:{addr[1]}: {e}") from None
         job = int(os.environ.get("INA_JOB", job or 1))
-        # 256 elements (1044-byte datagrams) fit any Ethernet MTU; loopback takes more
-        elements = int(os.environ.get("INA_ELEMENTS", elements or 256))
-        mode = os.environ.get("INA_MODE", mode or "reliable")
+        env = os.environ
+        s = job_defaults(
+            "ethernet",
+            elements=int(env["INA_ELEMENTS"]) if "INA_ELEMENTS" in env else elements,
+            window=int(env["INA_WINDOW"]) if "INA_WINDOW" in env else window,
+            mode=env.get("INA_MODE", mode),
+            deadline=float(env["INA_DEADLINE_MS"]) / 1e3 if "INA_DEADLINE_MS" in env
+            else deadline)
+        window, elements, mode, deadline = s.window, s.elements, s.mode, s.deadline
         base = int(os.environ.get("INA_PORT", bind_port or 0))
         client = SwitchClient(addr, job, rank, world, window, elements, mode,
                               bind=(local_address_towards(addr), base + rank if base else 0),

@@ -25,7 +25,11 @@ import importlib
 import os
 import time
 
+from ina_fabric.protocol.jobtable import LINK_DEFAULTS
+
 __all__ = ["TrainConfig", "TrainResult", "run_training", "load_factory"]
+
+_LOOPBACK = LINK_DEFAULTS["loopback"]
 
 
 @dataclass
@@ -44,9 +48,9 @@ class TrainConfig:
     # transport / switch
     switch: str | None = None         # external switch (FPGA or remote ina switch)
     job: int = 1
-    elements: int = 8192              # per packet; 8192 suits loopback, 256 Ethernet
-    window: int = 64
-    deadline_ms: float = 5.0
+    elements: int = _LOOPBACK.elements   # per packet (LINK_DEFAULTS: loopback)
+    window: int = _LOOPBACK.window
+    deadline_ms: float = _LOOPBACK.deadline_ms
     static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
     worker_base_port: int = 0         # with static_job: worker r binds this + r
     # uplink impairment (userspace, per worker, seeded)
@@ -60,6 +64,14 @@ class TrainConfig:
     stop_at_target: bool = True
     eval_every: int = 0               # optimizer steps between evaluations (0: each epoch)
     threads: int = 1                  # torch threads per worker
+
+    def uplink(self, rank: int):
+        """This rank's uplink ``Impairment`` (seeded per rank): the one place the
+        impairment settings above become a policy."""
+        from ..transport.impair import Impairment
+        return Impairment(loss=self.loss, duplicate=self.duplicate, reorder=self.reorder,
+                          delay_median=self.delay_ms / 1e3, p99_over_p50=self.p99_over_p50,
+                          seed=self.seed * 1000 + rank + 1)
 
     def validate(self):
         if not 1 <= self.workers <= 32:
@@ -132,10 +144,7 @@ def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
     model = DDP(wl.model)
     state = None
     if cfg.backend in ("ina", "ina-bounded"):
-        from ..transport.impair import Impairment
-        imp = Impairment(loss=cfg.loss, duplicate=cfg.duplicate, reorder=cfg.reorder,
-                         delay_median=cfg.delay_ms / 1e3, p99_over_p50=cfg.p99_over_p50,
-                         seed=cfg.seed * 1000 + rank + 1)
+        imp = cfg.uplink(rank)
         state = InaHookState.from_env(
             switch=switch, job=cfg.job,
             mode="bounded" if cfg.backend == "ina-bounded" else "reliable",

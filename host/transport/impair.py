@@ -49,6 +49,15 @@ class Impairment:
         self.rng = np.random.default_rng(self.seed)
         self.dropped = []
 
+    def fresh(self, **changes) -> "Impairment":
+        """A new policy with the same settings (and ``changes``, e.g. a per-sender
+        ``seed``): its own generator and zeroed counts. The one way a configured
+        impairment is handed to each sender."""
+        from dataclasses import fields
+        kw = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "counts"}
+        kw.update(changes)
+        return Impairment(**kw)
+
     @property
     def active(self) -> bool:
         return bool(self.loss or self.duplicate or self.reorder or self.delay_median)

@@ -27,7 +27,10 @@ import numpy as np
 
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
+from ina_fabric.protocol.jobtable import LINK_DEFAULTS
 from . import quantize as Q
+
+_D = LINK_DEFAULTS["ethernet"]
 
 __all__ = ["SwitchClient", "AllreduceStats", "SwitchUnavailable", "AllreduceTimeout"]
 
@@ -70,14 +73,14 @@ class SwitchClient:
     job: int
     worker: int
     nworkers: int
-    window: int = 64
-    elements: int = 1024
-    mode: str = "reliable"
+    window: int = _D.window        # defaults: ina_fabric.protocol.jobtable.LINK_DEFAULTS
+    elements: int = _D.elements
+    mode: str = _D.mode
     bind: tuple[str, int] = ("0.0.0.0", 0)
     rto: float = 0.02              # initial retransmission timeout (seconds)
     min_rto: float = 0.01          # floor of the adaptive timeout
     max_inflight_bytes: int = 1 << 20
-    deadline: float = 0.005        # the switch's per-job deadline (bounded mode)
+    deadline: float = _D.deadline  # the switch's per-job deadline (bounded mode), seconds
     connect_timeout: float = 2.0   # no result at all for this long: SwitchUnavailable
     stall_timeout: float = 30.0    # reliable: no progress for this long: AllreduceTimeout
     impairment: object = None      # host.transport.impair.Impairment on the uplink

@@ -13,8 +13,8 @@ import numpy as np
 
 from .fields import MAX_WORKERS
 
-__all__ = ["JobConfig", "Member", "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE",
-           "load_jobs_toml", "MODES"]
+__all__ = ["JobConfig", "JobSettings", "LINK_DEFAULTS", "job_defaults", "Member",
+           "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE", "load_jobs_toml", "MODES"]
 
 MODES = ("reliable", "bounded")
 MAX_ELEMENTS = (65507 - 20) // 4   # largest UDP payload, less the INA header
@@ -29,6 +29,45 @@ MEMBER_DTYPE = np.dtype([("ip", ">u4"), ("port", ">u2"), ("mac", "u1", (6,))])
 
 class ConfigError(ValueError):
     """A job configuration that cannot work; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What a job needs besides its id and its members: the one place its defaults live.
+
+    ``deadline`` is in seconds here (the wire carries microseconds); every flag, TOML key
+    and environment variable gives it in milliseconds (``--deadline-ms``,
+    ``deadline_ms``)."""
+    window: int = 64                 # slots in flight per job (a power of two for the FPGA)
+    elements: int = 256              # int32 elements per packet
+    deadline: float = 0.005          # seconds after a slot opens (bounded mode)
+    mode: str = "reliable"           # or "bounded"
+
+    @property
+    def deadline_ms(self) -> float:
+        return self.deadline * 1e3
+
+
+#: Defaults per link kind. Ethernet: 256 elements (1,044-byte datagrams fit a 1500-byte
+#: MTU and the FPGA's element memory). Loopback: 8,192 elements (32 KiB datagrams; the
+#: per-datagram cost dominates there, not the MTU).
+LINK_DEFAULTS = {
+    "ethernet": JobSettings(),
+    "loopback": JobSettings(elements=8192),
+}
+
+
+def job_defaults(link: str = "ethernet", **changes) -> JobSettings:
+    """The defaults for ``link`` ("ethernet" or "loopback"), with ``changes`` applied
+    (a None value keeps the default)."""
+    import dataclasses
+    if link not in LINK_DEFAULTS:
+        raise ConfigError(f"link {link!r}: expected one of {', '.join(LINK_DEFAULTS)}")
+    return dataclasses.replace(LINK_DEFAULTS[link],
+                               **{k: v for k, v in changes.items() if v is not None})
+
+
+_D = LINK_DEFAULTS["ethernet"]
 
 
 @dataclass(frozen=True)
@@ -63,10 +102,10 @@ class JobConfig:
     """One aggregation job. Worker ``w`` is ``members[w]``."""
     job: int
     members: tuple[Member, ...]
-    window: int = 64
-    elements: int = 256
-    deadline: float = 0.005          # seconds; used in bounded mode
-    mode: str = "reliable"
+    window: int = _D.window
+    elements: int = _D.elements
+    deadline: float = _D.deadline    # seconds; used in bounded mode
+    mode: str = _D.mode
     mcast: tuple[str, int] | None = None   # IP multicast group instead of unicast copies
 
     def __post_init__(self):
@@ -92,6 +131,16 @@ class JobConfig:
     @property
     def n(self) -> int:
         return len(self.members)
+
+    @property
+    def settings(self) -> JobSettings:
+        return JobSettings(self.window, self.elements, self.deadline, self.mode)
+
+    @classmethod
+    def from_settings(cls, job: int, members, settings: JobSettings,
+                      mcast=None) -> "JobConfig":
+        return cls(job, tuple(members), settings.window, settings.elements,
+                   settings.deadline, settings.mode, mcast)
 
     def to_bytes(self) -> bytes:
         e = np.zeros((), ENTRY_DTYPE)
@@ -145,10 +194,11 @@ def load_jobs_toml(path) -> list[JobConfig]:
         mcast = None
         if "multicast" in t:
             mcast = Member.parse(t["multicast"]).addr
-        jobs.append(JobConfig(int(t["id"]), tuple(t["workers"]), int(t.get("window", 64)),
-                              int(t.get("elements", 256)),
-                              float(t.get("deadline_ms", 5.0)) / 1e3,
-                              t.get("mode", "reliable"), mcast))
+        jobs.append(JobConfig(int(t["id"]), tuple(t["workers"]),
+                              int(t.get("window", _D.window)),
+                              int(t.get("elements", _D.elements)),
+                              float(t.get("deadline_ms", _D.deadline_ms)) / 1e3,
+                              t.get("mode", _D.mode), mcast))
     if not jobs:
         raise ConfigError(f"{path}: no [[job]] tables")
     if len({j.job for j in jobs}) != len(jobs):
