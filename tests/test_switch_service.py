@@ -91,9 +91,23 @@ def test_cli_errors_are_one_line(tmp_path):
     out = subprocess.run(INA + ["switch", "--local-workers", "2"], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--base-port" in out.stderr
-    out = subprocess.run(INA + ["allreduce", "--size", "4Mx"], capture_output=True,
-                         text=True, timeout=30)
-    assert out.returncode == 2 and "bad size" in out.stderr
+    big = tmp_path / "big.toml"
+    big.write_text('[[job]]\nid = 1\nworkers = ["127.0.0.1:1"]\nwindow = "big"\n')
+    # each of these printed a traceback before
+    for args, needle in [
+            (["allreduce", "--size", "4Mx"], "bad size"),
+            (["allreduce", "--size", "-5"], "bad size"),
+            (["switch", "--config", str(big)], "window = 'big' is not an integer"),
+            (["switch", "--listen", "127.0.0.1:99999"], "port 0..65535"),
+            (["allreduce", "--switch", "127.0.0.1:9", "--workers", "2", "--size", "64K"],
+             "no answer from switch"),
+            (["train", "--elements", "20000", "--workers", "2", "--backends", "ina"],
+             "elements 20000 not in"),
+            (["train", "--window", "0", "--workers", "2", "--backends", "ina"],
+             "window 0 not in")]:
+        out = subprocess.run(INA + args, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and needle in out.stderr, (args, out.stderr)
+        assert "Traceback" not in out.stderr, args
     out = subprocess.run(INA + ["switch", "--status", "--address", "127.0.0.1:1"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "no answer" in out.stderr
@@ -160,3 +174,51 @@ def test_switch_starts_with_no_job_and_takes_one_by_control(ports):
         proc.terminate()
         proc.wait(timeout=10)
     assert "no jobs yet" in proc.stderr.read()
+
+
+def test_bounded_deadline_fires_without_other_traffic(ports):
+    """A deadline that falls due while a datagram is processed still fires: the server
+    used settimeout(0.0), got BlockingIOError (an OSError), counted it as an error and
+    spun without calling tick, holding the PARTIAL until unrelated traffic arrived."""
+    import threading
+    from ina_fabric.host.switch import SwitchServer
+    from ina_fabric.protocol import unpack
+    from ina_fabric.protocol.jobtable import JobConfig
+    w0, w1 = ports(2)
+    job = JobConfig(3, (f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"), window=4, elements=4,
+                    deadline=1e-6, mode="bounded")
+    server = SwitchServer([job], "127.0.0.1", 0)
+    t = threading.Thread(target=server.serve_forever, kwargs={"install_signals": False},
+                         daemon=True)
+    t.start()
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", w0))
+    s.settimeout(2.0)
+    try:
+        s.sendto(pack(np.ones(4), job=3, worker=0, seq=0), server.address)
+        data, _ = s.recvfrom(65536)      # before the fix: nothing within 2 s
+        hdr, elems = unpack(data)
+        assert hdr["type"] == MsgType.RESULT and list(elems) == [1, 1, 1, 1]
+        assert server.errors == 0
+    finally:
+        server.stop()
+        t.join(timeout=2)
+        server.close()
+        s.close()
+
+
+def test_port_is_bound_exclusively(ports):
+    """A second switch (or any process) cannot bind the same UDP port and take the
+    traffic (SO_REUSEADDR allowed it)."""
+    from ina_fabric.host.switch import SwitchServer
+    first = SwitchServer([], "127.0.0.1", 0)
+    try:
+        with pytest.raises(OSError):
+            SwitchServer([], "127.0.0.1", first.address[1])
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with pytest.raises(OSError):
+            s.bind(first.address)
+        s.close()
+    finally:
+        first.close()

@@ -20,3 +20,13 @@ def test_bad_config_is_rejected():
                      (dict(workload="imagenet"), "unknown workload")]:
         with pytest.raises(ValueError, match=msg):
             TrainConfig(**bad).validate()
+
+
+def test_a_failing_rank_reports_its_own_error_quickly():
+    """The parent shows the failing rank's own exception (it said only "worker exited
+    with status 1"), and does not wait out serial 10 s joins of the other ranks."""
+    import time
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank \d: ModuleNotFoundError: .*no_such_mod"):
+        run_training(TrainConfig(backend="no_such_mod_xyz:factory", workers=2, max_steps=1))
+    assert time.monotonic() - t < 25

@@ -51,8 +51,9 @@ def size_arg(text) -> int:
 
 def parse_address(text) -> tuple[str, int]:
     host, sep, port = str(text).rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise argparse.ArgumentTypeError(f"bad address {text!r}: expected ip:port")
+    if not sep or not port.isdigit() or not host or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: expected ip:port "
+                                         f"(port 0..65535)")
     return host, int(port)
 
 

@@ -47,7 +47,7 @@ def run(args):
         switch = f"{args.switch[0]}:{args.switch[1]}" if args.switch else None
         with LocalCluster(spec, switch=switch) as cluster:
             res = cluster.allreduce_check(n, args.iterations)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RuntimeError, TimeoutError) as e:
         raise CliError(str(e)) from None
     gbps = 8 * 4 * n * args.iterations / res["seconds"] / 1e9
     print(f"{args.workers} workers x {n} float32, {args.iterations} iterations, {args.mode}: "

@@ -89,8 +89,14 @@ class TrainConfig:
                              "the switch's job table)")
         if self.switch is not None:
             host, sep, port = self.switch.rpartition(":")
-            if not sep or not port.isdigit():
+            if not sep or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"bad switch address {self.switch!r}: expected ip:port")
+        if self.backend.startswith("ina"):
+            # the job table's own checks (window, elements, deadline), run before any
+            # worker starts, so a bad value is one clear line instead of a dead worker
+            from ina_fabric.protocol.jobtable import JobConfig
+            JobConfig(self.job, ("127.0.0.1:1",), self.window, self.elements,
+                      self.deadline_ms / 1e3)
         return self
 
 
@@ -126,6 +132,16 @@ def _params_hash(model):
 
 
 def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
+    """A rank: train, or report its own error (the parent shows that one, not the
+    "connection closed" its peers see next)."""
+    try:
+        _train_rank(rank, cfg_d, master_port, switch, queue, keep_params)
+    except BaseException as e:
+        queue.put(("error", (rank, f"{type(e).__name__}: {e}")))
+        raise SystemExit(1) from None
+
+
+def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -303,6 +319,9 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"training did not finish within {timeout}s")
                 continue
+            if kind == "error":
+                r, msg = payload
+                raise RuntimeError(f"rank {r}: {msg}")
             if kind == "eval":
                 result.curve.append(payload)
                 t, _, _, acc = payload
@@ -325,6 +344,10 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
                                           query_status(switch)["counters"].items() if v}
             except OSError:
                 pass
+    except BaseException:
+        for p in procs:       # one rank failed: the others will not finish by themselves
+            p.terminate()
+        raise
     finally:
         for p in procs:
             p.join(timeout=10)

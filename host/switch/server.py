@@ -24,7 +24,8 @@ class SwitchServer:
     def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None):
         self.model = SwitchModel(jobs)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # No SO_REUSEADDR: the port is this switch's alone (with it, a second switch or
+        # any local process could bind the same port and take the traffic).
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 20)
         self.sock.bind((host, port))
@@ -47,10 +48,18 @@ class SwitchServer:
         clock = time.monotonic
         while self.running:
             nd = model.next_deadline()
-            sock.settimeout(0.2 if nd is None else min(max(nd - clock(), 0.0), 0.2))
+            wait = 0.2 if nd is None else min(nd - clock(), 0.2)
+            if wait <= 0:
+                # a deadline fell due (perhaps while the last datagram was processed):
+                # fire it now. settimeout(0) would make the socket non-blocking instead,
+                # and its BlockingIOError used to skip tick and spin.
+                for dest, data in model.tick(clock()):
+                    self._send(out, data, dest)
+                continue
+            sock.settimeout(wait)
             try:
                 n, src = sock.recvfrom_into(buf)
-            except socket.timeout:
+            except (socket.timeout, BlockingIOError):
                 for dest, data in model.tick(clock()):
                     self._send(out, data, dest)
                 continue

@@ -194,10 +194,21 @@ def load_jobs_toml(path) -> list[JobConfig]:
         mcast = None
         if "multicast" in t:
             mcast = Member.parse(t["multicast"]).addr
-        jobs.append(JobConfig(int(t["id"]), tuple(t["workers"]),
-                              int(t.get("window", _D.window)),
-                              int(t.get("elements", _D.elements)),
-                              float(t.get("deadline_ms", _D.deadline_ms)) / 1e3,
+
+        def num(key, kind, default):
+            v = t.get(key, default)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or \
+                    (kind is int and v != int(v)):
+                raise ConfigError(f"{path}: job {t.get('id')!r}: {key} = {v!r} is not "
+                                  f"{'an integer' if kind is int else 'a number'}")
+            return kind(v)
+        if not isinstance(t["workers"], list):
+            raise ConfigError(f"{path}: job {t['id']!r}: workers must be a list of "
+                              f"\"ip:port\" strings")
+        jobs.append(JobConfig(num("id", int, None), tuple(t["workers"]),
+                              num("window", int, _D.window),
+                              num("elements", int, _D.elements),
+                              num("deadline_ms", float, _D.deadline_ms) / 1e3,
                               t.get("mode", _D.mode), mcast))
     if not jobs:
         raise ConfigError(f"{path}: no [[job]] tables")
