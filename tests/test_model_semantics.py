@@ -245,11 +245,101 @@ def test_partial_carries_exact_contributor_set(present):
     assert elems.tolist() == [sum(w + 1 for w in present)] * E
 
 
-def test_live_update_keeps_slots_but_geometry_change_resets():
+def test_live_update_keeps_slots_and_changes_only_the_deadline():
+    from ina_fabric.protocol.jobtable import ConfigError
     m = SwitchModel([job("bounded", deadline=0.010)])
     send(m, 0, 0)
-    m.add_job(job("bounded", deadline=0.050))           # live deadline change
+    m.update_job(job("bounded", deadline=0.050))        # live deadline change
     assert m.tick(0.02) == [] and m.jobs[1].slots[0][0].bitmap == 1
     assert len(m.tick(0.05)) == N                       # the new deadline applies
-    m.add_job(JobConfig(1, tuple(f"{a}:{p}" for a, p in ADDR), window=2 * W, elements=E))
-    assert all(s.complete for st in m.jobs[1].slots for s in st)
+    with pytest.raises(ConfigError, match="only the deadline"):
+        m.update_job(job("reliable", deadline=0.050))   # a mode change is no live update
+    with pytest.raises(ConfigError, match="not installed"):
+        SwitchModel().update_job(job())
+
+
+def test_reinstall_starts_afresh():
+    """A job installed again with the same geometry starts with fresh slots. Before, the
+    slots were kept: a second run starting at seq 0 got the first run's stored result
+    as a RETRANSMIT (silently wrong data) or drop_stale."""
+    m = SwitchModel([job()])
+    for w in range(N):
+        send(m, w, 0, values=np.full(E, 1))
+    m.add_job(job())                                    # run 2: same job, same geometry
+    out = []
+    for w in range(N):
+        out += send(m, w, 0, values=np.full(E, 100))
+    assert len(out) == N
+    h, elems = unpack(out[0][1])
+    assert not h["flags"] & Flags.RETRANSMIT and list(elems) == [400] * E
+
+
+def test_control_datagrams_install_update_remove_and_refuse():
+    from ina_fabric.host.switch.model import MAX_JOB_BYTES
+    import json
+    m = SwitchModel()
+
+    def control(cfg, update=False):
+        hdr = pack(None, type=MsgType.CONTROL)
+        (dest, reply), = m.process(hdr + cfg.to_bytes(update=update), ("127.0.0.1", 1), 0.0)
+        return json.loads(reply[HEADER_BYTES:])
+
+    assert control(job("bounded"))["ok"]
+    send(m, 0, 0)
+    assert control(job("bounded", deadline=0.5), update=True)["op"] == "update"
+    assert m.jobs[1].slots[0][0].bitmap == 1            # kept
+    assert "only the deadline" in control(job("reliable"), update=True)["error"]
+    big = JobConfig(2, ("127.0.0.1:9",), window=32768, elements=16371)
+    assert "per-job limit" in control(big)["error"]
+    assert 2 not in m.jobs and m.counters["control_refused"] == 2
+    assert control(job())["op"] == "install"
+    assert m.jobs[1].slots[0][0].bitmap == 0            # fresh
+    assert MAX_JOB_BYTES < 2 * 32768 * 16371 * 12
+
+
+def test_admission_limits():
+    from ina_fabric.protocol.jobtable import ConfigError
+    m = SwitchModel(max_jobs=2, max_total_bytes=3 * 2 * W * E * 12)
+    for j in (1, 2):
+        m.add_job(JobConfig(j, ("127.0.0.1:1",), window=W, elements=E))
+    with pytest.raises(ConfigError, match="2 jobs, its limit"):
+        m.add_job(JobConfig(3, ("127.0.0.1:1",), window=W, elements=E))
+    m.add_job(JobConfig(2, ("127.0.0.1:1",), window=W, elements=E))   # replacing is fine
+    with pytest.raises(ConfigError, match="are free"):
+        m.add_job(JobConfig(2, ("127.0.0.1:1",), window=4 * W, elements=E))
+
+
+def test_status_is_paged_and_never_larger_than_its_request():
+    """STATUS fit one datagram only up to about 600 jobs, and a 20-byte request got up to
+    65 KB back (a reflection amplifier). Now a request must be padded, a reply never
+    exceeds it, and pages cover every job."""
+    import json
+    from ina_fabric.host.switch.model import STATUS_MIN_REQUEST
+    m = SwitchModel()
+    for j in range(1000):
+        m.add_job(JobConfig(j, ("127.0.0.1:1",), window=2, elements=2))
+    assert m.process(pack(None, type=MsgType.STATUS_REQ), ("127.0.0.1", 1), 0.0) == []
+    seen, start, pages = set(), 0, 0
+    while start is not None:
+        req = pack(None, type=MsgType.STATUS_REQ) + bytes(STATUS_MIN_REQUEST - HEADER_BYTES - 4) \
+            + start.to_bytes(4, "big")
+        (dest, reply), = m.process(req, ("127.0.0.1", 1), 0.0)
+        assert len(reply) <= len(req)
+        doc = json.loads(reply[HEADER_BYTES:])
+        seen |= {int(j) for j in doc["jobs"]}
+        start, pages = doc["next_job"], pages + 1
+    assert seen == set(range(1000)) and pages > 1
+
+
+def test_per_packet_cost_does_not_walk_every_job():
+    """Bounded deadlines sit in one heap: with 2000 idle jobs installed, tick touches
+    none of them (it walked every job on every packet before)."""
+    m = SwitchModel([job("bounded")])
+    for j in range(2, 2002):
+        m.add_job(JobConfig(j, ("127.0.0.1:1",), window=2, elements=2, mode="bounded"))
+    calls = []
+    orig = m._live
+    m._live = lambda e: calls.append(e) or orig(e)
+    send(m, 0, 0, now=0.0)
+    m.tick(0.001)
+    assert len(calls) <= 2

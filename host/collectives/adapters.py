@@ -10,7 +10,6 @@
   a small side port taking ``{"job", "deadline", "mode"}`` JSON to change a job live.
 """
 
-import dataclasses
 import json
 import multiprocessing as mp
 import socket
@@ -36,9 +35,8 @@ def _live_switch_main(conn, impairment):
             data, src = ctl.recvfrom(4096)
             try:
                 req = json.loads(data)
-                js = server.model.jobs[int(req["job"])]
                 changes = {k: req[k] for k in ("deadline", "mode") if k in req}
-                js.cfg = dataclasses.replace(js.cfg, **changes)   # live: slots are kept
+                server.model.retune(int(req["job"]), **changes)   # live: slots are kept
                 ctl.sendto(b"ok", src)
             except Exception as e:  # a bad request is answered, never fatal
                 ctl.sendto(f"error {e!r}".encode(), src)

@@ -22,6 +22,7 @@ order gives the same bytes, which the gateware matches with 37-bit accumulators.
 """
 
 from collections import Counter
+import heapq
 import json
 
 import numpy as np
@@ -37,12 +38,30 @@ GROUP_WORKER = 255  # worker field of a RESULT sent to the whole group
 
 COUNTERS = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
-    "resent", "status_requests", "control",
+    "resent", "status_requests", "status_unpadded", "control", "control_refused",
     "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
     "drop_unknown_source", "drop_stale", "drop_out_of_window",
 )
 
 _OFF = field_offsets()
+
+#: a STATUS_REQ is padded to at least this many bytes, and a STATUS reply is never
+#: larger than the request that asked for it: the switch is no reflection amplifier
+STATUS_MIN_REQUEST = 1200
+#: a STATUS_REQ payload: zero padding, then the first job id wanted (big-endian u32) in
+#: its last four bytes; the reply says where the next page starts ("next_job")
+
+#: admission control of the software switch (the FPGA's limits are its job-table size
+#: and slot memory): jobs, slot memory per job and in all (accumulators and stored
+#: results: 2W slots of E elements, 12 bytes each)
+MAX_JOBS = 4096
+MAX_JOB_BYTES = 64 << 20
+MAX_TOTAL_BYTES = 1 << 30
+
+
+def job_bytes(cfg) -> int:
+    """Slot memory a job may use in the software switch."""
+    return 2 * cfg.window * cfg.elements * 12
 
 
 class _Slot:
@@ -71,50 +90,98 @@ class _JobState:
 
 
 class SwitchModel:
-    """The aggregator for a set of jobs (``JobConfig``)."""
+    """The aggregator for a set of jobs (``JobConfig``), with admission limits."""
 
-    def __init__(self, jobs=()):
+    def __init__(self, jobs=(), *, max_jobs=MAX_JOBS, max_job_bytes=MAX_JOB_BYTES,
+                 max_total_bytes=MAX_TOTAL_BYTES):
         self.jobs: dict[int, _JobState] = {}
         self.counters = Counter({name: 0 for name in COUNTERS})
+        self.max_jobs, self.max_job_bytes = max_jobs, max_job_bytes
+        self.max_total_bytes = max_total_bytes
+        self._deadlines = []   # heap of (time, job, seq, opened_at): bounded open slots
         for cfg in jobs:
             self.add_job(cfg)
 
     def add_job(self, cfg):
-        """Install or replace a job. A replacement with the same members, window and
-        elements per packet keeps the slots (so a live deadline or mode change loses
-        nothing in flight); any other replacement resets them."""
-        old = self.jobs.get(cfg.job)
-        if old is not None and (old.cfg.members, old.cfg.window, old.cfg.elements) == (
-                cfg.members, cfg.window, cfg.elements):
-            old.cfg = cfg
-            old.group = [cfg.mcast] if cfg.mcast else [m.addr for m in cfg.members]
-            return
+        """Install a job: its slots start afresh, also when it replaces an installed job
+        with the same id (a new run never sees the previous run's slots or results).
+        Raises ConfigError when the admission limits refuse it."""
+        from ina_fabric.protocol.jobtable import ConfigError
+        need = job_bytes(cfg)
+        if need > self.max_job_bytes:
+            raise ConfigError(f"job {cfg.job}: {need} B of slot memory (2 x window "
+                              f"{cfg.window} x {cfg.elements} elements x 12 B) exceeds the "
+                              f"per-job limit of {self.max_job_bytes} B")
+        others = [js for j, js in self.jobs.items() if j != cfg.job]
+        if len(others) >= self.max_jobs:
+            raise ConfigError(f"job {cfg.job}: the switch holds {len(others)} jobs, its "
+                              f"limit")
+        used = sum(job_bytes(js.cfg) for js in others)
+        if used + need > self.max_total_bytes:
+            raise ConfigError(f"job {cfg.job}: {need} B of slot memory, but only "
+                              f"{self.max_total_bytes - used} B of {self.max_total_bytes} "
+                              f"B are free")
         self.jobs[cfg.job] = _JobState(cfg)
+
+    def update_job(self, cfg):
+        """A live update of an installed job: only the deadline may change, and the
+        slots (with whatever is in flight) are kept. Raises ConfigError otherwise."""
+        from ina_fabric.protocol.jobtable import ConfigError
+        js = self.jobs.get(cfg.job)
+        if js is None:
+            raise ConfigError(f"job {cfg.job}: live update of a job that is not installed")
+        if (js.cfg.members, js.cfg.window, js.cfg.elements, js.cfg.mode, js.cfg.mcast) != (
+                cfg.members, cfg.window, cfg.elements, cfg.mode, cfg.mcast):
+            raise ConfigError(f"job {cfg.job}: a live update may change only the deadline; "
+                              f"install the job anew to change anything else")
+        self._retune(js, cfg)
+
+    def retune(self, job: int, **changes):
+        """Change an installed job's ``deadline`` and/or ``mode`` in place, keeping its
+        slots: the in-process hook of the ``LiveSwitch`` bench harness (which calibrates
+        in reliable mode, then goes bounded). Over the wire only the deadline may change
+        live (``update_job``)."""
+        import dataclasses
+        js = self.jobs[job]
+        self._retune(js, dataclasses.replace(js.cfg, **changes))
+
+    def _retune(self, js, cfg):
+        js.cfg = cfg
+        if cfg.mode == "bounded":   # the open slots' deadlines move with it
+            for seq, slot in list(js.open.items()):
+                heapq.heappush(self._deadlines,
+                               (slot.opened_at + cfg.deadline, cfg.job, seq, slot.opened_at))
 
     def remove_job(self, job: int):
         self.jobs.pop(job, None)
 
     # -- deadlines -------------------------------------------------------------------
+    # Bounded open slots sit in one heap by deadline, so a packet's cost does not grow
+    # with the number of jobs. An entry is stale (and skipped) once its slot closed, its
+    # job went away or was installed anew, or a live update moved its deadline.
+    def _live(self, entry):
+        t, job, seq, opened_at = entry
+        js = self.jobs.get(job)
+        slot = js.open.get(seq) if js is not None and js.cfg.mode == "bounded" else None
+        return slot is not None and slot.opened_at == opened_at and \
+            opened_at + js.cfg.deadline == t
+
     def tick(self, now: float):
         out = []
-        for js in self.jobs.values():
-            if js.cfg.mode != "bounded" or not js.open:
-                continue
-            deadline = js.cfg.deadline
-            expired = []
-            for seq, slot in js.open.items():
-                if slot.opened_at + deadline > now:
-                    break
-                expired.append(seq)
-            for seq in expired:
-                out += self._emit(js, js.open.pop(seq))
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            if self._live(entry):
+                js = self.jobs[entry[1]]
+                out += self._emit(js, js.open.pop(entry[2]))
         return out
 
     def next_deadline(self):
         """Earliest time at which ``tick`` has work, or None."""
-        times = [next(iter(js.open.values())).opened_at + js.cfg.deadline
-                 for js in self.jobs.values() if js.cfg.mode == "bounded" and js.open]
-        return min(times, default=None)
+        heap = self._deadlines
+        while heap and not self._live(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     # -- packets ---------------------------------------------------------------------
     def process(self, datagram: bytes, source, now: float):
@@ -132,7 +199,11 @@ class SwitchModel:
         mtype = int(h["type"])
         if mtype == MsgType.STATUS_REQ:
             c["status_requests"] += 1
-            return out + [(source, self.status_datagram())]
+            if n < STATUS_MIN_REQUEST:
+                c["status_unpadded"] += 1     # no reply: it would be an amplifier
+                return out
+            start = int.from_bytes(datagram[n - 4:], "big")
+            return out + [(source, self.status_datagram(start, budget=n))]
         if mtype == MsgType.CONTROL:
             return out + self._control(datagram, source)
         if mtype != MsgType.DATA:
@@ -169,6 +240,8 @@ class SwitchModel:
             slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
             slot.exponent, slot.opened_at = NO_EXPONENT, now
             js.open[seq] = slot
+            if cfg.mode == "bounded":
+                heapq.heappush(self._deadlines, (now + cfg.deadline, cfg.job, seq, now))
         elif seq != slot.tag:
             c["drop_stale" if seq < slot.tag else "drop_out_of_window"] += 1
             return out
@@ -197,20 +270,30 @@ class SwitchModel:
         return out
 
     def _control(self, datagram, source):
-        """CONTROL: the payload is one job-table entry (``JobConfig.to_bytes``); a zero
-        ``nworkers`` removes the job. The reply is a STATUS datagram."""
-        from ina_fabric.protocol.jobtable import JobConfig, ConfigError, ENTRY_DTYPE
-        payload = datagram[HEADER_BYTES:]
+        """CONTROL: the payload is one job-table entry (``jobtable.parse_control``):
+        install (slots afresh), live update (deadline only) or removal. The reply is a
+        short STATUS: ``{"ok": true, "job": id}``, or ``{"error": why}`` when the entry
+        is refused (admission limits, a live update that changes more than the deadline).
+        A malformed entry is a counted drop with no reply."""
+        from ina_fabric.protocol.jobtable import ConfigError, parse_control
         try:
-            if len(payload) == ENTRY_DTYPE.itemsize and payload[2] == 0:
-                self.remove_job(int.from_bytes(payload[:2], "big"))
-            else:
-                self.add_job(JobConfig.from_bytes(payload))
+            op, value = parse_control(datagram[HEADER_BYTES:])
         except ConfigError:
             self.counters["drop_malformed"] += 1
             return []
+        try:
+            if op == "remove":
+                self.remove_job(value)
+            elif op == "update":
+                self.update_job(value)
+            else:
+                self.add_job(value)
+        except ConfigError as e:
+            self.counters["control_refused"] += 1
+            return [(source, self._status_bytes({"error": str(e)}))]
         self.counters["control"] += 1
-        return [(source, self.status_datagram())]
+        job = value if op == "remove" else value.job
+        return [(source, self._status_bytes({"ok": True, "op": op, "job": job}))]
 
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
@@ -242,17 +325,34 @@ class SwitchModel:
         return bytes(b)
 
     # -- status ----------------------------------------------------------------------
-    def status(self) -> dict:
-        return {
-            "counters": dict(self.counters),
-            "jobs": {j: {"workers": js.cfg.n, "window": js.cfg.window,
-                         "elements": js.cfg.elements, "mode": js.cfg.mode,
-                         "deadline_ms": js.cfg.deadline * 1e3, "open_slots": len(js.open)}
-                     for j, js in self.jobs.items()},
-        }
+    def _job_status(self, js) -> dict:
+        return {"workers": js.cfg.n, "window": js.cfg.window, "elements": js.cfg.elements,
+                "mode": js.cfg.mode, "deadline_ms": js.cfg.deadline * 1e3,
+                "open_slots": len(js.open)}
 
-    def status_datagram(self) -> bytes:
-        payload = json.dumps(self.status(), sort_keys=True).encode()
+    def status(self) -> dict:
+        """Everything, as one dict (for the process that holds the model)."""
+        return {"counters": dict(self.counters),
+                "jobs": {j: self._job_status(js) for j, js in sorted(self.jobs.items())}}
+
+    @staticmethod
+    def _status_bytes(doc) -> bytes:
         hdr = np.zeros((), HEADER_DTYPE)
         hdr["version"], hdr["type"] = VERSION, MsgType.STATUS
-        return hdr.tobytes() + payload
+        return hdr.tobytes() + json.dumps(doc, sort_keys=True).encode()
+
+    def status_datagram(self, start: int = 0, budget: int = 65507) -> bytes:
+        """One page of STATUS, at most ``budget`` bytes: the counters, the jobs with ids
+        from ``start`` on that fit, and ``next_job`` (where the next page starts, or
+        None). Page cost is independent of how many jobs the page leaves out."""
+        doc = {"counters": dict(self.counters), "jobs": {}, "next_job": None}
+        size = len(self._status_bytes(doc)) + 16
+        for j in sorted(j for j in self.jobs if j >= start):
+            entry = self._job_status(self.jobs[j])
+            add = len(json.dumps({str(j): entry})) + 1
+            if size + add > budget:
+                doc["next_job"] = j
+                break
+            doc["jobs"][j] = entry
+            size += add
+        return self._status_bytes(doc)

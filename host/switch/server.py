@@ -13,11 +13,11 @@ import time
 
 import numpy as np
 
-from .model import SwitchModel
+from .model import SwitchModel, STATUS_MIN_REQUEST
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 
-__all__ = ["SwitchServer", "query_status", "send_job"]
+__all__ = ["SwitchServer", "query_status", "send_job", "JobRefused"]
 
 
 class SwitchServer:
@@ -99,8 +99,8 @@ def _request(addr, datagram, timeout):
         data, _ = s.recvfrom(65536)
     finally:
         s.close()
-    h = np.frombuffer(data, HEADER_DTYPE, count=1)[0]
-    if h["type"] != MsgType.STATUS:
+    if len(data) < HEADER_BYTES or \
+            np.frombuffer(data, HEADER_DTYPE, count=1)[0]["type"] != MsgType.STATUS:
         raise ValueError("unexpected reply type")
     return json.loads(data[HEADER_BYTES:])
 
@@ -111,11 +111,30 @@ def _header(mtype) -> bytes:
     return h.tobytes()
 
 
-def query_status(addr, timeout=1.0) -> dict:
-    """Counters and jobs of a running switch (software or FPGA), as a dict."""
-    return _request(addr, _header(MsgType.STATUS_REQ), timeout)
+class JobRefused(ValueError):
+    """The switch refused a CONTROL entry; the message is its reason."""
 
 
-def send_job(addr, cfg, timeout=1.0) -> dict:
-    """Install a job (``JobConfig``) on a running switch with a CONTROL datagram."""
-    return _request(addr, _header(MsgType.CONTROL) + cfg.to_bytes(), timeout)
+def query_status(addr, timeout=1.0, max_pages=10_000) -> dict:
+    """Counters and jobs of a running switch (software or FPGA), as a dict: every page
+    of its paged STATUS (each request padded to the size its reply may have)."""
+    start, jobs, doc = 0, {}, {}
+    for _ in range(max_pages):
+        pad = STATUS_MIN_REQUEST - HEADER_BYTES - 4
+        doc = _request(addr, _header(MsgType.STATUS_REQ) + bytes(pad) +
+                       start.to_bytes(4, "big"), timeout)
+        jobs.update(doc.get("jobs", {}))
+        if doc.get("next_job") is None:
+            break
+        start = int(doc["next_job"])
+    return {"counters": doc.get("counters", {}), "jobs": jobs}
+
+
+def send_job(addr, cfg, timeout=1.0, update=False) -> dict:
+    """Install a job (``JobConfig``) on a running switch with a CONTROL datagram; its
+    slots start afresh. ``update=True``: a live update (only the deadline may change;
+    the slots are kept). Raises JobRefused with the switch's reason."""
+    reply = _request(addr, _header(MsgType.CONTROL) + cfg.to_bytes(update=update), timeout)
+    if "error" in reply:
+        raise JobRefused(reply["error"])
+    return reply

@@ -14,7 +14,8 @@ import numpy as np
 from .fields import MAX_WORKERS
 
 __all__ = ["JobConfig", "JobSettings", "LINK_DEFAULTS", "job_defaults", "Member",
-           "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE", "load_jobs_toml", "MODES"]
+           "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE", "load_jobs_toml", "MODES",
+           "ENTRY_UPDATE", "parse_control"]
 
 MODES = ("reliable", "bounded")
 MAX_ELEMENTS = (65507 - 20) // 4   # largest UDP payload, less the INA header
@@ -22,8 +23,12 @@ MAX_ELEMENTS = (65507 - 20) // 4   # largest UDP payload, less the INA header
 ENTRY_DTYPE = np.dtype([
     ("job", ">u2"), ("nworkers", "u1"), ("mode", "u1"), ("window", ">u2"),
     ("elements", ">u2"), ("deadline_us", ">u4"), ("mcast_ip", ">u4"),
-    ("mcast_port", ">u2"), ("reserved", ">u2"),
+    ("mcast_port", ">u2"), ("flags", ">u2"),
 ])
+#: entry flag: a live update of an installed job. Only the deadline may differ from the
+#: installed entry, and the slots are kept; without it, an entry is an install, which
+#: always starts the job's slots afresh (a second run never sees the first one's state).
+ENTRY_UPDATE = 0x0001
 MEMBER_DTYPE = np.dtype([("ip", ">u4"), ("port", ">u2"), ("mac", "u1", (6,))])
 
 
@@ -142,8 +147,10 @@ class JobConfig:
         return cls(job, tuple(members), settings.window, settings.elements,
                    settings.deadline, settings.mode, mcast)
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, update: bool = False) -> bytes:
+        """The entry; ``update=True`` marks it a live update (ENTRY_UPDATE)."""
         e = np.zeros((), ENTRY_DTYPE)
+        e["flags"] = ENTRY_UPDATE if update else 0
         e["job"], e["nworkers"], e["mode"] = self.job, self.n, MODES.index(self.mode)
         e["window"], e["elements"] = self.window, self.elements
         e["deadline_us"] = round(self.deadline * 1e6)
@@ -174,6 +181,23 @@ class JobConfig:
             mcast = (str(ipaddress.IPv4Address(int(e["mcast_ip"]))), int(e["mcast_port"]))
         return cls(int(e["job"]), members, int(e["window"]), int(e["elements"]),
                    int(e["deadline_us"]) / 1e6, MODES[int(e["mode"])], mcast)
+
+
+def parse_control(payload: bytes):
+    """A CONTROL payload as ``(op, value)``: ``("remove", job_id)`` for an entry with zero
+    workers, ``("update", JobConfig)`` for one flagged ENTRY_UPDATE, ``("install",
+    JobConfig)`` otherwise. Raises ConfigError for anything malformed."""
+    if len(payload) < ENTRY_DTYPE.itemsize:
+        raise ConfigError("job entry truncated")
+    e = np.frombuffer(payload, ENTRY_DTYPE, count=1)[0]
+    if int(e["flags"]) & ~ENTRY_UPDATE:
+        raise ConfigError(f"job entry: unknown flags 0x{int(e['flags']):04x}")
+    if e["nworkers"] == 0:
+        if len(payload) != ENTRY_DTYPE.itemsize:
+            raise ConfigError("job removal entry with members")
+        return "remove", int(e["job"])
+    cfg = JobConfig.from_bytes(payload)
+    return ("update" if int(e["flags"]) & ENTRY_UPDATE else "install"), cfg
 
 
 def load_jobs_toml(path) -> list[JobConfig]:
