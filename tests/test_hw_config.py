@@ -25,8 +25,9 @@ def test_hex_and_bin_are_the_job_table_bytes():
 
 
 def test_control_datagram_configures_the_model():
-    m = SwitchModel()
-    m.process(control_datagram(JOBS[1]), ("10.0.0.9", 1), 0.0)
+    key = bytes(range(32))
+    m = SwitchModel(key=key)
+    m.process(control_datagram(JOBS[1], key), ("10.0.0.9", 1), 0.0)
     assert m.jobs[8].cfg == JOBS[1]
 
 

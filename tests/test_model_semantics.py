@@ -10,8 +10,10 @@ from hypothesis import given, settings, strategies as st
 from ina_fabric.host.switch import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
 from ina_fabric.protocol import pack, unpack, MsgType, Flags, HEADER_BYTES
 from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.auth import seal, unseal
 
 N, W, E = 4, 4, 8
+KEY = bytes(range(32))
 ADDR = [("127.0.0.1", 5000 + w) for w in range(N)]
 
 
@@ -189,12 +191,12 @@ def test_mismatched_element_count_in_open_slot_is_dropped():
 
 
 def test_control_installs_job_and_status_reports():
-    m = SwitchModel()
+    m = SwitchModel(key=KEY)
     cfg = job()
     hdr = pack(type=MsgType.CONTROL)
-    reply = m.process(hdr + cfg.to_bytes(), ("127.0.0.1", 1), 0.0)
+    reply = m.process(seal(hdr + cfg.to_bytes(), KEY, 1), ("127.0.0.1", 1), 0.0)
     assert reply and 1 in m.jobs and m.jobs[1].cfg == cfg
-    assert m.process(hdr + b"\x00" * 3, ("127.0.0.1", 1), 0.0) == []
+    assert m.process(seal(hdr + b"\x00" * 3, KEY, 2), ("127.0.0.1", 1), 0.0) == []
     assert m.counters["drop_malformed"] == 1
 
 
@@ -276,13 +278,19 @@ def test_reinstall_starts_afresh():
 
 def test_control_datagrams_install_update_remove_and_refuse():
     from ina_fabric.host.switch.model import MAX_JOB_BYTES
+    import itertools
     import json
-    m = SwitchModel()
+    m = SwitchModel(key=KEY)
+    nonces = itertools.count(1)
 
     def control(cfg, update=False):
         hdr = pack(None, type=MsgType.CONTROL)
-        (dest, reply), = m.process(hdr + cfg.to_bytes(update=update), ("127.0.0.1", 1), 0.0)
-        return json.loads(reply[HEADER_BYTES:])
+        nonce = next(nonces)
+        (dest, reply), = m.process(seal(hdr + cfg.to_bytes(update=update), KEY, nonce),
+                                   ("127.0.0.1", 1), 0.0)
+        body, echoed = unseal(reply, KEY)
+        assert echoed == nonce
+        return json.loads(body[HEADER_BYTES:])
 
     assert control(job("bounded"))["ok"]
     send(m, 0, 0)
@@ -315,17 +323,20 @@ def test_status_is_paged_and_never_larger_than_its_request():
     exceeds it, and pages cover every job."""
     import json
     from ina_fabric.host.switch.model import STATUS_MIN_REQUEST
-    m = SwitchModel()
+    from ina_fabric.protocol.auth import TRAILER_BYTES
+    m = SwitchModel(key=KEY)
     for j in range(1000):
         m.add_job(JobConfig(j, ("127.0.0.1:1",), window=2, elements=2))
-    assert m.process(pack(None, type=MsgType.STATUS_REQ), ("127.0.0.1", 1), 0.0) == []
+    assert m.process(seal(pack(None, type=MsgType.STATUS_REQ), KEY, 1), ("127.0.0.1", 1),
+                     0.0) == []
     seen, start, pages = set(), 0, 0
     while start is not None:
-        req = pack(None, type=MsgType.STATUS_REQ) + bytes(STATUS_MIN_REQUEST - HEADER_BYTES - 4) \
-            + start.to_bytes(4, "big")
+        req = pack(None, type=MsgType.STATUS_REQ) + \
+            bytes(STATUS_MIN_REQUEST - HEADER_BYTES - 4 - TRAILER_BYTES) + start.to_bytes(4, "big")
+        req = seal(req, KEY, 100 + pages)
         (dest, reply), = m.process(req, ("127.0.0.1", 1), 0.0)
         assert len(reply) <= len(req)
-        doc = json.loads(reply[HEADER_BYTES:])
+        doc = json.loads(unseal(reply, KEY)[0][HEADER_BYTES:])
         seen |= {int(j) for j in doc["jobs"]}
         start, pages = doc["next_job"], pages + 1
     assert seen == set(range(1000)) and pages > 1
@@ -343,3 +354,35 @@ def test_per_packet_cost_does_not_walk_every_job():
     send(m, 0, 0, now=0.0)
     m.tick(0.001)
     assert len(calls) <= 2
+
+
+def test_control_needs_the_key_and_a_fresh_nonce():
+    """Any host that reached the port could install, replace or delete any job with one
+    CONTROL and read every job with STATUS_REQ. Now: a datagram not sealed with the
+    switch's key, sealed with another key, or replayed is a counted drop, unanswered."""
+    from ina_fabric.host.switch.model import STATUS_MIN_REQUEST
+    m = SwitchModel(key=KEY)
+    ctl = pack(None, type=MsgType.CONTROL) + job().to_bytes()
+    src = ("127.0.0.1", 1)
+    assert m.process(ctl, src, 0.0) == []                              # not sealed
+    assert m.process(seal(ctl, b"x" * 32, 5), src, 0.0) == []          # another key
+    sealed = seal(ctl, KEY, 5)
+    tampered = bytearray(sealed)
+    tampered[HEADER_BYTES] ^= 1
+    assert m.process(bytes(tampered), src, 0.0) == []                  # altered
+    assert len(m.process(sealed, src, 0.0)) == 1 and 1 in m.jobs       # the real one
+    m.remove_job(1)
+    assert m.process(sealed, src, 0.0) == [] and 1 not in m.jobs       # replayed
+    status = pack(None, type=MsgType.STATUS_REQ) + bytes(STATUS_MIN_REQUEST)
+    assert m.process(status, src, 0.0) == []                           # not sealed
+    assert m.counters["drop_unauthenticated"] == 5
+    keyless = SwitchModel()                                            # no key: no control
+    assert keyless.process(seal(ctl, KEY, 9), src, 0.0) == []
+    assert keyless.counters["drop_malformed"] == 1 and not keyless.jobs
+
+
+def test_replay_guard_window():
+    from ina_fabric.protocol.auth import ReplayGuard
+    g = ReplayGuard(window_ns=100)
+    assert g.take(1000) and not g.take(1000)
+    assert g.take(950) and not g.take(900) and g.take(1001)

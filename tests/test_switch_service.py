@@ -222,3 +222,30 @@ def test_port_is_bound_exclusively(ports):
         s.close()
     finally:
         first.close()
+
+
+def test_control_and_status_need_the_key(switch, tmp_path):
+    """Against a running `ina switch`: an unsealed CONTROL installs nothing and gets no
+    reply, a 20-byte STATUS_REQ gets nothing back (it got 597 B), and `--status` with
+    another key file gets no answer; with the key, both work."""
+    from ina_fabric.host.switch import send_job
+    from ina_fabric.protocol.jobtable import JobConfig
+    _, addr, wport = switch
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(0.5)
+    rogue = JobConfig(9, (f"127.0.0.1:{wport}",))
+    s.sendto(pack(None, type=MsgType.CONTROL) + rogue.to_bytes(), addr)
+    s.sendto(pack(None, type=MsgType.STATUS_REQ), addr)
+    with pytest.raises(socket.timeout):
+        s.recvfrom(65536)
+    st = query_status(addr)
+    assert "9" not in st["jobs"] and st["counters"]["drop_unauthenticated"] == 1
+    assert st["counters"]["status_unpadded"] == 1
+    other = tmp_path / "other.key"
+    other.write_text("ab" * 32)
+    out = subprocess.run(INA + ["switch", "--status", "--switch", f"{addr[0]}:{addr[1]}",
+                                "--key-file", str(other)], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2 and "control key" in out.stderr
+    send_job(addr, rogue)                   # with the key (the machine's key file)
+    assert "9" in query_status(addr)["jobs"]

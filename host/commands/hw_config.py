@@ -1,12 +1,13 @@
 """Job-table bytes for the FPGA core.
 
     ina hw-config jobs.toml                      one hex line per job: JobConfig.to_bytes()
-    ina hw-config jobs.toml --format control     CONTROL datagrams (INA header + entry), hex
+    ina hw-config jobs.toml --format control     CONTROL datagrams (INA header + entry +
+                                                 nonce and tag under the control key), hex
     ina hw-config jobs.toml --format bin -o t.bin   entries, each after a 2-byte length
     ina hw-config jobs.toml --format regs        register writes "addr value" for the core's
-                                                 register bus (hw/ina/regs.py), job k -> entry k
+                                                 register bus (ina_fabric/protocol/regs.py), job k -> entry k
 
-The entry bytes are the ones the software switch loads (host/protocol/jobtable.py). The
+The entry bytes are the ones the software switch loads (ina_fabric/protocol/jobtable.py). The
 ``regs`` form also checks that each job fits the core (window a power of two within the
 core's window, elements and workers within the core's) and converts the deadline to
 core clock cycles.
@@ -29,11 +30,15 @@ def add_arguments(p):
     p.add_argument("--core-jobs", type=int, default=2, help="core job-table entries (regs)")
 
 
-def control_datagram(cfg) -> bytes:
-    """A CONTROL datagram carrying one job-table entry."""
+def control_datagram(cfg, key=None) -> bytes:
+    """A CONTROL datagram carrying one job-table entry, sealed with the control key
+    (default: the machine's, ``host.switch.keys``) and a fresh nonce."""
+    from ina_fabric.protocol.auth import new_nonce, seal
     from ina_fabric.protocol.fields import MsgType
     from ina_fabric.protocol.numpy_view import pack
-    return pack(None, type=MsgType.CONTROL, job=cfg.job) + cfg.to_bytes()
+    from ..switch.keys import switch_key
+    return seal(pack(None, type=MsgType.CONTROL, job=cfg.job) + cfg.to_bytes(),
+                key or switch_key(create=True), new_nonce())
 
 
 def render(jobs, fmt, *, clock_mhz=125.0, core_window=8, core_elements=64,

@@ -1,8 +1,10 @@
 """Serve the reference switch model over UDP: the software switch.
 
 It starts with no job: jobs arrive by CONTROL datagrams (what `ina train`, the DDP hook
-under torchrun and the local clusters send). Jobs can also be loaded at start from a
-TOML file (one [[job]] table each) or from flags:
+under torchrun and the local clusters send), sealed with the switch's control key
+(HMAC-SHA256; see --key-file): nobody without the key installs a job or reads the
+counters. Jobs can also be loaded at start from a TOML file (one [[job]] table each) or
+from flags:
 
     ina switch                                                   (no job yet)
     ina switch --config jobs.toml
@@ -34,6 +36,10 @@ def add_arguments(p):
     p.add_argument("--listen", default=f"0.0.0.0:{INA_UDP_PORT}", metavar="IP:PORT",
                    type=parse_address, help="address to serve on")
     p.add_argument("--config", metavar="TOML", help="job table file loaded at start")
+    p.add_argument("--key-file", metavar="FILE",
+                   help="control key (CONTROL and STATUS are taken only when sealed with "
+                        "it); default: $INA_SWITCH_KEY, else $INA_SWITCH_KEY_FILE, else "
+                        "~/.config/ina-fabric/switch.key, created (0600) when missing")
     g = p.add_argument_group("a job given by flags (instead of --config; without either "
                              "the switch starts with no job and jobs arrive by CONTROL)")
     g.add_argument("--job", type=int, default=1, help="job id")
@@ -75,16 +81,23 @@ def jobs_from_args(args):
 def run(args):
     from ..cli import CliError
     from ..switch import SwitchServer, query_status
+    import os
+    from ..switch.keys import switch_key, KeyMissing, default_key_path
+    try:
+        key = switch_key(create=not args.status, path=args.key_file)
+    except (KeyMissing, OSError) as e:
+        raise CliError(str(e)) from None
     if args.status:
         try:
-            print(json.dumps(query_status(args.switch), indent=2, sort_keys=True))
+            print(json.dumps(query_status(args.switch, key=key), indent=2, sort_keys=True))
         except OSError as e:
-            raise CliError(f"no answer from switch at {args.switch[0]}:{args.switch[1]}: "
+            raise CliError(f"no answer from switch at {args.switch[0]}:{args.switch[1]} (is it "
+                           f"up, and does it have this control key?): "
                            f"{e}") from None
         return 0
     jobs = jobs_from_args(args)
     try:
-        server = SwitchServer(jobs, *args.listen,
+        server = SwitchServer(jobs, *args.listen, key=key,
                               log=lambda m: print(m, file=sys.stderr))
     except OSError as e:
         raise CliError(f"cannot listen on {args.listen[0]}:{args.listen[1]}: {e}") from None
@@ -96,7 +109,9 @@ def run(args):
         print(f"job {j.job}: {j.n} workers, window {j.window}, {j.elements} elements/packet, "
               f"{j.mode}" + (f", deadline {j.deadline * 1e3:g} ms" if j.mode == "bounded" else ""),
               file=sys.stderr)
-    print(f"ina switch listening on {host}:{port} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    print(f"ina switch listening on {host}:{port} (Ctrl-C to stop); control key: "
+          f"{'$INA_SWITCH_KEY' if os.environ.get('INA_SWITCH_KEY') and not args.key_file else args.key_file or default_key_path()}",
+          file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     finally:

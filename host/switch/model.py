@@ -30,6 +30,7 @@ import numpy as np
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                field_offsets)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
+from ina_fabric.protocol.auth import ReplayGuard, seal, unseal, TRAILER_BYTES
 
 __all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER"]
 
@@ -39,6 +40,7 @@ GROUP_WORKER = 255  # worker field of a RESULT sent to the whole group
 COUNTERS = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
     "resent", "status_requests", "status_unpadded", "control", "control_refused",
+    "drop_unauthenticated",
     "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
     "drop_unknown_source", "drop_stale", "drop_out_of_window",
 )
@@ -92,8 +94,13 @@ class _JobState:
 class SwitchModel:
     """The aggregator for a set of jobs (``JobConfig``), with admission limits."""
 
-    def __init__(self, jobs=(), *, max_jobs=MAX_JOBS, max_job_bytes=MAX_JOB_BYTES,
-                 max_total_bytes=MAX_TOTAL_BYTES):
+    def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
+                 max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES):
+        """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
+        are taken only when sealed with it; without a key, none is taken over the wire
+        (jobs come from ``jobs`` and ``add_job``)."""
+        self.key = key
+        self._replay = ReplayGuard()
         self.jobs: dict[int, _JobState] = {}
         self.counters = Counter({name: 0 for name in COUNTERS})
         self.max_jobs, self.max_job_bytes = max_jobs, max_job_bytes
@@ -202,10 +209,20 @@ class SwitchModel:
             if n < STATUS_MIN_REQUEST:
                 c["status_unpadded"] += 1     # no reply: it would be an amplifier
                 return out
-            start = int.from_bytes(datagram[n - 4:], "big")
-            return out + [(source, self.status_datagram(start, budget=n))]
+            opened = self._authentic(datagram)
+            if opened is None:
+                return out
+            inner, nonce = opened
+            start = int.from_bytes(inner[-4:], "big")
+            page = self.status_datagram(start, budget=n - TRAILER_BYTES)
+            return out + [(source, seal(page, self.key, nonce))]
         if mtype == MsgType.CONTROL:
-            return out + self._control(datagram, source)
+            opened = self._authentic(datagram)
+            if opened is None:
+                return out
+            inner, nonce = opened
+            return out + [(dest, seal(reply, self.key, nonce))
+                          for dest, reply in self._control(inner, source)]
         if mtype != MsgType.DATA:
             c["drop_malformed"] += 1
             return out
@@ -268,6 +285,21 @@ class SwitchModel:
             del js.open[seq]
             out += self._emit(js, slot)
         return out
+
+    def _authentic(self, datagram):
+        """(datagram without trailer, nonce) for a control datagram sealed with our key
+        and a fresh nonce; None (counted) otherwise. A switch without a key has no
+        control plane on the wire: its CONTROL is malformed there, as in the gateware
+        today, and a STATUS_REQ goes unanswered."""
+        if self.key is None:
+            if datagram[1] == MsgType.CONTROL:
+                self.counters["drop_malformed"] += 1
+            return None
+        opened = unseal(datagram, self.key)
+        if opened is None or not self._replay.take(opened[1]):
+            self.counters["drop_unauthenticated"] += 1
+            return None
+        return opened
 
     def _control(self, datagram, source):
         """CONTROL: the payload is one job-table entry (``jobtable.parse_control``):

@@ -13,7 +13,11 @@ import time
 
 import numpy as np
 
+from ina_fabric.protocol.auth import seal, unseal, new_nonce, TRAILER_BYTES
+from .keys import switch_key
 from .model import SwitchModel, STATUS_MIN_REQUEST
+
+_DEFAULT = object()
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 
@@ -21,8 +25,14 @@ __all__ = ["SwitchServer", "query_status", "send_job", "JobRefused"]
 
 
 class SwitchServer:
-    def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None):
-        self.model = SwitchModel(jobs)
+    """``key``: the control key (default: ``keys.switch_key(create=True)``, the machine's
+    key file, made on first use); ``key=None`` takes no CONTROL or STATUS_REQ at all."""
+
+    def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None,
+                 key=_DEFAULT):
+        if key is _DEFAULT:
+            key = switch_key(create=True)
+        self.model = SwitchModel(jobs, key=key)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         # No SO_REUSEADDR: the port is this switch's alone (with it, a second switch or
         # any local process could bind the same port and take the traffic).
@@ -91,18 +101,28 @@ class SwitchServer:
         self.out.close() if self.out is not self.sock else self.sock.close()
 
 
-def _request(addr, datagram, timeout):
+def _request(addr, datagram, timeout, key):
+    """Seal ``datagram``, send it, and return the JSON of the STATUS reply that answers
+    it (same nonce, our key); other datagrams are ignored until ``timeout``."""
+    if key is None:
+        # the same default as a switch starting here: whichever comes first creates it
+        key = switch_key(create=True)
+    nonce = new_nonce()
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(timeout)
     try:
-        s.sendto(datagram, addr)
-        data, _ = s.recvfrom(65536)
+        s.sendto(seal(datagram, key, nonce), addr)
+        while True:
+            data, src = s.recvfrom(65536)
+            opened = unseal(data, key)
+            if opened is None or opened[1] != nonce or len(opened[0]) < HEADER_BYTES:
+                continue       # not an answer to this request: keep waiting
+            body = opened[0]
+            if np.frombuffer(body, HEADER_DTYPE, count=1)[0]["type"] != MsgType.STATUS:
+                raise ValueError("unexpected reply type")
+            return json.loads(body[HEADER_BYTES:])
     finally:
         s.close()
-    if len(data) < HEADER_BYTES or \
-            np.frombuffer(data, HEADER_DTYPE, count=1)[0]["type"] != MsgType.STATUS:
-        raise ValueError("unexpected reply type")
-    return json.loads(data[HEADER_BYTES:])
 
 
 def _header(mtype) -> bytes:
@@ -115,14 +135,15 @@ class JobRefused(ValueError):
     """The switch refused a CONTROL entry; the message is its reason."""
 
 
-def query_status(addr, timeout=1.0, max_pages=10_000) -> dict:
-    """Counters and jobs of a running switch (software or FPGA), as a dict: every page
-    of its paged STATUS (each request padded to the size its reply may have)."""
+def query_status(addr, timeout=1.0, key=None, max_pages=10_000) -> dict:
+    """Counters and jobs of a running switch, as a dict: every page of its paged STATUS
+    (each request padded to the size its reply may have). ``key``: the control key
+    (default: ``keys.switch_key()``)."""
     start, jobs, doc = 0, {}, {}
     for _ in range(max_pages):
-        pad = STATUS_MIN_REQUEST - HEADER_BYTES - 4
+        pad = STATUS_MIN_REQUEST - HEADER_BYTES - 4 - TRAILER_BYTES
         doc = _request(addr, _header(MsgType.STATUS_REQ) + bytes(pad) +
-                       start.to_bytes(4, "big"), timeout)
+                       start.to_bytes(4, "big"), timeout, key)
         jobs.update(doc.get("jobs", {}))
         if doc.get("next_job") is None:
             break
@@ -130,11 +151,12 @@ def query_status(addr, timeout=1.0, max_pages=10_000) -> dict:
     return {"counters": doc.get("counters", {}), "jobs": jobs}
 
 
-def send_job(addr, cfg, timeout=1.0, update=False) -> dict:
+def send_job(addr, cfg, timeout=1.0, update=False, key=None) -> dict:
     """Install a job (``JobConfig``) on a running switch with a CONTROL datagram; its
     slots start afresh. ``update=True``: a live update (only the deadline may change;
     the slots are kept). Raises JobRefused with the switch's reason."""
-    reply = _request(addr, _header(MsgType.CONTROL) + cfg.to_bytes(update=update), timeout)
+    reply = _request(addr, _header(MsgType.CONTROL) + cfg.to_bytes(update=update), timeout,
+                     key)
     if "error" in reply:
         raise JobRefused(reply["error"])
     return reply
