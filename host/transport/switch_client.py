@@ -48,7 +48,7 @@ class AllreduceStats:
     packets_sent: int = 0
     retransmits: int = 0
     results: int = 0
-    duplicates_ignored: int = 0
+    duplicates_ignored: int = 0  # results ignored: repeats, and (bounded) ones that came early
     partial_slots: int = 0
     entries_lost: int = 0        # entries of results that came from fewer than N workers
     overflow_slots: int = 0

@@ -111,7 +111,7 @@ class SendWindow:
     """The window of one call of ``packets`` packets with call window ``window``."""
 
     __slots__ = ("P", "W", "cfg", "rtt", "bounded", "received", "remaining", "inflight",
-                 "tries", "last_progress")
+                 "tries", "last_progress", "early")
 
     def __init__(self, packets: int, window: int, cfg: WindowConfig,
                  rtt: RttEstimator | None = None):
@@ -125,6 +125,7 @@ class SendWindow:
         self.inflight = {}     # p -> last send time, in send order
         self.tries = {}        # p -> backoff multiplier; Karn: no RTT samples from these
         self.last_progress = None
+        self.early = 0         # results ignored because they came before p was sent
 
     @property
     def done(self) -> bool:
@@ -154,8 +155,17 @@ class SendWindow:
 
     def on_result(self, p: int, now: float):
         """The first RESULT of packet ``p`` (0 <= p < P): ``[Deliver(p), Send(p + w)?]``;
-        a repeated one: ``[]`` (a duplicate, to be ignored)."""
+        a repeated one, or one for a packet not sent yet: ``[]`` (to be ignored).
+
+        Bounded mode only: the switch may close the slot of ``p`` at its deadline before
+        this worker has sent ``p`` (it waits for the result of ``p - w``). Such a result is
+        ignored: decoding it needs the exponent agreed by ``p - w``, and taking it would
+        release ``p + w`` while ``p`` is still to be sent, ``w + 1`` packets in flight.
+        Sending ``p`` later fetches the stored result again."""
         if self.received[p]:
+            return []
+        if p >= self.W and not self.received[p - self.W]:
+            self.early += 1
             return []
         self.received[p] = 1
         self.remaining -= 1
@@ -171,7 +181,9 @@ class SendWindow:
 
     def on_timer(self, now: float):
         rto, tries = self.rto(), self.tries
-        overdue = [p for p, t in self.inflight.items() if now - t >= rto * tries.get(p, 1)]
+        # the same sum as next_wakeup's, so a timer fired at next_wakeup() always finds
+        # the packet overdue (``now - t >= rto`` can round the other way)
+        overdue = [p for p, t in self.inflight.items() if now >= t + rto * tries.get(p, 1)]
         if not overdue:
             return []
         cfg, idle = self.cfg, now - self.last_progress
