@@ -23,7 +23,7 @@ from ina_fabric.host.transport import quantize as Q
 from ina_fabric.host.transport.switch_client import AllreduceCall
 from ina_fabric.host.transport.window import (SendWindow, WindowConfig, RttEstimator, Send,
                                               Deliver, Abandon, Fail, MAX_BACKOFF)
-from ina_fabric.protocol import HEADER_DTYPE, HEADER_BYTES, ELEM_DTYPE, MsgType, Flags
+from ina_fabric.protocol import HEADER_DTYPE, HEADER_BYTES, ELEM_DTYPE, MsgType
 from ina_fabric.protocol.fields import NO_EXPONENT
 from ina_fabric.protocol.jobtable import JobConfig
 
