@@ -16,7 +16,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, event, strategies as st, HealthCheck
+from hypothesis import (given, settings, event, strategies as st, HealthCheck,
+                        currently_in_test_context)
 
 from ina_fabric.host.switch import SwitchModel, GROUP_WORKER
 from ina_fabric.host.transport import quantize as Q
@@ -176,11 +177,12 @@ class Sim:
         try:
             return self._run()
         finally:
-            st_ = [s for wk in self.workers for s in wk.stats]
-            event(f"retransmits: {any(s.retransmits for s in st_)}")
-            event(f"partial results: {any(s.partial_slots for s in st_)}")
-            event(f"abandoned: {bool(self.abandoned)}")
-            event(f"failed: {any(wk.failed for wk in self.workers)}")
+            if currently_in_test_context():
+                st_ = [s for wk in self.workers for s in wk.stats]
+                event(f"retransmits: {any(s.retransmits for s in st_)}")
+                event(f"partial results: {any(s.partial_slots for s in st_)}")
+                event(f"abandoned: {bool(self.abandoned)}")
+                event(f"failed: {any(wk.failed for wk in self.workers)}")
 
     def _run(self):
         for wk in self.workers:
@@ -319,7 +321,10 @@ def test_bounded_workers_apply_the_models_results_identically(setup, fates, dead
     for wk in sim.workers:
         assert wk.failed is None and len(wk.outs) == len(sizes)
     if sim.abandoned:
-        return   # checked by test_bounded_abandon_counts_zeros below
+        # a result gone for good (slot reused before a lagging worker fetched it): that
+        # worker applies zeros (test_bounded_abandon_counts_zeros); replicas can differ
+        # (test_bounded_replicas_stay_identical_after_an_abandoned_exponent, xfail)
+        return
     for k in range(len(sizes)):
         ref = sim.workers[0]
         for wk in sim.workers[1:]:
@@ -409,3 +414,23 @@ def test_karn_no_sample_from_a_retransmitted_packet():
     assert win.on_result(2, 0.035) == [Deliver(2)]
     assert win.rtt.srtt == pytest.approx(0.005)
     assert win.on_result(0, 0.04) == []                 # a duplicate
+
+
+@pytest.mark.xfail(strict=True, reason="known: bounded mode, a worker that abandons an "
+                   "exponent packet (p < K) decodes chunk p as zeros while the others "
+                   "decode the same stored RESULT of p + w; found by the property above")
+def test_bounded_replicas_stay_identical_after_an_abandoned_exponent():
+    """Two workers, one element per packet, job window 1, 2 ms deadline: worker 0's first
+    DATA and its RESULT are lost; the slot closes with worker 1 alone and is reused
+    (window 1) before worker 0's re-send, so worker 0 abandons packet 0 (the exponent of
+    chunk 0) and decodes chunk 0's RESULT as zeros, while worker 1 applies the rescaled
+    partial sum. Both count the chunk lost; their values differ."""
+    x = [[np.array([0.00012573, -0.0001321], np.float32)],
+         [np.array([0.00064042, 0.0001049], np.float32)]]
+    cfg = WindowConfig("bounded", rto=0.02, min_rto=0.01, deadline=0.002,
+                       connect_timeout=1e9)
+    sim = Sim(2, x, 1, 1, 1, cfg, [(0, 0.0), (1, 0.0), (0, 0.0)]).run()
+    a, b = sim.workers
+    assert a.abandoned == {0} and not b.abandoned
+    assert a.stats[0].entries_lost == b.stats[0].entries_lost
+    np.testing.assert_array_equal(a.outs[0], b.outs[0])
