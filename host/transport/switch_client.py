@@ -16,6 +16,10 @@ a switch (``ina switch`` or the FPGA). Per call, with K chunks of E elements and
 
 Sequence numbers continue across calls (``base`` advances by K+w), so all workers of a
 job must make the same sequence of calls with the same sizes, as DDP does.
+
+The window, timers and give-up rule are the pure ``host.transport.window.SendWindow``;
+``AllreduceCall`` is a call's data side (packets out, results in), also without I/O; the
+socket loop in ``SwitchClient.allreduce`` receives, decodes and performs their actions.
 """
 
 from dataclasses import dataclass, field, asdict
