@@ -35,7 +35,9 @@ The rules (the same as the socket loop had before they moved here):
   releases its successor); reliable mode and ``stall_timeout`` without progress:
   ``Fail("stalled")``; otherwise every overdue packet is re-sent;
 * bounded mode: ``rto`` is at least 1.5 deadlines + 2 ms, so a re-send only goes out
-  after the switch's deadline (to fetch the stored result the worker missed).
+  after the switch's deadline (to fetch the stored result the worker missed); a RESULT
+  for a packet not sent yet (its slot closed at the deadline first) is ignored, and
+  fetched again when the packet goes out.
 """
 
 from dataclasses import dataclass
