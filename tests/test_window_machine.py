@@ -23,7 +23,7 @@ from ina_fabric.host.switch import SwitchModel, GROUP_WORKER
 from ina_fabric.host.transport import quantize as Q
 from ina_fabric.host.transport.switch_client import AllreduceCall
 from ina_fabric.host.transport.window import (SendWindow, WindowConfig, RttEstimator, Send,
-                                              Deliver, Abandon, Fail, MAX_BACKOFF)
+                                              Deliver, Abandon, Hold, Fail, MAX_BACKOFF)
 from ina_fabric.protocol import HEADER_DTYPE, HEADER_BYTES, ELEM_DTYPE, MsgType
 from ina_fabric.protocol.fields import NO_EXPONENT
 from ina_fabric.protocol.jobtable import JobConfig
@@ -88,6 +88,7 @@ class Worker:
         self.win = SendWindow(self.call.P, self.w, self.cfg, self.rtt)
         self.sent, self.finished = {}, set()     # p -> [send times]; delivered/abandoned
         self.delivered, self.abandoned = {}, set()   # p -> (count, nelem) of its RESULT
+        self.held_hdr = {}
         self.progress = now
         self.perform(self.win.start(now), now)
 
@@ -96,7 +97,7 @@ class Worker:
         return self.win is not None and self.failed is None
 
     def perform(self, actions, now, h=None, mv=None):
-        rto = self.win.rto()
+        rto, progress = self.win.rto(), self.progress    # as they were before the event
         for a in actions:
             if type(a) is Send:
                 times = self.sent.setdefault(a.p, [])
@@ -113,13 +114,20 @@ class Worker:
                 times.append(now)
                 self.sim.net.send(now, addr(self.i), SWITCH, self.call.packet(a.p, a.retransmit))
             elif type(a) is Deliver:
+                # a held result is delivered right after the one of p - w, never before
+                assert a.p < self.w or (a.p - self.w) in self.finished, a
+                hdr = self.held_hdr.pop(a.p, None) or (int(h["count"]), int(h["nelem"]))
                 self.call.apply(h, mv, a.p)
-                self.delivered[a.p] = (int(h["count"]), int(h["nelem"]))
+                self.delivered[a.p] = hdr
                 self.finished.add(a.p)
                 self.progress = now
+            elif type(a) is Hold:
+                assert self.cfg.mode == "bounded" and a.p not in self.sent
+                self.call.hold(a.p, mv)
+                self.held_hdr[a.p] = (int(h["count"]), int(h["nelem"]))
             elif type(a) is Abandon:
                 assert self.cfg.mode == "bounded"
-                assert now - self.progress > self.rtt.giveup(self.cfg), (now, self.progress)
+                assert now - progress > self.rtt.giveup(self.cfg), (now, progress)
                 self.call.abandon(a.p)
                 self.abandoned.add(a.p)
                 self.finished.add(a.p)
@@ -434,3 +442,21 @@ def test_bounded_replicas_stay_identical_after_an_abandoned_exponent():
     assert a.abandoned == {0} and not b.abandoned
     assert a.stats[0].entries_lost == b.stats[0].entries_lost
     np.testing.assert_array_equal(a.outs[0], b.outs[0])
+
+
+def test_stall_fails_at_the_first_timer_past_stall_timeout():
+    """Progress at 5 ms, then silence: re-sends with backoff until the first timer at
+    which ``stall_timeout`` has passed, and not one timer earlier."""
+    cfg = WindowConfig("reliable", rto=0.02, min_rto=0.01, stall_timeout=1.0)
+    win = SendWindow(8, 4, cfg)
+    win.start(0.0)
+    assert win.on_result(0, 0.005) == [Deliver(0), Send(4)]
+    prev = 0.005
+    while True:
+        t = win.next_wakeup()
+        acts = win.on_timer(t)
+        if acts == [Fail("stalled")]:
+            break
+        assert acts and all(type(a) is Send and a.retransmit for a in acts)
+        prev = t
+    assert t - 0.005 > 1.0 >= prev - 0.005

@@ -31,7 +31,7 @@ import numpy as np
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from . import quantize as Q
-from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Abandon
+from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Abandon, Hold
 
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
            "AllreduceTimeout"]
@@ -52,7 +52,7 @@ class AllreduceStats:
     packets_sent: int = 0
     retransmits: int = 0
     results: int = 0
-    duplicates_ignored: int = 0  # results ignored: repeats, and (bounded) ones that came early
+    duplicates_ignored: int = 0
     partial_slots: int = 0
     entries_lost: int = 0        # entries of results that came from fewer than N workers
     overflow_slots: int = 0
@@ -144,7 +144,7 @@ class SwitchClient:
         win = SendWindow(call.P, W, WindowConfig.of(self), self._rtt)
         sock, switch, rx = self.sock, self.switch, self._rxbuf
         mv = memoryview(rx)
-        h = None
+        h, nbytes = None, 0
 
         def perform(actions):
             for a in actions:
@@ -155,6 +155,8 @@ class SwitchClient:
                     call.apply(h, mv, a.p)
                 elif kind is Abandon:
                     call.abandon(a.p)
+                elif kind is Hold:
+                    call.hold(a.p, rx[:nbytes])
                 elif a.reason == "unavailable":
                     raise SwitchUnavailable(
                         f"no answer from switch {switch[0]}:{switch[1]} for job "
@@ -233,6 +235,7 @@ class AllreduceCall:
                              f"{int(np.argmax(self.local_exp == Q.NONFINITE))})")
         self.shared_exp = np.full(K, NO_EXPONENT, np.int16)
         self.pkts = {}
+        self.held = {}      # p -> a RESULT that came before packet p was sent
 
     def _build(self, p):
         K, W, E, n = self.K, self.W, self.E, self.n
@@ -276,8 +279,15 @@ class AllreduceCall:
             return p
         return None
 
+    def hold(self, p, datagram):
+        """Keep the RESULT of ``p`` (a copy) until ``SendWindow`` delivers it."""
+        self.held[p] = bytes(datagram)
+
     def apply(self, h, mv, p):
-        """The first RESULT of ``p`` (header ``h``, datagram in ``mv``)."""
+        """The first RESULT of ``p`` (header ``h``, datagram in ``mv``; or the one held)."""
+        data = self.held.pop(p, None)
+        if data is not None:
+            h, mv = np.frombuffer(data, HEADER_DTYPE, count=1)[0], memoryview(data)
         st = self.stats
         st.results += 1
         self.pkts.pop(p, None)

@@ -18,6 +18,10 @@ they must be performed (plain values):
 * ``Deliver(p)``: the RESULT just received is the first for ``p``: apply it (before any
   ``Send`` that follows, since packet ``p + w`` is quantized with what ``p`` agreed);
 * ``Abandon(p)``: bounded mode, the result of ``p`` is gone for good: apply zeros;
+* ``Hold(p)``: bounded mode, the RESULT just received is for a packet not sent yet (the
+  switch closed its slot at the deadline while this worker waited for ``p - w``): keep a
+  copy; its ``Deliver(p)`` follows the one of ``p - w`` (it is decoded with the exponent
+  ``p - w`` agreed), and ``p`` itself is never sent;
 * ``Fail(reason)``: stop the call: ``"unavailable"`` (no RESULT ever came back within
   ``connect_timeout``) or ``"stalled"`` (reliable mode, no progress for ``stall_timeout``).
 
@@ -36,15 +40,15 @@ The rules (the same as the socket loop had before they moved here):
   ``Fail("stalled")``; otherwise every overdue packet is re-sent;
 * bounded mode: ``rto`` is at least 1.5 deadlines + 2 ms, so a re-send only goes out
   after the switch's deadline (to fetch the stored result the worker missed); a RESULT
-  for a packet not sent yet (its slot closed at the deadline first) is ignored, and
-  fetched again when the packet goes out.
+  for a packet not sent yet is held (above), and the packet it would have released goes
+  out when ``p - w``'s result is in, so never more than ``w`` are in flight.
 """
 
 from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["SendWindow", "WindowConfig", "RttEstimator", "Send", "Deliver", "Abandon",
-           "Fail", "MAX_BACKOFF"]
+           "Hold", "Fail", "MAX_BACKOFF"]
 
 MAX_BACKOFF = 64
 
@@ -59,6 +63,10 @@ class Deliver(NamedTuple):
 
 
 class Abandon(NamedTuple):
+    p: int
+
+
+class Hold(NamedTuple):
     p: int
 
 
@@ -113,7 +121,7 @@ class SendWindow:
     """The window of one call of ``packets`` packets with call window ``window``."""
 
     __slots__ = ("P", "W", "cfg", "rtt", "bounded", "received", "remaining", "inflight",
-                 "tries", "last_progress", "early")
+                 "tries", "last_progress", "held")
 
     def __init__(self, packets: int, window: int, cfg: WindowConfig,
                  rtt: RttEstimator | None = None):
@@ -122,12 +130,12 @@ class SendWindow:
         self.P, self.W, self.cfg = packets, window, cfg
         self.rtt = rtt if rtt is not None else RttEstimator()
         self.bounded = cfg.mode == "bounded"
-        self.received = bytearray(packets)   # 1: result applied (or abandoned)
+        self.received = bytearray(packets)   # 1: result in (applied, held or abandoned)
         self.remaining = packets
         self.inflight = {}     # p -> last send time, in send order
         self.tries = {}        # p -> backoff multiplier; Karn: no RTT samples from these
         self.last_progress = None
-        self.early = 0         # results ignored because they came before p was sent
+        self.held = set()      # results in before their packet was sent
 
     @property
     def done(self) -> bool:
@@ -156,30 +164,39 @@ class SendWindow:
         return [self._send(p, now) for p in range(min(self.W, self.P))]
 
     def on_result(self, p: int, now: float):
-        """The first RESULT of packet ``p`` (0 <= p < P): ``[Deliver(p), Send(p + w)?]``;
-        a repeated one, or one for a packet not sent yet: ``[]`` (to be ignored).
-
-        Bounded mode only: the switch may close the slot of ``p`` at its deadline before
-        this worker has sent ``p`` (it waits for the result of ``p - w``). Such a result is
-        ignored: decoding it needs the exponent agreed by ``p - w``, and taking it would
-        release ``p + w`` while ``p`` is still to be sent, ``w + 1`` packets in flight.
-        Sending ``p`` later fetches the stored result again."""
+        """The first RESULT of packet ``p`` (0 <= p < P): ``[Deliver(p), ...]`` with what
+        it releases, or ``[Hold(p)]`` when ``p`` was not sent yet (bounded mode: its slot
+        closed at the deadline without this worker); a repeated one: ``[]`` (a
+        duplicate, to be ignored)."""
         if self.received[p]:
-            return []
-        if p >= self.W and not self.received[p - self.W]:
-            self.early += 1
             return []
         self.received[p] = 1
         self.remaining -= 1
         self.last_progress = now
         self.rtt.answered = True
+        q = p - self.W
+        if q >= 0 and (not self.received[q] or q in self.held):
+            # p goes out only once q's result is in (and delivered); that result then
+            # delivers this one and releases p + w (see _release)
+            self.held.add(p)
+            return [Hold(p)]
         t_sent = self.inflight.pop(p, None)
         if t_sent is not None and p not in self.tries:
             self.rtt.sample(now - t_sent)
         acts = [Deliver(p)]
-        if p + self.W < self.P:
-            acts.append(self._send(p + self.W, now))
+        self._release(p + self.W, now, acts)
         return acts
+
+    def _release(self, q, now, acts):
+        """The result of ``q - w`` is in (or abandoned): send ``q``, or, if its result is
+        already held, deliver it and release ``q + w`` in turn."""
+        while q < self.P:
+            if q not in self.held:
+                acts.append(self._send(q, now))
+                return
+            self.held.discard(q)
+            acts.append(Deliver(q))
+            q += self.W
 
     def on_timer(self, now: float):
         rto, tries = self.rto(), self.tries
@@ -199,8 +216,7 @@ class SendWindow:
                 self.remaining -= 1
                 del self.inflight[p]
                 acts.append(Abandon(p))
-                if p + self.W < self.P:
-                    acts.append(self._send(p + self.W, now))
+                self._release(p + self.W, now, acts)
             self.last_progress = now
             return acts
         if not self.bounded and idle > cfg.stall_timeout:
