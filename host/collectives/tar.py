@@ -10,7 +10,7 @@ may be shorter or empty, so any bucket size works). Two rounds instead of a ring
 ``TarUdp`` (bounded): each shard travels as UDP datagrams of ``elements`` float32 entries
 with a 24-byte header (``TAR_HEADER``: call, sender, chunk, element offset, count) so a
 datagram is placed wherever and whenever it arrives. Each phase ends when all its data is
-in, or at its deadline, or early (see ``_PhaseClock``; per sender, the deadline runs from
+in, or at its deadline, or early (see ``tar_phases``; per sender, the deadline runs from
 its first datagram, so a rank that starts late is not cut off): the last ``tail_percent``
 of each sender's datagrams carry a TAIL flag, and once a tail datagram and all but the last
 percentile of a sender's datagrams are in, that sender gets only
@@ -55,6 +55,7 @@ import numpy as np
 
 from .base import Collective, DirStore
 from .deadline import DeadlinePolicy
+from .tar_phases import TarPhases, ACCEPT, BCAST
 
 __all__ = ["Mesh", "TarUdp", "TarTcp", "RingTcp", "TAR_HEADER", "MAGIC", "Kind", "Flag",
            "DirStore"]
@@ -404,94 +405,6 @@ class RingTcp(Collective):
 
 
 # ------------------------------------------------------------------------------------
-class _PhaseClock:
-    """When a bounded phase ends, per sender: at ``deadline`` after its first datagram
-    (or after the phase start, whichever is later), or ``early`` after its first
-    tail-marked datagram, whichever comes first; a sender not heard from at all is given
-    ``deadline + skew`` from the phase start. (With per-datagram delays drawn independently
-    a tail-marked datagram alone says little, so the early timeout also needs all but the
-    last percentile of that sender's datagrams.) The phase ends when every sender is complete
-    or past its end."""
-
-    def __init__(self, need, deadline, early, skew, tail_percent=2.0):
-        self.need, self.deadline, self.early_t, self.skew = need, deadline, early, skew
-        n = len(need)
-        # "nearly done": a tail-marked datagram is in and at most the last percentile
-        # of the sender's datagrams is still missing
-        # of the sender's datagrams is still missing (with fewer than 100/tail_percent
-        # datagrams that is none: no early timeout, a short phase waits for all or the
-        # deadline, since independent per-datagram delays would make it cut live data)
-        self.nearly = [k - int(k * tail_percent / 100.0) for k in need]
-        self.nearly_at = [None] * n
-        self.cnt = [0] * n
-        self.first = [None] * n
-        self.last = [None] * n
-        self.tail = [None] * n
-        self.t0 = None
-        self.early = False
-        self._end = None
-        self._dirty = True
-
-    def start(self, t0):
-        self.t0 = t0
-        self._dirty = True
-
-    def arrive(self, s, now, tail):
-        c = self.cnt[s] = self.cnt[s] + 1
-        self.last[s] = now
-        if self.first[s] is None:
-            self.first[s] = now
-            self._dirty = True
-        if tail and self.tail[s] is None:
-            self.tail[s] = now
-            self._dirty = True
-        if self.tail[s] is not None and c >= self.nearly[s] and self.nearly_at[s] is None:
-            self.nearly_at[s] = now
-            self._dirty = True
-        if c == self.need[s]:
-            self._dirty = True
-
-    def end(self):
-        """The time the phase ends, or None when all data is in."""
-        if self._dirty:
-            self._dirty = False
-            ends = []
-            early = True
-            for s, need in enumerate(self.need):
-                if self.cnt[s] >= need:
-                    continue
-                if self.first[s] is None:
-                    ends.append(self.t0 + self.deadline + self.skew)
-                    early = False
-                    continue
-                e = max(self.first[s], self.t0) + self.deadline
-                nearly = self.tail[s] is not None and self.cnt[s] >= self.nearly[s]
-                if nearly and self.nearly_at[s] + self.early_t < e:
-                    e = self.nearly_at[s] + self.early_t
-                else:
-                    early = False
-                ends.append(e)
-            self._end = max(ends) if ends else None
-            self.early = bool(ends) and early
-        return self._end
-
-    def duration(self, now):
-        """The phase's duration as the policy sees it: for complete senders, from the
-        later of their first datagram and the phase start to their last one; for
-        incomplete ones (censored), until now."""
-        d = 0.0
-        for s, need in enumerate(self.need):
-            if need == 0:
-                continue
-            if self.first[s] is None:
-                d = max(d, now - self.t0)
-            elif self.cnt[s] >= need:
-                d = max(d, self.last[s] - max(self.first[s], self.t0))
-            else:
-                d = max(d, now - max(self.first[s], self.t0))
-        return d
-
-
 class TarUdp(Collective):
     """Bounded-time TAR over UDP (see the module docstring).
 
@@ -644,26 +557,15 @@ class TarUdp(Collective):
         nch = -(-(hi - lo) // E)
         peers = [o for o in range(N) if o != r]
         addrs = self.mesh.udp_addrs
-        # state
+        # the phase decisions (pure, tar_phases.TarPhases); the data here
+        ph = TarPhases(r, nch, s_deadline, b_deadline, self.sp.early_timeout(),
+                       self.bp.early_timeout(), self.tail_percent)
+        got, bgot = ph.got, ph.bgot
         acc = v[lo[r]:hi[r]].copy()
-        got = np.zeros((N, nch[r]), bool)
-        got[r] = True
-        bgot = [np.zeros(nch[o], bool) for o in range(N)]
-        bgot[r][:] = True
         bcount = [np.full(nch[o], N, np.int64) for o in range(N)]
         out = np.empty(n, np.float32)
-        s_need = [0 if o == r else int(nch[r]) for o in range(N)]
-        b_need = [0 if o == r else int(nch[o]) for o in range(N)]
-        # A peer never heard from in a phase may be up to one bounded call behind (its
-        # previous call hit its deadlines); in the broadcast phase, also by our scatter.
-        skew = 2 * (s_deadline + b_deadline)
-        sclock = _PhaseClock(s_need, s_deadline, self.sp.early_timeout(), skew,
-                             self.tail_percent)
-        bclock = _PhaseClock(b_need, b_deadline, self.bp.early_timeout(), skew + s_deadline,
-                             self.tail_percent)
         st = {"late": 0, "dup": 0, "bad": 0, "stashed": 0}
-        s_expected, b_expected = sum(s_need), sum(b_need)
-        phase = 1
+        s_expected, b_expected = ph.expected()
         clock = time.monotonic
 
         def handle(buf, nbytes):
@@ -687,25 +589,22 @@ class TarUdp(Collective):
             if kind == Kind.SCATTER:
                 if chunk >= nch[r] or offset != lo[r] + chunk * E:
                     st["bad"] += 1
-                elif phase != 1:
-                    st["late"] += 1
-                elif got[sender, chunk]:
-                    st["dup"] += 1
-                else:
-                    got[sender, chunk] = True
+                    return
+                verdict = ph.on_scatter(sender, chunk, flags & Flag.TAIL, clock())
+                if verdict == ACCEPT:
                     a = chunk * E
                     acc[a:a + nelem] += data
-                    sclock.arrive(sender, clock(), flags & Flag.TAIL)
+                else:
+                    st[verdict] += 1        # "late" or "dup"
             elif kind == Kind.BCAST:
                 if chunk >= nch[sender] or offset != lo[sender] + chunk * E:
                     st["bad"] += 1
-                elif bgot[sender][chunk]:
-                    st["dup"] += 1
-                else:
-                    bgot[sender][chunk] = True
+                    return
+                if ph.on_bcast(sender, chunk, flags & Flag.TAIL, clock()) == ACCEPT:
                     out[offset:offset + nelem] = data
                     bcount[sender][chunk] = count
-                    bclock.arrive(sender, clock(), flags & Flag.TAIL)
+                else:
+                    st["dup"] += 1
             else:
                 st["bad"] += 1
 
@@ -715,8 +614,7 @@ class TarUdp(Collective):
             if nch[o]:
                 rows, lens = self._packets(v[lo[o]:hi[o]], Kind.SCATTER, call, N, lo[o])
                 per_dest.append((addrs[o], rows, lens))
-        t_s = clock()
-        sclock.start(t_s)
+        ph.start(clock())
         sent = self._send_interleaved(per_dest)
         for old in [c for c in self.stash if (c - call) & 0x80000000 or c == call]:
             pk = self.stash.pop(old)
@@ -743,42 +641,36 @@ class TarUdp(Collective):
 
         while True:
             now = clock()
-            if phase == 1:
-                end = sclock.end()
-                if end is not None and now >= end and drain():
-                    continue
-                if end is None or now >= end:
-                    s_time = sclock.duration(now)
-                    # finish the own shard: rescale partial chunks by N / count
-                    cnt = got.sum(axis=0)
-                    if nch[r] and (cnt < N).any():
-                        acc *= np.repeat((N / cnt).astype(np.float32), E)[:acc.size]
-                    bcount[r] = cnt.astype(np.int64)
-                    out[lo[r]:hi[r]] = acc
-                    if nch[r] and peers:
-                        rows, lens = self._packets(acc, Kind.BCAST, call, cnt, lo[r])
-                        bclock.start(clock())
-                        sent += self._send_interleaved([(addrs[o], rows, lens) for o in peers])
-                    else:
-                        bclock.start(clock())
-                    phase = 2
-                    continue
-            else:
-                end = bclock.end()
-                if end is not None and now >= end and drain():
-                    continue
-                if end is None or now >= end:
-                    b_time = bclock.duration(now)
+            end = ph.end()
+            if end is not None and now >= end and drain():
+                continue
+            if end is None or now >= end:
+                if ph.phase == BCAST:
+                    b_time = ph.end_bcast(now)
                     break
+                s_time = ph.end_scatter(now)
+                # finish the own shard: rescale partial chunks by N / count
+                cnt = ph.counts()
+                if nch[r] and (cnt < N).any():
+                    acc *= np.repeat((N / cnt).astype(np.float32), E)[:acc.size]
+                bcount[r] = cnt.astype(np.int64)
+                out[lo[r]:hi[r]] = acc
+                if nch[r] and peers:
+                    rows, lens = self._packets(acc, Kind.BCAST, call, cnt, lo[r])
+                    ph.start_bcast(clock())
+                    sent += self._send_interleaved([(addrs[o], rows, lens) for o in peers])
+                else:
+                    ph.start_bcast(clock())
+                continue
             sock.settimeout(max(end - now, 1e-5))
             try:
                 nbytes = sock.recv_into(rx)
             except (socket.timeout, BlockingIOError, ConnectionRefusedError):
                 continue
             handle(rx, nbytes)
-        recv_s, recv_b = sum(sclock.cnt), sum(bclock.cnt)
+        recv_s, recv_b = ph.received()
         s_timed_out, b_timed_out = recv_s < s_expected, recv_b < b_expected
-        s_early, b_early = sclock.early, bclock.early
+        s_early, b_early = ph.scatter.early, ph.bcast.early
         repaired = 0
         if self.resolve != "local" and peers:
             repaired = self._resolve(bgot, bcount, out, nch, lo, hi)

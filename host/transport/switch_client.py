@@ -16,10 +16,13 @@ a switch (``ina switch`` or the FPGA). Per call, with K chunks of E elements and
 
 Sequence numbers continue across calls (``base`` advances by K+w), so all workers of a
 job must make the same sequence of calls with the same sizes, as DDP does.
+
+The window, timers and give-up rule are the pure ``host.transport.window.SendWindow``;
+``AllreduceCall`` is a call's data side (packets out, results in), also without I/O; the
+socket loop in ``SwitchClient.allreduce`` receives, decodes and performs their actions.
 """
 
 from dataclasses import dataclass, field, asdict
-import math
 import socket
 import time
 
@@ -29,10 +32,12 @@ from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, Flags, NO
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS
 from . import quantize as Q
+from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Abandon, Hold
 
 _D = LINK_DEFAULTS["ethernet"]
 
-__all__ = ["SwitchClient", "AllreduceStats", "SwitchUnavailable", "AllreduceTimeout"]
+__all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
+           "AllreduceTimeout"]
 
 
 class SwitchUnavailable(ConnectionError):
@@ -107,28 +112,16 @@ class SwitchClient:
         self.sock = sock
         self.sbits = Q.scale_bits(self.nworkers)
         self._rxbuf = bytearray(HEADER_BYTES + 4 * 16384 + 64)
-        self._ever_answered = False
-        self._srtt, self._rttvar = 0.0, 0.0
+        self._rtt = RttEstimator()
 
-    # Retransmission timer: TCP's estimator (RFC 6298) with Karn's rule. In bounded mode
-    # a worker re-sends only after the switch's deadline, to fetch the stored result.
-    def _rtt_sample(self, r):
-        if not self._srtt:
-            self._srtt, self._rttvar = r, r / 2
-        else:
-            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
-            self._srtt = 0.875 * self._srtt + 0.125 * r
-
+    # Retransmission timer: TCP's estimator (RFC 6298) with Karn's rule, kept across calls;
+    # the window's rules are in ``host.transport.window``.
     def _rto(self):
-        base = self.rto if not self._srtt else min(max(self._srtt + 4 * self._rttvar,
-                                                       self.min_rto), 1.0)
-        if self.mode == "bounded":
-            return max(base, self.deadline * 1.5 + 0.002)
-        return base
+        return self._rtt.rto(WindowConfig.of(self))
 
     @property
     def giveup(self):
-        return max(20 * self._rto(), 0.5)
+        return self._rtt.giveup(WindowConfig.of(self))
 
     def close(self):
         self.sock.close()
@@ -143,74 +136,46 @@ class SwitchClient:
     def allreduce(self, values, average: bool = False):
         """Sum (or average) ``values`` (float32, any shape) over the job's workers.
 
-        Returns ``(result, stats)``; ``result`` has the input's shape, dtype float32."""
+        Returns ``(result, stats)``; ``result`` has the input's shape, dtype float32.
+        The socket loop: receive, decode, feed the ``SendWindow``, perform its actions."""
         t0 = time.perf_counter()
         x = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-        n, E = x.size, self.elements
-        K = (n + E - 1) // E
-        W = self.call_window(K)
-        P = K + W
-        base = self.seq
-        self.seq = (self.seq + P) & 0xFFFFFFFF
-        st = AllreduceStats(calls=1, elements=n)
-        out = np.zeros(n, np.float32)
-        local_exp = Q.local_exponents(x, E) if n else np.zeros(0, np.int8)
-        if (local_exp == Q.NONFINITE).any():
-            raise ValueError(f"allreduce input holds inf or NaN (chunk "
-                             f"{int(np.argmax(local_exp == Q.NONFINITE))})")
-        shared_exp = np.full(K, NO_EXPONENT, np.int16)
-        done = np.zeros(P, bool)
-        inflight = {}     # p -> send time, oldest first (at most W entries)
-        tries = {}        # p -> backoff multiplier; Karn: no RTT samples from these
-        pkts = {}
-        stride = HEADER_BYTES + 4 * E
-        bounded = self.mode == "bounded"
-
-        def build(p):
-            buf = np.zeros(stride, np.uint8)
-            h = buf[:HEADER_BYTES].view(HEADER_DTYPE)[0]
-            h["version"], h["type"], h["job"] = VERSION, MsgType.DATA, self.job
-            h["worker"], h["seq"] = self.worker, (base + p) & 0xFFFFFFFF
-            h["bitmap"] = 1 << self.worker
-            h["exponent"] = int(local_exp[p]) if p < K else NO_EXPONENT
-            if p == P - 1:
-                h["flags"] = Flags.LAST
-            nel = 0
-            if p >= W:
-                j = p - W
-                nel = min(E, n - j * E)
-                st.clipped += Q.pack_chunk(x, j * E, nel, int(shared_exp[j]), self.sbits, buf)
-            h["nelem"] = nel
-            return buf[:HEADER_BYTES + 4 * nel].tobytes()
-
-        def send(p, retransmit=False):
-            data = pkts.get(p)
-            if data is None:
-                data = pkts[p] = build(p)
-            if retransmit:
-                b = bytearray(data)
-                b[2] |= Flags.RETRANSMIT
-                data = bytes(b)
-                st.retransmits += 1
-                tries[p] = min(tries.get(p, 1) * 2, 64)
-            self.sock.sendto(data, self.switch)
-            st.packets_sent += 1
-            inflight.pop(p, None)
-            inflight[p] = time.monotonic()
-
-        for p in range(min(W, P)):
-            send(p)
-        remaining = P
-        last_progress = time.monotonic()
-        sock = self.sock
-        rx = self._rxbuf
+        W = self.call_window(-(-x.size // self.elements))
+        call = AllreduceCall(x, self.job, self.worker, self.nworkers, self.elements,
+                             self.seq, W)
+        self.seq = (self.seq + call.P) & 0xFFFFFFFF
+        win = SendWindow(call.P, W, WindowConfig.of(self), self._rtt)
+        sock, switch, rx = self.sock, self.switch, self._rxbuf
         mv = memoryview(rx)
-        while remaining:
-            rto = self._rto()
+        h, nbytes = None, 0
+
+        def perform(actions):
+            for a in actions:
+                kind = type(a)
+                if kind is Send:
+                    sock.sendto(call.packet(a.p, a.retransmit), switch)
+                elif kind is Deliver:
+                    call.apply(h, mv, a.p)
+                elif kind is Abandon:
+                    call.abandon(a.p)
+                elif kind is Hold:
+                    call.hold(a.p, rx[:nbytes])
+                elif a.reason == "unavailable":
+                    raise SwitchUnavailable(
+                        f"no answer from switch {switch[0]}:{switch[1]} for job "
+                        f"{self.job} within {self.connect_timeout}s")
+                else:
+                    raise AllreduceTimeout(
+                        f"job {self.job} worker {self.worker}: no progress for "
+                        f"{self.stall_timeout}s ({win.remaining} of {call.P} packets "
+                        f"outstanding)")
+
+        perform(win.start(time.monotonic()))
+        while not win.done:
             now = time.monotonic()
-            wake = min((t + rto * tries.get(p, 1) for p, t in inflight.items()),
-                       default=now + rto)
-            sock.settimeout(max(wake - now, 0.0002))
+            wake = win.next_wakeup()
+            sock.settimeout(max(wake - now, 0.0002) if wake is not None
+                            else max(win.rto(), 0.0002))
             try:
                 nbytes, src = sock.recvfrom_into(rx)
             except (socket.timeout, BlockingIOError):
@@ -220,57 +185,19 @@ class SwitchClient:
             now = time.monotonic()
             if nbytes >= HEADER_BYTES:
                 h = np.frombuffer(rx, HEADER_DTYPE, count=1)[0]
-                p = (int(h["seq"]) - base) & 0xFFFFFFFF
-                if (h["type"] == MsgType.RESULT and h["job"] == self.job and p < P
-                        and 4 * int(h["nelem"]) == nbytes - HEADER_BYTES):
-                    if done[p]:
-                        st.duplicates_ignored += 1
+                p = call.result_index(h, nbytes)
+                if p is not None:
+                    actions = win.on_result(p, now)
+                    if actions:
+                        perform(actions)
                     else:
-                        self._ever_answered = True
-                        done[p] = True
-                        remaining -= 1
-                        last_progress = now
-                        st.results += 1
-                        t_sent = inflight.pop(p, None)
-                        if t_sent is not None and p not in tries:
-                            self._rtt_sample(now - t_sent)
-                        self._apply(h, mv, p, K, W, E, n, out, shared_exp, st)
-                        pkts.pop(p, None)
-                        if p + W < P:
-                            send(p + W)
+                        call.stats.duplicates_ignored += 1
                     continue
-            # timers: retransmit what is overdue, with exponential backoff per packet
-            # (a slow peer, not a loss, is the usual reason a result is late)
-            overdue = [p for p, t in inflight.items() if now - t >= rto * tries.get(p, 1)]
-            if not overdue:
-                continue
-            if not self._ever_answered and now - last_progress > self.connect_timeout:
-                raise SwitchUnavailable(
-                    f"no answer from switch {self.switch[0]}:{self.switch[1]} for job "
-                    f"{self.job} within {self.connect_timeout}s")
-            if bounded and now - last_progress > self.giveup:
-                # results gone for good (slot reused): apply zeros, identically counted
-                for p in overdue:
-                    done[p] = True
-                    remaining -= 1
-                    del inflight[p]
-                    st.abandoned_slots += 1
-                    if p >= W:
-                        st.entries_lost += min(E, n - (p - W) * E)
-                    if p < K:
-                        shared_exp[p] = NO_EXPONENT  # send zeros: no exponent agreed
-                    if p + W < P:
-                        send(p + W)
-                last_progress = now
-                continue
-            if not bounded and now - last_progress > self.stall_timeout:
-                raise AllreduceTimeout(
-                    f"job {self.job} worker {self.worker}: no progress for "
-                    f"{self.stall_timeout}s ({remaining} of {P} packets outstanding)")
-            for p in overdue:
-                send(p, retransmit=True)
+            perform(win.on_timer(now))
+        st = call.stats
         st.seconds = time.perf_counter() - t0
         self.total.add(st)
+        out = call.out
         if average:
             out /= self.nworkers
         return out.reshape(np.shape(values)), st
@@ -289,10 +216,88 @@ class SwitchClient:
             w *= 2
         return w
 
-    def _apply(self, h, mv, p, K, W, E, n, out, shared_exp, st):
+
+
+class AllreduceCall:
+    """The data side of one call, without I/O or clock: DATA packet ``p`` (built on first
+    use, kept until its result is in), the RESULT of ``p`` applied, or zeros for an
+    abandoned one. ``SendWindow`` says when; ``stats`` counts what was done."""
+
+    def __init__(self, x, job, worker, nworkers, elements, base, window):
+        n, E = x.size, elements
+        self.x, self.n, self.E, self.W = x, n, E, window
+        self.K = K = (n + E - 1) // E
+        self.P = K + window
+        self.job, self.worker, self.nworkers, self.base = job, worker, nworkers, base
+        self.sbits = Q.scale_bits(nworkers)
+        self.stats = AllreduceStats(calls=1, elements=n)
+        self.out = np.zeros(n, np.float32)
+        self.local_exp = Q.local_exponents(x, E) if n else np.zeros(0, np.int8)
+        if (self.local_exp == Q.NONFINITE).any():
+            raise ValueError(f"allreduce input holds inf or NaN (chunk "
+                             f"{int(np.argmax(self.local_exp == Q.NONFINITE))})")
+        self.shared_exp = np.full(K, NO_EXPONENT, np.int16)
+        self.pkts = {}
+        self.held = {}      # p -> a RESULT that came before packet p was sent
+
+    def _build(self, p):
+        K, W, E, n = self.K, self.W, self.E, self.n
+        buf = np.zeros(HEADER_BYTES + 4 * E, np.uint8)
+        h = buf[:HEADER_BYTES].view(HEADER_DTYPE)[0]
+        h["version"], h["type"], h["job"] = VERSION, MsgType.DATA, self.job
+        h["worker"], h["seq"] = self.worker, (self.base + p) & 0xFFFFFFFF
+        h["bitmap"] = 1 << self.worker
+        h["exponent"] = int(self.local_exp[p]) if p < K else NO_EXPONENT
+        if p == self.P - 1:
+            h["flags"] = Flags.LAST
+        nel = 0
+        if p >= W:
+            j = p - W
+            nel = min(E, n - j * E)
+            self.stats.clipped += Q.pack_chunk(self.x, j * E, nel, int(self.shared_exp[j]),
+                                               self.sbits, buf)
+        h["nelem"] = nel
+        return buf[:HEADER_BYTES + 4 * nel].tobytes()
+
+    def packet(self, p, retransmit=False) -> bytes:
+        """The DATA datagram of packet ``p``, counted as sent."""
+        data = self.pkts.get(p)
+        if data is None:
+            data = self.pkts[p] = self._build(p)
+        st = self.stats
+        st.packets_sent += 1
+        if retransmit:
+            b = bytearray(data)
+            b[2] |= Flags.RETRANSMIT
+            data = bytes(b)
+            st.retransmits += 1
+        return data
+
+    def result_index(self, h, nbytes):
+        """The packet index of a RESULT of this call (header ``h``, ``nbytes`` long), or
+        None for anything else."""
+        p = (int(h["seq"]) - self.base) & 0xFFFFFFFF
+        if (h["type"] == MsgType.RESULT and h["job"] == self.job and p < self.P
+                and 4 * int(h["nelem"]) == nbytes - HEADER_BYTES):
+            return p
+        return None
+
+    def hold(self, p, datagram):
+        """Keep the RESULT of ``p`` (a copy) until ``SendWindow`` delivers it."""
+        self.held[p] = bytes(datagram)
+
+    def apply(self, h, mv, p):
+        """The first RESULT of ``p`` (header ``h``, datagram in ``mv``; or the one held)."""
+        data = self.held.pop(p, None)
+        if data is not None:
+            h, mv = np.frombuffer(data, HEADER_DTYPE, count=1)[0], memoryview(data)
+        st = self.stats
+        st.results += 1
+        self.pkts.pop(p, None)
+        K, W, E, n = self.K, self.W, self.E, self.n
         flags = int(h["flags"])
         if p < K:
-            shared_exp[p] = int(h["exponent"])
+            self.shared_exp[p] = int(h["exponent"])
         if flags & Flags.OVERFLOW:
             st.overflow_slots += 1
         count = int(h["count"])
@@ -308,4 +313,14 @@ class SwitchClient:
             return
         elems = np.frombuffer(mv, ELEM_DTYPE, count=nel, offset=HEADER_BYTES)
         rescale = self.nworkers / count if partial else 1.0
-        out[j * E: j * E + nel] = Q.dequantize(elems, int(shared_exp[j]), self.sbits, rescale)
+        self.out[j * E: j * E + nel] = Q.dequantize(elems, int(self.shared_exp[j]),
+                                                    self.sbits, rescale)
+
+    def abandon(self, p):
+        """Bounded mode: the result of ``p`` is gone for good; zeros, identically counted."""
+        st = self.stats
+        st.abandoned_slots += 1
+        if p >= self.W:
+            st.entries_lost += min(self.E, self.n - (p - self.W) * self.E)
+        if p < self.K:
+            self.shared_exp[p] = NO_EXPONENT  # send zeros: no exponent agreed

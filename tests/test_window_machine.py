@@ -1,0 +1,462 @@
+"""The worker's send window (``host.transport.window.SendWindow``) without sockets: N
+simulated workers, each a ``SendWindow`` and an ``AllreduceCall`` (the very objects
+``SwitchClient.allreduce`` drives), the reference ``SwitchModel`` in the middle, a fake
+clock, and a fake network that drops, duplicates, delays and so reorders datagrams as a
+hypothesis-drawn schedule says. The simulation feeds events exactly as the socket loop
+does (a RESULT: ``on_result``; anything else, or the wake-up time: ``on_timer``).
+
+Properties: reliable mode ends with the exact quantized sum on every worker, whatever the
+schedule; at most ``w`` packets are in flight; a packet is re-sent only after its RTO
+(times its backoff); a stalled call gives up after ``stall_timeout`` without progress and
+never before; bounded mode gives every worker the model's results, identically counted.
+"""
+
+import heapq
+import math
+
+import numpy as np
+import pytest
+from hypothesis import (given, settings, event, strategies as st, HealthCheck,
+                        currently_in_test_context)
+
+from ina_fabric.host.switch import SwitchModel, GROUP_WORKER
+from ina_fabric.host.transport import quantize as Q
+from ina_fabric.host.transport.switch_client import AllreduceCall
+from ina_fabric.host.transport.window import (SendWindow, WindowConfig, RttEstimator, Send,
+                                              Deliver, Abandon, Hold, Fail, MAX_BACKOFF)
+from ina_fabric.protocol import HEADER_DTYPE, HEADER_BYTES, ELEM_DTYPE, MsgType
+from ina_fabric.protocol.fields import NO_EXPONENT
+from ina_fabric.protocol.jobtable import JobConfig
+
+JOB = 3
+SWITCH = ("10.0.0.1", 19900)
+ONE_WAY = 0.0005           # delay of a datagram the schedule says nothing about
+
+
+def addr(i):
+    return ("10.0.1.1", 5000 + i)
+
+
+class Net:
+    """Datagrams in flight, delivered in time order. The i-th datagram sent follows
+    ``fates[i]`` = (copies, extra delay) while the schedule lasts; after it, or after
+    ``cut_at`` (everything lost from then on), the network is clean or dead."""
+
+    def __init__(self, fates, cut_at=math.inf):
+        self.fates, self.cut_at = fates, cut_at
+        self.heap, self.k = [], 0
+
+    def send(self, now, src, dst, data):
+        i = self.k
+        self.k += 1
+        copies, extra = self.fates[i] if i < len(self.fates) else (1, 0.0)
+        if now >= self.cut_at:
+            copies = 0
+        for c in range(copies):
+            heapq.heappush(self.heap, (now + ONE_WAY + extra * (c + 1), self.k, c, src, dst,
+                                       data))
+
+    def next_time(self):
+        return self.heap[0][0] if self.heap else None
+
+    def pop(self):
+        t, _, _, src, dst, data = heapq.heappop(self.heap)
+        return t, src, dst, data
+
+
+class Worker:
+    """One worker making ``len(inputs)`` calls, with the checks the properties need."""
+
+    def __init__(self, i, n, inputs, E, w, cfg, sim):
+        self.i, self.n, self.inputs, self.E, self.w, self.cfg = i, n, inputs, E, w, cfg
+        self.sim = sim
+        self.rtt = RttEstimator()       # kept across calls, as SwitchClient keeps it
+        self.seq = 0
+        self.outs, self.stats = [], []
+        self.failed = None              # (reason, time)
+        self.call = self.win = None
+        self.k = -1
+
+    def next_call(self, now):
+        self.k += 1
+        if self.k == len(self.inputs):
+            self.call = self.win = None
+            return
+        x = self.inputs[self.k]
+        self.call = AllreduceCall(x, JOB, self.i, self.n, self.E, self.seq, self.w)
+        self.seq = (self.seq + self.call.P) & 0xFFFFFFFF
+        self.win = SendWindow(self.call.P, self.w, self.cfg, self.rtt)
+        self.sent, self.finished = {}, set()     # p -> [send times]; delivered/abandoned
+        self.delivered, self.abandoned = {}, set()   # p -> (count, nelem) of its RESULT
+        self.held_hdr = {}
+        self.progress = now
+        self.perform(self.win.start(now), now)
+
+    @property
+    def active(self):
+        return self.win is not None and self.failed is None
+
+    def perform(self, actions, now, h=None, mv=None):
+        rto, progress = self.win.rto(), self.progress    # as they were before the event
+        for a in actions:
+            if type(a) is Send:
+                times = self.sent.setdefault(a.p, [])
+                if a.retransmit:
+                    # a re-send only once the packet's RTO times its backoff has passed
+                    backoff = min(2 ** (len(times) - 1), MAX_BACKOFF)
+                    assert times and now - times[-1] >= rto * backoff * (1 - 1e-12), \
+                        (a, now, times, rto, backoff)
+                    assert a.p not in self.finished
+                else:
+                    # first send: p < w at start, else released by the result of p - w
+                    assert not times
+                    assert a.p < self.w or (a.p - self.w) in self.finished, a
+                times.append(now)
+                self.sim.net.send(now, addr(self.i), SWITCH, self.call.packet(a.p, a.retransmit))
+            elif type(a) is Deliver:
+                # a held result is delivered right after the one of p - w, never before
+                assert a.p < self.w or (a.p - self.w) in self.finished, a
+                hdr = self.held_hdr.pop(a.p, None) or (int(h["count"]), int(h["nelem"]))
+                self.call.apply(h, mv, a.p)
+                self.delivered[a.p] = hdr
+                self.finished.add(a.p)
+                self.progress = now
+            elif type(a) is Hold:
+                assert self.cfg.mode == "bounded" and a.p not in self.sent
+                self.call.hold(a.p, mv)
+                self.held_hdr[a.p] = (int(h["count"]), int(h["nelem"]))
+            elif type(a) is Abandon:
+                assert self.cfg.mode == "bounded"
+                assert now - progress > self.rtt.giveup(self.cfg), (now, progress)
+                self.call.abandon(a.p)
+                self.abandoned.add(a.p)
+                self.finished.add(a.p)
+                self.sim.abandoned += 1
+            else:
+                assert type(a) is Fail
+                self.failed = (a.reason, now)
+                return
+            # the window: never more than w packets sent and not finished
+            inflight = [p for p in self.sent if p not in self.finished]
+            assert len(inflight) <= self.w, (inflight, self.w)
+        if self.win.done:
+            self.outs.append(self.call.out.copy())
+            self.stats.append(self.call.stats)
+            self.next_call(now)
+
+    def receive(self, data, now):
+        h = np.frombuffer(data, HEADER_DTYPE, count=1)[0]
+        p = self.call.result_index(h, len(data))
+        if p is not None:
+            acts = self.win.on_result(p, now)
+            if not acts:
+                self.call.stats.duplicates_ignored += 1
+            self.perform(acts, now, h, memoryview(data))
+        else:
+            self.perform(self.win.on_timer(now), now)
+
+    def timer(self, now):
+        acts = self.win.on_timer(now)
+        assert acts, "a timer fired at next_wakeup() must find something overdue"
+        self.perform(acts, now)
+
+
+class Sim:
+    def __init__(self, n, inputs, E, w, job_window, cfg, fates, cut_at=math.inf,
+                 max_events=200000):
+        self.net = Net(fates, cut_at)
+        self.model = SwitchModel([JobConfig(JOB, tuple(f"{a}:{p}" for a, p in map(addr, range(n))),
+                                            window=job_window, elements=E,
+                                            deadline=cfg.deadline, mode=cfg.mode)])
+        self.workers = [Worker(i, n, inputs[i], E, w, cfg, self) for i in range(n)]
+        self.group_results = {}       # seq -> the RESULT the model sent to the group
+        self.abandoned = 0
+        self.now = 0.0
+        self.max_events = max_events
+
+    def route(self, replies, now):
+        for dest, data in replies:
+            h = np.frombuffer(data, HEADER_DTYPE, count=1)[0]
+            if h["type"] == MsgType.RESULT and h["worker"] == GROUP_WORKER:
+                self.group_results.setdefault(int(h["seq"]), data)
+            self.net.send(now, SWITCH, dest, data)
+
+    def run(self):
+        try:
+            return self._run()
+        finally:
+            if currently_in_test_context():
+                st_ = [s for wk in self.workers for s in wk.stats]
+                event(f"retransmits: {any(s.retransmits for s in st_)}")
+                event(f"partial results: {any(s.partial_slots for s in st_)}")
+                event(f"abandoned: {bool(self.abandoned)}")
+                event(f"failed: {any(wk.failed for wk in self.workers)}")
+
+    def _run(self):
+        for wk in self.workers:
+            wk.next_call(0.0)
+        by_addr = {addr(i): wk for i, wk in enumerate(self.workers)}
+        for _ in range(self.max_events):
+            cands = []
+            t = self.net.next_time()
+            if t is not None:
+                cands.append((t, 0, None))
+            t = self.model.next_deadline()
+            if t is not None:
+                cands.append((t, 1, None))
+            for wk in self.workers:
+                if wk.active:
+                    t = wk.win.next_wakeup()
+                    if t is not None:
+                        cands.append((t, 2, wk))
+            if not cands:
+                return self
+            t, what, wk = min(cands, key=lambda c: (c[0], c[1]))
+            now = self.now = max(self.now, t)
+            if what == 0:
+                _, src, dst, data = self.net.pop()
+                if dst == SWITCH:
+                    self.route(self.model.process(data, src, now), now)
+                elif by_addr[dst].active:
+                    by_addr[dst].receive(data, now)
+            elif what == 1:
+                self.route(self.model.tick(now), now)
+            else:
+                wk.timer(now)
+        raise AssertionError("simulation did not finish")
+
+
+def exact_sum(xs, E):
+    """The quantized sum every worker must get in reliable mode, computed apart from the
+    client: per chunk the largest local exponent, each worker's values quantized with it,
+    summed exactly, dequantized."""
+    n, N = xs[0].size, len(xs)
+    K = -(-n // E)
+    S = Q.scale_bits(N)
+    shared = np.max([Q.local_exponents(x, E).astype(np.int16) for x in xs], axis=0) \
+        if n else np.zeros(0, np.int16)
+    out = np.zeros(n, np.float32)
+    for j in range(K):
+        e = int(shared[j])
+        if e == NO_EXPONENT:
+            continue
+        a, b = j * E, min(n, (j + 1) * E)
+        q = sum(np.rint(x[a:b].astype(np.float64) * 2.0 ** (S - e)).astype(np.int64)
+                for x in xs)
+        out[a:b] = (q.astype(np.float64) * 2.0 ** (e - S)).astype(np.float32)
+    return out
+
+
+# -- strategies ----------------------------------------------------------------------
+fate = st.tuples(st.sampled_from([0, 1, 1, 1, 2]),
+                 st.sampled_from([0.0, 0.0, 0.0002, 0.001, 0.004, 0.015, 0.05]))
+schedule = st.lists(fate, max_size=300)
+
+
+@st.composite
+def setups(draw, calls=st.integers(1, 2)):
+    n = draw(st.integers(2, 4))
+    E = draw(st.sampled_from([1, 3, 8]))
+    job_window = draw(st.sampled_from([1, 2, 4, 8]))
+    w = draw(st.sampled_from([v for v in (1, 2, 4, 8) if v <= job_window]))
+    sizes = draw(st.lists(st.integers(0, 12 * E), min_size=1, max_size=draw(calls)))
+    seed = draw(st.integers(0, 2 ** 32 - 1))
+    rng = np.random.default_rng(seed)
+    scale = draw(st.sampled_from([1e-3, 1.0, 1e4]))
+    inputs = [[(rng.standard_normal(m) * scale).astype(np.float32) for m in sizes]
+              for _ in range(n)]
+    for i in range(n):          # a few all-zero chunks: NO_EXPONENT proposals
+        for x in inputs[i]:
+            if x.size > E and rng.random() < 0.3:
+                x[:E] = 0
+    return n, E, job_window, w, sizes, inputs
+
+
+# give-up is tested on its own: here a long lossy schedule must not end the call
+RELIABLE = WindowConfig("reliable", rto=0.02, min_rto=0.01, connect_timeout=1e9,
+                        stall_timeout=1e9)
+COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# -- properties ----------------------------------------------------------------------
+@settings(max_examples=300, **COMMON)
+@given(setups(), schedule)
+def test_reliable_every_worker_gets_the_exact_sum(setup, fates):
+    n, E, job_window, w, sizes, inputs = setup
+    sim = Sim(n, inputs, E, w, job_window, RELIABLE, fates).run()
+    for wk in sim.workers:
+        assert wk.failed is None
+        assert len(wk.outs) == len(sizes)
+    for k in range(len(sizes)):
+        expect = exact_sum([inputs[i][k] for i in range(n)], E)
+        for wk in sim.workers:
+            np.testing.assert_array_equal(wk.outs[k], expect)
+            s = wk.stats[k]
+            assert (s.partial_slots, s.entries_lost, s.abandoned_slots) == (0, 0, 0)
+            assert s.results == -(-sizes[k] // E) + w
+
+
+@settings(max_examples=150, **COMMON)
+@given(setups(calls=st.just(1)), schedule, st.floats(0.0, 0.3),
+       st.sampled_from([0.5, 1.0, 3.0]))
+def test_reliable_gives_up_after_stall_timeout_and_not_before(setup, fates, cut_at, stall):
+    """The switch (or the path) dies at ``cut_at``: every worker that had not finished
+    fails, ``stall_timeout`` after its last progress at the earliest, and within one
+    backed-off RTO of that at the latest; one never answered says 'unavailable'."""
+    n, E, job_window, w, sizes, inputs = setup
+    cfg = WindowConfig("reliable", rto=0.02, min_rto=0.01, connect_timeout=0.4 * stall,
+                       stall_timeout=stall)
+    sim = Sim(n, inputs, E, w, job_window, cfg, fates, cut_at=cut_at).run()
+    for wk in sim.workers:
+        if wk.failed is None:
+            assert len(wk.outs) == 1
+            continue
+        reason, t = wk.failed
+        idle = t - wk.progress
+        limit = cfg.connect_timeout if reason == "unavailable" else cfg.stall_timeout
+        assert idle > limit
+        assert idle <= limit + MAX_BACKOFF * 1.0 + 1e-9
+        assert (reason == "unavailable") == (not wk.rtt.answered)
+
+
+@settings(max_examples=200, **COMMON)
+@given(setups(), schedule, st.sampled_from([0.002, 0.005, 0.02]))
+def test_bounded_workers_apply_the_models_results_identically(setup, fates, deadline):
+    n, E, job_window, w, sizes, inputs = setup
+    cfg = WindowConfig("bounded", rto=0.02, min_rto=0.01, deadline=deadline,
+                       connect_timeout=1e9)
+    sim = Sim(n, inputs, E, w, job_window, cfg, fates).run()
+    for wk in sim.workers:
+        assert wk.failed is None and len(wk.outs) == len(sizes)
+    if sim.abandoned:
+        # a result gone for good (slot reused before a lagging worker fetched it): that
+        # worker applies zeros (test_bounded_abandon_counts_zeros); replicas can differ
+        # (test_bounded_replicas_stay_identical_after_an_abandoned_exponent, xfail)
+        return
+    for k in range(len(sizes)):
+        ref = sim.workers[0]
+        for wk in sim.workers[1:]:
+            np.testing.assert_array_equal(wk.outs[k], ref.outs[k])
+            for f in ("entries_lost", "partial_slots", "overflow_slots", "results"):
+                assert getattr(wk.stats[k], f) == getattr(ref.stats[k], f), f
+    # and the results are the model's: decode its group RESULTs apart from the client
+    S = Q.scale_bits(n)
+    base = 0
+    for k, m in enumerate(sizes):
+        K = -(-m // E)
+        out = np.zeros(m, np.float32)
+        lost = 0
+        exps = {}
+        for p in range(K + w):
+            data = sim.group_results[base + p]
+            h = np.frombuffer(data, HEADER_DTYPE, count=1)[0]
+            exps[p] = int(h["exponent"])
+            count, nel = int(h["count"]), int(h["nelem"])
+            if count < n:
+                lost += nel
+            if p >= w and nel and count:
+                e = exps[p - w]
+                if e != NO_EXPONENT:
+                    v = np.frombuffer(data, ELEM_DTYPE, count=nel, offset=HEADER_BYTES)
+                    j = p - w
+                    out[j * E:j * E + nel] = (v.astype(np.float64) * math.ldexp(
+                        n / count if count < n else 1.0, e - S)).astype(np.float32)
+        np.testing.assert_array_equal(sim.workers[0].outs[k], out)
+        assert sim.workers[0].stats[k].entries_lost == lost
+        base += K + w
+
+
+@settings(max_examples=100, **COMMON)
+@given(setups(calls=st.just(1)), schedule, st.floats(0.0, 0.05))
+def test_bounded_abandon_counts_zeros(setup, fates, cut_at):
+    """The switch dies mid-call in bounded mode: workers abandon what never came back,
+    only after ``giveup`` without progress (checked in ``Worker.perform``), apply zeros
+    there and count exactly those entries lost."""
+    n, E, job_window, w, sizes, inputs = setup
+    cfg = WindowConfig("bounded", rto=0.02, min_rto=0.01, deadline=0.005,
+                       connect_timeout=1e9)
+    sim = Sim(n, inputs, E, w, job_window, cfg, fates, cut_at=cut_at).run()
+    m = sizes[0]
+    K = -(-m // E)
+    for wk in sim.workers:
+        assert wk.failed is None and len(wk.outs) == 1
+        s, out = wk.stats[0], wk.outs[0]
+        assert s.results + s.abandoned_slots == K + w
+        assert s.abandoned_slots == len(wk.abandoned)
+        lost = sum(nel for count, nel in wk.delivered.values() if count < n)
+        for p in wk.abandoned:
+            if p >= w:
+                j = p - w
+                chunk = out[j * E:min(m, (j + 1) * E)]
+                assert not chunk.any()                  # zeros applied
+                lost += chunk.size
+        assert s.entries_lost == lost
+
+
+def test_rtt_estimator_follows_rfc6298():
+    est = RttEstimator()
+    cfg = WindowConfig("reliable", rto=0.02, min_rto=0.01)
+    assert est.rto(cfg) == 0.02                        # before any sample: the initial RTO
+    est.sample(0.004)
+    assert (est.srtt, est.rttvar) == (0.004, 0.002)
+    assert est.rto(cfg) == 0.012                       # srtt + 4 rttvar
+    est.sample(0.008)
+    assert est.rttvar == pytest.approx(0.75 * 0.002 + 0.25 * 0.004)
+    assert est.srtt == pytest.approx(0.875 * 0.004 + 0.125 * 0.008)
+    fast = RttEstimator(srtt=1e-5, rttvar=1e-6)
+    assert fast.rto(cfg) == 0.01                        # the floor
+    assert RttEstimator(srtt=2.0, rttvar=1.0).rto(cfg) == 1.0    # the ceiling
+    b = WindowConfig("bounded", deadline=0.01)
+    assert fast.rto(b) == pytest.approx(0.017)          # after the switch's deadline
+    assert fast.giveup(b) == 0.5
+
+
+def test_karn_no_sample_from_a_retransmitted_packet():
+    win = SendWindow(4, 2, RELIABLE)
+    assert win.start(0.0) == [Send(0), Send(1)]
+    assert win.on_timer(0.019) == []
+    assert win.on_timer(0.02) == [Send(0, True), Send(1, True)]
+    assert win.next_wakeup() == pytest.approx(0.06)    # backoff 2
+    assert win.on_result(0, 0.03) == [Deliver(0), Send(2)]
+    assert win.rtt.srtt == 0.0                          # Karn: the sample is ambiguous
+    assert win.on_result(2, 0.035) == [Deliver(2)]
+    assert win.rtt.srtt == pytest.approx(0.005)
+    assert win.on_result(0, 0.04) == []                 # a duplicate
+
+
+@pytest.mark.xfail(strict=True, reason="known: bounded mode, a worker that abandons an "
+                   "exponent packet (p < K) decodes chunk p as zeros while the others "
+                   "decode the same stored RESULT of p + w; found by the property above")
+def test_bounded_replicas_stay_identical_after_an_abandoned_exponent():
+    """Two workers, one element per packet, job window 1, 2 ms deadline: worker 0's first
+    DATA and its RESULT are lost; the slot closes with worker 1 alone and is reused
+    (window 1) before worker 0's re-send, so worker 0 abandons packet 0 (the exponent of
+    chunk 0) and decodes chunk 0's RESULT as zeros, while worker 1 applies the rescaled
+    partial sum. Both count the chunk lost; their values differ."""
+    x = [[np.array([0.00012573, -0.0001321], np.float32)],
+         [np.array([0.00064042, 0.0001049], np.float32)]]
+    cfg = WindowConfig("bounded", rto=0.02, min_rto=0.01, deadline=0.002,
+                       connect_timeout=1e9)
+    sim = Sim(2, x, 1, 1, 1, cfg, [(0, 0.0), (1, 0.0), (0, 0.0)]).run()
+    a, b = sim.workers
+    assert a.abandoned == {0} and not b.abandoned
+    assert a.stats[0].entries_lost == b.stats[0].entries_lost
+    np.testing.assert_array_equal(a.outs[0], b.outs[0])
+
+
+def test_stall_fails_at_the_first_timer_past_stall_timeout():
+    """Progress at 5 ms, then silence: re-sends with backoff until the first timer at
+    which ``stall_timeout`` has passed, and not one timer earlier."""
+    cfg = WindowConfig("reliable", rto=0.02, min_rto=0.01, stall_timeout=1.0)
+    win = SendWindow(8, 4, cfg)
+    win.start(0.0)
+    assert win.on_result(0, 0.005) == [Deliver(0), Send(4)]
+    prev = 0.005
+    while True:
+        t = win.next_wakeup()
+        acts = win.on_timer(t)
+        if acts == [Fail("stalled")]:
+            break
+        assert acts and all(type(a) is Send and a.retransmit for a in acts)
+        prev = t
+    assert t - 0.005 > 1.0 >= prev - 0.005
