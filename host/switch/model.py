@@ -28,14 +28,13 @@ import json
 import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
-                               field_offsets)
+                                        GROUP_WORKER, field_offsets)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.auth import ReplayGuard, seal, unseal, TRAILER_BYTES
 
 __all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER"]
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
-GROUP_WORKER = 255  # worker field of a RESULT sent to the whole group
 
 COUNTERS = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",

@@ -28,7 +28,8 @@ import time
 
 import numpy as np
 
-from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT
+from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
+                                        GROUP_WORKER)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS
 from . import quantize as Q
@@ -37,7 +38,7 @@ from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Aband
 _D = LINK_DEFAULTS["ethernet"]
 
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
-           "AllreduceTimeout"]
+           "AllreduceTimeout", "AllreduceInconsistent"]
 
 
 class SwitchUnavailable(ConnectionError):
@@ -46,6 +47,12 @@ class SwitchUnavailable(ConnectionError):
 
 class AllreduceTimeout(TimeoutError):
     """A reliable allreduce made no progress for ``stall_timeout`` seconds."""
+
+
+class AllreduceInconsistent(RuntimeError):
+    """The switch answered a reliable call with a PARTIAL result (the job was installed
+    again as bounded under this run). Every worker gets the same RESULT, so every worker
+    raises."""
 
 
 @dataclass
@@ -61,6 +68,7 @@ class AllreduceStats:
     overflow_slots: int = 0
     clipped: int = 0             # local values clipped by a non-agreed exponent
     abandoned_slots: int = 0     # bounded mode: results never recovered (zeros applied)
+    foreign_ignored: int = 0     # datagrams not from the switch, or not a valid RESULT
     seconds: float = 0.0
 
     def add(self, other: "AllreduceStats"):
@@ -183,9 +191,19 @@ class SwitchClient:
             except ConnectionRefusedError:
                 nbytes = 0  # ICMP port unreachable from a switch that is down
             now = time.monotonic()
+            if nbytes and tuple(src) != switch:
+                call.stats.foreign_ignored += 1   # only the switch's RESULTs count
+                nbytes = 0
             if nbytes >= HEADER_BYTES:
                 h = np.frombuffer(rx, HEADER_DTYPE, count=1)[0]
                 p = call.result_index(h, nbytes)
+                if p is None:
+                    call.stats.foreign_ignored += 1
+                elif self.mode == "reliable" and int(h["flags"]) & Flags.PARTIAL:
+                    raise AllreduceInconsistent(
+                        f"job {self.job} worker {self.worker}: the switch answered a "
+                        f"reliable call with a PARTIAL result (was the job installed "
+                        f"again as bounded?)")
                 if p is not None:
                     actions = win.on_result(p, now)
                     if actions:
@@ -273,12 +291,21 @@ class AllreduceCall:
             st.retransmits += 1
         return data
 
+    def nelem_of(self, p) -> int:
+        """Elements packet ``p`` carries (and its RESULT must carry)."""
+        return min(self.E, self.n - (p - self.W) * self.E) if p >= self.W else 0
+
     def result_index(self, h, nbytes):
         """The packet index of a RESULT of this call (header ``h``, ``nbytes`` long), or
-        None for anything else."""
+        None for anything else: every field is checked before use (type, version, job,
+        seq in this call, the element count this packet has, the length, the count of
+        contributors, the worker field)."""
         p = (int(h["seq"]) - self.base) & 0xFFFFFFFF
-        if (h["type"] == MsgType.RESULT and h["job"] == self.job and p < self.P
-                and 4 * int(h["nelem"]) == nbytes - HEADER_BYTES):
+        if (h["type"] == MsgType.RESULT and h["version"] == VERSION and h["job"] == self.job
+                and p < self.P and int(h["nelem"]) == self.nelem_of(p)
+                and 4 * int(h["nelem"]) == nbytes - HEADER_BYTES
+                and int(h["count"]) <= self.nworkers
+                and int(h["worker"]) in (self.worker, GROUP_WORKER)):
             return p
         return None
 
@@ -321,6 +348,6 @@ class AllreduceCall:
         st = self.stats
         st.abandoned_slots += 1
         if p >= self.W:
-            st.entries_lost += min(self.E, self.n - (p - self.W) * self.E)
+            st.entries_lost += self.nelem_of(p)
         if p < self.K:
             self.shared_exp[p] = NO_EXPONENT  # send zeros: no exponent agreed

@@ -13,7 +13,7 @@ import enum
 
 __all__ = [
     "Field", "HEADER_FIELDS", "HEADER_BYTES", "VERSION", "INA_UDP_PORT",
-    "MsgType", "Flags", "NO_EXPONENT", "MAX_WORKERS", "field_offsets",
+    "MsgType", "Flags", "NO_EXPONENT", "MAX_WORKERS", "GROUP_WORKER", "field_offsets",
 ]
 
 VERSION = 1
@@ -21,6 +21,8 @@ INA_UDP_PORT = 19900
 MAX_WORKERS = 32
 #: exponent value meaning "no proposal" (int8 minimum)
 NO_EXPONENT = -128
+#: the worker field of a RESULT sent to the whole group (a unicast re-send names its worker)
+GROUP_WORKER = 255
 
 
 class MsgType(enum.IntEnum):
