@@ -1,0 +1,59 @@
+"""``ina lab status``: per-link throughput, queue drops and backlog from the tbf counters
+at both ends of every link, and the RTT distribution from each host to its switch,
+measured by a UDP probe (bounded: ``probes`` datagrams, 5 ms apart)."""
+
+import os
+import time
+
+from . import netns as N
+from . import probe as P
+
+__all__ = ["status", "link_counters"]
+
+
+def link_counters(lab) -> dict:
+    """host -> {"up": host eth0 egress counters, "down": switch port egress counters}."""
+    out = {}
+    for h in lab.topo.hosts:
+        with N.ipr(lab.ns(h.name)) as ip:
+            up = N.qdisc_stats(ip, "eth0")
+        with N.ipr(lab.ns(h.switch)) as ip:
+            down = N.qdisc_stats(ip, h.name)
+        out[h.name] = {"up": up, "down": down}
+    return out
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def status(lab, seconds=1.0, probes=20) -> dict:
+    a = link_counters(lab)
+    t0 = time.monotonic()
+    rtts = {}
+    if probes:
+        for h in lab.topo.hosts:
+            r = P.rtt(lab, h.name, h.switch, count=probes, interval_ms=5.0, port=5009)
+            r.pop("samples_ms", None)
+            rtts[h.name] = r
+    time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
+    dt = time.monotonic() - t0
+    b = link_counters(lab)
+    links = []
+    for h in lab.topo.hosts:
+        row = {"host": h.name, "switch": h.switch, "rate": h.link.rate,
+               "up": b[h.name]["up"], "down": b[h.name]["down"],
+               "up_mbit_s": (b[h.name]["up"]["bytes"] - a[h.name]["up"]["bytes"]) * 8 / dt / 1e6,
+               "down_mbit_s": (b[h.name]["down"]["bytes"] - a[h.name]["down"]["bytes"])
+               * 8 / dt / 1e6}
+        if h.name in rtts:
+            row["rtt_ms"] = rtts[h.name]["rtt_ms"]
+            row["rtt_lost"] = rtts[h.name]["lost"]
+        links.append(row)
+    services = {name: {**s, "alive": _alive(s["pid"])} for name, s in lab.services.items()}
+    return {"lab": lab.id, "topology": lab.topo.name, "seconds": dt, "links": links,
+            "services": services}
