@@ -1,0 +1,213 @@
+"""`ina lab`: topologies, links that come up and carry their rate, the delay line, and a
+teardown that leaves nothing behind (no namespace, no link, no process), also after a
+crash; two labs side by side. Tests that build labs need root, namespaces and TUN; they
+skip with the reason elsewhere. Each lab is small (2..3 hosts) and each flow bounded
+(2 s), so the file takes well under a minute."""
+
+import itertools
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ina_fabric.host.lab import Lab, LabError, TopologyError, available, load, parse_rate
+from ina_fabric.host.lab import netns as N
+from ina_fabric.host.lab import probe
+from ina_fabric.host.lab.lab import STATE_DIR, down
+
+WHY = available()
+
+
+def needs_lab(fn):
+    """Builds labs: root, namespaces, TUN (else skipped, saying which); one xdist group,
+    so two workers never shape links at the same time on a 2-core machine."""
+    fn = pytest.mark.skipif(WHY is not None, reason=f"ina lab: {WHY}")(fn)
+    return pytest.mark.xdist_group("lab")(fn)
+
+_ids = itertools.count()
+
+
+def lab_id() -> str:
+    """A fresh id per lab, unique across test processes (names are what `down` finds)."""
+    return f"t{os.getpid() % 100000}{next(_ids)}"[:8]
+
+
+def root_links() -> set[str]:
+    return set(os.listdir("/sys/class/net"))
+
+
+# -- topologies (no root needed) -----------------------------------------------------
+
+def test_rack_defaults_and_parameters():
+    t = load("rack")
+    assert [h.name for h in t.hosts] == ["h0", "h1", "h2", "h3"]
+    assert {h.link.rate for h in t.hosts} == {10**9}
+    assert str(t.switch().address) == "198.18.0.254"
+    assert [str(h.address) for h in t.hosts] == [f"198.18.0.{i}" for i in range(1, 5)]
+    t = load("rack", {"hosts": "16", "rate": "100mbit", "delay_ms": "5"})
+    assert len(t.hosts) == 16 and t.hosts[0].link.rate == 10**8
+    assert t.hosts[0].link.impaired and t.hosts[0].link.delay_ms == 5.0
+    with pytest.raises(TopologyError, match="1..16"):
+        load("rack", {"hosts": 17})
+    with pytest.raises(TopologyError, match="unknown parameter"):
+        load("rack", {"nodes": 3})
+
+
+def test_addresses_stay_in_the_benchmark_range(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text('[[switch]]\nname = "sw"\nsubnet = "10.0.0.0/24"\n'
+                 '[[hosts]]\nprefix = "h"\nswitch = "sw"\nrate = "1gbit"\n')
+    with pytest.raises(TopologyError, match="outside 198.18.0.0/15"):
+        load(p)
+
+
+@pytest.mark.parametrize("text,bits", [("1gbit", 10**9), ("100mbit", 10**8),
+                                       ("500kbit", 5 * 10**5), ("2.5Gbit", 25 * 10**8),
+                                       ("1e6", 10**6)])
+def test_rates_are_decimal_bits(text, bits):
+    assert parse_rate(text) == bits
+
+
+def test_lab_verb_help_runs_nothing():
+    r = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "lab", "up", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--rate" in r.stdout
+
+
+# -- labs (root) ---------------------------------------------------------------------
+
+def _rtt_ok(lab, a, b, count=5):
+    r = probe.rtt(lab, a, b, count=count, interval_ms=2)
+    assert r["lost"] == 0, (a, b, r)
+    return r
+
+
+def _nothing_left(lab_id, links_before, pids=()):
+    assert N.lab_namespaces(lab_id) == []
+    assert root_links() == links_before, "links appeared or vanished in the host namespace"
+    assert not (STATE_DIR / lab_id).exists()
+    for pid in pids:
+        assert not pathlib.Path(f"/proc/{pid}").exists() or \
+            pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
+
+
+@needs_lab
+def test_links_up_and_hosts_reach_each_other_through_the_bridge():
+    with Lab(load("rack", {"hosts": 3}), lab_id()) as lab:
+        for a, b in (("h0", "h1"), ("h1", "h2"), ("h2", "h0"), ("h0", "sw")):
+            _rtt_ok(lab, a, b)
+        with N.ipr(lab.ns("sw")) as ip:       # the hosts' links are ports of br0
+            br = ip.link_lookup(ifname="br0")[0]
+            ports = {ln.get_attr("IFLA_IFNAME") for ln in ip.get_links()
+                     if ln.get_attr("IFLA_MASTER") == br}
+            assert ports == {"h0", "h1", "h2"}
+            assert N.qdisc_stats(ip, "h0")["kind"] == "tbf"
+
+
+@needs_lab
+@pytest.mark.parametrize("rate", ["100mbit", "1gbit"])
+def test_link_rate_holds(rate):
+    """One TCP flow h0 -> h1 for 2 s: within 10% of R. (At MTU 1500 TCP carries at most
+    1448/1514 = 95.6% of the line rate, so the flow sits near 0.95 R.)"""
+    r = parse_rate(rate)
+    with Lab(load("rack", {"hosts": 2, "rate": rate}), lab_id()) as lab:
+        bits = probe.tcp_throughput(lab, "h0", "h1", seconds=2.0)
+    print(f"{rate}: TCP {bits / 1e6:.1f} Mbit/s = {bits / r:.3f} R")
+    assert 0.9 * r <= bits <= 1.0 * r, f"{rate}: {bits / 1e6:.1f} Mbit/s"
+
+
+@needs_lab
+def test_teardown_leaves_nothing_behind():
+    before = root_links()
+    i = lab_id()
+    lab = Lab(load("rack", {"hosts": 2, "delay_ms": 1}), i).up()   # a delay line too
+    try:
+        lab.start_switch()
+        sleeper = lab.popen("h1", ["sleep", "30"])
+        pids = [sleeper.pid] + [s["pid"] for s in lab.services.values()]
+        assert len(pids) == 4            # sleep, 2 delay lines, the switch
+        assert root_links() == before    # nothing of the lab in the host namespace
+    finally:
+        lab.down()
+    sleeper.wait(5)
+    _nothing_left(i, before, pids)
+
+
+@needs_lab
+def test_a_failed_build_removes_what_it_made(monkeypatch):
+    before = root_links()
+    i = lab_id()
+    lab = Lab(load("rack", {"hosts": 2}), i)
+
+    def broken(h):
+        raise RuntimeError("link failed")
+    monkeypatch.setattr(lab, "_host_link", broken)
+    with pytest.raises(RuntimeError, match="link failed"):
+        lab.up()
+    _nothing_left(i, before)
+
+
+@needs_lab
+def test_two_labs_side_by_side():
+    before = root_links()
+    a_id, b_id = lab_id(), lab_id()
+    with Lab(load("rack", {"hosts": 2}), a_id) as a:
+        with Lab(load("rack", {"hosts": 2, "rate": "100mbit"}), b_id) as b:
+            with pytest.raises(LabError, match="exists already"):
+                Lab(load("rack"), a_id).up()
+            _rtt_ok(a, "h0", "h1")
+            _rtt_ok(b, "h0", "h1")
+        _nothing_left(b_id, before)
+        _rtt_ok(a, "h1", "h0")             # a is untouched by b's teardown
+    _nothing_left(a_id, before)
+
+
+CRASH = """
+import os, sys
+from ina_fabric.host.lab import Lab, load
+lab = Lab(load("rack", {"hosts": 2, "delay_ms": 1}), sys.argv[1]).up()
+lab.start_switch()
+p = lab.popen("h0", ["sleep", "30"])
+print(p.pid, flush=True)
+os._exit(3)                     # dies without tearing anything down
+"""
+
+
+@needs_lab
+def test_down_cleans_up_after_a_crash():
+    before = root_links()
+    i = lab_id()
+    r = subprocess.run([sys.executable, "-c", CRASH, i], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 3, r.stderr
+    assert len(N.lab_namespaces(i)) == 3 and N.pids_in(N.lab_namespaces(i))
+    out = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "lab", "down",
+                          "--id", i], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "3 namespaces" in out.stdout
+    _nothing_left(i, before, [int(r.stdout.split()[0])])
+
+
+@needs_lab
+def test_delay_line_holds_the_delay_at_100mbit():
+    """10 ms one way on h0's link (TAPs + the delay line, tbf 100 Mbit): a paced UDP
+    stream of 80 Mbit/s h0 -> switch arrives 10 ms later within 1 ms at the median, and
+    the delay line itself writes 99% of frames within 1 ms of their due time."""
+    delay = 10.0
+    with Lab(load("rack", {"hosts": 2, "rate": "100mbit", "delay_ms": delay}), lab_id()) as lab:
+        r = _rtt_ok(lab, "h0", "sw", count=10)
+        owd = probe.one_way_delay(lab, "h0", "sw", rate="80mbit", seconds=2.0)
+        lab.stop_service("delay-h0")       # SIGTERM: the delay line writes its statistics
+        import json
+        stats = json.loads((lab.state_dir / "delay-h0.json").read_text())
+    q = owd["owd_ms"]
+    late = stats["a_to_b"]["late_ms"]
+    print(f"rtt {r['rtt_ms']}; one way at 80 Mbit/s: {q}; delay line lateness {late}")
+    assert owd["received"] >= 0.95 * owd["sent"] * 0.9
+    assert 2 * delay <= r["rtt_ms"]["p50"] <= 2 * delay + 2
+    assert delay <= q["p50"] <= delay + 1.0
+    assert q["p0"] >= delay
+    assert late["p99"] < 1.0
