@@ -211,3 +211,30 @@ def test_delay_line_holds_the_delay_at_100mbit():
     assert delay <= q["p50"] <= delay + 1.0
     assert q["p0"] >= delay
     assert late["p99"] < 1.0
+
+
+@needs_lab
+def test_background_flows_fill_queues_and_stop_by_themselves():
+    """Two bulk TCP flows h1 -> h0 and h2 -> h0 (incast) fill h0's downlink queue (tbf,
+    20 ms): a probe from the switch to h0, which shares that link, sees the queue in its
+    RTT; the flows and their sinks then exit after their time without being told. (One
+    flow alone would not queue there: its own uplink, as fast, paces it.)"""
+    from ina_fabric.host.lab.status import link_counters
+    from ina_fabric.host.lab.traffic import Flow, start
+    with Lab(load("rack", {"hosts": 3, "rate": "100mbit"}), lab_id()) as lab:
+        idle = _rtt_ok(lab, "sw", "h0", count=20)["rtt_ms"]
+        names = start(lab, [Flow("tcp", "h1", "h0", seconds=3.0),
+                            Flow("tcp", "h2", "h0", seconds=3.0)])
+        time.sleep(0.5)
+        busy = probe.rtt(lab, "sw", "h0", count=40, interval_ms=10)["rtt_ms"]
+        print(f"RTT switch -> h0 idle {idle}, beside two bulk flows into h0 {busy}")
+        assert busy["p50"] > idle["p50"] + 5.0
+        pids = [lab.services[n]["pid"] for n in names]
+        t0 = time.monotonic()
+        for n in names:
+            lab._procs[n].wait(timeout=15)
+        assert time.monotonic() - t0 < 10
+        down = link_counters(lab)["h0"]["down"]
+        assert down["bytes"] > 10e6 / 8
+    assert all(not pathlib.Path(f"/proc/{p}/cmdline").exists() or
+               pathlib.Path(f"/proc/{p}/stat").read_text().split()[2] == "Z" for p in pids)

@@ -8,6 +8,7 @@ network. Labs are named by an id, so two can coexist; `down` cleans up after a c
     ina lab up my_topology.toml
     ina lab run h0 -- python -c 'print(1)'       in host h0's namespace (INA_SWITCH set)
     ina lab status [--seconds 1] [--json]        links: rate, drops, backlog; RTT P50/P99
+    ina lab traffic --from h2 --to h0 --kind udp --rate 80mbit --on-ms 50 --off-ms 50 --seconds 30
     ina lab down [--id 1 | --all]
     ina lab list
 
@@ -46,6 +47,17 @@ def add_arguments(p):
     st.add_argument("--probes", type=int, default=20,
                     help="RTT probes per host to the switch (0: none)")
     st.add_argument("--json", action="store_true", help="print JSON")
+    tr = with_id(sub.add_parser("traffic", help="start bounded background flows (on/off)",
+                                formatter_class=HelpFormatter))
+    tr.add_argument("--kind", choices=("tcp", "udp"), default="tcp",
+                    help="tcp: bulk flow while on; udp: paced at --rate while on")
+    tr.add_argument("--from", dest="src", required=True, help="source node")
+    tr.add_argument("--to", dest="dst", required=True, help="sink node")
+    tr.add_argument("--seconds", type=float, default=30.0, help="stops by itself after this")
+    tr.add_argument("--on-ms", type=float, default=100.0, help="on-period")
+    tr.add_argument("--off-ms", type=float, default=0.0, help="off-period (0: always on)")
+    tr.add_argument("--rate", default="10mbit", help="udp: sending rate while on")
+    tr.add_argument("--flows", type=int, default=1, help="how many such flows")
     dn = with_id(sub.add_parser("down", help="remove a lab (also after a crash)",
                                 formatter_class=HelpFormatter))
     dn.add_argument("--all", action="store_true", help="remove every lab")
@@ -129,7 +141,23 @@ def _status(args):
               f"{r.get('p50', float('nan')):8.3f} {r.get('p99', float('nan')):8.3f}")
     for name, s in doc["services"].items():
         print(f"service {name}: pid {s['pid']} in {s['node']}, "
-              f"{'running' if s['alive'] else 'GONE'}")
+              f"{'running' if s['alive'] else 'exited'}")
+    return 0
+
+
+def _traffic(args):
+    from ..lab import Lab
+    from ..lab.traffic import Flow, start
+    lab = Lab.attach(args.id)
+    lab.ns(args.src), lab.ns(args.dst)           # both exist
+    flow = Flow(args.kind, args.src, args.dst, args.seconds, args.on_ms, args.off_ms,
+                args.rate)
+    names = start(lab, [flow] * args.flows)
+    duty = args.on_ms / (args.on_ms + args.off_ms)
+    print(f"lab {lab.id}: {args.flows} {args.kind} flow(s) {args.src} -> {args.dst} for "
+          f"{args.seconds:g} s, duty cycle {duty:.0%}"
+          + (f", {args.rate} while on" if args.kind == "udp" else "")
+          + f"; services {', '.join(names)}")
     return 0
 
 
@@ -163,7 +191,7 @@ def run(args):
         if why:
             raise CliError(f"ina lab {args.action}: {why}")
     try:
-        return {"up": _up, "run": _run, "status": _status, "down": _down,
+        return {"up": _up, "run": _run, "status": _status, "traffic": _traffic, "down": _down,
                 "list": _list}[args.action](args)
     except (LabError, TopologyError, ValueError) as e:
         raise CliError(str(e)) from None

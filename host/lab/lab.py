@@ -80,6 +80,7 @@ class Lab:
         self.id = N.check_id(lab_id)
         self.state_dir = _state_dir(lab_id)
         self.services = {}           # name -> {"pid", "node", "argv"}
+        self.status = "new"          # building, up
         self._procs = {}             # name -> Popen (ours only)
 
     # -- naming --------------------------------------------------------------------
@@ -218,7 +219,7 @@ class Lab:
                                f"{(self.state_dir / f'{name}.log').read_text()[-500:]}")
         self._procs[name] = p
         self.services[name] = {"pid": p.pid, "node": node, "argv": [str(a) for a in argv]}
-        self._save("building" if ready else "up")
+        self._save()
         return p
 
     def stop_service(self, name, timeout=5.0):
@@ -235,7 +236,7 @@ class Lab:
                     os.killpg(pid, 9)
                 except ProcessLookupError:
                     pass
-        self._save("up")
+        self._save()
 
     def start_switch(self, node=None, extra=()):
         """``ina switch`` in the switch namespace, on its bridge address (port 19900);
@@ -256,9 +257,12 @@ class Lab:
                        f"{(self.state_dir / 'switch.log').read_text()[-500:]}")
 
     # -- state ---------------------------------------------------------------------
-    def _save(self, status):
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        doc = {"id": self.id, "status": status, "topology": self.topo.to_dict(),
+    def _save(self, status=None):
+        if status:
+            self.status = status
+        if not self.state_dir.is_dir():      # down already removed it
+            return
+        doc = {"id": self.id, "status": self.status, "topology": self.topo.to_dict(),
                "namespaces": {n: self.ns(n) for n in self.topo.nodes},
                "services": self.services, "created": time.time()}
         (self.state_dir / "state.json").write_text(json.dumps(doc, indent=2))
@@ -271,6 +275,7 @@ class Lab:
             raise LabError(f"no lab {lab_id} is up (`ina lab up TOPOLOGY --id {lab_id}`)")
         lab = cls(_topology_from_state(st["topology"]), lab_id)
         lab.services = st.get("services", {})
+        lab.status = "up"
         return lab
 
     def down(self):

@@ -7,6 +7,9 @@ by itself: TCP throughput, UDP round trips and one-way delay. Each prints one JS
     python -m ina_fabric.host.lab.probe rtt --to 198.18.0.254:5002 --count 50
     python -m ina_fabric.host.lab.probe owd-recv --port 5003 --seconds 5
     python -m ina_fabric.host.lab.probe owd-send --to 198.18.0.2:5003 --rate 80mbit --seconds 2
+    python -m ina_fabric.host.lab.probe sink --port 5010 --seconds 30     (TCP and UDP)
+    python -m ina_fabric.host.lab.probe bg-tcp --to 198.18.0.2:5010 --seconds 30 --on-ms 200 --off-ms 800
+    python -m ina_fabric.host.lab.probe bg-udp --to 198.18.0.2:5010 --rate 50mbit --seconds 30 --on-ms 50 --off-ms 50
 
 One-way delays compare CLOCK_MONOTONIC stamps taken in two namespaces of one machine
 (namespaces share the clock). The helpers at the bottom run a probe pair in a Lab.
@@ -190,11 +193,100 @@ def owd_send(to, rate_bits, seconds, size=1200):
     return {"sent": i, "seconds": time.monotonic() - t0}
 
 
+def _on(t0, on, off):
+    """True in the on-part of an on/off cycle that began at t0 (off = 0: always on)."""
+    return not off or (time.monotonic() - t0) % (on + off) < on
+
+
+def bg_tcp(to, seconds, on, off):
+    """Background TCP bulk flow: one connection, sending as fast as the link takes it
+    during each on-period, silent during each off-period, for ``seconds`` in all."""
+    s = socket.create_connection(_addr(to), timeout=5)
+    s.settimeout(1.0)
+    data = b"\0" * (1 << 16)
+    t0 = time.monotonic()
+    sent = 0
+    while (now := time.monotonic()) - t0 < seconds:
+        if not _on(t0, on, off):
+            time.sleep(min(0.005, off))
+            continue
+        try:
+            sent += s.send(data)
+        except socket.timeout:
+            pass
+    s.close()
+    return {"bytes": sent, "seconds": time.monotonic() - t0}
+
+
+def bg_udp(to, rate_bits, seconds, on, off, size=1200):
+    """Background UDP bursts: datagrams of ``size`` bytes paced at ``rate_bits`` during
+    each on-period, nothing during each off-period, for ``seconds`` in all."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dest = _addr(to)
+    data = b"\0" * size
+    gap = size * 8 / rate_bits
+    t0 = time.monotonic()
+    sent, credit_t = 0, t0
+    while (now := time.monotonic()) - t0 < seconds:
+        if not _on(t0, on, off):
+            time.sleep(min(0.002, off))
+            credit_t = time.monotonic()
+            continue
+        if now < credit_t:
+            time.sleep(min(credit_t - now, 0.001))
+            continue
+        try:
+            s.sendto(data, dest)
+            sent += 1
+        except OSError:
+            pass
+        credit_t += gap
+    return {"datagrams": sent, "seconds": time.monotonic() - t0}
+
+
+def sink(port, seconds):
+    """Drain TCP connections and UDP datagrams on ``port`` for ``seconds``."""
+    import selectors
+    sel = selectors.DefaultSelector()
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", port))
+    srv.listen(16)
+    srv.setblocking(False)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("0.0.0.0", port))
+    udp.setblocking(False)
+    sel.register(srv, selectors.EVENT_READ, "accept")
+    sel.register(udp, selectors.EVENT_READ, "udp")
+    _ready()
+    end = time.monotonic() + seconds
+    got = {"tcp_bytes": 0, "udp_bytes": 0}
+    buf = bytearray(1 << 16)
+    while (left := end - time.monotonic()) > 0:
+        for key, _ in sel.select(min(left, 0.5)):
+            try:
+                if key.data == "accept":
+                    c, _ = srv.accept()
+                    c.setblocking(False)
+                    sel.register(c, selectors.EVENT_READ, "tcp")
+                elif key.data == "udp":
+                    got["udp_bytes"] += udp.recv_into(buf)
+                else:
+                    n = key.fileobj.recv_into(buf)
+                    if not n:
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()
+                    got["tcp_bytes"] += n
+            except (BlockingIOError, ConnectionError):
+                pass
+    return got
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ina_fabric.host.lab.probe",
                                  description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
-    for name in ("tcp-sink", "udp-echo", "owd-recv"):
+    for name in ("tcp-sink", "udp-echo", "owd-recv", "sink"):
         p = sub.add_parser(name)
         p.add_argument("--port", type=int, required=True)
         p.add_argument("--seconds", type=float, default=5.0, help="stops after this long")
@@ -210,6 +302,15 @@ def main(argv=None):
     p.add_argument("--rate", default="10mbit")
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--size", type=int, default=1200)
+    for name in ("bg-tcp", "bg-udp"):
+        p = sub.add_parser(name)
+        p.add_argument("--to", required=True)
+        p.add_argument("--seconds", type=float, default=10.0, help="stops after this long")
+        p.add_argument("--on-ms", type=float, default=100.0)
+        p.add_argument("--off-ms", type=float, default=0.0)
+        if name == "bg-udp":
+            p.add_argument("--rate", default="10mbit", help="while on")
+            p.add_argument("--size", type=int, default=1200)
     a = ap.parse_args(argv)
     if a.what == "tcp-sink":
         out = tcp_sink(a.port, a.seconds)
@@ -219,12 +320,23 @@ def main(argv=None):
         out = udp_echo(a.port, a.seconds)
     elif a.what == "rtt":
         out = rtt_probe(a.to, a.count, a.interval_ms / 1e3)
+    elif a.what == "sink":
+        out = sink(a.port, a.seconds)
+    elif a.what == "bg-tcp":
+        out = bg_tcp(a.to, a.seconds, a.on_ms / 1e3, a.off_ms / 1e3)
+    elif a.what == "bg-udp":
+        from .topology import parse_rate
+        out = bg_udp(a.to, parse_rate(a.rate), a.seconds, a.on_ms / 1e3, a.off_ms / 1e3,
+                     a.size)
     elif a.what == "owd-recv":
         out = owd_recv(a.port, a.seconds)
     else:
         from .topology import parse_rate
         out = owd_send(a.to, parse_rate(a.rate), a.seconds, a.size)
-    print(json.dumps(out), flush=True)
+    try:
+        print(json.dumps(out), flush=True)
+    except BrokenPipeError:          # started as a service: nobody reads the result
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
