@@ -238,3 +238,50 @@ def test_background_flows_fill_queues_and_stop_by_themselves():
         assert down["bytes"] > 10e6 / 8
     assert all(not pathlib.Path(f"/proc/{p}/cmdline").exists() or
                pathlib.Path(f"/proc/{p}/stat").read_text().split()[2] == "Z" for p in pids)
+
+
+def test_wan9_follows_the_schedule_topology():
+    """wan9 is built from the optimizer's default topology: 9 islands, a full mesh of 36
+    routed links whose delays are its latencies, addresses in the benchmark range."""
+    from ina_fabric.host.schedule.topology import default_topology
+    wt = default_topology()
+    t = load("wan9", {"hosts": 2})
+    assert [t.labels[s.name] for s in t.switches] == wt.names
+    assert len(t.hosts) == 18 and len(t.wan) == 36
+    tokyo, london = wt.names.index("Tokyo"), wt.names.index("London")
+    w, = [w for w in t.wan if {w.a, w.b} == {f"i{tokyo}", f"i{london}"}]
+    assert abs(2 * w.link.delay_ms - wt.rtt_ms("Tokyo", "London")) < 1e-6
+    assert all(ln.subnet.subnet_of(__import__("ipaddress").ip_network("198.18.0.0/15"))
+               for ln in t.wan)
+
+
+@needs_lab
+def test_wan9_lab_delays_and_routes():
+    """The built wan9 (delays x 0.2): Tokyo -> London and New York -> Chicago round trips
+    are the optimizer's latencies (the fastest of 10 within 1 ms, the median within 5 ms
+    on a busy machine: 36 delay lines and the probes share two cores), routed switch to
+    switch; an island's edge switch answers from another continent; nothing is left."""
+    from ina_fabric.host.schedule.topology import default_topology
+    wt = default_topology()
+    before = root_links()
+    i = lab_id()
+    topo = load("wan9", {"delay_scale": 0.2})
+    names = {v: k for k, v in topo.labels.items()}
+    with Lab(topo, i) as lab:
+        assert len([s for s in lab.services if s.startswith("wan-")]) == 36
+        assert root_links() == before
+        for a, b in (("Tokyo", "London"), ("New York", "Chicago")):
+            r = probe.rtt(lab, f"{names[a]}h0", f"{names[b]}h0", count=10, interval_ms=5)
+            want = 0.2 * wt.rtt_ms(a, b)
+            fastest = min(r["samples_ms"])
+            print(f"{a} -> {b}: RTT min {fastest:.2f} P50 {r['rtt_ms']['p50']:.2f} ms, "
+                  f"configured {want:.2f} ms")
+            assert r["lost"] == 0
+            assert want <= fastest <= want + 1.0
+            assert r["rtt_ms"]["p50"] <= want + 5.0
+        host, port = lab.start_switch(names["London"])
+        q = lab.run(f"{names['Tokyo']}h0", [sys.executable, "-c",
+                    "from ina_fabric.host.switch import query_status as q; "
+                    f"print(sorted(q(('{host}', {port}), timeout=2)))"], timeout=30)
+        assert "counters" in q.stdout, q.stderr
+    _nothing_left(i, before)

@@ -87,9 +87,11 @@ def _up(args):
     from ..lab import Lab, format_rate
     topo = _topology(args)
     lab = Lab(topo, args.id).up()
+    switches = []
     if args.switch:
-        lab.start_switch()
-    print(f"lab {lab.id} up: {topo.name}, {len(topo.hosts)} hosts")
+        switches = [lab.start_switch(s.name) for s in topo.switches]
+    print(f"lab {lab.id} up: {topo.name}, {len(topo.hosts)} hosts, "
+          f"{len(topo.switches)} switches, {len(topo.wan)} routed links")
     for h in topo.hosts:
         extra = "".join(f", {k} {v:g}" for k, v in (("delay_ms", h.link.delay_ms),
                                                     ("jitter_ms", h.link.jitter_ms),
@@ -97,9 +99,15 @@ def _up(args):
         print(f"  {h.name:4s} {str(h.address):15s} {format_rate(h.link.rate)} to "
               f"{h.switch}{extra}")
     for s in topo.switches:
-        print(f"  {s.name:4s} {str(s.address):15s} bridge br0, {s.subnet}")
-    if args.switch:
-        print(f"  ina switch on {lab.switch_address[0]}:{lab.switch_address[1]}")
+        label = f" ({topo.labels[s.name]})" if s.name in topo.labels else ""
+        print(f"  {s.name:4s} {str(s.address):15s} bridge br0, {s.subnet}{label}")
+    for w in topo.wan:
+        print(f"  {w.a}-{w.b:4s} {str(w.subnet):15s} {format_rate(w.link.rate)}, "
+              f"{w.link.delay_ms:.2f} ms one way"
+              + (f", jitter {w.link.jitter_ms:g} ms" if w.link.jitter_ms else "")
+              + (f", loss {w.link.loss:g}" if w.link.loss else ""))
+    for host, port in switches:
+        print(f"  ina switch on {host}:{port}")
     return 0
 
 
@@ -139,6 +147,11 @@ def _status(args):
               f"{row['up_mbit_s']:8.1f} {row['down_mbit_s']:9.1f} {row['up']['drops']:8d} "
               f"{row['down']['drops']:8d} {row['up']['backlog'] + row['down']['backlog']:8d} "
               f"{r.get('p50', float('nan')):8.3f} {r.get('p99', float('nan')):8.3f}")
+    for row in doc.get("wan", []):
+        print(f"{row['a'] + '-' + row['b']:14s} {format_rate(row['rate']):>8s} "
+              f"{row['ab_mbit_s']:8.1f} {row['ba_mbit_s']:9.1f} {row['ab']['drops']:8d} "
+              f"{row['ba']['drops']:8d} {row['ab']['backlog'] + row['ba']['backlog']:8d}"
+              f"   delay {row['delay_ms']:.2f} ms")
     for name, s in doc["services"].items():
         print(f"service {name}: pid {s['pid']} in {s['node']}, "
               f"{'running' if s['alive'] else 'exited'}")

@@ -95,7 +95,6 @@ def _quantiles(xs, qs=(0.5, 0.99, 0.999, 1.0)):
 def run(fd_a, fd_b, delay, jitter, loss, seed, stats_path=None, mtu=65536, tuned=None):
     dirs = {fd_a: _Direction(fd_a, fd_b, 2 * seed), fd_b: _Direction(fd_b, fd_a, 2 * seed + 1)}
     order = list(dirs.values())
-    stop = False
     cap = 200_000
 
     def dump(*_):
@@ -112,15 +111,26 @@ def run(fd_a, fd_b, delay, jitter, loss, seed, stats_path=None, mtu=65536, tuned
         os.replace(tmp, stats_path)
 
     def on_term(*_):
-        nonlocal stop
-        stop = True
+        raise _Stop        # out of select at once (PEP 475 would otherwise resume it)
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     signal.signal(signal.SIGUSR1, dump)
     clock = time.monotonic
     fds = [fd_a, fd_b]
-    while not stop:
+    try:
+        _loop(dirs, order, fds, delay, jitter, loss, mtu, clock, cap)
+    except _Stop:
+        pass
+    dump()
+
+
+class _Stop(Exception):
+    pass
+
+
+def _loop(dirs, order, fds, delay, jitter, loss, mtu, clock, cap):
+    while True:
         now = clock()
         due = None
         for d in order:                          # write everything that is due
@@ -160,7 +170,6 @@ def run(fd_a, fd_b, delay, jitter, loss, seed, stats_path=None, mtu=65536, tuned
                 d.queue.append((t, frame))
                 d.frames += 1
                 d.bytes += len(frame)
-    dump()
 
 
 def main(argv=None):

@@ -136,6 +136,10 @@ class Lab:
                           prefixlen=sw.subnet.prefixlen)
         for h in topo.hosts:
             self._host_link(h)
+        for w in topo.wan:
+            self._wan_link(w)
+        if topo.wan:
+            self._routes()
         self._wait_carrier()
 
     def _host_link(self, h):
@@ -160,6 +164,40 @@ class Lab:
             N.link_up(ip, "eth0", mtu=link.mtu, address=h.address,
                       prefixlen=sw.subnet.prefixlen)
             N.shape(ip, "eth0", link.rate, link.queue_bytes, link.mtu)
+
+    def _wan_link(self, w):
+        """A routed link between two switches: TAPs ``w<peer>`` joined by the delay line."""
+        link = w.link
+        self.start_service(f"wan-{w.a}-{w.b}", w.a, [
+            sys.executable, "-m", "ina_fabric.host.lab.delayline",
+            "--a", f"{self.ns(w.a)}:w{w.b}", "--b", f"{self.ns(w.b)}:w{w.a}",
+            "--delay-ms", str(link.delay_ms), "--jitter-ms", str(link.jitter_ms),
+            "--loss", str(link.loss), "--seed", str(len(self.services) + 1),
+            "--stats", str(self.state_dir / f"wan-{w.a}-{w.b}.json")], ready=True)
+        for node, peer, addr in ((w.a, w.b, w.addresses[0]), (w.b, w.a, w.addresses[1])):
+            with N.ipr(self.ns(node)) as ip:
+                N.link_up(ip, f"w{peer}", mtu=link.mtu, address=addr,
+                          prefixlen=w.subnet.prefixlen)
+                N.shape(ip, f"w{peer}", link.rate, link.queue_bytes, link.mtu)
+
+    def _routes(self):
+        """Switches forward between their bridge and their WAN links along the
+        topology's routes; hosts reach the whole lab range through their bridge."""
+        from .topology import LAB_NET
+        peer = {}
+        for w in self.topo.wan:
+            peer[(w.a, w.b)] = w.addresses[1]
+            peer[(w.b, w.a)] = w.addresses[0]
+        for sw in self.topo.switches:
+            N.sysctl(self.ns(sw.name), "net/ipv4/ip_forward", "1")
+            with N.ipr(self.ns(sw.name)) as ip:
+                for dest, via in self.topo.routes.get(sw.name, {}).items():
+                    ip.route("add", dst=str(self.topo.switch(dest).subnet),
+                             gateway=str(peer[(sw.name, via)]))
+        for h in self.topo.hosts:
+            with N.ipr(self.ns(h.name)) as ip:
+                ip.route("add", dst=str(LAB_NET),
+                         gateway=str(self.topo.switch(h.switch).address))
 
     def _wait_carrier(self, timeout=5.0):
         """Until every bridge port forwards (no STP here, so carrier is enough)."""
@@ -243,7 +281,8 @@ class Lab:
         waits until it answers a STATUS request."""
         node = node or self.topo.switches[0].name
         host = self.address(node)
-        self.start_service("switch", node, [sys.executable, "-m", "ina_fabric.host.cli",
+        name = "switch" if node == self.topo.switches[0].name else f"switch-{node}"
+        self.start_service(name, node, [sys.executable, "-m", "ina_fabric.host.cli",
                                             "switch", "--listen", f"{host}:{SWITCH_PORT}",
                                             *extra])
         probe = [sys.executable, "-c",
@@ -251,10 +290,10 @@ class Lab:
                  f"q(('{host}', {SWITCH_PORT}), timeout=0.5)"]
         for _ in range(40):
             if self.run(node, probe, timeout=10).returncode == 0:
-                return self.switch_address
+                return host, SWITCH_PORT
             time.sleep(0.1)
-        raise LabError("ina switch did not answer in the switch namespace: "
-                       f"{(self.state_dir / 'switch.log').read_text()[-500:]}")
+        raise LabError(f"ina switch did not answer in {node}: "
+                       f"{(self.state_dir / f'{name}.log').read_text()[-500:]}")
 
     # -- state ---------------------------------------------------------------------
     def _save(self, status=None):
@@ -279,6 +318,11 @@ class Lab:
         return lab
 
     def down(self):
+        for p in self._procs.values():          # all at once, then wait for each
+            try:
+                os.killpg(p.pid, 15)
+            except ProcessLookupError:
+                pass
         for name in list(self._procs):
             self.stop_service(name)
         return down(self.id)
@@ -293,12 +337,16 @@ class Lab:
 def _topology_from_state(t) -> Topology:
     """The Topology a state file recorded (hosts with their exact addresses)."""
     import ipaddress
-    from .topology import HostSpec, LinkSpec, SwitchSpec
+    from .topology import HostSpec, LinkSpec, SwitchSpec, WanLinkSpec
     topo = Topology(name=t["name"], params=t.get("params", {}))
     topo.switches = [SwitchSpec(s["name"], ipaddress.ip_network(s["subnet"]))
                      for s in t["switches"]]
     topo.hosts = [HostSpec(h["name"], h["switch"], ipaddress.ip_address(h["address"]),
                            LinkSpec(h["rate"], h["delay_ms"], h["jitter_ms"], h["loss"],
                                     h["mtu"], h["queue_ms"])) for h in t["hosts"]]
+    topo.wan = [WanLinkSpec(w["a"], w["b"], ipaddress.ip_network(w["subnet"]),
+                            LinkSpec(w["rate"], w["delay_ms"], w["jitter_ms"], w["loss"],
+                                     w["mtu"], w["queue_ms"])) for w in t.get("wan", [])]
+    topo.routes, topo.labels = t.get("routes", {}), t.get("labels", {})
     return topo
 

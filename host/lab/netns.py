@@ -18,7 +18,7 @@ import time
 
 __all__ = ["PREFIX", "ns_name", "lab_namespaces", "all_lab_ids", "ipr", "enter",
            "popen", "pids_in", "kill_in", "remove_namespace", "create_namespace",
-           "add_veth", "shape", "qdisc_stats", "link_up", "available"]
+           "add_veth", "shape", "qdisc_stats", "link_up", "available", "sysctl"]
 
 PREFIX = "inalab"
 _ID = re.compile(r"[a-z0-9]{1,8}")
@@ -89,11 +89,16 @@ def ipr(name: str):
 _libc = None
 
 
-def enter(name: str):
-    """Move the calling process (one thread: use after fork) into namespace ``name``."""
+def _get_libc():
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    return _libc
+
+
+def enter(name: str):
+    """Move the calling process (one thread: use after fork) into namespace ``name``."""
+    _get_libc()
     fd = os.open(os.path.join(NETNS_DIR, name), os.O_RDONLY)
     try:
         if _libc.setns(fd, CLONE_NEWNET) != 0:
@@ -165,6 +170,25 @@ def kill_in(names, grace=2.0) -> int:
         except ChildProcessError:
             pass
     return len(seen)
+
+
+def sysctl(name: str, key: str, value: str):
+    """Write ``/proc/sys/<key>`` inside namespace ``name`` (a forked child enters it; the
+    net.* sysctls are per namespace)."""
+    _get_libc()                  # loaded before the fork, never in the child
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            enter(name)
+            with open(f"/proc/sys/{key}", "w") as f:
+                f.write(value)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if status:
+        raise OSError(f"sysctl {key}={value} in {name} failed")
 
 
 def remove_namespace(name: str):

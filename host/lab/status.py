@@ -11,6 +11,18 @@ from . import probe as P
 __all__ = ["status", "link_counters"]
 
 
+def wan_counters(lab) -> dict:
+    """(a, b) -> {"ab": a's egress towards b, "ba": b's egress towards a}."""
+    out = {}
+    for w in lab.topo.wan:
+        with N.ipr(lab.ns(w.a)) as ip:
+            ab = N.qdisc_stats(ip, f"w{w.b}")
+        with N.ipr(lab.ns(w.b)) as ip:
+            ba = N.qdisc_stats(ip, f"w{w.a}")
+        out[(w.a, w.b)] = {"ab": ab, "ba": ba}
+    return out
+
+
 def link_counters(lab) -> dict:
     """host -> {"up": host eth0 egress counters, "down": switch port egress counters}."""
     out = {}
@@ -32,7 +44,7 @@ def _alive(pid) -> bool:
 
 
 def status(lab, seconds=1.0, probes=20) -> dict:
-    a = link_counters(lab)
+    a, wa = link_counters(lab), wan_counters(lab)
     t0 = time.monotonic()
     rtts = {}
     if probes:
@@ -42,7 +54,14 @@ def status(lab, seconds=1.0, probes=20) -> dict:
             rtts[h.name] = r
     time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
     dt = time.monotonic() - t0
-    b = link_counters(lab)
+    b, wb = link_counters(lab), wan_counters(lab)
+    wan = []
+    for w in lab.topo.wan:
+        k = (w.a, w.b)
+        wan.append({"a": w.a, "b": w.b, "rate": w.link.rate, "delay_ms": w.link.delay_ms,
+                    "ab": wb[k]["ab"], "ba": wb[k]["ba"],
+                    "ab_mbit_s": (wb[k]["ab"]["bytes"] - wa[k]["ab"]["bytes"]) * 8 / dt / 1e6,
+                    "ba_mbit_s": (wb[k]["ba"]["bytes"] - wa[k]["ba"]["bytes"]) * 8 / dt / 1e6})
     links = []
     for h in lab.topo.hosts:
         row = {"host": h.name, "switch": h.switch, "rate": h.link.rate,
@@ -56,4 +75,4 @@ def status(lab, seconds=1.0, probes=20) -> dict:
         links.append(row)
     services = {name: {**s, "alive": _alive(s["pid"])} for name, s in lab.services.items()}
     return {"lab": lab.id, "topology": lab.topo.name, "seconds": dt, "links": links,
-            "services": services}
+            "wan": wan, "services": services}

@@ -20,7 +20,8 @@ import tomllib
 
 from ina_fabric.paths import resource
 
-__all__ = ["TopologyError", "LinkSpec", "SwitchSpec", "HostSpec", "Topology", "load",
+__all__ = ["TopologyError", "LinkSpec", "SwitchSpec", "HostSpec", "WanLinkSpec", "Topology",
+           "load",
            "builtin_names", "parse_rate", "format_rate", "LAB_NET", "MAX_HOSTS"]
 
 LAB_NET = ipaddress.ip_network("198.18.0.0/15")
@@ -92,6 +93,21 @@ class HostSpec:
     link: LinkSpec
 
 
+@dataclass(frozen=True)
+class WanLinkSpec:
+    """A routed link between two switch namespaces (islands): a /30, the first address
+    on ``a``'s side; always through the delay line (TAPs named ``w<peer>``)."""
+    a: str
+    b: str
+    subnet: ipaddress.IPv4Network
+    link: LinkSpec
+
+    @property
+    def addresses(self):
+        first = self.subnet.network_address + 1
+        return first, first + 1
+
+
 @dataclass
 class Topology:
     name: str
@@ -99,6 +115,9 @@ class Topology:
     params: dict = field(default_factory=dict)
     switches: list[SwitchSpec] = field(default_factory=list)
     hosts: list[HostSpec] = field(default_factory=list)
+    wan: list[WanLinkSpec] = field(default_factory=list)
+    routes: dict = field(default_factory=dict)   # switch -> {dest switch: via switch}
+    labels: dict = field(default_factory=dict)   # node -> what it stands for (a city)
 
     def host(self, name) -> HostSpec:
         for h in self.hosts:
@@ -128,7 +147,12 @@ class Topology:
                            "rate": h.link.rate, "delay_ms": h.link.delay_ms,
                            "jitter_ms": h.link.jitter_ms, "loss": h.link.loss,
                            "mtu": h.link.mtu, "queue_ms": h.link.queue_ms}
-                          for h in self.hosts]}
+                          for h in self.hosts],
+                "wan": [{"a": w.a, "b": w.b, "subnet": str(w.subnet), "rate": w.link.rate,
+                         "delay_ms": w.link.delay_ms, "jitter_ms": w.link.jitter_ms,
+                         "loss": w.link.loss, "mtu": w.link.mtu, "queue_ms": w.link.queue_ms}
+                        for w in self.wan],
+                "routes": self.routes, "labels": self.labels}
 
 
 def builtin_names() -> list[str]:
@@ -165,6 +189,61 @@ def load(name_or_path, overrides: dict | None = None) -> Topology:
     return from_dict(doc, overrides or {})
 
 
+def _link(g, val=lambda v: v) -> LinkSpec:
+    link = LinkSpec(rate=parse_rate(val(g["rate"])),
+                    delay_ms=float(val(g.get("delay_ms", 0.0))),
+                    jitter_ms=float(val(g.get("jitter_ms", 0.0))),
+                    loss=float(val(g.get("loss", 0.0))),
+                    mtu=int(val(g.get("mtu", 1500))),
+                    queue_ms=float(val(g.get("queue_ms", 20.0))))
+    if not 0 <= link.loss < 1 or link.delay_ms < 0 or link.jitter_ms < 0:
+        raise TopologyError("links: need 0 <= loss < 1, delay_ms >= 0, jitter_ms >= 0")
+    if not 576 <= link.mtu <= 65000:
+        raise TopologyError(f"links: mtu {link.mtu} outside 576..65000")
+    return link
+
+
+def _islands(topo, spec, used):
+    """Islands from a WAN topology of the schedule optimizer (``from = "default"`` or a
+    file): island k is switch ``i<k>`` (subnet k of ``subnet``, a /24 each) with
+    ``hosts`` hosts ``i<k>h0 ..``; every WAN link of that topology becomes a routed link
+    between the two islands' switches with its one-way latency x ``delay_scale`` as
+    delay; routes follow the optimizer's shortest paths."""
+    from ina_fabric.host.schedule.topology import default_topology, load_topology
+    src = spec.get("from", "default")
+    wt = default_topology() if src == "default" else load_topology(src)
+    if wt.n > 64:
+        raise TopologyError(f"islands: {wt.n} islands, at most 64")
+    subnets = list(ipaddress.ip_network(spec.get("subnet", "198.18.0.0/16")).subnets(new_prefix=24))
+    p2p = ipaddress.ip_network(spec.get("links_subnet", "198.19.0.0/16")).subnets(new_prefix=30)
+    for net in (subnets[0], ipaddress.ip_network(spec.get("links_subnet", "198.19.0.0/16"))):
+        if not net.subnet_of(LAB_NET):
+            raise TopologyError(f"islands: subnet {net} is outside {LAB_NET}")
+    host_link = _link({k.removeprefix("host_"): v for k, v in spec.items()
+                       if k.startswith("host_")})
+    wan = {k.removeprefix("wan_"): v for k, v in spec.items() if k.startswith("wan_")}
+    count = int(spec.get("hosts", 1))
+    if not 0 <= count <= MAX_HOSTS:
+        raise TopologyError(f"islands: hosts {count} outside 0..{MAX_HOSTS}")
+    scale = float(spec.get("delay_scale", 1.0))
+    names = [f"i{k}" for k in range(wt.n)]
+    topo.description = topo.description or f"{wt.n} islands: {', '.join(wt.names)}"
+    topo.labels.update(zip(names, wt.names))
+    for k, name in enumerate(names):
+        sw = SwitchSpec(name, subnets[k])
+        topo.switches.append(sw)
+        for h in range(count):
+            topo.hosts.append(HostSpec(f"{name}h{h}", name,
+                                       sw.subnet.network_address + h + 1, host_link))
+        used[name] = count
+    for (i, j) in sorted(wt.links):
+        link = _link({**wan, "delay_ms": float(wt.hop_latency[i, j]) * 1e3 * scale})
+        topo.wan.append(WanLinkSpec(names[i], names[j], next(p2p), link))
+    for i in range(wt.n):
+        topo.routes[names[i]] = {names[j]: names[wt.path_links(i, j)[0][1]]
+                                 for j in range(wt.n) if j != i}
+
+
 def from_dict(doc: dict, overrides: dict) -> Topology:
     params = dict(doc.get("params", {}))
     for k, v in overrides.items():
@@ -185,6 +264,8 @@ def from_dict(doc: dict, overrides: dict) -> Topology:
     topo = Topology(name=str(doc.get("name", "lab")), description=doc.get("description", ""),
                     params=params)
     used = {}
+    if "islands" in doc:
+        _islands(topo, {k: val(v) for k, v in doc["islands"].items()}, used)
     for s in doc.get("switch", []):
         name = str(s["name"])
         try:
@@ -200,16 +281,7 @@ def from_dict(doc: dict, overrides: dict) -> Topology:
         count = int(val(g.get("count", 1)))
         if not 1 <= count <= MAX_HOSTS:
             raise TopologyError(f"hosts: count {count} outside 1..{MAX_HOSTS}")
-        link = LinkSpec(rate=parse_rate(val(g["rate"])),
-                        delay_ms=float(val(g.get("delay_ms", 0.0))),
-                        jitter_ms=float(val(g.get("jitter_ms", 0.0))),
-                        loss=float(val(g.get("loss", 0.0))),
-                        mtu=int(val(g.get("mtu", 1500))),
-                        queue_ms=float(val(g.get("queue_ms", 20.0))))
-        if not 0 <= link.loss < 1 or link.delay_ms < 0 or link.jitter_ms < 0:
-            raise TopologyError("hosts: need 0 <= loss < 1, delay_ms >= 0, jitter_ms >= 0")
-        if not 576 <= link.mtu <= 65000:
-            raise TopologyError(f"hosts: mtu {link.mtu} outside 576..65000")
+        link = _link(g, val)
         for i in range(count):
             used[sw.name] += 1
             addr = sw.subnet.network_address + used[sw.name]
@@ -221,6 +293,6 @@ def from_dict(doc: dict, overrides: dict) -> Topology:
             raise TopologyError(f"node name {n!r}: 1..6 lowercase letters and digits")
     if len(set(topo.nodes)) != len(topo.nodes):
         raise TopologyError("node names repeat")
-    if not topo.switches or not topo.hosts:
-        raise TopologyError("a topology needs at least one switch and one host")
+    if not topo.switches or not (topo.hosts or topo.wan):
+        raise TopologyError("a topology needs at least one switch and one host or link")
     return topo
