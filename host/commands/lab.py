@@ -5,6 +5,7 @@ network. Labs are named by an id, so two can coexist; `down` cleans up after a c
     ina lab up rack                              4 hosts, 1 Gbit links, lab id 0
     ina lab up rack --hosts 8 --rate 100mbit --switch --id 1
     ina lab up rack --set delay_ms=5 --set loss=0.001
+    ina lab up wan9 --switch --set delay_scale=0.1   the optimizer's 9 islands
     ina lab up my_topology.toml
     ina lab run h0 -- python -c 'print(1)'       in host h0's namespace (INA_SWITCH set)
     ina lab status [--seconds 1] [--json]        links: rate, drops, backlog; RTT P50/P99

@@ -112,6 +112,7 @@ def popen(name: str, argv, **kw) -> subprocess.Popen:
     """``subprocess.Popen(argv)`` with the child in namespace ``name`` and in a session
     of its own (so it is killed as a group)."""
     kw.setdefault("start_new_session", True)
+    _get_libc()                  # loaded before the fork, never in the child
     return subprocess.Popen(argv, preexec_fn=lambda: enter(name), **kw)
 
 

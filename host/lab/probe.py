@@ -171,7 +171,8 @@ def owd_recv(port, seconds):
 
 def owd_send(to, rate_bits, seconds, size=1200):
     """Datagrams of ``size`` bytes paced at ``rate_bits``, each stamped with its send time."""
-    _realtime()
+    # not real-time: a sender that falls behind spins, and real-time spinning would eat
+    # the RT budget the delay line and the receiver need (the kernel throttles all RT)
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     dest = _addr(to)
     pad = b"\0" * (size - _STAMP.size)
