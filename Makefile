@@ -31,8 +31,17 @@ $(STAMP): requirements.txt pyproject.toml
 test: setup
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup tests
 
+# On a rack lab (4 host namespaces, 1 Gbit links, ina switch in the network) where it
+# can (root, namespaces, pyroute2: see docs/lab.md), else on loopback; it says which.
+LABCHECK := import sys; from ina_fabric.host.lab import available; w = available(); print(w or ""); sys.exit(bool(w))
 demo: setup
-	$(INA) train --workers 4 --plot --out ina-out/demo
+	@if why=$$($(PY) -c '$(LABCHECK)' 2>&1); then \
+	  echo "make demo: on a rack lab (4 host namespaces, 1 Gbit links, ina lab)"; \
+	  $(INA) train --workers 4 --plot --out ina-out/demo --lab rack; \
+	else \
+	  echo "make demo: on loopback (no lab here: $$why)"; \
+	  $(INA) train --workers 4 --plot --out ina-out/demo; \
+	fi
 
 bench: setup
 	$(INA) bench all

@@ -57,6 +57,7 @@ def run(args):
             print(f"benchmarks that failed: {', '.join(failed)}", file=sys.stderr)
             return 1
         return 0
+    args.name = args.name.replace("-", "_")     # `ina bench lab-allreduce` = lab_allreduce
     if args.name not in benches:
         raise CliError(f"unknown benchmark {args.name!r}; have: {', '.join(benches)}")
     try:

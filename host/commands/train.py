@@ -5,6 +5,8 @@ switch (started here) or a switch you name, and the same run on Gloo as the base
     ina train --backends ina,ina-bounded,gloo --loss 0.02 --plot
     ina train --workload transformer --max-epochs 3
     ina train --switch 198.18.0.10:19900         aggregate on an FPGA board
+    ina train --lab rack --lab-set rate=100mbit  one torchrun per host namespace of a
+                                                 rack lab (root; see docs/lab.md)
 
 Results go to --out DIR (default ina-out/train): results.json, and accuracy.png with
 --plot.
@@ -12,6 +14,8 @@ Results go to --out DIR (default ina-out/train): results.json, and accuracy.png 
 Under torchrun (multi-node), use host.ddp.hook.InaHookState.from_env in your script
 (see README, "Train with torchrun").
 """
+
+import sys
 
 HELP = "train with aggregation offloaded to a switch, against Gloo on the same seeds"
 
@@ -35,6 +39,13 @@ def add_arguments(p):
     p.add_argument("--accum-steps", type=int, default=1,
                    help="micro-batches per optimizer step")
     add_switch_argument(p)
+    p.add_argument("--lab", metavar="TOPOLOGY",
+                   help="run every backend in a lab built from TOPOLOGY (rack): one torchrun "
+                        "per host namespace, ina switch in the switch namespace, Gloo on the "
+                        "same links (root; the lab is removed afterwards)")
+    p.add_argument("--lab-set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a lab topology parameter (repeatable; default hosts = --workers, "
+                        "mtu = 9000)")
     p.add_argument("--static-job", action="store_true",
                    help="the switch already holds the job (an FPGA loaded with `ina "
                         "hw-config`): send no CONTROL, bind worker r to --base-port + r")
@@ -54,14 +65,47 @@ def add_arguments(p):
 
 
 def run(args):
+    switch = f"{args.switch[0]}:{args.switch[1]}" if args.switch else None
+    link = "ethernet" if args.switch else "loopback"
+    lab = None
+    if args.lab:
+        lab, switch, lab_elements = _lab_up(args)
+        args.elements = args.elements or lab_elements
+    try:
+        return _train(args, switch, link, lab)
+    finally:
+        if lab is not None:
+            lab.down()
+
+
+def _lab_up(args):
+    """The lab for --lab: hosts = --workers and jumbo frames unless set; its switch."""
+    from ..cli import CliError
+    from ..lab import Lab, LabError, TopologyError, available, load
+    why = available()
+    if why:
+        raise CliError(f"--lab: {why}")
+    sets = dict(kv.partition("=")[::2] for kv in args.lab_set)
+    try:
+        topo = load(args.lab, {"hosts": args.workers, "mtu": 9000, **sets})
+        lab = Lab(topo, "train").up()
+        host, port = lab.start_switch()
+    except (LabError, TopologyError, ValueError) as e:
+        raise CliError(f"--lab {args.lab}: {e}") from None
+    mtu = min(h.link.mtu for h in topo.hosts)
+    elements = 1 << (((mtu - 48) // 4).bit_length() - 1)     # the most that fit the MTU
+    print(f"lab {lab.id}: {topo.name}, {len(topo.hosts)} hosts, MTU {mtu}, "
+          f"{elements} elements per packet, switch {host}:{port}", file=sys.stderr)
+    return lab, f"{host}:{port}", elements
+
+
+def _train(args, switch, link, lab):
     import json
     import sys
     from tqdm import tqdm
     from ..cli import CliError
-    from ..ddp.train import TrainConfig, run_training
+    from ..ddp.train import TrainConfig, run_training, run_training_lab
     from ina_fabric.protocol.jobtable import job_defaults
-    switch = f"{args.switch[0]}:{args.switch[1]}" if args.switch else None
-    link = "ethernet" if args.switch else "loopback"
     runs = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not runs:
         raise CliError("--backends is empty")
@@ -82,6 +126,7 @@ def run(args):
         except ValueError as e:
             raise CliError(str(e)) from None
         print(f"--- {backend}: {args.workload}, {args.workers} workers, seed {args.seed}"
+              + (f", lab {args.lab}" if lab is not None else "")
               + (f", loss {cfg.loss:g}" if cfg.loss else ""), file=sys.stderr, flush=True)
         target = args.target or {"digits": 0.95, "transformer": 0.75}.get(args.workload)
         bar = tqdm(total=args.max_epochs, desc=f"{backend} (to acc {target:g})", unit="epoch",
@@ -96,7 +141,8 @@ def run(args):
                 bar.refresh()
 
         try:
-            res = run_training(cfg, progress)
+            res = run_training(cfg, progress) if lab is None else \
+                run_training_lab(cfg, lab, progress)
         except (RuntimeError, TimeoutError, ValueError) as e:
             bar.close()
             raise CliError(f"{backend} run failed: {e}") from None

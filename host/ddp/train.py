@@ -150,8 +150,9 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     from .hook import InaHookState, ina_hook
     cfg = TrainConfig(**cfg_d)
     torch.set_num_threads(cfg.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{master_port}",
-                            rank=rank, world_size=cfg.workers)
+    # master_port None: launched by torchrun (ina train --lab), rendezvous from its env
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{master_port}"
+                            if master_port else "env://", rank=rank, world_size=cfg.workers)
     world = cfg.workers
     wl = get_workload(cfg.workload, cfg.seed)
     lr = cfg.lr or wl.lr
@@ -307,36 +308,13 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         p.start()
     result = TrainResult(config=asdict(cfg))
     done = []
-    deadline = time.monotonic() + timeout
+
+    def dead():
+        bad = [p for p in procs if p.exitcode not in (None, 0)]
+        return f"worker exited with status {bad[0].exitcode}" if bad else None
+
     try:
-        while len(done) < cfg.workers:
-            try:
-                kind, payload = queue.get(timeout=1.0)
-            except Exception:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"worker exited with status {dead[0].exitcode}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"training did not finish within {timeout}s")
-                continue
-            if kind == "error":
-                r, msg = payload
-                raise RuntimeError(f"rank {r}: {msg}")
-            if kind == "eval":
-                result.curve.append(payload)
-                t, _, _, acc = payload
-                target = cfg.target
-                if target is None:
-                    from .workloads import get_workload
-                    target = {"digits": 0.95, "transformer": 0.75}.get(cfg.workload, 1.0)
-                if result.time_to_accuracy is None and acc >= target:
-                    result.time_to_accuracy = t
-            elif kind == "knobs":
-                result.knobs.append(payload)
-            elif kind == "done":
-                done.append(payload)
-            if progress is not None:
-                progress(kind, payload)
+        _collect(queue.get, dead, cfg, result, done, progress, timeout)
         if switch_proc is not None:
             from ..switch import query_status
             try:
@@ -356,6 +334,45 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         if switch_proc is not None:
             switch_proc.terminate()
             switch_proc.join(timeout=5)
+    return _finish(result, done)
+
+
+def _collect(get, dead, cfg, result, done, progress, timeout):
+    """Events from the ranks until every rank is done: ("eval", (seconds, epoch, step,
+    acc)) from rank 0, ("knobs", ...), ("done", summary) from each rank. ``get(timeout=)``
+    returns the next event or raises; ``dead()`` names a failed rank or returns None."""
+    deadline = time.monotonic() + timeout
+    while len(done) < cfg.workers:
+        try:
+            kind, payload = get(timeout=1.0)
+        except Exception:
+            why = dead()
+            if why:
+                raise RuntimeError(why)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"training did not finish within {timeout}s")
+            continue
+        if kind == "error":             # a rank's own error, before its peers' noise
+            r, msg = payload
+            raise RuntimeError(f"rank {r}: {msg}")
+        if kind == "eval":
+            payload = tuple(payload)
+            result.curve.append(payload)
+            t, _, _, acc = payload
+            target = cfg.target
+            if target is None:
+                target = {"digits": 0.95, "transformer": 0.75}.get(cfg.workload, 1.0)
+            if result.time_to_accuracy is None and acc >= target:
+                result.time_to_accuracy = t
+        elif kind == "knobs":
+            result.knobs.append(tuple(payload))
+        elif kind == "done":
+            done.append(payload)
+        if progress is not None:
+            progress(kind, payload)
+
+
+def _finish(result, done):
     done.sort(key=lambda d: d["rank"])
     r0 = done[0]
     result.final_accuracy = r0["final"]
@@ -367,3 +384,66 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
     result.params = r0.get("params", [])
     result.max_abs_grad = max(d["max_abs_local"] for d in done)
     return result
+
+
+def run_training_lab(cfg: TrainConfig, lab, progress=None, timeout=1800, port=29400):
+    """The same training, one ``torchrun`` per host namespace of ``lab`` (multi-node:
+    ``--nnodes N --node_rank i``, rendezvous on the first host over the lab network, Gloo
+    on each host's ``eth0``), gradients through the lab's switch (started by the caller:
+    ``lab.start_switch()``). Ranks report on their stdout as JSON lines."""
+    import json
+    import queue as Q
+    import subprocess
+    import sys
+    import threading
+    cfg.validate()
+    hosts = lab.hosts[:cfg.workers]
+    if len(hosts) < cfg.workers:
+        raise ValueError(f"{cfg.workers} workers but the lab has {len(lab.hosts)} hosts")
+    switch = lab.switch_address
+    events = Q.Queue()
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+           "INA_SWITCH": f"{switch[0]}:{switch[1]}"}
+    procs, logs = [], []
+    master = lab.address(hosts[0])
+
+    def pump(stream):
+        for line in stream:
+            if line.startswith('["'):
+                events.put(json.loads(line))
+
+    for i, h in enumerate(hosts):
+        log = open(lab.state_dir / f"train-{h}.log", "w+")
+        p = lab.popen(h, [sys.executable, "-m", "torch.distributed.run", "--nnodes",
+                          cfg.workers, "--node-rank", i, "--nproc-per-node", 1,
+                          "--master-addr", master, "--master-port", port, "-m",
+                          "ina_fabric.host.ddp.lab_worker", json.dumps(asdict(cfg)),
+                          f"{switch[0]}:{switch[1]}"],
+                      env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        threading.Thread(target=pump, args=(p.stdout,), daemon=True).start()
+        procs.append(p)
+        logs.append(log)
+
+    def dead():
+        for h, p, log in zip(hosts, procs, logs):
+            if p.poll() not in (None, 0):
+                log.flush()
+                log.seek(0)
+                return f"torchrun in {h} exited with status {p.returncode}: " \
+                       f"{log.read()[-1500:]}"
+        return None
+
+    result = TrainResult(config=asdict(cfg))
+    done = []
+    try:
+        _collect(events.get, dead, cfg, result, done, progress, timeout)
+    finally:
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                p.wait()
+        for log in logs:
+            log.close()
+    return _finish(result, done)

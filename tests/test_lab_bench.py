@@ -1,0 +1,48 @@
+"""`ina bench lab-allreduce` end to end on a 2-host rack: Gloo in each host namespace,
+our switch in the switch namespace, results checked against each other, and the JSON
+row has the fields the issue names. Needs root; about 15 s."""
+
+import json
+
+import pytest
+
+from ina_fabric.host.lab import available
+
+WHY = available()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("lab")
+@pytest.mark.skipif(WHY is not None, reason=f"ina lab: {WHY}")
+def test_lab_allreduce_bench_runs_and_checks(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from ina_fabric.bench import _results, bench_lab_allreduce as B
+    monkeypatch.setattr(_results, "RESULTS", tmp_path)
+    rc = B.main(["--hosts", "2", "--sizes", "4MB", "--reps", "1", "--rate", "100mbit",
+                 "--id", f"tb{__import__('os').getpid() % 100000}"])
+    assert rc == 0
+    row, = json.loads((tmp_path / "lab_allreduce.json").read_text())["figures"]["rows"]
+    for key in ("hosts", "size", "rate_mbit", "gloo_over_ina_median", "limit"):
+        assert key in row
+    assert (row["hosts"], row["size"], row["rate_mbit"], row["limit"]) == (2, 4 << 20, 100.0, 1.0)
+    assert row["checked"] and row["worst_error_over_bound"] <= 1.0
+    assert row["gloo_over_ina_median"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("lab")
+@pytest.mark.skipif(WHY is not None, reason=f"ina lab: {WHY}")
+def test_train_through_the_lab(tmp_path):
+    """`ina train --lab rack`: one torchrun per host namespace (--nnodes 2), the DDP hook
+    through the lab's switch; reaches the target with identical replicas; no lab left."""
+    import subprocess
+    import sys
+    from ina_fabric.host.lab import list_labs
+    r = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "train", "--lab", "rack",
+                        "--workers", "2", "--backends", "ina", "--no-progress", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((tmp_path / "results.json").read_text())["ina"]
+    assert res["time_to_accuracy"] is not None
+    assert len(set(res["param_hashes"])) == 1 and res["fallbacks"] == 0
+    assert "lab train" in r.stderr and "train" not in list_labs()
