@@ -386,3 +386,35 @@ def test_replay_guard_window():
     g = ReplayGuard(window_ns=100)
     assert g.take(1000) and not g.take(1000)
     assert g.take(950) and not g.take(900) and g.take(1001)
+
+
+def test_sequence_numbers_wrap_at_2_32():
+    """Every comparison is modular: a job that has run 2^32 packets goes on across the
+    wrap. Before, the call that crossed it got drop_stale for every packet."""
+    SEQ_MASK = 0xFFFFFFFF
+    m = SwitchModel([job()])
+    start = (1 << 32) - 3 * W // 2            # as after 2^32 - 1.5 W packets
+    for t in range(start - 2 * W, start):     # each record holds its latest seq, done
+        t &= SEQ_MASK
+        m.jobs[1].slots[(t // W) % 2][t % W].tag = t
+    results = 0
+    for k in range(3 * W):
+        seq = (start + k) & SEQ_MASK
+        out = []
+        for w in range(N):
+            out += send(m, w, seq)
+        assert len(out) == N, (k, seq, dict(m.counters))
+        h, elems = unpack(out[0][1])
+        assert h["seq"] == seq and list(elems) == [1 + 2 + 3 + 4] * E
+        results += 1
+    assert results == 3 * W and m.counters["drop_stale"] == 0
+    # behind the window across the wrap is stale, ahead is out of window
+    send(m, 0, (start - 1) & SEQ_MASK)
+    send(m, 0, (start + 3 * W + 2 * W) & SEQ_MASK)
+    assert m.counters["drop_stale"] == 1 and m.counters["drop_out_of_window"] == 1
+
+
+def test_window_must_be_a_power_of_two():
+    from ina_fabric.protocol.jobtable import ConfigError
+    with pytest.raises(ConfigError, match="power of two"):
+        JobConfig(1, ("127.0.0.1:1",), window=6)

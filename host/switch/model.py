@@ -5,14 +5,17 @@ the datagrams to send as ``[(destination, bytes)]``; ``tick(now)`` fires deadlin
 ``process`` calls ``tick(now)`` first, so a packet that arrives after its slot's deadline
 is late, whatever the caller's tick rate. Counters are in ``self.counters``.
 
-Slots. A job with window W has 2W slots: seq ``s`` maps to index ``s % W`` in set
-``(s // W) % 2``. Each (set, index) record holds one seq at a time (its *tag*). Before
-any traffic, record (set, i) holds the virtual, complete seq ``i + set*W - 2W``. For a
+Slots. A job with window W (a power of two) has 2W slots: seq ``s`` maps to index
+``s % W`` in set ``(s // W) % 2``. Each (set, index) record holds one seq at a time (its
+*tag*). Before any traffic, record (set, i) holds the virtual, complete seq
+``i + set*W - 2W`` (mod 2^32). Sequence numbers are 32-bit and every comparison is
+modular (serial-number arithmetic, as TCP's), so a job runs across the 2^32 wrap. For a
 DATA packet with seq ``s`` and the record's tag ``t``:
 
 * ``s == t``: join the slot (add, duplicate, late or re-send; see below);
 * ``s == t + 2W`` and the record is complete: the record is reused and opens for ``s``;
-* ``s < t``: *stale* drop (the slot has moved on; its result is gone);
+* ``s`` before ``t`` (``(t - s) mod 2^32`` in 1 .. 2^31-1): *stale* drop (the slot has
+  moved on; its result is gone);
 * otherwise: *out-of-window* drop (the worker is ahead of the window).
 
 Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result is
@@ -35,6 +38,7 @@ from ina_fabric.protocol.auth import ReplayGuard, seal, unseal, TRAILER_BYTES
 __all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER"]
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+SEQ_MASK = 0xFFFFFFFF
 
 COUNTERS = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
@@ -85,7 +89,8 @@ class _JobState:
     def __init__(self, cfg):
         self.cfg = cfg
         w = cfg.window
-        self.slots = [[_Slot(i + s * w - 2 * w) for i in range(w)] for s in range(2)]
+        self.slots = [[_Slot((i + s * w - 2 * w) & SEQ_MASK) for i in range(w)]
+                      for s in range(2)]
         self.open = {}  # seq -> slot, in opening order (deadline order within a job)
         self.group = [cfg.mcast] if cfg.mcast else [m.addr for m in cfg.members]
 
@@ -250,7 +255,7 @@ class SwitchModel:
         w = cfg.window
         slot = js.slots[(seq // w) % 2][seq % w]
         bit = 1 << worker
-        if seq == slot.tag + 2 * w and slot.complete:
+        if seq == (slot.tag + 2 * w) & SEQ_MASK and slot.complete:
             slot.tag, slot.complete, slot.result = seq, False, None
             slot.acc = np.zeros(nelem, np.int64)
             slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
@@ -259,7 +264,8 @@ class SwitchModel:
             if cfg.mode == "bounded":
                 heapq.heappush(self._deadlines, (now + cfg.deadline, cfg.job, seq, now))
         elif seq != slot.tag:
-            c["drop_stale" if seq < slot.tag else "drop_out_of_window"] += 1
+            behind = 0 < ((slot.tag - seq) & SEQ_MASK) < 1 << 31
+            c["drop_stale" if behind else "drop_out_of_window"] += 1
             return out
         if slot.complete:
             if slot.bitmap & bit:

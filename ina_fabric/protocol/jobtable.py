@@ -125,6 +125,9 @@ class JobConfig:
             raise ConfigError(f"job {self.job}: duplicate member address")
         if not 1 <= self.window <= 32768:
             raise ConfigError(f"job {self.job}: window {self.window} not in 1..32768")
+        if self.window & (self.window - 1):
+            raise ConfigError(f"job {self.job}: window {self.window} must be a power of two "
+                              f"(slot indices stay consecutive across the 2^32 wrap of seq)")
         if not 1 <= self.elements <= MAX_ELEMENTS:
             raise ConfigError(f"job {self.job}: elements {self.elements} not in "
                               f"1..{MAX_ELEMENTS} (a UDP datagram holds at most 65507 bytes)")
