@@ -102,7 +102,8 @@ def test_wheel_in_fresh_venv(tmp_path):
 
     assert "allreduce" in run(ina, "--help")
     listed = {line.split()[0] for line in run(ina, "bench").splitlines() if line.strip()}
-    shipped = {p.stem.removeprefix("bench_") for p in (ROOT / "bench").glob("bench_*.py")}
+    shipped = {p.stem.removeprefix("bench_").replace("_", "-")
+               for p in (ROOT / "bench").glob("bench_*.py")}
     assert listed == shipped
     assert "--listen" in run(ina, "switch", "--help")
     assert "--board" in run(py, "-m", "ina_fabric.hw.build", "--help")

@@ -21,7 +21,7 @@ HELP = "run benchmarks; `ina bench` lists them, `ina bench all` runs every one"
 def available() -> dict[str, str]:
     """Benchmark name -> module name, found in the installed ``ina_fabric.bench``."""
     from ina_fabric import bench
-    return {m.name.removeprefix("bench_"): f"{bench.__name__}.{m.name}"
+    return {m.name.removeprefix("bench_").replace("_", "-"): f"{bench.__name__}.{m.name}"
             for m in sorted(pkgutil.iter_modules(bench.__path__), key=lambda m: m.name)
             if m.name.startswith("bench_")}
 
@@ -45,7 +45,7 @@ def run(args):
     if not args.name:
         for name, mod in benches.items():
             doc = (importlib.import_module(mod).__doc__ or "").strip().splitlines()
-            print(f"{name:12s} {doc[0] if doc else ''}")
+            print(f"{name:14s} {doc[0] if doc else ''}")
         return 0
     if args.name == "all":
         failed = []
@@ -57,7 +57,7 @@ def run(args):
             print(f"benchmarks that failed: {', '.join(failed)}", file=sys.stderr)
             return 1
         return 0
-    args.name = args.name.replace("-", "_")     # `ina bench lab-allreduce` = lab_allreduce
+    args.name = args.name.replace("_", "-")     # `ina bench lab_allreduce` = lab-allreduce
     if args.name not in benches:
         raise CliError(f"unknown benchmark {args.name!r}; have: {', '.join(benches)}")
     try:
