@@ -51,7 +51,7 @@ operation, so the scanner only has to catch slots that no packet touches (the mo
 from amaranth.hdl import *
 from amaranth.lib import data, memory
 
-from .layout import HeaderLayout
+from .layout import HeaderLayout, Reason, OpKind, AccMode
 from .params import HEADER_WORDS, QUEUE_SLACK
 from .queue import RequestQueue, PendingCounts
 from .regs import (GLOBAL_REGS, JOB_REGS, MEMBER_REGS, COUNTER_NAMES, COUNTER_BASE,
@@ -60,10 +60,6 @@ from .replicator import ip_checksum_hw, mcast_mac, saturate32
 
 __all__ = ["build_core", "meta_layout", "request_layout"]
 
-# reasons decided in P0 (priority order of the model)
-R_OK, R_TRUNC, R_BADVER, R_STATUS, R_MALF, R_UNKJOB, R_UNKSRC, R_BIGNELEM = range(8)
-K_SCAN, K_PKT, K_INIT = range(3)
-M_NONE, M_OPEN, M_ADD = range(3)
 DEC_LAT = 4   # pop of a packet's last header beat (cycle t) -> its P2 decision (t + 4)
 
 
@@ -403,15 +399,17 @@ def build_core(core, platform):
     # the checks, in the model's priority order; P1a turns them into one reason
     body = body_reg
     nelem4 = hdr.nelem * 4
-    CHECKS = ((R_TRUNC, p0_short | len_short), (R_BADVER, hdr.version != 1),
-              (R_STATUS, hdr.type == 3), (R_MALF, hdr.type != 1),
-              (R_TRUNC, body < nelem4), (R_MALF, body != nelem4), (R_UNKJOB, unkjob),
-              (R_UNKSRC, bad_worker), (R_BIGNELEM, big_nelem))
+    CHECKS = ((Reason.TRUNCATED, p0_short | len_short),
+              (Reason.BAD_VERSION, hdr.version != 1),
+              (Reason.STATUS, hdr.type == 3), (Reason.MALFORMED, hdr.type != 1),
+              (Reason.TRUNCATED, body < nelem4), (Reason.MALFORMED, body != nelem4),
+              (Reason.UNKNOWN_JOB, unkjob), (Reason.UNKNOWN_SOURCE, bad_worker),
+              (Reason.BIG_NELEM, big_nelem))
     checks = Cat(c for _, c in CHECKS)
 
     def first_reason(bits):
-        out = Signal(3)
-        sel = C(R_OK, 3)
+        out = Signal(Reason)
+        sel = Reason.OK
         for k in reversed(range(len(CHECKS))):
             sel = Mux(bits[k], CHECKS[k][0], sel)
         m.d.comb += out.eq(sel)
@@ -435,7 +433,7 @@ def build_core(core, platform):
     # re-run), so P1a sees every earlier write: from the memory, or from P3's write
     # register while it lands.
     OpL = data.StructLayout({
-        "kind": 2, "checks": len(CHECKS), "reason": 3, "rec": range(R), "seq": 32,
+        "kind": OpKind, "checks": len(CHECKS), "reason": Reason, "rec": range(R), "seq": 32,
         "seqm": signed(34), "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16,
         "base": range(R * EB + 1), "nbeats": 16, "rewind": 5,
     })
@@ -472,23 +470,23 @@ def build_core(core, platform):
     v2 = Signal()
     # a scan visit to the record that the packet in P0 needs next is dropped (the
     # scanner comes back to it); a packet right behind a packet to its record is re-run
-    scan_cancel1 = p0_valid & (p1_op.kind == K_SCAN) & near1
-    scan_cancel2 = p0_valid & (q1_op.kind == K_SCAN) & near2
+    scan_cancel1 = p0_valid & (p1_op.kind == OpKind.SCAN) & near1
+    scan_cancel2 = p0_valid & (q1_op.kind == OpKind.SCAN) & near2
     m.d.sync += [p1_valid.eq(0), p1_reinj.eq(0), p1_adj.eq(0)]
     with m.If(reinject):
         m.d.sync += [p1_valid.eq(1), p1_op.eq(p2_op), p1_reinj.eq(1)]
     with m.Elif(p0_valid):
         m.d.sync += [p1_valid.eq(1),
-                     p1_adj.eq((p1_valid & (p1_op.kind == K_PKT) & near1)
-                               | (q1_valid & (q1_op.kind == K_PKT) & near2 & ~BYP2)),
-                     p1_op.kind.eq(K_PKT), p1_op.checks.eq(checks), p1_op.rec.eq(rec),
+                     p1_adj.eq((p1_valid & (p1_op.kind == OpKind.PKT) & near1)
+                               | (q1_valid & (q1_op.kind == OpKind.PKT) & near2 & ~BYP2)),
+                     p1_op.kind.eq(OpKind.PKT), p1_op.checks.eq(checks), p1_op.rec.eq(rec),
                      p1_op.seq.eq(hdr.seq), p1_op.seqm.eq(seqm), p1_op.ts.eq(ts_reg),
                      p1_op.worker.eq(hdr.worker), p1_op.exp.eq(hdr.exponent),
                      p1_op.nelem.eq(hdr.nelem), p1_op.base.eq(rec * EB),
                      p1_op.nbeats.eq((hdr.nelem + (L - 1)) >> LL),
                      p1_op.rewind.eq(p0_rewind)]
     with m.Elif(init_go):
-        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(K_INIT), p1_op.rec.eq(init_rec),
+        m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(OpKind.INIT), p1_op.rec.eq(init_rec),
                      init_ptr.eq(init_ptr + 1)]
         with m.If(init_ptr == 2 * WM - 1):
             m.d.sync += init_busy.eq(0)
@@ -498,7 +496,7 @@ def build_core(core, platform):
     with m.Else():
         # the scanner's visit, loaded whether or not it may go (so the load does not
         # wait for ``scan_ok``: an invalid operation is never looked at)
-        m.d.sync += [p1_valid.eq(scan_ok), p1_op.kind.eq(K_SCAN), p1_op.rec.eq(scan_ptr),
+        m.d.sync += [p1_valid.eq(scan_ok), p1_op.kind.eq(OpKind.SCAN), p1_op.rec.eq(scan_ptr),
                      p1_op.ts.eq(horizon)]
         with m.If(scan_ok):
             m.d.sync += scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))
@@ -618,10 +616,10 @@ def build_core(core, platform):
         q1_init_tag.eq(init_idx + Mux(init_set, w1, 0) - w2),
         q1c.one_n.eq(n1 == 1), q1c.nelem_nz.eq(p1_op.nelem != 0), q1c.src_ok.eq(src_ok1),
         q1c.pend.eq(pend1), q1c.enable.eq(jf("enable", p1_job)),
-        q1c.bounded.eq(jf("bounded", p1_job)), q1c.ok.eq(reason1 == R_OK),
-        q1c.pkt.eq((p1_op.kind == K_PKT) & (reason1 == R_OK)),
+        q1c.bounded.eq(jf("bounded", p1_job)), q1c.ok.eq(reason1 == Reason.OK),
+        q1c.pkt.eq((p1_op.kind == OpKind.PKT) & (reason1 == Reason.OK)),
         # a packet or a scan of an enabled bounded job may fire its record
-        q1c.may_expire.eq(((p1_op.kind == K_PKT) | (p1_op.kind == K_SCAN))
+        q1c.may_expire.eq(((p1_op.kind == OpKind.PKT) | (p1_op.kind == OpKind.SCAN))
                           & jf("enable", p1_job) & jf("bounded", p1_job)),
     ]
     # the compares run on every candidate (each job's read, w4, P3's write register),
@@ -659,8 +657,8 @@ def build_core(core, platform):
 
     # P1b: the slot rules, from registered bits. Validity is applied in P2 (an invalid
     # or flushed operation writes nothing and requests nothing), so these assume it.
-    k_pkt1 = q1_op.kind == K_PKT
-    k_scan1 = (q1_op.kind == K_SCAN) & q1m.enable
+    k_pkt1 = q1_op.kind == OpKind.PKT
+    k_scan1 = (q1_op.kind == OpKind.SCAN) & q1m.enable
     k_pkt_ok1 = q1m.pkt & q1m.src_ok
     # any operation at time ts may fire its record when it is due (the model's
     # ``process`` ticks before it even parses the packet)
@@ -679,7 +677,7 @@ def build_core(core, platform):
           "one_n", "cnt1_n", "opens", "new_exp", "stale", "oow", "unksrc", "bignelem",
           "pkt", "scan", "init", "pkt_ok", "cnt_lt_n")
     c = Signal(data.StructLayout({k: 1 for k in R2}))
-    early_ok1 = (q1_op.reason == R_OK) | (q1_op.reason == R_BIGNELEM)
+    early_ok1 = (q1_op.reason == Reason.OK) | (q1_op.reason == Reason.BIG_NELEM)
     p2_md = Signal(MetaL)
     p2_bit = Signal(P.workers)
     p2_cnt1 = Signal(range(P.workers + 2))
@@ -701,9 +699,10 @@ def build_core(core, platform):
         c.new_exp.eq(reuse1 | (q1_op.exp > q1_mdx.exponent)),
         c.stale.eq(k_pkt_ok1 & ~join1 & q1m.lt),
         c.oow.eq(k_pkt_ok1 & ~join1 & ~q1m.lt & ~k_defer1),
-        c.unksrc.eq(k_pkt1 & ((q1_op.reason == R_UNKSRC) | (early_ok1 & ~q1m.src_ok))),
-        c.bignelem.eq(k_pkt1 & (q1_op.reason == R_BIGNELEM) & q1m.src_ok),
-        c.pkt.eq(k_pkt1), c.scan.eq(k_scan1), c.init.eq(q1_op.kind == K_INIT),
+        c.unksrc.eq(k_pkt1 & ((q1_op.reason == Reason.UNKNOWN_SOURCE)
+                              | (early_ok1 & ~q1m.src_ok))),
+        c.bignelem.eq(k_pkt1 & (q1_op.reason == Reason.BIG_NELEM) & q1m.src_ok),
+        c.pkt.eq(k_pkt1), c.scan.eq(k_scan1), c.init.eq(q1_op.kind == OpKind.INIT),
         c.pkt_ok.eq(k_pkt_ok1), c.cnt_lt_n.eq(q1m.cnt_lt_n),
     ]
 
@@ -737,7 +736,8 @@ def build_core(core, platform):
     cur_tag = Mux(reuse, seqs2, md2.tag)
     new_count = Mux(reuse, 1, p2_cnt1)
     new_exp = Mux(c.new_exp, p2_op.exp, md2.exponent)
-    mode = Mux(accept, Mux(c.opens, M_OPEN, M_ADD), M_NONE)
+    mode = Signal(AccMode)
+    m.d.comb += mode.eq(Mux(accept, Mux(c.opens, AccMode.OPEN, AccMode.ADD), AccMode.NONE))
 
     # metadata write, registered (P3); P1a takes it from the register while it lands
     with m.If(is_init):
@@ -786,11 +786,12 @@ def build_core(core, platform):
     resend = v2 & resend_
     inc["rx"].append(is_pkt & ~c.defer)
     inc["rx_data"].append(v2 & c.pkt_ok & ~c.defer)
-    inc["drop_truncated"].append(is_pkt & (reason2 == R_TRUNC))
-    inc["drop_bad_version"].append(is_pkt & (reason2 == R_BADVER))
-    inc["status_requests"].append(is_pkt & (reason2 == R_STATUS))
-    inc["drop_malformed"] += [is_pkt & (reason2 == R_MALF), v2 & c.bignelem, v2 & malf3]
-    inc["drop_unknown_job"].append(is_pkt & (reason2 == R_UNKJOB))
+    inc["drop_truncated"].append(is_pkt & (reason2 == Reason.TRUNCATED))
+    inc["drop_bad_version"].append(is_pkt & (reason2 == Reason.BAD_VERSION))
+    inc["status_requests"].append(is_pkt & (reason2 == Reason.STATUS))
+    inc["drop_malformed"] += [is_pkt & (reason2 == Reason.MALFORMED), v2 & c.bignelem,
+                              v2 & malf3]
+    inc["drop_unknown_job"].append(is_pkt & (reason2 == Reason.UNKNOWN_JOB))
     inc["drop_unknown_source"].append(v2 & c.unksrc)
     inc["drop_stale"].append(v2 & c.stale)
     inc["drop_out_of_window"].append(v2 & c.oow)
@@ -817,7 +818,7 @@ def build_core(core, platform):
     pkt_nelem = Signal(16)
     pkt_nbeats = Signal(16)
     pkt_nbm1 = Signal(signed(17))   # nbeats - 1: the last beat's index
-    pkt_mode = Signal(2)
+    pkt_mode = Signal(AccMode)
     pkt_inflight = Signal()
     with m.If(is_pkt & ~defer):
         m.d.sync += [pkt_base.eq(p2_op.base), pkt_rec.eq(p2_op.rec),
@@ -828,17 +829,17 @@ def build_core(core, platform):
     s0_lane = s0.data
     e = s0.e
     ebeat = s0.valid & s0.elem
-    e_ok = ebeat & (e < pkt_nbeats) & (pkt_mode != M_NONE)
-    inc["stream_errors"].append(ebeat & (e >= pkt_nbeats) & (pkt_mode != M_NONE))
+    e_ok = ebeat & (e < pkt_nbeats) & (pkt_mode != AccMode.NONE)
+    inc["stream_errors"].append(ebeat & (e >= pkt_nbeats) & (pkt_mode != AccMode.NONE))
     inc["stream_errors"].append(s0.valid & s0.first & pkt_inflight)
     with m.If((ebeat & (e >= pkt_nbm1)) | (s0.valid & s0.first)):
         m.d.sync += pkt_inflight.eq(0)
-    with m.If(is_pkt & ~defer & (mode != M_NONE) & (p2_op.nelem != 0)):
+    with m.If(is_pkt & ~defer & (mode != AccMode.NONE) & (p2_op.nelem != 0)):
         m.d.sync += pkt_inflight.eq(1)
     m.d.comb += [acc_r.addr.eq(pkt_base + e), acc_r.en.eq(1)]
 
     # S1: the block RAM's output is registered (its clock-to-output is long on ECP5)
-    s1_valid, s1_mode, s1_first, s1_last = Signal(), Signal(2), Signal(), Signal()
+    s1_valid, s1_mode, s1_first, s1_last = Signal(), Signal(AccMode), Signal(), Signal()
     s1_addr = Signal(range(R * EB))
     s1_rec = Signal(range(R))
     s1_data = Signal(AccL)
@@ -847,7 +848,7 @@ def build_core(core, platform):
     for k in range(L):
         lane_ok = (e * L + k) < pkt_nelem
         m.d.sync += s1_data[k].eq(Mux(lane_ok, s0_lane[k].as_signed(), 0))
-    e1_valid, e1_mode, e1_first, e1_last = Signal(), Signal(2), Signal(), Signal()
+    e1_valid, e1_mode, e1_first, e1_last = Signal(), Signal(AccMode), Signal(), Signal()
     e1_addr = Signal(range(R * EB))
     e1_rec = Signal(range(R))
     e1_data = Signal(AccL)
@@ -873,7 +874,7 @@ def build_core(core, platform):
     m.d.sync += [e2_valid.eq(e1_valid), e2_addr.eq(e1_addr), e2_rec.eq(e1_rec),
                  e2_first.eq(e1_first), e2_last.eq(e1_last)]
     for k in range(L):
-        a = Mux(e1_mode == M_ADD, data.View(AccL, old)[k], 0)
+        a = Mux(e1_mode == AccMode.ADD, data.View(AccL, old)[k], 0)
         s = a + e1_data[k]
         if bug == "wrapping_adder":
             s = s[:32].as_signed()

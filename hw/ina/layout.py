@@ -13,14 +13,14 @@ is ``Cat(word4, word3, word2, word1, word0)`` (see :func:`header_from_words`).
 """
 
 from amaranth.hdl import Cat, Const, unsigned, signed
-from amaranth.lib import data
+from amaranth.lib import data, enum
 
 from ina_fabric.protocol.fields import HEADER_FIELDS, HEADER_BYTES
 
 from .params import HEADER_WORDS
 
 __all__ = ["header_layout", "HeaderLayout", "in_layout", "out_layout",
-           "header_from_words", "header_words", "header_int"]
+           "header_from_words", "header_words", "header_int", "Reason", "OpKind", "AccMode"]
 
 
 def header_layout() -> data.StructLayout:
@@ -99,3 +99,30 @@ def header_words(value):
 def header_int(header_bytes: bytes) -> int:
     """Python: the integer value of a header for ``HeaderLayout`` (for tests)."""
     return int.from_bytes(header_bytes[:HEADER_BYTES], "big")
+
+
+class Reason(enum.Enum, shape=3):
+    """Why the header pipeline drops a packet before the slot rules (P0's checks; when
+    several apply, the lowest-numbered one wins, the reference model's order)."""
+    OK = 0
+    TRUNCATED = 1
+    BAD_VERSION = 2
+    STATUS = 3              # a STATUS_REQ: counted, not answered
+    MALFORMED = 4
+    UNKNOWN_JOB = 5
+    UNKNOWN_SOURCE = 6      # worker out of the job's range (the member compare is in P1a)
+    BIG_NELEM = 7           # more elements than the job allows
+
+
+class OpKind(enum.Enum, shape=2):
+    """What an operation on a slot record is."""
+    SCAN = 0                # the deadline scanner's visit
+    PKT = 1                 # a decoded DATA packet
+    INIT = 2                # one record of a job's initialization
+
+
+class AccMode(enum.Enum, shape=2):
+    """What the element path does with a packet's elements."""
+    NONE = 0                # nothing (dropped, duplicate, ...)
+    OPEN = 1                # first contribution: write the elements
+    ADD = 2                 # add them to the accumulators
