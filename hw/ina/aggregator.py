@@ -54,6 +54,7 @@ from amaranth.lib import data, memory
 from .layout import HeaderLayout, Reason, OpKind, AccMode
 from .params import HEADER_WORDS, QUEUE_SLACK
 from .queue import RequestQueue, PendingCounts
+from .counters import Counters, COUNTER_EVENTS
 from .regs import (GLOBAL_REGS, JOB_REGS, MEMBER_REGS, COUNTER_NAMES, COUNTER_BASE,
                    JOB_BASE, JOB_STRIDE, MEMBER_BASE, ID_VALUE)
 from .replicator import ip_checksum_hw, mcast_mac, saturate32
@@ -108,7 +109,8 @@ def build_core(core, platform):
         return Array(jobs[j][name] for j in range(NJ))[idx]
 
     src_ip = Signal(32)
-    counters = {n: Signal(32, name=f"cnt_{n}") for n in COUNTER_NAMES}
+    m.submodules.counters = ctr = Counters()
+    counters = {n: ctr.values[k] for k, n in enumerate(COUNTER_NAMES)}
     inc = {n: [] for n in COUNTER_NAMES}
 
     MetaL = meta_layout(P)
@@ -1011,10 +1013,7 @@ def build_core(core, platform):
             m.d.comb += op.data[k].eq(saturate32(acc_r2.data[k])[0])
 
     # ---------------------------------------------------------------- counters
-    for name, sig in counters.items():
-        if inc[name]:
-            step = Signal(2, name=f"inc_{name}")   # registered: counters lag one cycle
-            m.d.sync += step.eq(sum(x.as_unsigned() if hasattr(x, "as_unsigned") else x
-                                    for x in inc[name]))
-            m.d.sync += sig.eq(sig + step)
+    for name in COUNTER_NAMES:
+        assert len(inc[name]) == COUNTER_EVENTS[name], name
+        m.d.comb += getattr(ctr.inc, name).eq(Cat(inc[name]))
     return m
