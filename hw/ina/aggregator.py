@@ -49,14 +49,14 @@ operation, so the scanner only has to catch slots that no packet touches (the mo
 """
 
 from amaranth.hdl import *
-from amaranth.lib import data, memory
+from amaranth.lib import data, memory, wiring
 
 from .layout import HeaderLayout, Reason, OpKind, AccMode
 from .params import HEADER_WORDS, QUEUE_SLACK
 from .queue import RequestQueue, PendingCounts
 from .counters import Counters, COUNTER_EVENTS
-from .regs import (GLOBAL_REGS, JOB_REGS, MEMBER_REGS, COUNTER_NAMES, COUNTER_BASE,
-                   JOB_BASE, JOB_STRIDE, MEMBER_BASE, ID_VALUE)
+from .regs import COUNTER_NAMES
+from .regfile import RegisterFile, jobs_at
 from .replicator import ip_checksum_hw, mcast_mac, saturate32
 
 __all__ = ["build_core", "meta_layout", "request_layout"]
@@ -102,15 +102,15 @@ def build_core(core, platform):
     m.d.comb += core.now.eq(now)
 
     # ---------------------------------------------------------------- registers
-    jobs = [{r.name: Signal(r.width, name=f"job{j}_{r.name}") for r in JOB_REGS}
-            for j in range(NJ)]
+    m.submodules.counters = ctr = Counters()
+    m.submodules.regs = rf = RegisterFile(P)
+    wiring.connect(m, wiring.flipped(core.cfg), rf.bus)
+    m.d.comb += [rf.now.eq(now), rf.counters.eq(ctr.values)]
+    jobs, src_ip = rf.jobs, rf.src_ip
 
     def jf(name, idx):
-        return Array(jobs[j][name] for j in range(NJ))[idx]
+        return jobs_at(jobs, name, idx)
 
-    src_ip = Signal(32)
-    m.submodules.counters = ctr = Counters()
-    counters = {n: ctr.values[k] for k, n in enumerate(COUNTER_NAMES)}
     inc = {n: [] for n in COUNTER_NAMES}
 
     MetaL = meta_layout(P)
@@ -125,11 +125,6 @@ def build_core(core, platform):
     AccL = data.ArrayLayout(signed(AW), L)
     m.submodules.acc = acc = memory.Memory(shape=AccL, depth=R * EB, init=[])
     m.submodules.ovf = ovf = memory.Memory(shape=1, depth=R, init=[])
-    # member tables in distributed RAM: P0 reads them in the same cycle as the header
-    dist = {"ram_style": "distributed"}
-    m.submodules.mip = mip = memory.Memory(shape=32, depth=NJ * WS, init=[], attrs=dist)
-    m.submodules.mport = mport = memory.Memory(shape=16, depth=NJ * WS, init=[], attrs=dist)
-    m.submodules.mmac = mmac = memory.Memory(shape=48, depth=NJ * WS, init=[])
 
     # slot metadata: asynchronous reads (distributed RAM on ECP5) in the cycle an
     # operation is loaded into P1a, into a register (see P1a)
@@ -143,93 +138,11 @@ def build_core(core, platform):
     acc_r2 = acc.read_port()
     ovf_w = ovf.write_port()
     ovf_r = ovf.read_port()
-    mip_w, mport_w, mmac_w = mip.write_port(), mport.write_port(), mmac.write_port()
-    # P0 reads every job's entry for the header's worker (asynchronous: distributed RAM)
-    mip_rj = [mip.read_port(domain="comb") for _ in range(NJ)]
-    mport_rj = [mport.read_port(domain="comb") for _ in range(NJ)]
-    mip_r2, mport_r2, mmac_r2 = mip.read_port(), mport.read_port(), mmac.read_port()
 
-    # register bus: registered on the way in, then decoded into one registered strobe
-    # per register (a write lands two cycles later; reads show three cycles later), so
-    # the decoders start from flip-flops and every write is one enable
-    bus = Signal(data.StructLayout({"addr": 16, "w_stb": 1, "w_data": 32}))
-    m.d.sync += [bus.addr.eq(core.cfg.addr), bus.w_stb.eq(core.cfg.w_stb),
-                 bus.w_data.eq(core.cfg.w_data)]
-    wdata = Signal(32)
-    m.d.sync += wdata.eq(bus.w_data)
-
-    def strobe(name, cond):
-        s = Signal(name=f"wr_{name}")
-        m.d.sync += s.eq(bus.w_stb & cond)
-        return s
     init_busy = Signal()
     init_req = Signal(NJ)       # jobs whose ``enable`` was written 1, waiting to initialize
-    wr_enable = [None] * NJ
     init_job = Signal(range(max(2, NJ)))
     init_ptr = Signal(range(2 * WM))
-    mac_hi = Signal(16)
-    madr = bus.addr - MEMBER_BASE
-    m_in = (bus.addr >= MEMBER_BASE) & (bus.addr < MEMBER_BASE + NJ * 32 * 4)
-    m_job, m_w, m_k = madr[7:7 + _log2(max(2, NJ))], madr[2:7], madr[0:2]
-    m_ok = m_in & (m_w < P.workers)
-    m_idx = Signal(range(NJ * WS))
-    m.d.sync += m_idx.eq(m_job * WS + m_w[:max(1, LWS)] if WS > 1 else m_job)
-    wr_m = [strobe(f"member_{k}", m_ok & (m_k == k)) for k in range(4)]
-    m.d.comb += [
-        mip_w.addr.eq(m_idx), mport_w.addr.eq(m_idx), mmac_w.addr.eq(m_idx),
-        mip_w.data.eq(wdata), mport_w.data.eq(wdata), mmac_w.data.eq(Cat(wdata, mac_hi)),
-        mip_w.en.eq(wr_m[0]), mport_w.en.eq(wr_m[1]), mmac_w.en.eq(wr_m[3]),
-    ]
-    with m.If(wr_m[2]):
-        m.d.sync += mac_hi.eq(wdata)
-    src_ip_addr = next(r.offset for r in GLOBAL_REGS if r.name == "src_ip")
-    with m.If(strobe("src_ip", bus.addr == src_ip_addr)):
-        m.d.sync += src_ip.eq(wdata)
-    for j in range(NJ):
-        for r in JOB_REGS:
-            wr = strobe(f"job{j}_{r.name}", bus.addr == JOB_BASE + JOB_STRIDE * j + r.offset)
-            if r.name == "enable":
-                wr_enable[j] = wr       # (applied with the job's initialization, below)
-            else:
-                with m.If(wr):
-                    m.d.sync += jobs[j][r.name].eq(wdata)
-    # register bus: reads, in two registered steps (the registers of each group at the
-    # low address bits, then the group), so ``r_data`` shows ``addr`` three cycles later
-    def pad(values, n):
-        return Array([*values, *[C(0, 32)] * (n - len(values))])
-    glob = [C(ID_VALUE, 32), C(L | (NJ << 8) | (P.workers << 16) | (LWM << 24), 32),
-            src_ip, now]
-    NC = 1 << _log2(len(COUNTER_NAMES))
-    NR = 1 << _log2(len(JOB_REGS))
-    NJP = 1 << _log2(max(2, NJ))
-    job_words = []
-    for j in range(NJP):
-        words = [jobs[j][r.name] for r in JOB_REGS] if j < NJ else []
-        job_words += words + [C(0, 32)] * (NR - len(words))
-    assert COUNTER_BASE % NC == 0 and NR == JOB_STRIDE and JOB_BASE % (NR * NJP) == 0
-    # groups of at most 16 words, each read into a register at the low address bits
-    groups = [pad(glob, 4)]
-    cnt_words = [counters[n] for n in COUNTER_NAMES]
-    groups += [pad(cnt_words[k:k + 16], 16) for k in range(0, NC, 16)]
-    groups += [Array(job_words[k:k + 16]) for k in range(0, len(job_words), 16)]
-    bases = ([0] + [COUNTER_BASE + k for k in range(0, NC, 16)]
-             + [JOB_BASE + k for k in range(0, len(job_words), 16)])
-    ends = ([4] + [COUNTER_BASE + min(k + 16, len(COUNTER_NAMES)) for k in range(0, NC, 16)]
-            + [JOB_BASE + k + len(JOB_REGS) for k in range(0, len(job_words), 16)])
-    rd_regs = [Signal(32, name=f"rd_group{g}") for g in range(len(groups))]
-    rd_grp = Signal(range(len(groups) + 1))     # 0: no register there
-    a_ = bus.addr
-    sel = C(0, len(rd_grp))
-    for g in reversed(range(len(groups))):
-        m.d.sync += rd_regs[g].eq(groups[g][a_[:_log2(len(groups[g]))]])
-        sel = Mux((a_ >= bases[g]) & (a_ < ends[g]), g + 1, sel)
-    m.d.sync += rd_grp.eq(sel)
-    with m.Switch(rd_grp):
-        for g in range(len(groups)):
-            with m.Case(g + 1):
-                m.d.sync += core.cfg.r_data.eq(rd_regs[g])
-        with m.Default():
-            m.d.sync += core.cfg.r_data.eq(0)
 
     # ---------------------------------------------------------------- request queue
     m.submodules.queue = q = RequestQueue(ReqL, P.queue)
@@ -344,9 +257,9 @@ def build_core(core, platform):
             if k == JOB_WORD:   # the job-table match, one stage early, in two halves
                 field = b.data[k % L][JOB_BIT:JOB_BIT + hdr_job.width]
                 hw_ = hdr_job.width // 2
-                m.d.sync += [job_hit[j].eq(field[:hw_] == jobs[j]["job_id"][:hw_])
+                m.d.sync += [job_hit[j].eq(field[:hw_] == jobs[j].job_id[:hw_])
                              for j in range(NJ)]
-                m.d.sync += [job_hit_hi[j].eq(field[hw_:] == jobs[j]["job_id"][hw_:hdr_job.width])
+                m.d.sync += [job_hit_hi[j].eq(field[hw_:] == jobs[j].job_id[hw_:hdr_job.width])
                              for j in range(NJ)]
             if k == SEQ_WORD:
                 # a job's window is at most the core's (config_writes refuses
@@ -375,10 +288,10 @@ def build_core(core, platform):
     # configured long before its first packet: enabling it takes 10W cycles)
     nwm1 = [Signal(6, name=f"job{j}_nworkers_m1") for j in range(NJ)]   # N - 1
     for j in range(NJ):
-        m.d.sync += [wbit[j].eq(Const(1, 33) << jobs[j]["log2_window"]),
-                     nwm1[j].eq(jobs[j]["nworkers"] - 1)]
+        m.d.sync += [wbit[j].eq(Const(1, 33) << jobs[j].log2_window),
+                     nwm1[j].eq(jobs[j].nworkers - 1)]
     # every job's candidate in parallel, then the matching job's (priority to the lowest)
-    hits = [jobs[j]["enable"] & job_hit[j] & job_hit_hi[j] for j in range(NJ)]
+    hits = [jobs[j].enable & job_hit[j] & job_hit_hi[j] for j in range(NJ)]
     unkjob = ~Cat(hits).any()
 
     def by_job(values, shape):
@@ -395,8 +308,8 @@ def build_core(core, platform):
         seqms.append(hdr.seq - Cat(C(0, 1), wbit[j]))     # seq - 2W
     rec = by_job(recs, range(R))
     seqm = by_job(seqms, signed(34))   # seq - 2W: the tag a reusable record must have
-    bad_worker = by_job([hdr.worker >= jobs[j]["nworkers"] for j in range(NJ)], 1)
-    big_nelem = by_job([hdr.nelem > jobs[j]["elements"] for j in range(NJ)], 1)
+    bad_worker = by_job([hdr.worker >= jobs[j].nworkers for j in range(NJ)], 1)
+    big_nelem = by_job([hdr.nelem > jobs[j].elements for j in range(NJ)], 1)
 
     # the checks, in the model's priority order; P1a turns them into one reason
     body = body_reg
@@ -421,8 +334,8 @@ def build_core(core, platform):
     p1_src_eq = [Signal(3, name=f"p1_src_eq{j}") for j in range(NJ)]   # ip lo, hi, port
     for j in range(NJ):
         midx = j * WS + hdr.worker[:max(1, LWS)] if WS > 1 else j
-        m.d.comb += [mip_rj[j].addr.eq(midx), mport_rj[j].addr.eq(midx)]
-        ipm, portm = mip_rj[j].data, mport_rj[j].data
+        m.d.comb += rf.member_p0[j].addr.eq(midx)
+        ipm, portm = rf.member_p0[j].data.ip, rf.member_p0[j].data.port
         m.d.sync += p1_src_eq[j].eq(Cat(ipm[:16] == sip_reg[:16], ipm[16:] == sip_reg[16:],
                                         portm == sport_reg))
 
@@ -494,7 +407,7 @@ def build_core(core, platform):
             m.d.sync += init_busy.eq(0)
             for j in range(NJ):
                 with m.If(init_job == j):
-                    m.d.sync += jobs[j]["enable"].eq(1)
+                    m.d.comb += rf.enable_set[j].eq(1)
     with m.Else():
         # the scanner's visit, loaded whether or not it may go (so the load does not
         # wait for ``scan_ok``: an invalid operation is never looked at)
@@ -512,9 +425,8 @@ def build_core(core, platform):
             with m.If(init_req[j]):
                 m.d.sync += [init_job.eq(j), init_req.eq(init_req & ~(1 << j))]
     for j in range(NJ):
-        with m.If(wr_enable[j]):
-            m.d.sync += jobs[j]["enable"].eq(0)
-            with m.If(wdata[0]):
+        with m.If(rf.enable_stb[j]):
+            with m.If(rf.enable_value):
                 m.d.sync += init_req[j].eq(1)
             with m.Else():
                 m.d.sync += init_req[j].eq(0)
@@ -951,9 +863,7 @@ def build_core(core, platform):
     # the accumulator beat to read for ``beat`` (rec * EB + beat - H), kept as a counter
     m.d.comb += [acc_r2.addr.eq(r2_ptr[:len(acc_r2.addr)]), acc_r2.en.eq(adv)]
     # the member-table entry of this copy (the worker for a re-send), kept as a counter
-    m.d.comb += [mip_r2.addr.eq(maddr), mport_r2.addr.eq(maddr), mmac_r2.addr.eq(maddr)]
-    for port in (mip_r2, mport_r2, mmac_r2):
-        m.d.comb += port.en.eq(issue & beat0)
+    m.d.comb += [rf.member_rd.addr.eq(maddr), rf.member_rd.en.eq(issue & beat0)]
     with m.If(adv):
         m.d.sync += [o_valid.eq(issue), o_beat.eq(beat), o_first.eq(beat == 0),
                      o_last.eq(beat_last)]
@@ -990,13 +900,13 @@ def build_core(core, platform):
     m.d.comb += ob_e.eq(o_beat - H)
     length = 20 + cur.nelem * 4
     use_mcast = ~cur.unicast & cur_mcast
-    dst_ip = Mux(use_mcast, jf("mcast_ip", cur.job), mip_r2.data)
+    dst_ip = Mux(use_mcast, jf("mcast_ip", cur.job), rf.member_rd.data.ip)
     m.d.comb += [
         o.valid.eq(o_valid),
         op.first.eq(o_first), op.last.eq(o_last),
         op.length.eq(length), op.mcast.eq(use_mcast), op.dst_ip.eq(dst_ip),
-        op.dst_port.eq(Mux(use_mcast, jf("mcast_port", cur.job), mport_r2.data)),
-        op.dst_mac.eq(Mux(use_mcast, mcast_mac(dst_ip), mmac_r2.data)),
+        op.dst_port.eq(Mux(use_mcast, jf("mcast_port", cur.job), rf.member_rd.data.port)),
+        op.dst_mac.eq(Mux(use_mcast, mcast_mac(dst_ip), rf.member_rd.data.mac)),
         op.ip_checksum.eq(ip_checksum_hw(src_ip, dst_ip, length + 28)),
     ]
     with m.If(o_beat < H):
