@@ -55,6 +55,7 @@ from .layout import HeaderLayout, Reason, OpKind, AccMode
 from .params import HEADER_WORDS, QUEUE_SLACK
 from .queue import RequestQueue, PendingCounts
 from .counters import Counters, COUNTER_EVENTS
+from .input_fifo import InputFifo
 from .regs import COUNTER_NAMES
 from .regfile import RegisterFile, jobs_at
 from .replicator import ip_checksum_hw, mcast_mac, saturate32
@@ -153,54 +154,20 @@ def build_core(core, platform):
     run, cur = Signal(), Signal(ReqL)            # replicator: the request being sent
 
     # ---------------------------------------------------------------- input FIFO
-    # Every accepted beat goes into a small FIFO with its datagram's time (the cycle its
-    # first beat was accepted). The pipeline pops one beat per cycle. A popped beat stays
-    # in the FIFO until its packet's decision is final (the commit pointer trails the pop
-    # pointer by DEC_LAT cycles), so a packet that is deferred is re-run from its first
-    # element beat (rewind), with everything younger flushed.
-    i, ip = core.i, core.i.payload
-    FD = 16
-    FifoL = data.StructLayout({"data": data.ArrayLayout(32, L), "first": 1, "last": 1,
-                               "length": 16, "src_ip": 32, "src_port": 16, "ts": 32})
-    m.submodules.ififo = ififo = memory.Memory(shape=FifoL, depth=FD, init=[])
-    f_w = ififo.write_port()
-    f_r = ififo.read_port(domain="comb")
-    wp, rp = Signal(5, name="fifo_wp"), Signal(5, name="fifo_rp")   # one wrap bit
-    rp_d = [Signal(5, name=f"rp_d{k}") for k in range(DEC_LAT)]   # rp_d[-1]: commit
-    in_pkt_in = Signal()
-    ts_in = Signal(32)
-    in_first = ip.first | ~in_pkt_in
-    # room for a beat, registered one cycle late with one entry to spare (the FIFO
-    # fills by at most one beat per cycle; the commit pointer never moves back)
-    in_room = Signal(init=1)
-    # (and no job initializes: also a cycle late, harmless, as pops wait for it)
-    m.d.sync += in_room.eq(((wp - rp_d[-1])[:5] < FD - 1) & ~init_busy & ~init_req.any())
-    m.d.comb += i.ready.eq(in_room)
-    m.d.comb += [f_w.addr.eq(wp[:4]), f_w.en.eq(i.valid & i.ready),
-                 f_w.data.data.eq(ip.data), f_w.data.first.eq(in_first),
-                 f_w.data.last.eq(ip.last), f_w.data.length.eq(ip.length),
-                 f_w.data.src_ip.eq(ip.src_ip), f_w.data.src_port.eq(ip.src_port),
-                 f_w.data.ts.eq(Mux(in_first, now, ts_in))]
-    wp1 = Signal(5, init=1, name="fifo_wp1")        # wp + 1
-    wpm1 = Signal(5, init=31, name="fifo_wpm1")     # wp - 1
-    with m.If(i.valid & i.ready):
-        m.d.sync += [wp.eq(wp + 1), wp1.eq(wp1 + 1), wpm1.eq(wpm1 + 1), in_pkt_in.eq(~ip.last)]
-        with m.If(in_first):
-            m.d.sync += ts_in.eq(now)
+    # Every accepted beat goes into a small FIFO with its datagram's time. The pipeline
+    # pops one beat per cycle; a popped beat stays in the FIFO until its packet's
+    # decision is final (DEC_LAT cycles), so a packet that is deferred is re-run from its
+    # first element beat (rewind), with everything younger flushed.
+    m.submodules.ififo = fifo = InputFifo(L, commit_delay=DEC_LAT)
+    wiring.connect(m, wiring.flipped(core.i), fifo.i)
+    m.d.comb += [fifo.now.eq(now), fifo.hold.eq(init_busy | init_req.any())]
 
     # ---------------------------------------------------------------- pop and parse
-    b = f_r.data
-    m.d.comb += f_r.addr.eq(rp[:4])
-    # a beat to pop: ``rp != wp``, registered (worked out for the next cycle's pointers
-    # from compares of this cycle's, wp + 1 and wp - 1 kept as registers, so the pop
-    # decision starts from flip-flops)
-    avail, pop = Signal(), Signal()
-    push = i.valid & i.ready
-    rw_next = Signal(5)     # the rewind, when P2 flushes (see the flush)
+    b = fifo.head
+    avail, pop = fifo.avail, Signal()
+    m.d.comb += fifo.pop.eq(pop)
     n_flush = Signal(init=1)    # (low: P2 flushes; see ``reinject``)
-    m.d.sync += avail.eq(Mux(~n_flush, Mux(push, rw_next != wp1, rw_next != wp),
-                             Mux(pop, Mux(push, 1, rp != wpm1),
-                                 Mux(push, rp != wp1, rp != wp))))
+    m.d.comb += fifo.rewind_n.eq(n_flush)
     retry = Signal()            # a deferred packet is being re-run: pops wait
     m.d.comb += pop.eq(avail & ~retry & ~init_busy & ~q_stop)
     # position in the datagram, kept as flags so the pop decision is shallow:
@@ -236,7 +203,6 @@ def build_core(core, platform):
                              "data": data.ArrayLayout(32, L)})
     dl = [Signal(DlL, name=f"dl{k}") for k in range(DEC_LAT)]
     with m.If(pop):
-        m.d.sync += rp.eq(rp + 1)
         with m.If(b.first):
             m.d.sync += [at_hdr.eq(0b10 if H > 1 else 0), in_hdr_r.eq(H > 1),
                          posmh.eq(1 - H)]
@@ -276,13 +242,12 @@ def build_core(core, platform):
     m.d.sync += [dl[0].valid.eq(pop), dl[0].elem.eq(~in_hdr),
                  dl[0].first.eq(b.first), dl[0].e.eq(posmh[:16]), dl[0].data.eq(b.data)]
     m.d.sync += [dl[k].eq(dl[k - 1]) for k in range(1, DEC_LAT)]
-    m.d.sync += [rp_d[0].eq(rp)] + [rp_d[k].eq(rp_d[k - 1]) for k in range(1, DEC_LAT)]
     horizon = Mux(collecting, ts_reg, Mux(avail, b.ts, now))
 
     # ---------------------------------------------------------------- P0: decode
     p0_valid, p0_short = Signal(name="p0_valid"), Signal(name="p0_short")
     p0_rewind = Signal(5, name="p0_rewind")
-    m.d.sync += [p0_valid.eq(dec), p0_short.eq(~hdr_last), p0_rewind.eq(rp + 1)]
+    m.d.sync += [p0_valid.eq(dec), p0_short.eq(~hdr_last), p0_rewind.eq(fifo.pop_ptr + 1)]
     hdr = data.View(HeaderLayout, Cat(*reversed(hdr_regs)))
     # per-job window constants, registered from the static configuration (a job is
     # configured long before its first packet: enabling it takes 10W cycles)
@@ -719,12 +684,11 @@ def build_core(core, platform):
     # flush: a deferred packet (or one that followed its slot's previous operation
     # within two cycles) goes back to P1a; everything younger is dropped and the input
     # is rewound to the packet's first element beat
-    m.d.comb += rw_next.eq(p2_op.rewind)
+    m.d.comb += fifo.rewind_to.eq(p2_op.rewind)
     with m.If(~n_flush):
-        m.d.sync += [p0_valid.eq(0), rp.eq(p2_op.rewind), at_hdr.eq(0), in_hdr_r.eq(0),
+        m.d.sync += [p0_valid.eq(0), at_hdr.eq(0), in_hdr_r.eq(0),
                      posmh.eq(0), collecting.eq(0)]
         m.d.sync += [d.valid.eq(0) for d in dl]
-        m.d.sync += [r.eq(p2_op.rewind) for r in rp_d]
 
     # ---------------------------------------------------------------- element path
     pkt_base = Signal(range(R * EB + 1))
