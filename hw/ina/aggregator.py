@@ -56,6 +56,7 @@ from .params import HEADER_WORDS, QUEUE_SLACK
 from .queue import RequestQueue, PendingCounts
 from .counters import Counters, COUNTER_EVENTS
 from .input_fifo import InputFifo
+from .element import ElementPath, beat_layout
 from .regs import COUNTER_NAMES
 from .regfile import RegisterFile, jobs_at
 from .replicator import ip_checksum_hw, mcast_mac, saturate32
@@ -123,9 +124,6 @@ def build_core(core, platform):
                 for j in range(NJ)]
     for j in range(NJ):
         m.submodules[f"meta{j}"] = meta_mem[j]
-    AccL = data.ArrayLayout(signed(AW), L)
-    m.submodules.acc = acc = memory.Memory(shape=AccL, depth=R * EB, init=[])
-    m.submodules.ovf = ovf = memory.Memory(shape=1, depth=R, init=[])
 
     # slot metadata: asynchronous reads (distributed RAM on ECP5) in the cycle an
     # operation is loaded into P1a, into a register (see P1a)
@@ -134,11 +132,6 @@ def build_core(core, platform):
     # packet's candidate record (``p0``), the re-run operation's (``p2``), the scanner's
     meta_rp = {(j, src): meta_mem[j].read_port(domain="comb")
                for j in range(NJ) for src in ("p0", "p2", "scan")}
-    acc_w = acc.write_port()
-    acc_r = acc.read_port()
-    acc_r2 = acc.read_port()
-    ovf_w = ovf.write_port()
-    ovf_r = ovf.read_port()
 
     init_busy = Signal()
     init_req = Signal(NJ)       # jobs whose ``enable`` was written 1, waiting to initialize
@@ -199,8 +192,7 @@ def build_core(core, platform):
     dec = pop & in_hdr & (hdr_last | b.last)
     # delay line from the pop to the element path's S0 (DEC_LAT stages), so a beat
     # reaches S0 after its packet's decision
-    DlL = data.StructLayout({"valid": 1, "elem": 1, "first": 1, "e": 16,
-                             "data": data.ArrayLayout(32, L)})
+    DlL = beat_layout(L)
     dl = [Signal(DlL, name=f"dl{k}") for k in range(DEC_LAT)]
     with m.If(pop):
         with m.If(b.first):
@@ -691,81 +683,12 @@ def build_core(core, platform):
         m.d.sync += [d.valid.eq(0) for d in dl]
 
     # ---------------------------------------------------------------- element path
-    pkt_base = Signal(range(R * EB + 1))
-    pkt_rec = Signal(range(R))
-    pkt_nelem = Signal(16)
-    pkt_nbeats = Signal(16)
-    pkt_nbm1 = Signal(signed(17))   # nbeats - 1: the last beat's index
-    pkt_mode = Signal(AccMode)
-    pkt_inflight = Signal()
-    with m.If(is_pkt & ~defer):
-        m.d.sync += [pkt_base.eq(p2_op.base), pkt_rec.eq(p2_op.rec),
-                     pkt_nelem.eq(p2_op.nelem), pkt_nbeats.eq(p2_op.nbeats),
-                     pkt_nbm1.eq(p2_op.nbeats - 1),
-                     pkt_mode.eq(mode)]
-    s0 = dl[-1]
-    s0_lane = s0.data
-    e = s0.e
-    ebeat = s0.valid & s0.elem
-    e_ok = ebeat & (e < pkt_nbeats) & (pkt_mode != AccMode.NONE)
-    inc["stream_errors"].append(ebeat & (e >= pkt_nbeats) & (pkt_mode != AccMode.NONE))
-    inc["stream_errors"].append(s0.valid & s0.first & pkt_inflight)
-    with m.If((ebeat & (e >= pkt_nbm1)) | (s0.valid & s0.first)):
-        m.d.sync += pkt_inflight.eq(0)
-    with m.If(is_pkt & ~defer & (mode != AccMode.NONE) & (p2_op.nelem != 0)):
-        m.d.sync += pkt_inflight.eq(1)
-    m.d.comb += [acc_r.addr.eq(pkt_base + e), acc_r.en.eq(1)]
-
-    # S1: the block RAM's output is registered (its clock-to-output is long on ECP5)
-    s1_valid, s1_mode, s1_first, s1_last = Signal(), Signal(AccMode), Signal(), Signal()
-    s1_addr = Signal(range(R * EB))
-    s1_rec = Signal(range(R))
-    s1_data = Signal(AccL)
-    m.d.sync += [s1_valid.eq(e_ok), s1_mode.eq(pkt_mode), s1_addr.eq(pkt_base + e),
-                 s1_rec.eq(pkt_rec), s1_first.eq(e == 0), s1_last.eq(e == pkt_nbm1)]
-    for k in range(L):
-        lane_ok = (e * L + k) < pkt_nelem
-        m.d.sync += s1_data[k].eq(Mux(lane_ok, s0_lane[k].as_signed(), 0))
-    e1_valid, e1_mode, e1_first, e1_last = Signal(), Signal(AccMode), Signal(), Signal()
-    e1_addr = Signal(range(R * EB))
-    e1_rec = Signal(range(R))
-    e1_data = Signal(AccL)
-    e1_ram = Signal(AccL)
-    m.d.sync += [e1_valid.eq(s1_valid), e1_mode.eq(s1_mode), e1_addr.eq(s1_addr),
-                 e1_rec.eq(s1_rec), e1_first.eq(s1_first), e1_last.eq(s1_last),
-                 e1_data.eq(s1_data), e1_ram.eq(acc_r.data)]
-
-    # forwarding: a read issued in cycle r misses the writes of cycles r and r+1; they
-    # are the two most recent writes when the beat reaches E1 (cycle r+2)
-    e2_valid, e2_first, e2_last = Signal(), Signal(), Signal()
-    e2_addr = Signal(range(R * EB))
-    fw_valid, fw_addr, fw_data = Signal(), Signal(range(R * EB)), Signal(AccL)
-    fw2_valid, fw2_addr, fw2_data = Signal(), Signal(range(R * EB)), Signal(AccL)
-    # which write to forward is decided one stage early, in S1, from the writes that
-    # will be fw and fw2 when the beat reaches E1 (E2's and fw's now)
-    e1_f1, e1_f2 = Signal(), Signal()
-    m.d.sync += [e1_f1.eq(e2_valid & (e2_addr == s1_addr)),
-                 e1_f2.eq(fw_valid & (fw_addr == s1_addr))]
-    old = Mux(e1_f1, fw_data, Mux(e1_f2, fw2_data, e1_ram))
-    e2_rec = Signal(range(R))
-    e2_sum = Signal(AccL)
-    m.d.sync += [e2_valid.eq(e1_valid), e2_addr.eq(e1_addr), e2_rec.eq(e1_rec),
-                 e2_first.eq(e1_first), e2_last.eq(e1_last)]
-    for k in range(L):
-        a = Mux(e1_mode == AccMode.ADD, data.View(AccL, old)[k], 0)
-        s = a + e1_data[k]
-        if bug == "wrapping_adder":
-            s = s[:32].as_signed()
-        m.d.sync += e2_sum[k].eq(s)
-    m.d.comb += [acc_w.addr.eq(e2_addr), acc_w.data.eq(e2_sum), acc_w.en.eq(e2_valid)]
-    m.d.sync += [fw_valid.eq(e2_valid), fw_addr.eq(e2_addr), fw_data.eq(e2_sum),
-                 fw2_valid.eq(fw_valid), fw2_addr.eq(fw_addr), fw2_data.eq(fw_data)]
-    beat_ovf = Cat(saturate32(e2_sum[k])[1] for k in range(L)).any()
-    ovf_run = Signal()
-    ovf_now = Mux(e2_first, beat_ovf, ovf_run | beat_ovf)
-    with m.If(e2_valid):
-        m.d.sync += ovf_run.eq(ovf_now)
-    m.d.comb += [ovf_w.addr.eq(e2_rec), ovf_w.data.eq(ovf_now), ovf_w.en.eq(e2_valid & e2_last)]
+    m.submodules.elem = ep = ElementPath(P, wrapping_adder=(bug == "wrapping_adder"))
+    m.d.comb += [ep.beat.eq(dl[-1]), ep.start.eq(is_pkt & ~defer),
+                 ep.packet.base.eq(p2_op.base), ep.packet.rec.eq(p2_op.rec),
+                 ep.packet.nelem.eq(p2_op.nelem), ep.packet.nbeats.eq(p2_op.nbeats),
+                 ep.packet.mode.eq(mode)]
+    inc["stream_errors"] += [ep.stream_errors[0], ep.stream_errors[1]]
 
     # ---------------------------------------------------------------- replicator
     # the queue's head moves into a register (nxt0), then into nxt with what the start
@@ -790,8 +713,9 @@ def build_core(core, platform):
                      nxt_base.eq(nxt0.rec * EB - H)]
 
     def busy(rec):      # the element path still writes the record's accumulator
-        return ((pkt_inflight & (pkt_rec == rec)) | (s1_valid & (s1_rec == rec))
-                | (e1_valid & (e1_rec == rec)) | (e2_valid & (e2_rec == rec)))
+        b = ep.busy
+        return (((b[0].valid) & (b[0].rec == rec)) | (b[1].valid & (b[1].rec == rec))
+                | (b[2].valid & (b[2].rec == rec)) | (b[3].valid & (b[3].rec == rec)))
     # registered: once a record's request is queued no new beat for it starts, so a
     # cleared busy stays clear
     busy_r = Signal()
@@ -809,7 +733,7 @@ def build_core(core, platform):
     o_beat = Signal(16)
     adv = ~o_valid | o.ready
     start = ~run & nxt_valid & ~busy_r & adv   # (cur feeds the beat on display)
-    m.d.comb += [ovf_r.addr.eq(nxt.rec), ovf_r.en.eq(start)]
+    m.d.comb += [ep.ovf_rd.addr.eq(nxt.rec), ep.ovf_rd.en.eq(start)]
     with m.If(start):
         m.d.sync += nxt_valid.eq(0)
     m.d.sync += started.eq(start)
@@ -821,11 +745,11 @@ def build_core(core, platform):
                      cur_base.eq(nxt_base), r2_ptr.eq(nxt_base),
                      copies_left.eq(nxt_copies_m1), copy_last.eq(nxt_copies_m1 == 0),
                      nbeats_out.eq(nxt_nb), left.eq(nxt_nb - 1), beat_last.eq(nxt_nb == 1)]
-    ovf_flag = ovf_r.data & (cur.nelem != 0)
+    ovf_flag = ep.ovf_rd.data & (cur.nelem != 0)
     inc["overflows"].append(started & ~cur.unicast & ovf_flag)
     issue = run & adv
     # the accumulator beat to read for ``beat`` (rec * EB + beat - H), kept as a counter
-    m.d.comb += [acc_r2.addr.eq(r2_ptr[:len(acc_r2.addr)]), acc_r2.en.eq(adv)]
+    m.d.comb += [ep.acc_rd.addr.eq(r2_ptr[:len(ep.acc_rd.addr)]), ep.acc_rd.en.eq(adv)]
     # the member-table entry of this copy (the worker for a re-send), kept as a counter
     m.d.comb += [rf.member_rd.addr.eq(maddr), rf.member_rd.en.eq(issue & beat0)]
     with m.If(adv):
@@ -884,7 +808,7 @@ def build_core(core, platform):
         rem = cur.nelem - ob_e * L
         m.d.comb += op.n.eq(Mux(rem >= L, L, rem))
         for k in range(L):
-            m.d.comb += op.data[k].eq(saturate32(acc_r2.data[k])[0])
+            m.d.comb += op.data[k].eq(saturate32(ep.acc_rd.data[k])[0])
 
     # ---------------------------------------------------------------- counters
     for name in COUNTER_NAMES:
