@@ -51,7 +51,7 @@ operation, so the scanner only has to catch slots that no packet touches (the mo
 from amaranth.hdl import *
 from amaranth.lib import data, memory, wiring
 
-from .layout import HeaderLayout, Reason, OpKind, AccMode
+from .layout import HeaderLayout, Reason, OpKind, AccMode, request_layout
 from .params import HEADER_WORDS, QUEUE_SLACK
 from .queue import RequestQueue, PendingCounts
 from .counters import Counters, COUNTER_EVENTS
@@ -59,9 +59,9 @@ from .input_fifo import InputFifo
 from .element import ElementPath, beat_layout
 from .regs import COUNTER_NAMES
 from .regfile import RegisterFile, jobs_at
-from .replicator import ip_checksum_hw, mcast_mac, saturate32
+from .replicator import Replicator
 
-__all__ = ["build_core", "meta_layout", "request_layout"]
+__all__ = ["build_core", "meta_layout"]
 
 DEC_LAT = 4   # pop of a packet's last header beat (cycle t) -> its P2 decision (t + 4)
 
@@ -75,15 +75,6 @@ def meta_layout(P):
         "tag": signed(34), "complete": 1, "bitmap": P.workers,
         "count": range(P.workers + 1), "exponent": signed(8), "due": 32,
         "nelem": range(P.elements + 1),
-    })
-
-
-def request_layout(P):
-    return data.StructLayout({
-        "rec": range(P.records), "job": range(max(2, P.jobs)), "unicast": 1,
-        "worker": range(32), "seq": 32, "count": range(P.workers + 1),
-        "bitmap": P.workers, "exponent": signed(8), "nelem": range(P.elements + 1),
-        "partial": 1,
     })
 
 
@@ -143,8 +134,6 @@ def build_core(core, platform):
     m.submodules.pending = pend = PendingCounts(R, 2 * P.queue + 2)
     q_stop = Signal()     # see QUEUE_SLACK (entries in use never exceed requests held)
     m.d.sync += q_stop.eq(q.level > P.queue - QUEUE_SLACK)
-    nxt, nxt_valid = Signal(ReqL), Signal()     # replicator: prefetched request
-    run, cur = Signal(), Signal(ReqL)            # replicator: the request being sent
 
     # ---------------------------------------------------------------- input FIFO
     # Every accepted beat goes into a small FIFO with its datagram's time. The pipeline
@@ -691,124 +680,16 @@ def build_core(core, platform):
     inc["stream_errors"] += [ep.stream_errors[0], ep.stream_errors[1]]
 
     # ---------------------------------------------------------------- replicator
-    # the queue's head moves into a register (nxt0), then into nxt with what the start
-    # needs worked out (copies, beats per copy), so the start decision and the counters
-    # it loads work from registers
-    nxt0, nxt0_valid = Signal(ReqL), Signal()
-    take = ~nxt0_valid & q.head_valid
-    m.d.comb += q.pop.eq(take)
-    with m.If(take):
-        m.d.sync += [nxt0.eq(q.head), nxt0_valid.eq(1)]
-    move = nxt0_valid & ~nxt_valid
-    nxt_nb = Signal(16)             # beats per copy
-    nxt_copies_m1 = Signal(range(33))
-    AB = _log2(R * EB) + 2
-    nxt_base = Signal(signed(AB))    # the record's first accumulator beat, minus H
-    cur_base, r2_ptr = Signal(signed(AB)), Signal(signed(AB))
-    one0 = nxt0.unicast | jf("mcast_en", nxt0.job)
-    with m.If(move):
-        m.d.sync += [nxt.eq(nxt0), nxt_valid.eq(1), nxt0_valid.eq(0),
-                     nxt_nb.eq(H + ((nxt0.nelem + (L - 1)) >> LL)),
-                     nxt_copies_m1.eq(Mux(one0, 0, jf("nworkers", nxt0.job) - 1)),
-                     nxt_base.eq(nxt0.rec * EB - H)]
-
-    def busy(rec):      # the element path still writes the record's accumulator
-        b = ep.busy
-        return (((b[0].valid) & (b[0].rec == rec)) | (b[1].valid & (b[1].rec == rec))
-                | (b[2].valid & (b[2].rec == rec)) | (b[3].valid & (b[3].rec == rec)))
-    # registered: once a record's request is queued no new beat for it starts, so a
-    # cleared busy stays clear
-    busy_r = Signal()
-    m.d.sync += busy_r.eq(Mux(move, busy(nxt0.rec), busy(nxt.rec)))
-    o = core.o
-    beat = Signal(16)
-    beat0 = Signal()            # registered: ``beat == 0``
-    maddr = Signal(range(NJ * WS))
-    left = Signal(16)           # beats of this copy after ``beat``
-    beat_last, copy_last = Signal(), Signal()   # registered: ``left == 0``, last copy
-    copies_left = Signal(range(33))
-    nbeats_out = Signal(16)
-    started = Signal()
-    o_valid, o_first, o_last = Signal(), Signal(), Signal()
-    o_beat = Signal(16)
-    adv = ~o_valid | o.ready
-    start = ~run & nxt_valid & ~busy_r & adv   # (cur feeds the beat on display)
-    m.d.comb += [ep.ovf_rd.addr.eq(nxt.rec), ep.ovf_rd.en.eq(start)]
-    with m.If(start):
-        m.d.sync += nxt_valid.eq(0)
-    m.d.sync += started.eq(start)
-    cur_mcast = jf("mcast_en", cur.job)
-    with m.If(start):
-        member0 = Mux(nxt.unicast, nxt.worker, 0)[:max(1, LWS)]
-        m.d.sync += [run.eq(1), cur.eq(nxt), beat.eq(0), beat0.eq(1),
-                     maddr.eq(nxt.job * WS + member0 if WS > 1 else nxt.job),
-                     cur_base.eq(nxt_base), r2_ptr.eq(nxt_base),
-                     copies_left.eq(nxt_copies_m1), copy_last.eq(nxt_copies_m1 == 0),
-                     nbeats_out.eq(nxt_nb), left.eq(nxt_nb - 1), beat_last.eq(nxt_nb == 1)]
-    ovf_flag = ep.ovf_rd.data & (cur.nelem != 0)
-    inc["overflows"].append(started & ~cur.unicast & ovf_flag)
-    issue = run & adv
-    # the accumulator beat to read for ``beat`` (rec * EB + beat - H), kept as a counter
-    m.d.comb += [ep.acc_rd.addr.eq(r2_ptr[:len(ep.acc_rd.addr)]), ep.acc_rd.en.eq(adv)]
-    # the member-table entry of this copy (the worker for a re-send), kept as a counter
-    m.d.comb += [rf.member_rd.addr.eq(maddr), rf.member_rd.en.eq(issue & beat0)]
-    with m.If(adv):
-        m.d.sync += [o_valid.eq(issue), o_beat.eq(beat), o_first.eq(beat == 0),
-                     o_last.eq(beat_last)]
-    # the request's last beat is issued: its record no longer waits for it (registered:
-    # the record counts as waiting one cycle longer)
-    m.d.sync += pend.done_hot.eq(Mux(issue & beat_last & copy_last, 1 << cur.rec, 0))
-    with m.If(issue):
-        with m.If(beat_last):
-            m.d.sync += [beat.eq(0), beat0.eq(1), maddr.eq(maddr + 1),
-                         left.eq(nbeats_out - 1),
-                         r2_ptr.eq(cur_base),
-                         beat_last.eq(nbeats_out == 1),
-                         copies_left.eq(copies_left - 1), copy_last.eq(copies_left == 1)]
-            with m.If(copy_last):
-                m.d.sync += run.eq(0)
-        with m.Else():
-            m.d.sync += [beat.eq(beat + 1), beat0.eq(0), left.eq(left - 1),
-                         beat_last.eq(left == 1),
-                         r2_ptr.eq(r2_ptr + 1)]
-
-    # output payload
-    oh = Signal(HeaderLayout)
-    m.d.comb += [
-        oh.version.eq(1), oh.type.eq(2),
-        oh.flags.eq(Cat(cur.partial, ovf_flag, cur.unicast)),
-        oh.exponent.eq(cur.exponent), oh.job.eq(jf("job_id", cur.job)),
-        oh.worker.eq(Mux(cur.unicast, cur.worker, 255)), oh.count.eq(cur.count),
-        oh.seq.eq(cur.seq), oh.nelem.eq(cur.nelem), oh.bitmap.eq(cur.bitmap),
-    ]
-    ohv = oh.as_value()
-    owords = [ohv[32 * (HEADER_WORDS - 1 - k):32 * (HEADER_WORDS - k)] for k in range(HEADER_WORDS)]
-    op = o.payload
-    ob_e = Signal(16)
-    m.d.comb += ob_e.eq(o_beat - H)
-    length = 20 + cur.nelem * 4
-    use_mcast = ~cur.unicast & cur_mcast
-    dst_ip = Mux(use_mcast, jf("mcast_ip", cur.job), rf.member_rd.data.ip)
-    m.d.comb += [
-        o.valid.eq(o_valid),
-        op.first.eq(o_first), op.last.eq(o_last),
-        op.length.eq(length), op.mcast.eq(use_mcast), op.dst_ip.eq(dst_ip),
-        op.dst_port.eq(Mux(use_mcast, jf("mcast_port", cur.job), rf.member_rd.data.port)),
-        op.dst_mac.eq(Mux(use_mcast, mcast_mac(dst_ip), rf.member_rd.data.mac)),
-        op.ip_checksum.eq(ip_checksum_hw(src_ip, dst_ip, length + 28)),
-    ]
-    with m.If(o_beat < H):
-        for b in range(H):
-            with m.If(o_beat == b):
-                m.d.comb += op.n.eq(min(L, HEADER_WORDS - b * L))
-                for k in range(L):
-                    w = b * L + k
-                    m.d.comb += op.data[k].eq(owords[w] if w < HEADER_WORDS else 0)
-    with m.Else():
-        rem = cur.nelem - ob_e * L
-        m.d.comb += op.n.eq(Mux(rem >= L, L, rem))
-        for k in range(L):
-            m.d.comb += op.data[k].eq(saturate32(ep.acc_rd.data[k])[0])
+    m.submodules.replicator = rep = Replicator(P)
+    m.d.comb += [rep.req.valid.eq(q.head_valid), rep.req.payload.eq(q.head),
+                 q.pop.eq(rep.req.valid & rep.req.ready),
+                 rep.jobs.eq(jobs), rep.src_ip.eq(src_ip),
+                 rep.busy.eq(ep.busy), pend.done_hot.eq(rep.done_hot)]
+    wiring.connect(m, rf.member_rd, rep.member)
+    wiring.connect(m, ep.acc_rd, rep.acc)
+    wiring.connect(m, ep.ovf_rd, rep.ovf)
+    wiring.connect(m, rep.o, wiring.flipped(core.o))
+    inc["overflows"].append(rep.overflow)
 
     # ---------------------------------------------------------------- counters
     for name in COUNTER_NAMES:

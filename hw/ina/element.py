@@ -5,11 +5,11 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, memory
 from amaranth.lib.wiring import In, Out
 
-from .layout import AccMode
+from .layout import AccMode, busy_layout
 from .params import CoreParams
 from .replicator import saturate32
 
-__all__ = ["beat_layout", "packet_layout", "busy_layout", "ElementPath"]
+__all__ = ["beat_layout", "packet_layout", "ElementPath"]
 
 
 def _log2(n):
@@ -34,12 +34,6 @@ def packet_layout(P: CoreParams) -> data.StructLayout:
     return data.StructLayout({"base": range(P.records * P.elem_beats + 1),
                               "rec": range(P.records), "nelem": 16, "nbeats": 16,
                               "mode": AccMode})
-
-
-def busy_layout(P: CoreParams) -> data.ArrayLayout:
-    """The records the element path still writes: the packet in flight, then S1, E1,
-    E2 (each a ``valid`` bit and a record)."""
-    return data.ArrayLayout(data.StructLayout({"valid": 1, "rec": range(P.records)}), 4)
 
 
 class ElementPath(wiring.Component):

@@ -20,7 +20,8 @@ from ina_fabric.protocol.fields import HEADER_FIELDS, HEADER_BYTES
 from .params import HEADER_WORDS
 
 __all__ = ["header_layout", "HeaderLayout", "in_layout", "out_layout",
-           "header_from_words", "header_words", "header_int", "Reason", "OpKind", "AccMode"]
+           "header_from_words", "header_words", "header_int", "Reason", "OpKind", "AccMode",
+           "request_layout", "busy_layout"]
 
 
 def header_layout() -> data.StructLayout:
@@ -126,3 +127,22 @@ class AccMode(enum.Enum, shape=2):
     NONE = 0                # nothing (dropped, duplicate, ...)
     OPEN = 1                # first contribution: write the elements
     ADD = 2                 # add them to the accumulators
+
+
+def request_layout(P) -> data.StructLayout:
+    """A request to the replicator (:class:`~.replicator.Replicator`), as the request
+    queue holds it: the slot record (its accumulators stay where they are) and a snapshot
+    of its header fields; ``unicast`` for a re-send to ``worker``; ``partial`` for a
+    result with fewer than N contributions. ``P`` is the core's ``CoreParams``."""
+    return data.StructLayout({
+        "rec": range(P.records), "job": range(max(2, P.jobs)), "unicast": 1,
+        "worker": range(32), "seq": 32, "count": range(P.workers + 1),
+        "bitmap": P.workers, "exponent": signed(8), "nelem": range(P.elements + 1),
+        "partial": 1,
+    })
+
+
+def busy_layout(P) -> data.ArrayLayout:
+    """The slot records whose accumulators the element path still writes: the packet in
+    flight, then its S1, E1 and E2 stages (each a ``valid`` bit and a record)."""
+    return data.ArrayLayout(data.StructLayout({"valid": 1, "rec": range(P.records)}), 4)
