@@ -1,6 +1,6 @@
 """Multicast replicator: turns a RESULT request into output datagrams.
 
-A request names a slot record (its accumulators stay in the aggregator's block RAM) and
+A request names a slot record (its accumulators stay in the element path's block RAM) and
 a snapshot of the record's header fields. A group request becomes one copy per member
 (unicast: destination MAC/IP/port rewritten, IPv4 header checksum recomputed), or one
 copy to the job's IP multicast group (MAC 01:00:5e + low 23 bits of the group address),
