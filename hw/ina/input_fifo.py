@@ -93,10 +93,19 @@ class InputFifo(wiring.Component):
         # the pop decision starts from flip-flops)
         push = i.valid & i.ready
         rw_next = self.rewind_to
+        # each pointer compare is kept as its own LUT tree, so ``push`` and ``pop`` only
+        # enter the last level (without the split, synthesis chained the compares behind
+        # ``push``: six LUTs from ``in_room``, the worst path of three seeds in four)
+        ne = {}
+        for k, (a, b) in {"rw_wp1": (rw_next, wp1), "rw_wp": (rw_next, wp),
+                          "rp_wpm1": (rp, wpm1), "rp_wp1": (rp, wp1),
+                          "rp_wp": (rp, wp)}.items():
+            ne[k] = Signal(name=f"ne_{k}", attrs={"keep": 1})
+            m.d.comb += ne[k].eq(a != b)
         m.d.sync += self.avail.eq(Mux(~self.rewind_n,
-                                      Mux(push, rw_next != wp1, rw_next != wp),
-                                      Mux(pop, Mux(push, 1, rp != wpm1),
-                                          Mux(push, rp != wp1, rp != wp))))
+                                      Mux(push, ne["rw_wp1"], ne["rw_wp"]),
+                                      Mux(pop, Mux(push, 1, ne["rp_wpm1"]),
+                                          Mux(push, ne["rp_wp1"], ne["rp_wp"]))))
         with m.If(pop):
             m.d.sync += rp.eq(rp + 1)
         m.d.sync += ([rp_d[0].eq(rp)]
