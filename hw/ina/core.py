@@ -24,26 +24,50 @@ The core accepts one beat per cycle with no bubbles. ``i.ready`` falls only whil
 is being (re)initialized or while its 16-beat input FIFO is full; the FIFO stops
 draining while the output queue is nearly full, or while a packet that would reuse a
 slot whose previous result is still queued or being sent waits to run again.
+
+Inside (one component per file)::
+
+    i ─► InputFifo ─► HeaderPipeline ─┬─ requests ─► RequestQueue ─► Replicator ─► o
+         (input_fifo)  (header)        │              (queue)         (replicator)
+                                       └─ beats ────► ElementPath ──┘ accumulators
+                                                      (element)       (read port)
+    cfg ◄─► RegisterFile (regfile): job table, member tables (read ports), counters
+            (Counters, counters.py); PendingCounts (queue.py): requests not yet sent
 """
 
 from amaranth.hdl import *
-from amaranth.lib import wiring, stream, memory, data
+from amaranth.lib import wiring, stream
 from amaranth.lib.wiring import In, Out
 
+from .counters import Counters
+from .element import ElementPath
+from .header import DEC_LAT, HEADER_EVENTS, HeaderPipeline
+from .input_fifo import InputFifo
+from .layout import in_layout, out_layout, request_layout
 from .params import CoreParams
-from .layout import in_layout, out_layout
+from .queue import RequestQueue, PendingCounts
+from .regfile import RegisterFile
 from .regs import RegBus
+from .replicator import Replicator
 
-__all__ = ["InaCore"]
+__all__ = ["InaCore", "PLANTED_BUGS"]
+
+#: bugs the tests plant to show the scoreboard catches them, and the component each
+#: one breaks (``InaCore(planted_bug=...)`` passes it down as that component's option)
+PLANTED_BUGS = {
+    "wrapping_adder": "ElementPath(wrapping_adder=True): the sum wraps at 32 bits",
+    "no_duplicate_check": "HeaderPipeline(duplicate_check=False): duplicates are added",
+}
 
 
 class InaCore(wiring.Component):
     """Aggregator + replicator. See the module docstring for ports and payloads."""
 
     def __init__(self, params: CoreParams = CoreParams(), *, planted_bug: str | None = None):
+        if planted_bug is not None and planted_bug not in PLANTED_BUGS:
+            raise ValueError(f"planted_bug {planted_bug!r} not in {sorted(PLANTED_BUGS)}")
         self.params = params
-        #: for tests that show a planted bug is caught: None, "wrapping_adder",
-        #: "no_duplicate_check"
+        #: for tests that show a planted bug is caught: None or a key of PLANTED_BUGS
         self.planted_bug = planted_bug
         super().__init__({
             "i": In(stream.Signature(in_layout(params.lanes))),
@@ -53,5 +77,60 @@ class InaCore(wiring.Component):
         })
 
     def elaborate(self, platform):
-        from .aggregator import build_core
-        return build_core(self, platform)
+        P = self.params
+        bug = self.planted_bug
+        m = Module()
+
+        now = Signal(32)
+        m.d.sync += now.eq(now + 1)
+        m.d.comb += self.now.eq(now)
+
+        m.submodules.counters = ctr = Counters()
+        m.submodules.regs = rf = RegisterFile(P)
+        m.submodules.header = hp = HeaderPipeline(
+            P, duplicate_check=(bug != "no_duplicate_check"))
+        m.submodules.queue = q = RequestQueue(request_layout(P), P.queue)
+        m.submodules.pending = pend = PendingCounts(P.records, 2 * P.queue + 2)
+        m.submodules.ififo = fifo = InputFifo(P.lanes, commit_delay=DEC_LAT)
+        m.submodules.elem = ep = ElementPath(P, wrapping_adder=(bug == "wrapping_adder"))
+        m.submodules.replicator = rep = Replicator(P)
+
+        # register file
+        wiring.connect(m, wiring.flipped(self.cfg), rf.bus)
+        m.d.comb += [rf.now.eq(now), rf.counters.eq(ctr.values)]
+        m.d.comb += [hp.jobs.eq(rf.jobs), hp.enable_stb.eq(rf.enable_stb),
+                     hp.enable_value.eq(rf.enable_value), rf.enable_set.eq(hp.enable_set)]
+        for j in range(P.jobs):
+            wiring.connect(m, rf.member_p0[j], hp.member[j])
+
+        # input FIFO -> header pipeline
+        wiring.connect(m, wiring.flipped(self.i), fifo.i)
+        m.d.comb += [fifo.now.eq(now), fifo.hold.eq(hp.hold),
+                     hp.now.eq(now), hp.head.eq(fifo.head), hp.avail.eq(fifo.avail),
+                     fifo.pop.eq(hp.pop), hp.pop_ptr.eq(fifo.pop_ptr),
+                     fifo.rewind_n.eq(hp.rewind_n), fifo.rewind_to.eq(hp.rewind_to)]
+
+        # header pipeline -> request queue, pending counts; -> element path
+        m.d.comb += [q.push_a.eq(hp.push_a), q.a.eq(hp.a), q.push_b.eq(hp.push_b),
+                     q.b.eq(hp.b), hp.queue_level.eq(q.level),
+                     pend.add.eq(hp.push_a + hp.push_b), pend.add_hot.eq(hp.push_hot),
+                     hp.pending.eq(pend.nonzero)]
+        m.d.comb += [ep.beat.eq(hp.elem), ep.start.eq(hp.elem_start),
+                     ep.packet.eq(hp.elem_packet)]
+
+        # request queue -> replicator -> o
+        m.d.comb += [rep.req.valid.eq(q.head_valid), rep.req.payload.eq(q.head),
+                     q.pop.eq(rep.req.valid & rep.req.ready),
+                     rep.jobs.eq(rf.jobs), rep.src_ip.eq(rf.src_ip),
+                     rep.busy.eq(ep.busy), pend.done_hot.eq(rep.done_hot)]
+        wiring.connect(m, rf.member_rd, rep.member)
+        wiring.connect(m, ep.acc_rd, rep.acc)
+        wiring.connect(m, ep.ovf_rd, rep.ovf)
+        wiring.connect(m, rep.o, wiring.flipped(self.o))
+
+        # counters
+        for name in HEADER_EVENTS:
+            m.d.comb += getattr(ctr.inc, name).eq(getattr(hp.events, name))
+        m.d.comb += [ctr.inc.overflows.eq(rep.overflow),
+                     ctr.inc.stream_errors.eq(ep.stream_errors)]
+        return m

@@ -13,14 +13,15 @@ is ``Cat(word4, word3, word2, word1, word0)`` (see :func:`header_from_words`).
 """
 
 from amaranth.hdl import Cat, Const, unsigned, signed
-from amaranth.lib import data
+from amaranth.lib import data, enum
 
 from ina_fabric.protocol.fields import HEADER_FIELDS, HEADER_BYTES
 
 from .params import HEADER_WORDS
 
 __all__ = ["header_layout", "HeaderLayout", "in_layout", "out_layout",
-           "header_from_words", "header_words", "header_int"]
+           "header_from_words", "header_words", "header_int", "Reason", "OpKind", "AccMode",
+           "request_layout", "busy_layout"]
 
 
 def header_layout() -> data.StructLayout:
@@ -99,3 +100,49 @@ def header_words(value):
 def header_int(header_bytes: bytes) -> int:
     """Python: the integer value of a header for ``HeaderLayout`` (for tests)."""
     return int.from_bytes(header_bytes[:HEADER_BYTES], "big")
+
+
+class Reason(enum.Enum, shape=3):
+    """Why the header pipeline drops a packet before the slot rules (P0's checks; when
+    several apply, the lowest-numbered one wins, the reference model's order)."""
+    OK = 0
+    TRUNCATED = 1
+    BAD_VERSION = 2
+    STATUS = 3              # a STATUS_REQ: counted, not answered
+    MALFORMED = 4
+    UNKNOWN_JOB = 5
+    UNKNOWN_SOURCE = 6      # worker out of the job's range (the member compare is in P1a)
+    BIG_NELEM = 7           # more elements than the job allows
+
+
+class OpKind(enum.Enum, shape=2):
+    """What an operation on a slot record is."""
+    SCAN = 0                # the deadline scanner's visit
+    PKT = 1                 # a decoded DATA packet
+    INIT = 2                # one record of a job's initialization
+
+
+class AccMode(enum.Enum, shape=2):
+    """What the element path does with a packet's elements."""
+    NONE = 0                # nothing (dropped, duplicate, ...)
+    OPEN = 1                # first contribution: write the elements
+    ADD = 2                 # add them to the accumulators
+
+
+def request_layout(P) -> data.StructLayout:
+    """A request to the replicator (:class:`~.replicator.Replicator`), as the request
+    queue holds it: the slot record (its accumulators stay where they are) and a snapshot
+    of its header fields; ``unicast`` for a re-send to ``worker``; ``partial`` for a
+    result with fewer than N contributions. ``P`` is the core's ``CoreParams``."""
+    return data.StructLayout({
+        "rec": range(P.records), "job": range(max(2, P.jobs)), "unicast": 1,
+        "worker": range(32), "seq": 32, "count": range(P.workers + 1),
+        "bitmap": P.workers, "exponent": signed(8), "nelem": range(P.elements + 1),
+        "partial": 1,
+    })
+
+
+def busy_layout(P) -> data.ArrayLayout:
+    """The slot records whose accumulators the element path still writes: the packet in
+    flight, then its S1, E1 and E2 stages (each a ``valid`` bit and a record)."""
+    return data.ArrayLayout(data.StructLayout({"valid": 1, "rec": range(P.records)}), 4)

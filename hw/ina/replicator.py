@@ -1,6 +1,6 @@
 """Multicast replicator: turns a RESULT request into output datagrams.
 
-A request names a slot record (its accumulators stay in the aggregator's block RAM) and
+A request names a slot record (its accumulators stay in the element path's block RAM) and
 a snapshot of the record's header fields. A group request becomes one copy per member
 (unicast: destination MAC/IP/port rewritten, IPv4 header checksum recomputed), or one
 copy to the job's IP multicast group (MAC 01:00:5e + low 23 bits of the group address),
@@ -16,8 +16,15 @@ in :func:`ipv4_header`).
 import struct
 
 from amaranth.hdl import *
+from amaranth.lib import wiring, stream, data, memory
+from amaranth.lib.wiring import In, Out
 
-__all__ = ["ipv4_header", "ipv4_checksum", "ip_checksum_hw", "mcast_mac", "saturate32"]
+from .layout import HeaderLayout, header_words, out_layout, request_layout, busy_layout
+from .params import CoreParams, HEADER_WORDS
+from .regfile import job_layout, member_layout, jobs_at
+
+__all__ = ["ipv4_header", "ipv4_checksum", "ip_checksum_hw", "mcast_mac", "saturate32",
+           "Replicator"]
 
 IP_FLAGS_DF = 0x4000
 IP_TTL_PROTO = (64 << 8) | 17
@@ -60,3 +67,179 @@ def saturate32(v):
     lo = v < -(1 << 31)
     out = Mux(hi, Const(0x7FFFFFFF, 32), Mux(lo, Const(0x80000000, 32), v[0:32]))
     return out, hi | lo
+
+
+def _log2(n):
+    return (n - 1).bit_length()
+
+
+class Replicator(wiring.Component):
+    """Sends the RESULT copies of each request, one beat per cycle.
+
+    req          requests (:func:`~.layout.request_layout`), from the request queue
+    jobs         the job table (group size, multicast group, job id)
+    src_ip       the ``src_ip`` register (for the IPv4 header checksum)
+    member       a synchronous read port on the member table
+    acc, ovf     synchronous read ports on the accumulators and the overflow bits
+    busy         the records the element path still writes: a request waits while its
+                 record's last packet is being accumulated
+    done_hot     the last beat of the last copy of a request of record r was issued
+                 (bit r, one-hot or 0; registered)
+    overflow     a group result with its overflow bit went out (the ``overflows`` event)
+    o            the RESULT copies (:func:`~.layout.out_layout`)
+
+    The queue's head moves into a register (``nxt0``), then into ``nxt`` with what the
+    start needs worked out (copies, beats per copy), so the start decision and the
+    counters it loads work from registers; a request is prefetched while the one before
+    it is sent, so back-to-back copies leave no gap.
+    """
+
+    def __init__(self, params: CoreParams):
+        self.params = P = params
+        self._ws = 1 << _log2(P.workers)
+        super().__init__({
+            "req": In(stream.Signature(request_layout(P))),
+            "jobs": In(data.ArrayLayout(job_layout(), P.jobs)),
+            "src_ip": In(32),
+            "member": In(memory.ReadPort.Signature(addr_width=_log2(P.jobs * self._ws),
+                                                   shape=member_layout(mac=True))),
+            "acc": In(memory.ReadPort.Signature(
+                addr_width=_log2(P.records * P.elem_beats),
+                shape=data.ArrayLayout(signed(P.acc_bits), P.lanes))),
+            "ovf": In(memory.ReadPort.Signature(addr_width=_log2(P.records), shape=1)),
+            "busy": In(busy_layout(P)),
+            "done_hot": Out(P.records),
+            "overflow": Out(1),
+            "o": Out(stream.Signature(out_layout(P.lanes))),
+        })
+
+    def elaborate(self, platform):
+        P = self.params
+        L, H, EB, R, NJ = P.lanes, P.header_beats, P.elem_beats, P.records, P.jobs
+        WS, LWS, LL = self._ws, _log2(P.workers), _log2(P.lanes)
+        ReqL = request_layout(P)
+        jobs = self.jobs
+
+        def jf(name, idx):
+            return jobs_at(jobs, name, idx)
+        m = Module()
+        nxt, nxt_valid = Signal(ReqL), Signal()     # the prefetched request
+        run, cur = Signal(), Signal(ReqL)            # the request being sent
+        nxt0, nxt0_valid = Signal(ReqL), Signal()
+        m.d.comb += self.req.ready.eq(~nxt0_valid)
+        take = self.req.valid & self.req.ready
+        with m.If(take):
+            m.d.sync += [nxt0.eq(self.req.payload), nxt0_valid.eq(1)]
+        move = nxt0_valid & ~nxt_valid
+        nxt_nb = Signal(16)             # beats per copy
+        nxt_copies_m1 = Signal(range(33))
+        AB = _log2(R * EB) + 2
+        nxt_base = Signal(signed(AB))    # the record's first accumulator beat, minus H
+        cur_base, r2_ptr = Signal(signed(AB)), Signal(signed(AB))
+        one0 = nxt0.unicast | jf("mcast_en", nxt0.job)
+        with m.If(move):
+            m.d.sync += [nxt.eq(nxt0), nxt_valid.eq(1), nxt0_valid.eq(0),
+                         nxt_nb.eq(H + ((nxt0.nelem + (L - 1)) >> LL)),
+                         nxt_copies_m1.eq(Mux(one0, 0, jf("nworkers", nxt0.job) - 1)),
+                         nxt_base.eq(nxt0.rec * EB - H)]
+
+        def busy(rec):      # the element path still writes the record's accumulator
+            b = self.busy
+            return (((b[0].valid) & (b[0].rec == rec)) | (b[1].valid & (b[1].rec == rec))
+                    | (b[2].valid & (b[2].rec == rec)) | (b[3].valid & (b[3].rec == rec)))
+        # registered: once a record's request is queued no new beat for it starts, so a
+        # cleared busy stays clear
+        busy_r = Signal()
+        m.d.sync += busy_r.eq(Mux(move, busy(nxt0.rec), busy(nxt.rec)))
+        o = self.o
+        beat = Signal(16)
+        beat0 = Signal()            # registered: ``beat == 0``
+        maddr = Signal(range(NJ * WS))
+        left = Signal(16)           # beats of this copy after ``beat``
+        beat_last, copy_last = Signal(), Signal()   # registered: ``left == 0``, last copy
+        copies_left = Signal(range(33))
+        nbeats_out = Signal(16)
+        started = Signal()
+        o_valid, o_first, o_last = Signal(), Signal(), Signal()
+        o_beat = Signal(16)
+        adv = ~o_valid | o.ready
+        start = ~run & nxt_valid & ~busy_r & adv   # (cur feeds the beat on display)
+        m.d.comb += [self.ovf.addr.eq(nxt.rec), self.ovf.en.eq(start)]
+        with m.If(start):
+            m.d.sync += nxt_valid.eq(0)
+        m.d.sync += started.eq(start)
+        cur_mcast = jf("mcast_en", cur.job)
+        with m.If(start):
+            member0 = Mux(nxt.unicast, nxt.worker, 0)[:max(1, LWS)]
+            m.d.sync += [run.eq(1), cur.eq(nxt), beat.eq(0), beat0.eq(1),
+                         maddr.eq(nxt.job * WS + member0 if WS > 1 else nxt.job),
+                         cur_base.eq(nxt_base), r2_ptr.eq(nxt_base),
+                         copies_left.eq(nxt_copies_m1), copy_last.eq(nxt_copies_m1 == 0),
+                         nbeats_out.eq(nxt_nb), left.eq(nxt_nb - 1),
+                         beat_last.eq(nxt_nb == 1)]
+        ovf_flag = self.ovf.data & (cur.nelem != 0)
+        m.d.comb += self.overflow.eq(started & ~cur.unicast & ovf_flag)
+        issue = run & adv
+        # the accumulator beat to read for ``beat`` (rec * EB + beat - H), as a counter
+        m.d.comb += [self.acc.addr.eq(r2_ptr[:len(self.acc.addr)]), self.acc.en.eq(adv)]
+        # the member-table entry of this copy (the worker for a re-send), as a counter
+        m.d.comb += [self.member.addr.eq(maddr), self.member.en.eq(issue & beat0)]
+        with m.If(adv):
+            m.d.sync += [o_valid.eq(issue), o_beat.eq(beat), o_first.eq(beat == 0),
+                         o_last.eq(beat_last)]
+        # the request's last beat is issued: its record no longer waits for it
+        # (registered: the record counts as waiting one cycle longer)
+        m.d.sync += self.done_hot.eq(Mux(issue & beat_last & copy_last, 1 << cur.rec, 0))
+        with m.If(issue):
+            with m.If(beat_last):
+                m.d.sync += [beat.eq(0), beat0.eq(1), maddr.eq(maddr + 1),
+                             left.eq(nbeats_out - 1),
+                             r2_ptr.eq(cur_base),
+                             beat_last.eq(nbeats_out == 1),
+                             copies_left.eq(copies_left - 1),
+                             copy_last.eq(copies_left == 1)]
+                with m.If(copy_last):
+                    m.d.sync += run.eq(0)
+            with m.Else():
+                m.d.sync += [beat.eq(beat + 1), beat0.eq(0), left.eq(left - 1),
+                             beat_last.eq(left == 1),
+                             r2_ptr.eq(r2_ptr + 1)]
+
+        # output payload
+        oh = Signal(HeaderLayout)
+        m.d.comb += [
+            oh.version.eq(1), oh.type.eq(2),
+            oh.flags.eq(Cat(cur.partial, ovf_flag, cur.unicast)),
+            oh.exponent.eq(cur.exponent), oh.job.eq(jf("job_id", cur.job)),
+            oh.worker.eq(Mux(cur.unicast, cur.worker, 255)), oh.count.eq(cur.count),
+            oh.seq.eq(cur.seq), oh.nelem.eq(cur.nelem), oh.bitmap.eq(cur.bitmap),
+        ]
+        owords = header_words(oh)
+        op = o.payload
+        ob_e = Signal(16)
+        m.d.comb += ob_e.eq(o_beat - H)
+        length = 20 + cur.nelem * 4
+        use_mcast = ~cur.unicast & cur_mcast
+        md = self.member.data
+        dst_ip = Mux(use_mcast, jf("mcast_ip", cur.job), md.ip)
+        m.d.comb += [
+            o.valid.eq(o_valid),
+            op.first.eq(o_first), op.last.eq(o_last),
+            op.length.eq(length), op.mcast.eq(use_mcast), op.dst_ip.eq(dst_ip),
+            op.dst_port.eq(Mux(use_mcast, jf("mcast_port", cur.job), md.port)),
+            op.dst_mac.eq(Mux(use_mcast, mcast_mac(dst_ip), md.mac)),
+            op.ip_checksum.eq(ip_checksum_hw(self.src_ip, dst_ip, length + 28)),
+        ]
+        with m.If(o_beat < H):
+            for b in range(H):
+                with m.If(o_beat == b):
+                    m.d.comb += op.n.eq(min(L, HEADER_WORDS - b * L))
+                    for k in range(L):
+                        w = b * L + k
+                        m.d.comb += op.data[k].eq(owords[w] if w < HEADER_WORDS else 0)
+        with m.Else():
+            rem = cur.nelem - ob_e * L
+            m.d.comb += op.n.eq(Mux(rem >= L, L, rem))
+            for k in range(L):
+                m.d.comb += op.data[k].eq(saturate32(self.acc.data[k])[0])
+        return m
