@@ -19,6 +19,8 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, stream, data, memory
 from amaranth.lib.wiring import In, Out
 
+from ina_fabric.protocol.fields import GROUP_WORKER
+
 from .layout import HeaderLayout, header_words, out_layout, request_layout, busy_layout
 from .params import CoreParams, HEADER_WORDS
 from .regfile import job_layout, member_layout, jobs_at
@@ -211,7 +213,7 @@ class Replicator(wiring.Component):
             oh.version.eq(1), oh.type.eq(2),
             oh.flags.eq(Cat(cur.partial, ovf_flag, cur.unicast)),
             oh.exponent.eq(cur.exponent), oh.job.eq(jf("job_id", cur.job)),
-            oh.worker.eq(Mux(cur.unicast, cur.worker, 255)), oh.count.eq(cur.count),
+            oh.worker.eq(Mux(cur.unicast, cur.worker, GROUP_WORKER)), oh.count.eq(cur.count),
             oh.seq.eq(cur.seq), oh.nelem.eq(cur.nelem), oh.bitmap.eq(cur.bitmap),
         ]
         owords = header_words(oh)
