@@ -142,11 +142,11 @@ def main(argv=None) -> int:
 
     os.environ.update(toolchain_env())
     from ina_fabric.hw.boards.ecp5_rgmii import Ecp5RgmiiTop
+    # the core's accumulator reads: collision value don't-care, as in the out-of-context
+    # synthesis (hw/ina/synth.py says why it is safe)
+    from ina_fabric.hw.ina.synth import ACC_COLLISION_DONT_CARE
     factory, _ = BOARDS[args.board]
-    platform, clk = factory()
     cfg, ports, c = board_config(args.board, args.jobs)
-    top = Ecp5RgmiiTop(cfg, ports, clk=clk, sync_mhz=c["clocks"]["sync_mhz"],
-                       core_mhz=c["clocks"]["core_mhz"])
     build_dir = pathlib.Path(args.build_dir or BUILD_DIR / args.board)
 
     seeds = [args.seed] if args.seed is not None else \
@@ -154,7 +154,13 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     tried = []
     for seed in seeds:
+        # a platform prepares one design once: a fresh platform and top per seed
+        platform, clk = factory()
+        top = Ecp5RgmiiTop(cfg, ports, clk=clk, sync_mhz=c["clocks"]["sync_mhz"],
+                           core_mhz=c["clocks"]["core_mhz"])
         plan = platform.prepare(top, name="top",
+                                script_after_read=f"hierarchy -top top; "
+                                                  f"{ACC_COLLISION_DONT_CARE}",
                                 nextpnr_opts=f"--timing-allow-fail --router router2 --seed {seed} "
                                              "--report report.json")
         # Pin attributes amaranth-boards lacks, appended to the generated LPF.

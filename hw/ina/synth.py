@@ -70,8 +70,10 @@ YOSYS_RETRY_PREPASS = "hierarchy -top ina_core; rename -hide w:*[[]*"
 #: two reads don't-care (``COLLISION_X_MASK``); the logic and its cycles are unchanged.
 #: The selection must match exactly the two read ports.
 _ACC_RD = "w:acc_r__data w:acc_rd__data %u %ci1:+$memrd_v2[DATA] t:$memrd_v2 %i"
-YOSYS_PREPASS = (f"hierarchy -top ina_core; select -assert-count 2 {_ACC_RD}; "
-                 f"setparam -set COLLISION_X_MASK 1 {_ACC_RD}")
+#: the commands, for any design that holds one core (the board build applies them too)
+ACC_COLLISION_DONT_CARE = (f"select -assert-count 2 {_ACC_RD}; "
+                           f"setparam -set COLLISION_X_MASK 1 {_ACC_RD}")
+YOSYS_PREPASS = f"hierarchy -top ina_core; {ACC_COLLISION_DONT_CARE}"
 
 
 def netlist(params: CoreParams, workdir=None) -> tuple[pathlib.Path, str, float]:
