@@ -4,9 +4,13 @@ drives the input stream and collects the output stream cycle by cycle."""
 import json
 import os
 import random
+import re
+
+from collections import deque
 
 import cocotb
 from cocotb.clock import Clock
+from cocotb.handle import HierarchyObject
 from cocotb.triggers import RisingEdge, ClockCycles
 
 from ina_fabric.hw.ina.params import CoreParams
@@ -24,12 +28,100 @@ def params_from_env() -> CoreParams:
     return CoreParams(**json.loads(os.environ.get("INA_PARAMS", "{}")))
 
 
+class AccCollisionMonitor:
+    """Checks the claim behind ``ACC_COLLISION_DONT_CARE`` (hw/ina/synth.py): synthesis
+    makes a read of the accumulator memory undefined when it meets the element path's
+    write of the same word in the same cycle (simulation returns the old word), so no
+    such read's data may be used.
+
+    Sampled each rising edge (cocotb sees the values of the cycle that ends there):
+
+    replicator  port ``acc_rd`` (top-level ``acc_rd__en``/``acc_rd__addr``; synchronous,
+                output held while ``en`` is low): a read with ``en`` and
+                ``addr == elem.acc_w__addr`` while ``elem.acc_w__en`` taints the port's
+                data until the next enabled read. Its data is used while the replicator
+                shows an element beat (``o__valid`` and ``replicator.o_beat >= H``: the
+                beat's lanes are ``acc__data``). Such a cycle is a violation. Also
+                logged: the fewest cycles from a word's last write to a used read of it
+                (0 would be a collision).
+    element     port ``acc_r`` (``elem.acc_r__addr``, ``en`` always 1): a collision in
+                cycle r is by design; it must be forwarded, i.e. ``elem.e1_f2`` (E1 takes
+                ``fw2_data``, the write of cycle r, not ``e1_ram``) must be set in r + 2.
+    """
+
+    def __init__(self, dut, P):
+        self.dut, self.H = dut, P.header_beats
+        self.rep_hits = self.rep_reads = self.elem_colls = 0
+        self.min_gap = None         # fewest cycles from a word's last write to a used read
+        self.violations = []        # (kind, cycle)
+
+    def _elem(self):
+        d = self.dut
+        # the instance's name carries a number in the generated Verilog (elem$125)
+        names = [k for k in d._keys() if re.fullmatch(r"elem(\$\d+)?", str(k).strip("\\"))
+                 and isinstance(d[k], HierarchyObject)]
+        assert len(names) == 1, f"element path instance: {names}"
+        return d[names[0]]
+
+    async def run(self):
+        d = self.dut
+        el, rep = self._elem(), d.replicator
+        w_en, w_addr = el.acc_w__en, el.acc_w__addr
+        r_addr, r_en, e1_f2 = el.acc_r__addr, el.acc_r__en, el.e1_f2
+        rd_en, rd_addr = d.acc_rd__en, d.acc_rd__addr
+        o_valid, o_beat = d.o__valid, rep.o_beat
+        taint, gap = False, None
+        written = {}                # address -> cycle of its last write
+        ecoll = deque([False, False], maxlen=2)     # element-path collisions, r-1 and r-2
+        while True:
+            await RisingEdge(d.clk)
+            we = w_en.value.is_resolvable and int(w_en.value) == 1
+            wa = int(w_addr.value) if we else None
+            now = int(d.now.value) if d.now.value.is_resolvable else -1
+            # element path: the collision of cycle r-2 is forwarded in E1 now
+            if ecoll[0] and not (e1_f2.value.is_resolvable and int(e1_f2.value)):
+                self.violations.append(("element read not forwarded", now))
+            ra = r_addr.value
+            c = (we and int(r_en.value) == 1 and ra.is_resolvable and int(ra) == wa)
+            self.elem_colls += c
+            ecoll.append(c)
+            # replicator: the data shown now comes from its last enabled read
+            ov, ob = o_valid.value, o_beat.value
+            if (taint and ov.is_resolvable and int(ov) and ob.is_resolvable
+                    and int(ob) >= self.H):
+                self.violations.append(("replicator used a colliding read", now))
+            if ov.is_resolvable and int(ov) and ob.is_resolvable and int(ob) >= self.H \
+                    and gap is not None:
+                self.min_gap = gap if self.min_gap is None else min(self.min_gap, gap)
+            if rd_en.value.is_resolvable and int(rd_en.value):
+                a = rd_addr.value
+                taint = we and a.is_resolvable and int(a) == wa
+                w = written.get(int(a)) if a.is_resolvable else None
+                gap = 0 if taint else None if w is None else now - w
+                self.rep_reads += 1
+                self.rep_hits += taint
+            if we:
+                written[wa] = now
+
+    def check(self):
+        self.dut._log.info(
+            f"accumulator collisions: element path {self.elem_colls} (forwarded), "
+            f"replicator reads {self.rep_reads}, of them colliding {self.rep_hits}, "
+            f"closest used read {self.min_gap} cycles after the word's write, "
+            f"violations {len(self.violations)}")
+        assert not self.violations, (
+            f"{len(self.violations)} accumulator read/write collision violations, "
+            f"first: {self.violations[0][0]} at cycle {self.violations[0][1]}")
+
+
 class CoreTB:
     def __init__(self, dut, params: CoreParams | None = None):
         self.dut = dut
         self.P = params or params_from_env()
         self.inp, self.outp = packers(self.P.lanes)
         cocotb.start_soon(Clock(dut.clk, 8, unit="ns").start())
+        self.acc = AccCollisionMonitor(dut, self.P)
+        cocotb.start_soon(self.acc.run())
 
     async def reset(self):
         d = self.dut

@@ -41,6 +41,7 @@ async def test_random(dut):
     _, last = await tb.run(traffic, sb, seed=_env("INA_SEED", 1), gap=0.02,
                            backpressure=0.05, drain=deadline + 4 * tb.P.records + 200)
     sb.tick(last + deadline + 1)
+    tb.acc.check()      # first: a used colliding read would explain a mismatch
     hw = await tb.counters()
     dut._log.info(f"core counters {hw}; model counters {dict(sb.model.counters)}")
     summary = sb.check()
@@ -65,6 +66,7 @@ async def test_directed(dut):
         _, last = await tb.run(traffic, sb, gaps=gaps, drain=dl + 4 * tb.P.records + 100)
         if dl:
             sb.tick(last + dl + 1)
+        tb.acc.check()
         sb.check()
         sb.check_counters(await tb.counters())
         c = sb.model.counters
@@ -84,6 +86,7 @@ async def test_back_to_back(dut):
     sb = Scoreboard(jobs)
     traffic = directed.b2b_traffic(jobs, _env("INA_NSEQ_B2B", 32))
     first, last = await tb.run(traffic, sb, drain=300)
+    tb.acc.check()
     sb.check()
     sb.check_counters(await tb.counters())
     P = tb.P
