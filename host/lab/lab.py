@@ -148,12 +148,8 @@ class Lab:
         ns_h, ns_s = self.ns(h.name), self.ns(sw.name)
         link = h.link
         if link.impaired:
-            self.start_service(f"delay-{h.name}", sw.name, [
-                sys.executable, "-m", "ina_fabric.host.lab.delayline",
-                "--a", f"{ns_h}:eth0", "--b", f"{ns_s}:{h.name}",
-                "--delay-ms", str(link.delay_ms), "--jitter-ms", str(link.jitter_ms),
-                "--loss", str(link.loss), "--seed", str(len(self.services) + 1),
-                "--stats", str(self.state_dir / f"delay-{h.name}.json")], ready=True)
+            self._delay_line(f"delay-{h.name}", sw.name, f"{ns_h}:eth0", f"{ns_s}:{h.name}",
+                             link)
         else:
             with N.ipr(ns_s) as ip:
                 N.add_veth(ip, h.name, ns_h, "eth0")
@@ -165,15 +161,20 @@ class Lab:
                       prefixlen=sw.subnet.prefixlen)
             N.shape(ip, "eth0", link.rate, link.queue_bytes, link.mtu)
 
+    def _delay_line(self, name, node, a, b, link):
+        """The userspace delay line between interfaces ``a`` and ``b`` (``netns:ifname``)
+        as a lab service in ``node``'s namespace, with ``link``'s delay, jitter and loss."""
+        self.start_service(name, node, [
+            sys.executable, "-m", "ina_fabric.host.lab.delayline", "--a", a, "--b", b,
+            "--delay-ms", str(link.delay_ms), "--jitter-ms", str(link.jitter_ms),
+            "--loss", str(link.loss), "--seed", str(len(self.services) + 1),
+            "--stats", str(self.state_dir / f"{name}.json")], ready=True)
+
     def _wan_link(self, w):
         """A routed link between two switches: TAPs ``w<peer>`` joined by the delay line."""
         link = w.link
-        self.start_service(f"wan-{w.a}-{w.b}", w.a, [
-            sys.executable, "-m", "ina_fabric.host.lab.delayline",
-            "--a", f"{self.ns(w.a)}:w{w.b}", "--b", f"{self.ns(w.b)}:w{w.a}",
-            "--delay-ms", str(link.delay_ms), "--jitter-ms", str(link.jitter_ms),
-            "--loss", str(link.loss), "--seed", str(len(self.services) + 1),
-            "--stats", str(self.state_dir / f"wan-{w.a}-{w.b}.json")], ready=True)
+        self._delay_line(f"wan-{w.a}-{w.b}", w.a, f"{self.ns(w.a)}:w{w.b}",
+                         f"{self.ns(w.b)}:w{w.a}", link)
         for node, peer, addr in ((w.a, w.b, w.addresses[0]), (w.b, w.a, w.addresses[1])):
             with N.ipr(self.ns(node)) as ip:
                 N.link_up(ip, f"w{peer}", mtu=link.mtu, address=addr,
