@@ -97,21 +97,28 @@ def tcp_send(to, seconds):
     return {"bytes": sent}
 
 
+def _receive_until(s, end, recv):
+    """``recv()``'s result for each datagram that ``s`` receives before monotonic time
+    ``end``; stops at the deadline (the socket's timeout is set to what is left)."""
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        s.settimeout(left)
+        try:
+            got = recv()
+        except socket.timeout:
+            return
+        yield got
+
+
 def udp_echo(port, seconds):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind(("0.0.0.0", port))
     _ready()
-    end = time.monotonic() + seconds
     n = 0
-    while True:
-        left = end - time.monotonic()
-        if left <= 0:
-            break
-        s.settimeout(left)
-        try:
-            data, src = s.recvfrom(65536)
-        except socket.timeout:
-            break
+    for data, src in _receive_until(s, time.monotonic() + seconds,
+                                    lambda: s.recvfrom(65536)):
         s.sendto(data, src)
         n += 1
     return {"echoed": n}
@@ -145,19 +152,10 @@ def owd_recv(port, seconds):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     s.bind(("0.0.0.0", port))
     _ready()
-    end = time.monotonic() + seconds
     owd = []
     buf = bytearray(65536)
     start = None            # the first 0.2 s of the stream (ARP, slow paths) is not counted
-    while True:
-        left = end - time.monotonic()
-        if left <= 0:
-            break
-        s.settimeout(left)
-        try:
-            n = s.recv_into(buf)
-        except socket.timeout:
-            break
+    for _ in _receive_until(s, time.monotonic() + seconds, lambda: s.recv_into(buf)):
         now = time.monotonic()
         seq, t0 = _STAMP.unpack_from(buf)
         if seq == 2**64 - 1:
