@@ -14,6 +14,7 @@
 from dataclasses import dataclass, field
 import multiprocessing as mp
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -37,18 +38,20 @@ def free_tcp_port() -> int:
     return port
 
 
-def _serve(conn):
+def _serve(conn, engine):
     from .switch import SwitchServer
-    server = SwitchServer([], "127.0.0.1", 0)
+    server = SwitchServer([], "127.0.0.1", 0, engine=engine,
+                          log=lambda m: print(m, file=sys.stderr))
     conn.send(server.address)
     server.serve_forever()
 
 
-def start_switch_process(ctx):
+def start_switch_process(ctx, engine="auto"):
     """A software switch with an empty job table (jobs arrive by CONTROL) in a child
-    process of the multiprocessing context ``ctx``. Returns (address, process)."""
+    process of the multiprocessing context ``ctx``; ``engine`` as ``SwitchServer``'s.
+    Returns (address, process)."""
     a, b = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(b,), daemon=True)
+    proc = ctx.Process(target=_serve, args=(b, engine), daemon=True)
     proc.start()
     return tuple(a.recv()), proc
 

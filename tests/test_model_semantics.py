@@ -418,3 +418,12 @@ def test_window_must_be_a_power_of_two():
     from ina_fabric.protocol.jobtable import ConfigError
     with pytest.raises(ConfigError, match="power of two"):
         JobConfig(1, ("127.0.0.1:1",), window=6)
+
+
+def test_packet_for_a_virtual_seq_before_the_job_began_is_stale():
+    """Before any traffic each record holds a virtual, complete seq (2W behind). A worker
+    that sends that seq used to make the model re-send a result that does not exist
+    (a TypeError inside ``process``); now it is a counted stale drop."""
+    m = SwitchModel([job()])
+    assert send(m, 0, (1 << 32) - 2 * W) == []
+    assert m.counters["drop_stale"] == 1 and m.counters["resent"] == 0

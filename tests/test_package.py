@@ -74,7 +74,8 @@ def test_no_generic_top_level_names():
 def test_wheel_in_fresh_venv(tmp_path):
     """pip install '.[torch,hw,sim]' from a clean copy of the tree into a new venv, then
     from an unrelated directory: ina --help, ina bench (every benchmark listed),
-    ina switch --help, python -m ina_fabric.hw.build --help, a 2-worker ina allreduce."""
+    ina switch --help, the compiled switch engine, python -m ina_fabric.hw.build --help, a
+    2-worker ina allreduce."""
     src = tmp_path / "src"
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
                             "--exclude-standard"], cwd=ROOT, check=True,
@@ -106,6 +107,9 @@ def test_wheel_in_fresh_venv(tmp_path):
                for p in (ROOT / "bench").glob("bench_*.py")}
     assert listed == shipped
     assert "--listen" in run(ina, "switch", "--help")
+    # the compiled data path was built by pip (setup.py), not only in the checkout
+    run(py, "-c", "from ina_fabric.host.switch import fast; assert fast.available(), "
+                  "fast.WHY_NOT")
     assert "--board" in run(py, "-m", "ina_fabric.hw.build", "--help")
     out = run(ina, "allreduce", "--workers", "2", "--size", "64k", "--iterations", "2")
     assert "quantization bound" in out, out

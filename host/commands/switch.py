@@ -36,6 +36,10 @@ def add_arguments(p):
     p.add_argument("--listen", default=f"0.0.0.0:{INA_UDP_PORT}", metavar="IP:PORT",
                    type=parse_address, help="address to serve on")
     p.add_argument("--config", metavar="TOML", help="job table file loaded at start")
+    p.add_argument("--engine", choices=("auto", "fast", "model"), default="auto",
+                   help="fast: the compiled DATA path (recvmmsg batches); model: the "
+                        "Python reference model, one datagram at a time; auto: fast "
+                        "where it is built")
     p.add_argument("--key-file", metavar="FILE",
                    help="control key (CONTROL and STATUS are taken only when sealed with "
                         "it); default: $INA_SWITCH_KEY, else $INA_SWITCH_KEY_FILE, else "
@@ -80,7 +84,7 @@ def jobs_from_args(args):
 
 def run(args):
     from ..cli import CliError
-    from ..switch import SwitchServer, query_status
+    from ..switch import SwitchServer, query_status, fast
     import os
     from ..switch.keys import switch_key, KeyMissing, default_key_path
     try:
@@ -97,8 +101,10 @@ def run(args):
         return 0
     jobs = jobs_from_args(args)
     try:
-        server = SwitchServer(jobs, *args.listen, key=key,
+        server = SwitchServer(jobs, *args.listen, key=key, engine=args.engine,
                               log=lambda m: print(m, file=sys.stderr))
+    except fast.EngineUnavailable as e:
+        raise CliError(str(e)) from None
     except OSError as e:
         raise CliError(f"cannot listen on {args.listen[0]}:{args.listen[1]}: {e}") from None
     host, port = server.address
@@ -109,7 +115,8 @@ def run(args):
         print(f"job {j.job}: {j.n} workers, window {j.window}, {j.elements} elements/packet, "
               f"{j.mode}" + (f", deadline {j.deadline * 1e3:g} ms" if j.mode == "bounded" else ""),
               file=sys.stderr)
-    print(f"ina switch listening on {host}:{port} (Ctrl-C to stop); control key: "
+    print(f"ina switch listening on {host}:{port} ({server.engine} engine; Ctrl-C to "
+          f"stop); control key: "
           f"{'$INA_SWITCH_KEY' if os.environ.get('INA_SWITCH_KEY') and not args.key_file else args.key_file or default_key_path()}",
           file=sys.stderr, flush=True)
     try:

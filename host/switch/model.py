@@ -106,7 +106,7 @@ class SwitchModel:
         self.key = key
         self._replay = ReplayGuard()
         self.jobs: dict[int, _JobState] = {}
-        self.counters = Counter({name: 0 for name in COUNTERS})
+        self._counts = Counter({name: 0 for name in COUNTERS})
         self.max_jobs, self.max_job_bytes = max_jobs, max_job_bytes
         self.max_total_bytes = max_total_bytes
         self._deadlines = []   # heap of (time, job, seq, opened_at): bounded open slots
@@ -166,6 +166,17 @@ class SwitchModel:
     def remove_job(self, job: int):
         self.jobs.pop(job, None)
 
+    def start_at(self, job: int, seq: int):
+        """Set an idle job's records as if it had run ``seq`` packets, so that its next
+        packet is ``seq`` (after an install, records wait for seq 0). For tests that run
+        a job across the 2^32 wrap."""
+        js = self.jobs[job]
+        w2 = 2 * js.cfg.window
+        for k in range(w2):
+            slot = js.slots[k // js.cfg.window][k % js.cfg.window]
+            slot.__init__((seq - w2 + ((k - seq) % w2)) & SEQ_MASK)
+        js.open.clear()
+
     # -- deadlines -------------------------------------------------------------------
     # Bounded open slots sit in one heap by deadline, so a packet's cost does not grow
     # with the number of jobs. An entry is stale (and skipped) once its slot closed, its
@@ -195,9 +206,19 @@ class SwitchModel:
         return heap[0][0] if heap else None
 
     # -- packets ---------------------------------------------------------------------
+    @property
+    def counters(self) -> Counter:
+        """Every counter (``COUNTERS``), by name."""
+        return self._counts
+
     def process(self, datagram: bytes, source, now: float):
-        out = self.tick(now)
-        c = self.counters
+        """Fire the deadlines due at ``now``, then take one datagram from ``source``.
+        Returns the datagrams to send, ``[(destination, bytes)]``."""
+        return self.tick(now) + self._receive(datagram, source, now)
+
+    def _receive(self, datagram, source, now):
+        out = []
+        c = self._counts
         c["rx"] += 1
         n = len(datagram)
         if n < HEADER_BYTES:
@@ -268,6 +289,11 @@ class SwitchModel:
             c["drop_stale" if behind else "drop_out_of_window"] += 1
             return out
         if slot.complete:
+            if slot.result is None:
+                # the virtual seq a record holds before the job's first traffic: the
+                # sender is more than 2W behind the job's start; nothing to re-send
+                c["drop_stale"] += 1
+                return out
             if slot.bitmap & bit:
                 c["duplicates"] += 1
             else:
@@ -298,11 +324,11 @@ class SwitchModel:
         today, and a STATUS_REQ goes unanswered."""
         if self.key is None:
             if datagram[1] == MsgType.CONTROL:
-                self.counters["drop_malformed"] += 1
+                self._counts["drop_malformed"] += 1
             return None
         opened = unseal(datagram, self.key)
         if opened is None or not self._replay.take(opened[1]):
-            self.counters["drop_unauthenticated"] += 1
+            self._counts["drop_unauthenticated"] += 1
             return None
         return opened
 
@@ -316,7 +342,7 @@ class SwitchModel:
         try:
             op, value = parse_control(datagram[HEADER_BYTES:])
         except ConfigError:
-            self.counters["drop_malformed"] += 1
+            self._counts["drop_malformed"] += 1
             return []
         try:
             if op == "remove":
@@ -326,15 +352,15 @@ class SwitchModel:
             else:
                 self.add_job(value)
         except ConfigError as e:
-            self.counters["control_refused"] += 1
+            self._counts["control_refused"] += 1
             return [(source, self._status_bytes({"error": str(e)}))]
-        self.counters["control"] += 1
+        self._counts["control"] += 1
         job = value if op == "remove" else value.job
         return [(source, self._status_bytes({"ok": True, "op": op, "job": job}))]
 
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
-        c = self.counters
+        c = self._counts
         flags = 0
         if slot.count < js.cfg.n:
             flags |= Flags.PARTIAL

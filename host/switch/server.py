@@ -1,9 +1,19 @@
-"""``ina switch``: the reference model served over UDP (the default when no FPGA is there).
+"""``ina switch``: the software switch over UDP (the default when no FPGA is there).
 
-One thread, one socket: receive a datagram, run ``SwitchModel.process``, send what it
-returns; between datagrams, ``tick`` fires bounded-mode deadlines on time. SIGINT and
-SIGTERM stop it cleanly and print the counters. A malformed datagram is a counted drop,
-never a crash.
+One thread, one socket, two engines with the same semantics:
+
+* ``fast`` (the default): ``FastSwitchModel``; its compiled loop (``_engine.c``) waits
+  for a datagram or the next deadline, receives a batch (``recvmmsg``), handles DATA,
+  sends the results (``sendmmsg``) and fires deadlines on time; the few datagrams that
+  are not DATA (CONTROL, STATUS_REQ, garbage) come back here for the model's Python code.
+* ``model``: the reference ``SwitchModel`` itself, one datagram at a time (also what an
+  impaired switch runs, since impairment wraps the Python socket).
+
+SIGINT and SIGTERM stop it cleanly and print the counters. A malformed datagram is a
+counted drop, never a crash.
+
+Multicast RESULTs (a job with a group) leave by the interface of the listen address;
+listening on 0.0.0.0 they stay on loopback (never out of a default route).
 """
 
 import json
@@ -16,6 +26,7 @@ import numpy as np
 from ina_fabric.protocol.auth import seal, unseal, new_nonce, TRAILER_BYTES
 from .keys import switch_key
 from .model import SwitchModel, STATUS_MIN_REQUEST
+from . import fast
 
 _DEFAULT = object()
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType
@@ -29,10 +40,24 @@ class SwitchServer:
     key file, made on first use); ``key=None`` takes no CONTROL or STATUS_REQ at all."""
 
     def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None,
-                 key=_DEFAULT):
+                 key=_DEFAULT, engine="auto"):
+        """``engine``: "fast", "model", or "auto" (fast where it is built and no
+        impairment is asked for, else the model, saying why through ``log``)."""
         if key is _DEFAULT:
             key = switch_key(create=True)
-        self.model = SwitchModel(jobs, key=key)
+        impaired = impairment is not None and impairment.active
+        if engine not in ("auto", "fast", "model"):
+            raise ValueError(f"engine {engine!r}: expected auto, fast or model")
+        if engine == "fast" and impaired:
+            raise ValueError("an impaired switch runs the model engine (impairment wraps "
+                             "the Python socket); use engine='model' or 'auto'")
+        if engine == "auto":
+            engine = "model" if impaired or not fast.available() else "fast"
+            if not fast.available() and log:
+                log(f"ina switch: serving with the Python model: {fast.WHY_NOT}")
+        self.engine = engine
+        self.model = (fast.FastSwitchModel if engine == "fast" else SwitchModel)(jobs,
+                                                                                 key=key)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         # No SO_REUSEADDR: the port is this switch's alone (with it, a second switch or
         # any local process could bind the same port and take the traffic).
@@ -40,6 +65,10 @@ class SwitchServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 20)
         self.sock.bind((host, port))
         self.address = self.sock.getsockname()
+        mif = "127.0.0.1" if host in ("0.0.0.0", "") else socket.gethostbyname(host)
+        self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(mif))
+        self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+        self.sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
         self.out = self.sock
         if impairment is not None and impairment.active:
             from ..transport.impair import ImpairedSocket
@@ -53,6 +82,8 @@ class SwitchServer:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: self.stop())
         self.running = True
+        if self.engine == "fast":
+            return self._serve_fast()
         model, sock, out = self.model, self.sock, self.out
         buf = bytearray(65536)
         clock = time.monotonic
@@ -87,6 +118,30 @@ class SwitchServer:
                 continue
             for dest, data in replies:
                 self._send(out, data, dest)
+
+    def _serve_fast(self):
+        model, sock, serve, fd = self.model, self.sock, self.model.engine.serve, \
+            self.sock.fileno()
+        clock = time.monotonic
+        while self.running:
+            try:
+                others = serve(fd, 0.2)
+            except OSError:
+                if not self.running:
+                    break
+                self.errors += 1
+                continue
+            for data, ip, port in others:
+                src = (fast.ip_str(ip), port)
+                try:
+                    replies = model.process(data, src, clock())
+                except Exception as e:  # a bug in the model must not take it down
+                    self.errors += 1
+                    if self.log:
+                        self.log(f"internal error on a datagram from {src}: {e!r}")
+                    continue
+                for dest, reply in replies:
+                    self._send(sock, reply, dest)
 
     def _send(self, out, data, dest):
         try:

@@ -1,0 +1,827 @@
+/*
+ * The software switch's compiled data path.
+ *
+ * What it does: DATA datagrams, exactly as host/switch/model.py defines them (parse, job
+ * and source lookup, the slot rules with 32-bit modular sequence numbers, exact int64
+ * accumulation, saturation to int32 with OVERFLOW, RESULT formation, unicast re-sends of
+ * stored results, bounded-mode deadlines in one heap ordered as the model's). Everything
+ * else (CONTROL, STATUS_REQ, truncated or foreign datagrams) goes back to Python, where
+ * the model handles it. The model stays the definition: tests/test_switch_engine.py
+ * feeds both the same random traffic and compares every output datagram and counter.
+ *
+ * Why C and not numba: the batch loop makes system calls (ppoll, recvmmsg, sendmmsg) with
+ * the GIL released, which numba cannot do without ctypes trampolines; and a C extension
+ * has no JIT warm-up. The wire layout is not written here: Engine() takes the field
+ * offsets from ina_fabric.protocol.fields (the one definition) and checks their widths.
+ *
+ * Two ways in:
+ *   Engine.process(datagram, ip, port, now) -> [(ip, port, bytes)]   pure, for tests
+ *   Engine.serve(fd, max_wait) -> [(bytes, ip, port)]                 the socket loop:
+ *       waits (ppoll) until a datagram or the next deadline, receives a batch with
+ *       recvmmsg, handles DATA, sends results with sendmmsg, fires deadlines; returns
+ *       the datagrams that are not DATA (for the Python model) or after max_wait.
+ */
+#define _GNU_SOURCE
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#define SEQ_HALF 0x80000000u
+#define MAX_MEMBERS 32
+#define BATCH 64
+#define RXBUF 65536
+#define SENDQ 512
+#define SCRATCH (8u << 20)
+#define MAX_OTHERS BATCH   /* serve returns after the batch that had any */
+
+enum {
+    C_RX, C_RX_DATA, C_ACCEPTED, C_DUPLICATES, C_LATE, C_RESULTS, C_PARTIALS,
+    C_OVERFLOWS, C_RESENT, C_DROP_TRUNCATED, C_DROP_MALFORMED, C_DROP_UNKNOWN_JOB,
+    C_DROP_UNKNOWN_SOURCE, C_DROP_STALE, C_DROP_OUT_OF_WINDOW,
+    /* the engine's own (not model counters) */
+    C_SEND_ERRORS, C_RX_BATCHES, C_TX_BATCHES, NCOUNTERS
+};
+static const char *COUNTER_NAMES[NCOUNTERS] = {
+    "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials",
+    "overflows", "resent", "drop_truncated", "drop_malformed", "drop_unknown_job",
+    "drop_unknown_source", "drop_stale", "drop_out_of_window",
+    "send_errors", "rx_batches", "tx_batches",
+};
+
+/* wire layout: offsets from protocol.fields, widths checked in Engine() */
+typedef struct {
+    int header, version, type, flags, exponent, job, worker, count, seq, nelem,
+        reserved, bitmap;
+    int v_version, t_data, t_result, f_partial, f_overflow, f_retransmit, no_exponent,
+        group_worker;
+} Layout;
+
+typedef struct { uint32_t ip; uint16_t port; } Addr;   /* host byte order */
+
+typedef struct {
+    uint32_t tag, bitmap, result_len;
+    uint16_t nelem;
+    uint8_t complete, has_result, pending, count;
+    int exponent;
+    double opened_at;
+    int64_t *acc;
+    uint8_t *result;
+} Slot;
+
+typedef struct {
+    int id, n, bounded, ngroup, nopen;
+    uint32_t window, elements;
+    double deadline;
+    Addr members[MAX_MEMBERS];
+    Addr group[MAX_MEMBERS];
+    Slot *slots;                 /* 2W, index seq mod 2W */
+    int64_t *accmem;
+    uint8_t *resmem;
+} Job;
+
+typedef struct { double t; uint32_t job, seq; double opened_at; } Entry;
+
+/* where outputs go: a Python list (process) or the sendmmsg queue (serve) */
+typedef struct {
+    PyObject *list;              /* pure mode when non-NULL */
+    int fd, n;
+    struct mmsghdr msgs[SENDQ];
+    struct iovec iov[SENDQ];
+    struct sockaddr_in addr[SENDQ];
+    Slot *ref[SENDQ];
+    uint8_t *scratch;
+    size_t scratch_used;
+    int failed;                  /* pure mode: a Python error is set */
+} Sink;
+
+typedef struct {
+    PyObject_HEAD
+    Layout L;
+    Job *jobs[65536];
+    Entry *heap;
+    size_t heap_n, heap_cap;
+    uint64_t c[NCOUNTERS];
+    Sink *sink;
+    struct mmsghdr *rmsgs;
+    struct iovec *riov;
+    struct sockaddr_in *raddr;
+    uint8_t *rbuf;
+} Engine;
+
+static inline uint32_t rd16(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
+static inline uint32_t rd32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline void wr16(uint8_t *p, uint32_t v) { p[0] = v >> 8; p[1] = v; }
+static inline void wr32(uint8_t *p, uint32_t v) {
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+static double mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);   /* the clock of Python's time.monotonic() */
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- deadline heap, ordered as the model's tuples (t, job, seq, opened_at) ---------- */
+static inline int entry_lt(const Entry *a, const Entry *b) {
+    if (a->t != b->t) return a->t < b->t;
+    if (a->job != b->job) return a->job < b->job;
+    if (a->seq != b->seq) return a->seq < b->seq;
+    return a->opened_at < b->opened_at;
+}
+
+static int heap_push(Engine *e, Entry x) {
+    if (e->heap_n == e->heap_cap) {
+        size_t cap = e->heap_cap ? 2 * e->heap_cap : 1024;
+        Entry *h = realloc(e->heap, cap * sizeof(Entry));
+        if (!h) return -1;
+        e->heap = h;
+        e->heap_cap = cap;
+    }
+    size_t i = e->heap_n++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!entry_lt(&x, &e->heap[p])) break;
+        e->heap[i] = e->heap[p];
+        i = p;
+    }
+    e->heap[i] = x;
+    return 0;
+}
+
+static Entry heap_pop(Engine *e) {
+    Entry top = e->heap[0], x = e->heap[--e->heap_n];
+    size_t i = 0, n = e->heap_n;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        const Entry *best = &x;
+        if (l < n && entry_lt(&e->heap[l], best)) { m = l; best = &e->heap[l]; }
+        if (r < n && entry_lt(&e->heap[r], best)) { m = r; }
+        if (m == i) break;
+        e->heap[i] = e->heap[m];
+        i = m;
+    }
+    if (n) e->heap[i] = x;
+    return top;
+}
+
+static inline Slot *slot_of(Job *j, uint32_t seq) {
+    return &j->slots[seq & (2 * j->window - 1)];
+}
+
+/* the model's _live: the entry's slot is still open, opened then, with that deadline */
+static Slot *entry_live(Engine *e, const Entry *x) {
+    Job *j = e->jobs[x->job];
+    if (!j || !j->bounded) return NULL;
+    Slot *s = slot_of(j, x->seq);
+    if (s->complete || s->tag != x->seq) return NULL;
+    if (s->opened_at != x->opened_at || x->opened_at + j->deadline != x->t) return NULL;
+    return s;
+}
+
+/* ---- output ------------------------------------------------------------------------ */
+static void sink_flush(Engine *e, Sink *k) {
+    int i = 0;
+    while (i < k->n) {
+        int r;
+        Py_BEGIN_ALLOW_THREADS
+        r = sendmmsg(k->fd, k->msgs + i, k->n - i, 0);
+        Py_END_ALLOW_THREADS
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            e->c[C_SEND_ERRORS]++;       /* this datagram is lost; go on with the next */
+            i++;
+        } else {
+            i += r;
+        }
+    }
+    if (k->n) e->c[C_TX_BATCHES]++;
+    for (i = 0; i < k->n; i++)
+        if (k->ref[i]) k->ref[i]->pending = 0;
+    k->n = 0;
+    k->scratch_used = 0;
+}
+
+/* One datagram out: ``buf`` is a slot's stored result; ``worker`` >= 0 makes it the
+ * unicast re-send to that worker (worker field set, RETRANSMIT flag). */
+static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
+    const Layout *L = &e->L;
+    const uint8_t *buf = s->result;
+    size_t len = s->result_len;
+    if (k->list) {
+        if (k->failed) return;
+        PyObject *b = PyBytes_FromStringAndSize((const char *)buf, len);
+        if (!b) { k->failed = 1; return; }
+        if (worker >= 0) {
+            uint8_t *p = (uint8_t *)PyBytes_AS_STRING(b);
+            p[L->worker] = worker;
+            p[L->flags] |= L->f_retransmit;
+        }
+        PyObject *t = Py_BuildValue("(kiN)", (unsigned long)to.ip, (int)to.port, b);
+        if (!t || PyList_Append(k->list, t) < 0) k->failed = 1;
+        Py_XDECREF(t);
+        return;
+    }
+    if (k->n == SENDQ || (worker >= 0 && k->scratch_used + len > SCRATCH)) sink_flush(e, k);
+    int i = k->n++;
+    uint8_t *data = (uint8_t *)buf;
+    k->ref[i] = NULL;
+    if (worker >= 0) {
+        data = k->scratch + k->scratch_used;
+        k->scratch_used += (len + 7) & ~(size_t)7;
+        memcpy(data, buf, len);
+        data[L->worker] = worker;
+        data[L->flags] |= L->f_retransmit;
+    } else {
+        s->pending = 1;          /* the queue points into the slot's stored result */
+        k->ref[i] = s;
+    }
+    k->iov[i].iov_base = data;
+    k->iov[i].iov_len = len;
+    k->addr[i].sin_family = AF_INET;
+    k->addr[i].sin_port = htons(to.port);
+    k->addr[i].sin_addr.s_addr = htonl(to.ip);
+    memset(&k->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
+    k->msgs[i].msg_hdr.msg_name = &k->addr[i];
+    k->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+    k->msgs[i].msg_hdr.msg_iov = &k->iov[i];
+    k->msgs[i].msg_hdr.msg_iovlen = 1;
+}
+
+/* the model's _emit: saturate, flag, store the RESULT, send it to the group */
+static void emit(Engine *e, Sink *k, Job *j, Slot *s) {
+    const Layout *L = &e->L;
+    if (s->pending) sink_flush(e, k);    /* the old result is still queued: send it first */
+    uint8_t *r = s->result;
+    int flags = 0;
+    if (s->count < j->n) {
+        flags |= L->f_partial;
+        e->c[C_PARTIALS]++;
+    }
+    uint32_t *out = (uint32_t *)(r + L->header);
+    const int64_t *acc = s->acc;
+    int clipped = 0;
+    for (uint32_t i = 0; i < s->nelem; i++) {
+        int64_t v = acc[i];
+        int64_t c = v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : v);
+        clipped |= c != v;
+        out[i] = __builtin_bswap32((uint32_t)(int32_t)c);
+    }
+    if (clipped) {
+        flags |= L->f_overflow;
+        e->c[C_OVERFLOWS]++;
+    }
+    memset(r, 0, L->header);
+    r[L->version] = L->v_version;
+    r[L->type] = L->t_result;
+    r[L->flags] = flags;
+    r[L->exponent] = (uint8_t)(int8_t)s->exponent;
+    wr16(r + L->job, j->id);
+    r[L->worker] = L->group_worker;
+    r[L->count] = s->count;
+    wr32(r + L->seq, s->tag);
+    wr16(r + L->nelem, s->nelem);
+    wr32(r + L->bitmap, s->bitmap);
+    s->result_len = L->header + 4 * s->nelem;
+    s->complete = 1;
+    s->has_result = 1;
+    e->c[C_RESULTS]++;
+    for (int g = 0; g < j->ngroup; g++) sink_push(e, k, j->group[g], s, -1);
+}
+
+static void tick(Engine *e, Sink *k, double now) {
+    while (e->heap_n && e->heap[0].t <= now) {
+        Entry x = heap_pop(e);
+        Slot *s = entry_live(e, &x);
+        if (s) {
+            Job *j = e->jobs[x.job];
+            j->nopen--;
+            emit(e, k, j, s);
+        }
+    }
+}
+
+static int next_deadline(Engine *e, double *t) {
+    while (e->heap_n && !entry_live(e, &e->heap[0])) heap_pop(e);
+    if (!e->heap_n) return 0;
+    *t = e->heap[0].t;
+    return 1;
+}
+
+/* The model's process() for a datagram that is DATA of our version, without the tick
+ * (the caller ticks first). Returns -1 only when the heap cannot grow. */
+static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src,
+                        double now) {
+    const Layout *L = &e->L;
+    uint64_t *c = e->c;
+    c[C_RX]++;
+    uint32_t nelem = rd16(d + L->nelem);
+    size_t body = n - L->header;
+    if (body < 4 * (size_t)nelem) { c[C_DROP_TRUNCATED]++; return 0; }
+    if (body != 4 * (size_t)nelem) { c[C_DROP_MALFORMED]++; return 0; }
+    Job *j = e->jobs[rd16(d + L->job)];
+    if (!j) { c[C_DROP_UNKNOWN_JOB]++; return 0; }
+    uint32_t worker = d[L->worker];
+    if ((int)worker >= j->n || j->members[worker].ip != src.ip ||
+            j->members[worker].port != src.port) {
+        c[C_DROP_UNKNOWN_SOURCE]++;
+        return 0;
+    }
+    if (nelem > j->elements) { c[C_DROP_MALFORMED]++; return 0; }
+    c[C_RX_DATA]++;
+    uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
+    Slot *s = slot_of(j, seq);
+    uint32_t bit = 1u << worker;
+    if (seq == s->tag + w2 && s->complete) {
+        s->tag = seq;
+        s->complete = 0;
+        s->has_result = 0;
+        memset(s->acc, 0, (size_t)nelem * 8);
+        s->nelem = nelem;
+        s->bitmap = 0;
+        s->count = 0;
+        s->exponent = L->no_exponent;
+        s->opened_at = now;
+        j->nopen++;
+        if (j->bounded) {
+            Entry x = {now + j->deadline, (uint32_t)j->id, seq, now};
+            if (heap_push(e, x) < 0) return -1;
+        }
+    } else if (seq != s->tag) {
+        uint32_t behind = s->tag - seq;
+        c[behind > 0 && behind < SEQ_HALF ? C_DROP_STALE : C_DROP_OUT_OF_WINDOW]++;
+        return 0;
+    }
+    if (s->complete) {
+        if (!s->has_result) { c[C_DROP_STALE]++; return 0; }  /* before the job began */
+        c[(s->bitmap & bit) ? C_DUPLICATES : C_LATE]++;
+        c[C_RESENT]++;
+        sink_push(e, k, j->members[worker], s, (int)worker);
+        return 0;
+    }
+    if (s->bitmap & bit) { c[C_DUPLICATES]++; return 0; }
+    if (nelem != s->nelem) { c[C_DROP_MALFORMED]++; return 0; }
+    c[C_ACCEPTED]++;
+    const uint32_t *in = (const uint32_t *)(d + L->header);
+    int64_t *acc = s->acc;
+    if (((uintptr_t)in & 3) == 0) {
+        for (uint32_t i = 0; i < nelem; i++)
+            acc[i] += (int32_t)__builtin_bswap32(in[i]);
+    } else {
+        for (uint32_t i = 0; i < nelem; i++)
+            acc[i] += (int32_t)rd32(d + L->header + 4 * i);
+    }
+    s->bitmap |= bit;
+    s->count++;
+    int ex = (int8_t)d[L->exponent];
+    if (ex > s->exponent) s->exponent = ex;
+    if (s->count == j->n) {
+        j->nopen--;
+        emit(e, k, j, s);
+    }
+    return 0;
+}
+
+static inline int is_data(const Engine *e, const uint8_t *d, size_t n) {
+    return n >= (size_t)e->L.header && d[e->L.version] == e->L.v_version &&
+           d[e->L.type] == e->L.t_data;
+}
+
+/* ---- Python type --------------------------------------------------------------------- */
+static void job_free(Job *j) {
+    if (!j) return;
+    free(j->slots);
+    free(j->accmem);
+    free(j->resmem);
+    free(j);
+}
+
+static void Engine_dealloc(Engine *e) {
+    for (int i = 0; i < 65536; i++) job_free(e->jobs[i]);
+    free(e->heap);
+    if (e->sink) free(e->sink->scratch);
+    free(e->sink);
+    free(e->rmsgs);
+    free(e->riov);
+    free(e->raddr);
+    free(e->rbuf);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static int get_int(PyObject *d, const char *name, int *out) {
+    PyObject *v = PyDict_GetItemString(d, name);   /* borrowed */
+    if (!v) {
+        PyErr_Format(PyExc_KeyError, "wire layout lacks %s", name);
+        return -1;
+    }
+    long x = PyLong_AsLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *out = (int)x;
+    return 0;
+}
+
+/* Engine(layout): layout is a dict of field offsets ("<name>") and widths in bytes
+ * ("<name>_bytes") from protocol.fields, plus the constants the data path needs. */
+static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
+    PyObject *d;
+    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
+    Layout *L = &e->L;
+    struct { const char *name; int *off; int width; } f[] = {
+        {"version", &L->version, 1}, {"type", &L->type, 1}, {"flags", &L->flags, 1},
+        {"exponent", &L->exponent, 1}, {"job", &L->job, 2}, {"worker", &L->worker, 1},
+        {"count", &L->count, 1}, {"seq", &L->seq, 4}, {"nelem", &L->nelem, 2},
+        {"reserved", &L->reserved, 2}, {"bitmap", &L->bitmap, 4},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        char key[64];
+        int width;
+        snprintf(key, sizeof key, "%s_bytes", f[i].name);
+        if (get_int(d, f[i].name, f[i].off) < 0 || get_int(d, key, &width) < 0) return -1;
+        if (width != f[i].width) {
+            PyErr_Format(PyExc_ValueError, "the wire format changed: field %s is %d bytes, "
+                         "the compiled engine reads %d (update host/switch/_engine.c)",
+                         f[i].name, width, f[i].width);
+            return -1;
+        }
+    }
+    if (get_int(d, "header", &L->header) < 0 || get_int(d, "VERSION", &L->v_version) < 0 ||
+        get_int(d, "DATA", &L->t_data) < 0 || get_int(d, "RESULT", &L->t_result) < 0 ||
+        get_int(d, "PARTIAL", &L->f_partial) < 0 || get_int(d, "OVERFLOW", &L->f_overflow) < 0 ||
+        get_int(d, "RETRANSMIT", &L->f_retransmit) < 0 ||
+        get_int(d, "NO_EXPONENT", &L->no_exponent) < 0 ||
+        get_int(d, "GROUP_WORKER", &L->group_worker) < 0)
+        return -1;
+    if (L->header % 4) {
+        PyErr_SetString(PyExc_ValueError, "header length must be a multiple of 4");
+        return -1;
+    }
+    e->sink = calloc(1, sizeof(Sink));
+    e->rmsgs = calloc(BATCH, sizeof(struct mmsghdr));
+    e->riov = calloc(BATCH, sizeof(struct iovec));
+    e->raddr = calloc(BATCH, sizeof(struct sockaddr_in));
+    e->rbuf = aligned_alloc(64, (size_t)BATCH * RXBUF);
+    if (!e->sink || !e->rmsgs || !e->riov || !e->raddr || !e->rbuf ||
+            !(e->sink->scratch = aligned_alloc(64, SCRATCH))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_addrs(PyObject *seq, Addr *out, int *n, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (!fast) return -1;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(fast);
+    if (m < 0 || m > MAX_MEMBERS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s: %zd addresses, at most %d", what, m, MAX_MEMBERS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        unsigned long ip;
+        int port;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ki", &ip, &port)) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        out[i].ip = (uint32_t)ip;
+        out[i].port = (uint16_t)port;
+    }
+    *n = (int)m;
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* add_job(id, members, window, elements, bounded, deadline, group): install afresh */
+static PyObject *Engine_add_job(Engine *e, PyObject *args) {
+    int id, bounded, n, ngroup;
+    unsigned int window, elements;
+    double deadline;
+    PyObject *members, *group;
+    if (!PyArg_ParseTuple(args, "iOIIpdO", &id, &members, &window, &elements, &bounded,
+                          &deadline, &group))
+        return NULL;
+    if (id < 0 || id > 65535 || window == 0 || (window & (window - 1)) || elements == 0 ||
+            elements > 65535) {
+        PyErr_SetString(PyExc_ValueError, "job id, window (a power of two) or elements "
+                        "out of range");
+        return NULL;
+    }
+    Job *j = calloc(1, sizeof(Job));
+    if (!j) return PyErr_NoMemory();
+    if (parse_addrs(members, j->members, &n, "members") < 0 ||
+            parse_addrs(group, j->group, &ngroup, "group") < 0) {
+        job_free(j);
+        return NULL;
+    }
+    j->id = id; j->n = n; j->ngroup = ngroup; j->bounded = bounded;
+    j->window = window; j->elements = elements; j->deadline = deadline;
+    size_t w2 = 2 * (size_t)window, rlen = ((size_t)e->L.header + 4 * elements + 63) & ~63u;
+    j->slots = calloc(w2, sizeof(Slot));
+    j->accmem = malloc(w2 * elements * sizeof(int64_t));
+    j->resmem = aligned_alloc(64, w2 * rlen);
+    if (!j->slots || !j->accmem || !j->resmem) {
+        job_free(j);
+        return PyErr_NoMemory();
+    }
+    for (size_t k = 0; k < w2; k++) {
+        Slot *s = &j->slots[k];
+        s->tag = (uint32_t)(k - w2);     /* virtual, complete seq k - 2W (mod 2^32) */
+        s->complete = 1;
+        s->exponent = e->L.no_exponent;
+        s->acc = j->accmem + k * elements;
+        s->result = j->resmem + k * rlen;
+    }
+    if (e->sink->n) sink_flush(e, e->sink);   /* nothing queued may point at the old job */
+    job_free(e->jobs[id]);
+    e->jobs[id] = j;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_remove_job(Engine *e, PyObject *args) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
+    if (id >= 0 && id < 65536 && e->jobs[id]) {
+        if (e->sink->n) sink_flush(e, e->sink);
+        job_free(e->jobs[id]);
+        e->jobs[id] = NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* retune(id, bounded, deadline): the model's _retune (open slots keep their data) */
+static PyObject *Engine_retune(Engine *e, PyObject *args) {
+    int id, bounded;
+    double deadline;
+    if (!PyArg_ParseTuple(args, "ipd", &id, &bounded, &deadline)) return NULL;
+    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    if (!j) return PyErr_Format(PyExc_KeyError, "job %d is not installed", id);
+    j->bounded = bounded;
+    j->deadline = deadline;
+    if (bounded) {
+        for (size_t k = 0; k < 2 * (size_t)j->window; k++) {
+            Slot *s = &j->slots[k];
+            if (s->complete) continue;
+            Entry x = {s->opened_at + deadline, (uint32_t)id, s->tag, s->opened_at};
+            if (heap_push(e, x) < 0) return PyErr_NoMemory();
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+/* start_at(id, seq): the model's start_at (records as if seq packets had run) */
+static PyObject *Engine_start_at(Engine *e, PyObject *args) {
+    int id;
+    unsigned long seq;
+    if (!PyArg_ParseTuple(args, "ik", &id, &seq)) return NULL;
+    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    if (!j) return PyErr_Format(PyExc_KeyError, "job %d is not installed", id);
+    if (e->sink->n) sink_flush(e, e->sink);
+    uint32_t w2 = 2 * j->window;
+    for (uint32_t k = 0; k < w2; k++) {
+        Slot *s = &j->slots[k];
+        s->tag = (uint32_t)seq - w2 + ((k - (uint32_t)seq) & (w2 - 1));
+        s->complete = 1;
+        s->has_result = 0;
+        s->bitmap = 0;
+        s->count = 0;
+        s->nelem = 0;
+        s->exponent = e->L.no_exponent;
+    }
+    j->nopen = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_open_slots(Engine *e, PyObject *args) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
+    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    return PyLong_FromLong(j ? j->nopen : 0);
+}
+
+static PyObject *pure_begin(Engine *e) {
+    Sink *k = e->sink;
+    k->list = PyList_New(0);
+    k->failed = 0;
+    return k->list;
+}
+
+static PyObject *pure_end(Engine *e) {
+    Sink *k = e->sink;
+    PyObject *out = k->list;
+    k->list = NULL;
+    if (k->failed) {
+        Py_DECREF(out);
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return NULL;
+    }
+    return out;
+}
+
+/* process(datagram, ip, port, now): tick, then the DATA datagram; [(ip, port, bytes)] */
+static PyObject *Engine_process(Engine *e, PyObject *args) {
+    Py_buffer b;
+    unsigned long ip;
+    int port;
+    double now;
+    if (!PyArg_ParseTuple(args, "y*kid", &b, &ip, &port, &now)) return NULL;
+    if (!is_data(e, b.buf, b.len)) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "not a DATA datagram of this version");
+        return NULL;
+    }
+    if (!pure_begin(e)) { PyBuffer_Release(&b); return NULL; }
+    tick(e, e->sink, now);
+    Addr src = {(uint32_t)ip, (uint16_t)port};
+    int r = process_data(e, e->sink, b.buf, b.len, src, now);
+    PyBuffer_Release(&b);
+    PyObject *out = pure_end(e);
+    if (r < 0) { Py_XDECREF(out); return PyErr_NoMemory(); }
+    return out;
+}
+
+static PyObject *Engine_tick(Engine *e, PyObject *args) {
+    double now;
+    if (!PyArg_ParseTuple(args, "d", &now)) return NULL;
+    if (!pure_begin(e)) return NULL;
+    tick(e, e->sink, now);
+    return pure_end(e);
+}
+
+static PyObject *Engine_next_deadline(Engine *e, PyObject *noargs) {
+    double t;
+    if (!next_deadline(e, &t)) Py_RETURN_NONE;
+    return PyFloat_FromDouble(t);
+}
+
+static PyObject *Engine_counters(Engine *e, PyObject *noargs) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    for (int i = 0; i < NCOUNTERS; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(e->c[i]);
+        if (!v || PyDict_SetItemString(d, COUNTER_NAMES[i], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+/* serve(fd, max_wait): the socket loop for up to max_wait seconds (see the top) */
+static PyObject *Engine_serve(Engine *e, PyObject *args) {
+    int fd;
+    double max_wait;
+    if (!PyArg_ParseTuple(args, "id", &fd, &max_wait)) return NULL;
+    Sink *k = e->sink;
+    k->list = NULL;
+    k->fd = fd;
+    struct { uint8_t *d; size_t n; Addr a; } others[MAX_OTHERS];
+    int nothers = 0, err = 0, oom = 0;
+    double end = mono() + max_wait;
+    for (int i = 0; i < BATCH; i++) {
+        e->riov[i].iov_base = e->rbuf + (size_t)i * RXBUF;
+        e->riov[i].iov_len = RXBUF;
+    }
+    for (int i = 0; i < BATCH; i++) {
+        memset(&e->rmsgs[i].msg_hdr, 0, sizeof(struct msghdr));
+        e->rmsgs[i].msg_hdr.msg_name = &e->raddr[i];
+        e->rmsgs[i].msg_hdr.msg_iov = &e->riov[i];
+        e->rmsgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    for (;;) {
+        /* take what is there; wait (ppoll) only when the socket is empty */
+        for (int i = 0; i < BATCH; i++)
+            e->rmsgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+        int r;
+        Py_BEGIN_ALLOW_THREADS
+        r = recvmmsg(fd, e->rmsgs, BATCH, MSG_DONTWAIT, NULL);
+        Py_END_ALLOW_THREADS
+        double now = mono(), nd;
+        if (r > 0) {
+            e->c[C_RX_BATCHES]++;
+            for (int i = 0; i < r; i++) {
+                const uint8_t *d = e->riov[i].iov_base;
+                size_t n = e->rmsgs[i].msg_len;
+                Addr src = {ntohl(e->raddr[i].sin_addr.s_addr), ntohs(e->raddr[i].sin_port)};
+                if (is_data(e, d, n)) {
+                    tick(e, k, now);
+                    if (process_data(e, k, d, n, src, now) < 0) { oom = 1; break; }
+                } else {                     /* at most BATCH: we return after this one */
+                    uint8_t *copy = malloc(n ? n : 1);
+                    if (!copy) { oom = 1; break; }
+                    memcpy(copy, d, n);
+                    others[nothers].d = copy;
+                    others[nothers].n = n;
+                    others[nothers].a = src;
+                    nothers++;
+                }
+            }
+            tick(e, k, now);
+            sink_flush(e, k);
+            if (oom || nothers || now >= end) break;
+            continue;
+        }
+        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNREFUSED) {
+            err = errno;
+            break;
+        }
+        tick(e, k, now);
+        sink_flush(e, k);
+        if (now >= end) break;
+        double until = end;
+        if (next_deadline(e, &nd) && nd < until) until = nd;
+        double wait = until - now;
+        if (wait < 0) wait = 0;
+        struct timespec ts = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
+        struct pollfd pf = {fd, POLLIN, 0};
+        Py_BEGIN_ALLOW_THREADS
+        r = ppoll(&pf, 1, &ts, NULL);
+        Py_END_ALLOW_THREADS
+        if (r < 0) {
+            if (errno == EINTR) break;       /* let Python run its signal handlers */
+            err = errno;
+            break;
+        }
+    }
+    sink_flush(e, k);
+    PyObject *out = PyList_New(0);
+    for (int i = 0; i < nothers; i++) {
+        if (out) {
+            PyObject *t = Py_BuildValue("(y#ki)", others[i].d, (Py_ssize_t)others[i].n,
+                                        (unsigned long)others[i].a.ip, (int)others[i].a.port);
+            if (!t || PyList_Append(out, t) < 0) Py_CLEAR(out);
+            Py_XDECREF(t);
+        }
+        free(others[i].d);
+    }
+    if (oom) { Py_XDECREF(out); return PyErr_NoMemory(); }
+    if (err) {
+        Py_XDECREF(out);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return out;
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"add_job", (PyCFunction)Engine_add_job, METH_VARARGS,
+     "add_job(id, members, window, elements, bounded, deadline, group): install afresh"},
+    {"remove_job", (PyCFunction)Engine_remove_job, METH_VARARGS, "remove_job(id)"},
+    {"retune", (PyCFunction)Engine_retune, METH_VARARGS,
+     "retune(id, bounded, deadline): change the mode/deadline, keeping the slots"},
+    {"start_at", (PyCFunction)Engine_start_at, METH_VARARGS,
+     "start_at(id, seq): records as if the job had run seq packets"},
+    {"open_slots", (PyCFunction)Engine_open_slots, METH_VARARGS, "open_slots(id)"},
+    {"process", (PyCFunction)Engine_process, METH_VARARGS,
+     "process(datagram, ip, port, now) -> [(ip, port, bytes)]: tick, then one DATA"},
+    {"tick", (PyCFunction)Engine_tick, METH_VARARGS, "tick(now) -> [(ip, port, bytes)]"},
+    {"next_deadline", (PyCFunction)Engine_next_deadline, METH_NOARGS,
+     "earliest time at which tick has work, or None"},
+    {"counters", (PyCFunction)Engine_counters, METH_NOARGS, "counters as a dict"},
+    {"serve", (PyCFunction)Engine_serve, METH_VARARGS,
+     "serve(fd, max_wait) -> [(bytes, ip, port)]: the batch socket loop; returns the "
+     "datagrams that are not DATA"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ina_fabric.host.switch._engine.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The switch's compiled DATA path (see the module source for the design).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_engine", "The software switch's compiled data path.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__engine(void) {
+    if (PyType_Ready(&EngineType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+        Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "BATCH", BATCH);
+    return m;
+}

@@ -1,0 +1,134 @@
+"""The switch with its DATA path compiled: ``FastSwitchModel``.
+
+``SwitchModel`` (``model.py``) is the definition of the aggregator. ``FastSwitchModel`` is
+the same object with the per-datagram work of DATA moved into ``_engine.c`` (parse, job
+and source lookup, slot rules, exact accumulation, results, deadlines); CONTROL,
+STATUS_REQ and anything malformed still go through the model's Python code, and the job
+table, admission limits and STATUS stay the model's. The two are differentially tested
+(``tests/test_switch_engine.py``): the same random traffic, the same output datagrams and
+counters, in both modes, with loss, duplicates and garbage.
+
+``SwitchServer(engine="fast")`` runs ``Engine.serve``, the batch socket loop (``ppoll``,
+``recvmmsg``, ``sendmmsg``); ``process``/``tick`` here are the pure forms the tests use.
+
+The extension is built by ``pip install`` / ``make setup`` (``setup.py``); where no C
+compiler was found it is missing, ``WHY_NOT`` says so, and the server falls back to the
+model with that message.
+"""
+
+from collections import Counter
+import socket
+
+from ina_fabric.protocol.fields import (HEADER_BYTES, HEADER_FIELDS, VERSION, MsgType, Flags,
+                                        NO_EXPONENT, GROUP_WORKER, field_offsets)
+from .model import SwitchModel, COUNTERS
+
+try:
+    from . import _engine
+    WHY_NOT = None
+except ImportError as e:          # built without a C compiler, or not built at all
+    _engine = None
+    WHY_NOT = (f"the compiled switch engine is not built ({e}); install a C compiler "
+               f"(apt-get install gcc) and run `make setup` (or `pip install .`) again")
+
+__all__ = ["FastSwitchModel", "EngineUnavailable", "available", "WHY_NOT", "layout"]
+
+
+class EngineUnavailable(RuntimeError):
+    """``engine="fast"`` was asked for and the extension is not built (``WHY_NOT``)."""
+
+
+def available() -> bool:
+    return _engine is not None
+
+
+def layout() -> dict:
+    """What the engine needs of the wire format, from its one definition."""
+    d = dict(field_offsets())
+    d.update({f"{f.name}_bytes": f.nbytes for f in HEADER_FIELDS})
+    d.update(header=HEADER_BYTES, VERSION=VERSION, DATA=int(MsgType.DATA),
+             RESULT=int(MsgType.RESULT), PARTIAL=int(Flags.PARTIAL),
+             OVERFLOW=int(Flags.OVERFLOW), RETRANSMIT=int(Flags.RETRANSMIT),
+             NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER)
+    return d
+
+
+def ip_int(ip: str) -> int:
+    return int.from_bytes(socket.inet_aton(ip), "big")
+
+
+_names: dict[int, str] = {}
+
+
+def ip_str(ip: int) -> str:
+    s = _names.get(ip)
+    if s is None:
+        s = _names[ip] = socket.inet_ntoa(ip.to_bytes(4, "big"))
+    return s
+
+
+class FastSwitchModel(SwitchModel):
+    """``SwitchModel`` with the DATA path in ``_engine`` (same constructor)."""
+
+    def __init__(self, jobs=(), **kw):
+        if _engine is None:
+            raise EngineUnavailable(WHY_NOT)
+        self.engine = _engine.Engine(layout())
+        self._data = (VERSION, int(MsgType.DATA))
+        super().__init__(jobs, **kw)
+
+    # -- the job table: the model's, mirrored into the engine ------------------------
+    def add_job(self, cfg):
+        super().add_job(cfg)
+        self.engine.add_job(cfg.job, [(ip_int(m.ip), m.port) for m in cfg.members],
+                            cfg.window, cfg.elements, cfg.mode == "bounded", cfg.deadline,
+                            [(ip_int(ip), port) for ip, port in self.jobs[cfg.job].group])
+
+    def remove_job(self, job: int):
+        super().remove_job(job)
+        self.engine.remove_job(job)
+
+    def start_at(self, job: int, seq: int):
+        super().start_at(job, seq)
+        self.engine.start_at(job, seq)
+
+    def _retune(self, js, cfg):
+        js.cfg = cfg
+        self.engine.retune(cfg.job, cfg.mode == "bounded", cfg.deadline)
+
+    def _job_status(self, js) -> dict:
+        st = super()._job_status(js)
+        st["open_slots"] = self.engine.open_slots(js.cfg.job)
+        return st
+
+    @property
+    def counters(self) -> Counter:
+        c = Counter(self._counts)
+        for name, v in self.engine.counters().items():
+            if name in COUNTERS:
+                c[name] += v
+        return c
+
+    def engine_counters(self) -> dict:
+        """The engine's own figures (batches, send errors) besides the model's."""
+        return {k: v for k, v in self.engine.counters().items() if k not in COUNTERS}
+
+    # -- packets ---------------------------------------------------------------------
+    @staticmethod
+    def _out(pairs):
+        return [((ip_str(ip), port), data) for ip, port, data in pairs]
+
+    def is_data(self, datagram) -> bool:
+        return len(datagram) >= HEADER_BYTES and (datagram[0], datagram[1]) == self._data
+
+    def process(self, datagram, source, now: float):
+        if self.is_data(datagram):
+            return self._out(self.engine.process(datagram, ip_int(source[0]), source[1],
+                                                 now))
+        return self.tick(now) + self._receive(datagram, source, now)
+
+    def tick(self, now: float):
+        return self._out(self.engine.tick(now))
+
+    def next_deadline(self):
+        return self.engine.next_deadline()
