@@ -81,22 +81,18 @@ def run(args):
 def _lab_up(args):
     """The lab for --lab: hosts = --workers and jumbo frames unless set; its switch."""
     from ..cli import CliError
-    from ..lab import Lab, LabError, TopologyError, available, load
+    from ..lab import LabError, TopologyError, available, training_lab
     why = available()
     if why:
         raise CliError(f"--lab: {why}")
     sets = dict(kv.partition("=")[::2] for kv in args.lab_set)
     try:
-        topo = load(args.lab, {"hosts": args.workers, "mtu": 9000, **sets})
-        lab = Lab(topo, "train").up()
-        host, port = lab.start_switch()
+        lab, switch, elements = training_lab(args.lab, args.workers, sets)
     except (LabError, TopologyError, ValueError) as e:
         raise CliError(f"--lab {args.lab}: {e}") from None
-    mtu = min(h.link.mtu for h in topo.hosts)
-    elements = 1 << (((mtu - 48) // 4).bit_length() - 1)     # the most that fit the MTU
-    print(f"lab {lab.id}: {topo.name}, {len(topo.hosts)} hosts, MTU {mtu}, "
-          f"{elements} elements per packet, switch {host}:{port}", file=sys.stderr)
-    return lab, f"{host}:{port}", elements
+    print(f"lab {lab.id}: {lab.topo.name}, {len(lab.topo.hosts)} hosts, "
+          f"{elements} elements per packet, switch {switch}", file=sys.stderr)
+    return lab, switch, elements
 
 
 def _train(args, switch, link, lab):

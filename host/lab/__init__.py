@@ -9,9 +9,10 @@
 - :mod:`.probe`: TCP throughput and UDP round-trip probes run inside a lab.
 """
 
-from .lab import Lab, LabError, down, down_all, list_labs, load_state
+from .lab import Lab, LabError, down, down_all, list_labs, load_state, training_lab
 from .netns import available
 from .topology import Topology, TopologyError, load, parse_rate, format_rate
 
-__all__ = ["Lab", "LabError", "down", "down_all", "list_labs", "load_state", "available",
+__all__ = ["Lab", "LabError", "down", "down_all", "list_labs", "load_state", "training_lab",
+           "available",
            "Topology", "TopologyError", "load", "parse_rate", "format_rate"]

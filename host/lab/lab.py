@@ -351,3 +351,21 @@ def _topology_from_state(t) -> Topology:
     topo.routes, topo.labels = t.get("routes", {}), t.get("labels", {})
     return topo
 
+
+def training_lab(topology: str, hosts: int, sets: dict | None = None, lab_id="train"):
+    """A lab for training and benches (``ina train --lab``, ``ina bench train --lab``):
+    ``hosts`` hosts and jumbo frames unless ``sets`` says otherwise, ``ina switch`` started
+    in it. Returns ``(lab, "ip:port" of the switch, elements per packet)``, the elements
+    being the most (a power of two) that fit the lab's MTU. The caller calls ``down()``."""
+    from .topology import load
+    topo = load(topology, {"hosts": hosts, "mtu": 9000, **(sets or {})})
+    lab = Lab(topo, lab_id).up()
+    try:
+        host, port = lab.start_switch()
+    except BaseException:
+        lab.down()
+        raise
+    mtu = min(h.link.mtu for h in topo.hosts)
+    elements = 1 << (((mtu - 48) // 4).bit_length() - 1)
+    return lab, f"{host}:{port}", elements
+
