@@ -112,23 +112,13 @@ def _bare(conn, seconds):
     conn.send((n, (t_last - t0) if t0 else 0.0))
 
 
-def _free_ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def measure_switch(ctx, engine, elements, seconds, max_count, workers):
-    from ina_fabric.host.cluster import start_switch_process
+    from ina_fabric.host.cluster import start_switch_process, free_udp_ports
     from ina_fabric.host.switch import send_job, query_status
     from ina_fabric.protocol.jobtable import JobConfig
     addr, proc = start_switch_process(ctx, engine=engine)
     try:
-        *ports, gport = _free_ports(workers + 1)
+        *ports, gport = free_udp_ports(workers + 1)
         members = [("127.0.0.1", p) for p in ports]
         group = (f"239.18.{gport >> 8}.{gport & 255}", gport)
         send_job(addr, JobConfig(1, tuple(f"{h}:{p}" for h, p in members), window=256,

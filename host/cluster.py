@@ -26,7 +26,7 @@ from ina_fabric.protocol.jobtable import JobConfig, JobSettings, LINK_DEFAULTS
 from .transport.impair import Impairment
 
 __all__ = ["WorkerSpec", "LocalCluster", "worker_data", "run_ranks", "start_switch_process",
-           "free_tcp_port"]
+           "free_tcp_port", "free_udp_ports"]
 
 
 def free_tcp_port() -> int:
@@ -36,6 +36,18 @@ def free_tcp_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def free_udp_ports(n: int) -> list[int]:
+    """``n`` distinct UDP ports on 127.0.0.1 that were free a moment ago (all bound at
+    once, then released)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def _serve(conn, engine):

@@ -11,15 +11,8 @@ if ROOT not in sys.path:
 
 def free_ports(n):
     """n distinct free UDP ports on 127.0.0.1 (bound then released)."""
-    socks = []
-    for _ in range(n):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    from ina_fabric.host.cluster import free_udp_ports
+    return free_udp_ports(n)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from ina_fabric.host.cluster import free_udp_ports
 from ina_fabric.host.switch import SwitchModel
 from ina_fabric.host.transport import SwitchClient
 from ina_fabric.host.transport.switch_client import AllreduceInconsistent
@@ -65,13 +66,7 @@ def _client(sw, job, worker, **kw):
 
 
 def _ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    return free_udp_ports(n)
 
 
 def test_spoofed_and_malformed_results_are_ignored():
