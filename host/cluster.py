@@ -20,7 +20,7 @@ import traceback
 
 import numpy as np
 
-from ina_fabric.protocol.jobtable import JobConfig, JobSettings, LINK_DEFAULTS
+from ina_fabric.protocol.jobtable import JobConfig, JobSettings, LINK_DEFAULTS, loopback_group
 
 from .transport.impair import Impairment
 
@@ -110,7 +110,7 @@ def worker_data(seed, worker, it, n):
     return (rng.standard_normal(n) * rng.uniform(0.1, 10)).astype(np.float32)
 
 
-def _worker_main(spec, w, switch, conn):
+def _worker_main(spec, w, switch, conn, group):
     from .transport import SwitchClient
     imp = spec.impairment.fresh(seed=spec.seed * 1000 + w + 1, log_drops=True)
     port = spec.base_port + w if spec.base_port else 0
@@ -118,11 +118,11 @@ def _worker_main(spec, w, switch, conn):
     try:
         client = SwitchClient(switch, spec.job, w, spec.nworkers, s.window, s.elements,
                               s.mode, bind=("127.0.0.1", port), deadline=s.deadline,
-                              impairment=imp)
+                              impairment=imp, group=group)
     except (OSError, ValueError) as e:
         conn.send(("error", str(e)))
         return
-    conn.send(("addr", client.address))
+    conn.send(("addr", (client.address, client.group)))
     while True:
         cmd = conn.recv()
         if cmd is None:
@@ -157,8 +157,15 @@ def _worker_main(spec, w, switch, conn):
 
 
 class LocalCluster:
-    def __init__(self, spec: WorkerSpec, switch=None, timeout=120.0):
+    """``switch``: "ip:port" of a running switch whose job table already holds the job
+    (default: start one here and install the job by CONTROL). The job installed here
+    sends its RESULTs to a multicast group (``jobtable.loopback_group``) when
+    ``multicast`` and every worker joined it, else one unicast copy per worker."""
+
+    def __init__(self, spec: WorkerSpec, switch=None, timeout=120.0, multicast=True):
         self.spec, self.timeout = spec, timeout
+        from .transport.quantize import warm_up
+        warm_up()              # compiled once here; the forked workers inherit it
         self.ctx = mp.get_context("fork")
         self.procs, self.conns = [], []
         self.switch_proc = None
@@ -167,14 +174,17 @@ class LocalCluster:
         else:
             host, _, port = switch.rpartition(":")
             self.switch = (host, int(port))
+        # a group only for a job installed here (a given switch has its own table)
+        self.group = loopback_group(self.switch, spec.job) \
+            if multicast and self.switch_proc is not None else None
 
     def __enter__(self):
         spec = self.spec
-        addrs = []
+        addrs, joined = [], []
         for w in range(spec.nworkers):
             a, b = self.ctx.Pipe()
-            p = self.ctx.Process(target=_worker_main, args=(spec, w, self.switch, b),
-                                 daemon=True)
+            p = self.ctx.Process(target=_worker_main,
+                                 args=(spec, w, self.switch, b, self.group), daemon=True)
             p.start()
             self.procs.append(p)
             self.conns.append(a)
@@ -183,8 +193,11 @@ class LocalCluster:
             if kind == "error":
                 self.close()
                 raise ValueError(val)
-            addrs.append(f"{val[0]}:{val[1]}")
-        self.config = JobConfig.from_settings(spec.job, addrs, spec.settings)
+            addr, group = val
+            addrs.append(f"{addr[0]}:{addr[1]}")
+            joined.append(group)
+        mcast = self.group if self.group and all(g == self.group for g in joined) else None
+        self.config = JobConfig.from_settings(spec.job, addrs, spec.settings, mcast)
         if self.switch_proc is not None:
             from .switch import send_job
             send_job(self.switch, self.config)

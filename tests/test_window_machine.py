@@ -27,6 +27,7 @@ from ina_fabric.host.transport.window import (SendWindow, WindowConfig, RttEstim
 from ina_fabric.protocol import HEADER_DTYPE, HEADER_BYTES, ELEM_DTYPE, MsgType
 from ina_fabric.protocol.fields import NO_EXPONENT
 from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_COUNT, H_NELEM
 
 JOB = 3
 SWITCH = ("10.0.0.1", 19900)
@@ -96,7 +97,7 @@ class Worker:
     def active(self):
         return self.win is not None and self.failed is None
 
-    def perform(self, actions, now, h=None, mv=None):
+    def perform(self, actions, now, h=None, buf=None):
         rto, progress = self.win.rto(), self.progress    # as they were before the event
         for a in actions:
             if type(a) is Send:
@@ -112,19 +113,21 @@ class Worker:
                     assert not times
                     assert a.p < self.w or (a.p - self.w) in self.finished, a
                 times.append(now)
-                self.sim.net.send(now, addr(self.i), SWITCH, self.call.packet(a.p, a.retransmit))
+                # a copy: the packet is a view of its ring slot (a real socket copies)
+                self.sim.net.send(now, addr(self.i), SWITCH,
+                                  bytes(self.call.packet(a.p, a.retransmit)))
             elif type(a) is Deliver:
                 # a held result is delivered right after the one of p - w, never before
                 assert a.p < self.w or (a.p - self.w) in self.finished, a
-                hdr = self.held_hdr.pop(a.p, None) or (int(h["count"]), int(h["nelem"]))
-                self.call.apply(h, mv, a.p)
+                hdr = self.held_hdr.pop(a.p, None) or (h[H_COUNT], h[H_NELEM])
+                self.call.apply(h, buf, a.p)
                 self.delivered[a.p] = hdr
                 self.finished.add(a.p)
                 self.progress = now
             elif type(a) is Hold:
                 assert self.cfg.mode == "bounded" and a.p not in self.sent
-                self.call.hold(a.p, mv)
-                self.held_hdr[a.p] = (int(h["count"]), int(h["nelem"]))
+                self.call.hold(a.p, h, buf, buf.size)
+                self.held_hdr[a.p] = (h[H_COUNT], h[H_NELEM])
             elif type(a) is Abandon:
                 assert self.cfg.mode == "bounded"
                 assert now - progress > self.rtt.giveup(self.cfg), (now, progress)
@@ -145,13 +148,13 @@ class Worker:
             self.next_call(now)
 
     def receive(self, data, now):
-        h = np.frombuffer(data, HEADER_DTYPE, count=1)[0]
+        h = HEADER_STRUCT.unpack_from(data)
         p = self.call.result_index(h, len(data))
         if p is not None:
             acts = self.win.on_result(p, now)
             if not acts:
                 self.call.stats.duplicates_ignored += 1
-            self.perform(acts, now, h, memoryview(data))
+            self.perform(acts, now, h, np.frombuffer(bytearray(data), np.uint8))
         else:
             self.perform(self.win.on_timer(now), now)
 
