@@ -110,7 +110,7 @@ def worker_data(seed, worker, it, n):
     return (rng.standard_normal(n) * rng.uniform(0.1, 10)).astype(np.float32)
 
 
-def _worker_main(spec, w, switch, conn, group):
+def _worker_main(spec, w, switch, conn, group, barrier):
     from .transport import SwitchClient
     imp = spec.impairment.fresh(seed=spec.seed * 1000 + w + 1, log_drops=True)
     port = spec.base_port + w if spec.base_port else 0
@@ -133,6 +133,9 @@ def _worker_main(spec, w, switch, conn, group):
         try:
             for it in range(iters):
                 x = worker_data(spec.seed, w, it, n)
+                # start each call together: the time between calls differs per worker
+                # (the checks below), and a peer that is late is not what is measured
+                barrier.wait(timeout=60)
                 t = time.perf_counter()
                 y, _ = client.allreduce(x)
                 secs += time.perf_counter() - t
@@ -181,10 +184,12 @@ class LocalCluster:
     def __enter__(self):
         spec = self.spec
         addrs, joined = [], []
+        barrier = self.ctx.Barrier(spec.nworkers)
         for w in range(spec.nworkers):
             a, b = self.ctx.Pipe()
             p = self.ctx.Process(target=_worker_main,
-                                 args=(spec, w, self.switch, b, self.group), daemon=True)
+                                 args=(spec, w, self.switch, b, self.group, barrier),
+                                 daemon=True)
             p.start()
             self.procs.append(p)
             self.conns.append(a)

@@ -23,7 +23,8 @@ from ina_fabric.host.switch import SwitchModel, GROUP_WORKER
 from ina_fabric.host.transport import quantize as Q
 from ina_fabric.host.transport.switch_client import AllreduceCall
 from ina_fabric.host.transport.window import (SendWindow, WindowConfig, RttEstimator, Send,
-                                              Deliver, Abandon, Hold, Fail, MAX_BACKOFF)
+                                              Deliver, Abandon, Hold, Fail, MAX_BACKOFF,
+                                              PEAK_FACTOR)
 from ina_fabric.protocol import HEADER_DTYPE, HEADER_BYTES, ELEM_DTYPE, MsgType
 from ina_fabric.protocol.fields import NO_EXPONENT
 from ina_fabric.protocol.jobtable import JobConfig
@@ -278,15 +279,18 @@ def setups(draw, calls=st.integers(1, 2)):
 # give-up is tested on its own: here a long lossy schedule must not end the call
 RELIABLE = WindowConfig("reliable", rto=0.02, min_rto=0.01, connect_timeout=1e9,
                         stall_timeout=1e9)
+# the same without the first window's wait for late peers (timer arithmetic below)
+RELIABLE_NOW = WindowConfig("reliable", rto=0.02, min_rto=0.01, connect_timeout=1e9,
+                            stall_timeout=1e9, start_wait=0.0)
 COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # -- properties ----------------------------------------------------------------------
 @settings(max_examples=300, **COMMON)
-@given(setups(), schedule)
-def test_reliable_every_worker_gets_the_exact_sum(setup, fates):
+@given(setups(), schedule, st.sampled_from([RELIABLE, RELIABLE_NOW]))
+def test_reliable_every_worker_gets_the_exact_sum(setup, fates, cfg):
     n, E, job_window, w, sizes, inputs = setup
-    sim = Sim(n, inputs, E, w, job_window, RELIABLE, fates).run()
+    sim = Sim(n, inputs, E, w, job_window, cfg, fates).run()
     for wk in sim.workers:
         assert wk.failed is None
         assert len(wk.outs) == len(sizes)
@@ -415,7 +419,7 @@ def test_rtt_estimator_follows_rfc6298():
 
 
 def test_karn_no_sample_from_a_retransmitted_packet():
-    win = SendWindow(4, 2, RELIABLE)
+    win = SendWindow(4, 2, RELIABLE_NOW)
     assert win.start(0.0) == [Send(0), Send(1)]
     assert win.on_timer(0.019) == []
     assert win.on_timer(0.02) == [Send(0, True), Send(1, True)]
@@ -463,3 +467,39 @@ def test_stall_fails_at_the_first_timer_past_stall_timeout():
         assert acts and all(type(a) is Send and a.retransmit for a in acts)
         prev = t
     assert t - 0.005 > 1.0 >= prev - 0.005
+
+
+def test_first_window_waits_for_late_peers():
+    """Reliable mode: until the call's first RESULT, the timeout is at least
+    ``start_wait`` (peers start calls at different times); after it, the RTT-based
+    timeout, from each packet's last send."""
+    cfg = WindowConfig("reliable", rto=0.02, min_rto=0.01, start_wait=0.25)
+    win = SendWindow(6, 2, cfg)
+    assert win.start(0.0) == [Send(0), Send(1)]
+    assert win.next_wakeup() == 0.25
+    assert win.on_timer(0.2) == []                    # was a re-send of both at 0.02
+    assert win.on_result(1, 0.21) == [Deliver(1), Send(3)]
+    assert win.next_wakeup() == pytest.approx(0.0 + win.rto())   # packet 0, as usual
+    assert win.on_timer(0.0 + win.rto()) == [Send(0, True)]
+    bounded = SendWindow(6, 2, WindowConfig("bounded", deadline=0.002, start_wait=0.25))
+    bounded.start(0.0)
+    assert bounded.next_wakeup() == pytest.approx(bounded.rto())  # no wait when bounded
+
+
+def test_timeout_floored_at_the_peak_rtt_of_this_and_the_last_call():
+    """A full window's queueing delay (the longest RTT of a call) floors the timeout for
+    this call and the next, so a clean run whose smoothed RTT is far below its bursts
+    re-sends nothing."""
+    cfg = WindowConfig("reliable", rto=0.02, min_rto=0.001)
+    est = RttEstimator()
+    est.new_call()
+    for r in [0.001] * 30 + [0.012] + [0.001] * 30:
+        est.sample(r)
+    assert est.srtt + 4 * est.rttvar < 0.01            # RFC 6298 alone: below the burst
+    assert est.rto(cfg) == pytest.approx(PEAK_FACTOR * 0.012)
+    est.new_call()                                     # the next call keeps the floor
+    est.sample(0.001)
+    assert est.rto(cfg) == pytest.approx(PEAK_FACTOR * 0.012)
+    est.new_call()                                     # two calls on: forgotten
+    est.sample(0.001)
+    assert est.rto(cfg) < PEAK_FACTOR * 0.012

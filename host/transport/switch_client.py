@@ -121,14 +121,14 @@ class SwitchClient:
     elements: int = _D.elements
     mode: str = _D.mode
     bind: tuple[str, int] = ("0.0.0.0", 0)
-    rto: float = 0.2               # initial timeout, until the first RTT sample (seconds):
-    # the first window's results wait for the slowest peer to start the call as well
+    rto: float = 0.02              # initial retransmission timeout (seconds)
 
     min_rto: float = 0.01          # floor of the adaptive timeout
     max_inflight_bytes: int = 1 << 20
     deadline: float = _D.deadline  # the switch's per-job deadline (bounded mode), seconds
     connect_timeout: float = 2.0   # no result at all for this long: SwitchUnavailable
     stall_timeout: float = 30.0    # reliable: no progress for this long: AllreduceTimeout
+    start_wait: float = 0.25       # reliable: timeout floor until a call's first RESULT
     impairment: object = None      # host.transport.impair.Impairment on the uplink
     group: tuple[str, int] | None = None   # multicast group of the job's RESULTs
     seq: int = 0                   # next base sequence number

@@ -38,6 +38,12 @@ The rules (the same as the socket loop had before they moved here):
   never lost). A packet is overdue ``rto * backoff`` after its last send, and its backoff
   doubles with each re-send, up to 64 (a slow peer, not a loss, is the usual reason a
   result is late);
+* a call's first window waits for late peers: in reliable mode, until the first RESULT of
+  the call is in, the timeout is at least ``start_wait``. Those results wait for every
+  worker to start the call, and workers start calls at different times (the work
+  between two calls differs), so a timer set by the RTT alone re-sends whole windows
+  that were never lost; once one RESULT is in, all peers have started, and a packet of
+  the first window that is still missing is re-sent on the RTT-based timer as usual;
 * timer checks are O(1): packets sent once are kept in send order, so the first one is
   the next to fall due; only re-sent ones (few, with their own backoff) are scanned;
 * timers are looked at only when no RESULT came in (``on_timer``); then, if anything is
@@ -92,11 +98,13 @@ class WindowConfig:
     deadline: float = 0.005        # the switch's per-job deadline (bounded mode)
     connect_timeout: float = 2.0
     stall_timeout: float = 30.0
+    start_wait: float = 0.25       # reliable: timeout floor until the call's first RESULT
 
     @classmethod
     def of(cls, c):
         """The configuration read from anything with these fields (a ``SwitchClient``)."""
-        return cls(c.mode, c.rto, c.min_rto, c.deadline, c.connect_timeout, c.stall_timeout)
+        return cls(c.mode, c.rto, c.min_rto, c.deadline, c.connect_timeout, c.stall_timeout,
+                   c.start_wait)
 
 
 @dataclass
@@ -143,7 +151,7 @@ class SendWindow:
     """The window of one call of ``packets`` packets with call window ``window``."""
 
     __slots__ = ("P", "W", "cfg", "rtt", "bounded", "received", "remaining", "fresh",
-                 "resent", "tries", "last_progress", "held")
+                 "resent", "tries", "last_progress", "held", "started")
 
     def __init__(self, packets: int, window: int, cfg: WindowConfig,
                  rtt: RttEstimator | None = None):
@@ -162,6 +170,7 @@ class SendWindow:
         self.tries = {}        # p -> backoff multiplier; Karn: no RTT samples from these
         self.last_progress = None
         self.held = set()      # results in before their packet was sent
+        self.started = False   # a RESULT of this call is in: every peer has started it
 
     @property
     def done(self) -> bool:
@@ -175,9 +184,17 @@ class SendWindow:
     def rto(self) -> float:
         return self.rtt.rto(self.cfg)
 
+    def timeout(self) -> float:
+        """The timeout now: ``rto``, or at least ``start_wait`` while a reliable call has
+        no RESULT in yet."""
+        rto = self.rtt.rto(self.cfg)
+        if not self.started and not self.bounded and rto < self.cfg.start_wait:
+            return self.cfg.start_wait
+        return rto
+
     def next_wakeup(self):
         """When the earliest in-flight packet becomes overdue (None: nothing in flight)."""
-        rto = self.rto()
+        rto = self.timeout()
         t = None
         for ts in self.fresh.values():
             t = ts + rto
@@ -212,6 +229,7 @@ class SendWindow:
         it releases, or ``[Hold(p)]`` when ``p`` was not sent yet (bounded mode: its slot
         closed at the deadline without this worker); a repeated one: ``[]`` (a
         duplicate, to be ignored)."""
+        self.started = True
         if self.received[p]:
             return []
         self.received[p] = 1
@@ -243,7 +261,7 @@ class SendWindow:
             q += self.W
 
     def on_timer(self, now: float):
-        rto, tries = self.rto(), self.tries
+        rto, tries = self.timeout(), self.tries
         # the same sums as next_wakeup's, so a timer fired at next_wakeup() always finds
         # the packet overdue (``now - t >= rto`` can round the other way)
         overdue = []
