@@ -21,7 +21,7 @@ import traceback
 
 import numpy as np
 
-from ina_fabric.protocol.jobtable import JobConfig, JobSettings, LINK_DEFAULTS
+from ina_fabric.protocol.jobtable import JobConfig, JobSettings, LINK_DEFAULTS, loopback_group
 
 from .transport.impair import Impairment
 
@@ -125,7 +125,7 @@ def worker_data(seed, worker, it, n):
     return (rng.standard_normal(n) * rng.uniform(0.1, 10)).astype(np.float32)
 
 
-def _worker_main(spec, w, switch, conn):
+def _worker_main(spec, w, switch, conn, group, barrier):
     from .transport import SwitchClient
     imp = spec.impairment.fresh(seed=spec.seed * 1000 + w + 1, log_drops=True)
     port = spec.base_port + w if spec.base_port else 0
@@ -133,11 +133,11 @@ def _worker_main(spec, w, switch, conn):
     try:
         client = SwitchClient(switch, spec.job, w, spec.nworkers, s.window, s.elements,
                               s.mode, bind=("127.0.0.1", port), deadline=s.deadline,
-                              impairment=imp)
+                              impairment=imp, group=group)
     except (OSError, ValueError) as e:
         conn.send(("error", str(e)))
         return
-    conn.send(("addr", client.address))
+    conn.send(("addr", (client.address, client.group)))
     while True:
         cmd = conn.recv()
         if cmd is None:
@@ -148,6 +148,9 @@ def _worker_main(spec, w, switch, conn):
         try:
             for it in range(iters):
                 x = worker_data(spec.seed, w, it, n)
+                # start each call together: the time between calls differs per worker
+                # (the checks below), and a peer that is late is not what is measured
+                barrier.wait(timeout=60)
                 t = time.perf_counter()
                 y, _ = client.allreduce(x)
                 secs += time.perf_counter() - t
@@ -172,8 +175,15 @@ def _worker_main(spec, w, switch, conn):
 
 
 class LocalCluster:
-    def __init__(self, spec: WorkerSpec, switch=None, timeout=120.0):
+    """``switch``: "ip:port" of a running switch whose job table already holds the job
+    (default: start one here and install the job by CONTROL). The job installed here
+    sends its RESULTs to a multicast group (``jobtable.loopback_group``) when
+    ``multicast`` and every worker joined it, else one unicast copy per worker."""
+
+    def __init__(self, spec: WorkerSpec, switch=None, timeout=120.0, multicast=True):
         self.spec, self.timeout = spec, timeout
+        from .transport.quantize import warm_up
+        warm_up()              # compiled once here; the forked workers inherit it
         self.ctx = mp.get_context("fork")
         self.procs, self.conns = [], []
         self.switch_proc = None
@@ -182,13 +192,18 @@ class LocalCluster:
         else:
             host, _, port = switch.rpartition(":")
             self.switch = (host, int(port))
+        # a group only for a job installed here (a given switch has its own table)
+        self.group = loopback_group(self.switch, spec.job) \
+            if multicast and self.switch_proc is not None else None
 
     def __enter__(self):
         spec = self.spec
-        addrs = []
+        addrs, joined = [], []
+        barrier = self.ctx.Barrier(spec.nworkers)
         for w in range(spec.nworkers):
             a, b = self.ctx.Pipe()
-            p = self.ctx.Process(target=_worker_main, args=(spec, w, self.switch, b),
+            p = self.ctx.Process(target=_worker_main,
+                                 args=(spec, w, self.switch, b, self.group, barrier),
                                  daemon=True)
             p.start()
             self.procs.append(p)
@@ -198,8 +213,11 @@ class LocalCluster:
             if kind == "error":
                 self.close()
                 raise ValueError(val)
-            addrs.append(f"{val[0]}:{val[1]}")
-        self.config = JobConfig.from_settings(spec.job, addrs, spec.settings)
+            addr, group = val
+            addrs.append(f"{addr[0]}:{addr[1]}")
+            joined.append(group)
+        mcast = self.group if self.group and all(g == self.group for g in joined) else None
+        self.config = JobConfig.from_settings(spec.job, addrs, spec.settings, mcast)
         if self.switch_proc is not None:
             from .switch import send_job
             send_job(self.switch, self.config)

@@ -158,26 +158,40 @@ def _train(args, switch, link, lab):
     return 0 if ok else 1
 
 
+def _ratio(r, base):
+    """(time-to-accuracy ratio or None, seconds-per-step ratio or None) against Gloo."""
+    tta = step = None
+    if base is not None and base.time_to_accuracy and r.time_to_accuracy:
+        tta = r.time_to_accuracy / base.time_to_accuracy
+    if base is not None and base.steps and r.steps and base.seconds:
+        step = (r.seconds / r.steps) / (base.seconds / base.steps)
+    return tta, step
+
+
 def _report(results, args):
     base = results.get("gloo")
     print()
-    print(f"{'run':14s} {'time-to-acc':>12s} {'vs gloo':>8s} {'final acc':>9s} {'steps':>6s} "
-          f"{'packets':>8s} {'retrans':>8s} {'partial':>8s} {'lost':>8s} {'replicas':>9s}")
+    print(f"{'run':14s} {'time-to-acc':>12s} {'vs gloo':>8s} {'s/step':>8s} {'vs gloo':>8s} "
+          f"{'final acc':>9s} {'steps':>6s} {'packets':>8s} {'retrans':>8s} {'partial':>8s} "
+          f"{'lost':>8s} {'replicas':>9s}")
     for name, r in results.items():
         tta = f"{r.time_to_accuracy:.1f}s" if r.time_to_accuracy is not None else "not reached"
-        ratio = ""
-        if base and base.time_to_accuracy and r.time_to_accuracy:
-            ratio = f"{r.time_to_accuracy / base.time_to_accuracy:.2f}x"
+        ratio, step_ratio = _ratio(r, base)
+        ratio = f"{ratio:.2f}x" if ratio is not None else "-"
+        step_ratio = f"{step_ratio:.2f}x" if step_ratio is not None else "-"
+        per_step = f"{r.seconds / r.steps * 1e3:.1f}ms" if r.steps else "-"
         s = r.stats or {}
         same = "identical" if len(set(r.param_hashes)) == 1 else "DIVERGED"
-        print(f"{name:14s} {tta:>12s} {ratio:>8s} {r.final_accuracy:9.3f} {r.steps:6d} "
+        print(f"{name:14s} {tta:>12s} {ratio:>8s} {per_step:>8s} {step_ratio:>8s} "
+              f"{r.final_accuracy:9.3f} {r.steps:6d} "
               f"{s.get('packets_sent', '-'):>8} {s.get('retransmits', '-'):>8} "
               f"{s.get('partial_slots', '-'):>8} {s.get('entries_lost', '-'):>8} {same:>9s}")
         if r.fallbacks:
             print(f"  ({name}: the switch did not answer; {r.fallbacks} ranks fell back to Gloo)")
     print("time-to-acc: wall time from the first step to the first epoch whose test "
-          "accuracy reached the target; stats are rank 0's (lost = entries that came from "
-          "fewer than N workers)")
+          "accuracy reached the target; vs gloo: this run's time / Gloo's (time-to-acc, and "
+          "wall time per optimizer step, which is there even when a run missed the target); "
+          "stats are rank 0's (lost = entries that came from fewer than N workers)")
 
 
 def _plot(results, args, path):

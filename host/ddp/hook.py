@@ -104,18 +104,24 @@ class InaHookState:
             else deadline)
         window, elements, mode, deadline = s.window, s.elements, s.mode, s.deadline
         base = int(os.environ.get("INA_PORT", bind_port or 0))
+        from ina_fabric.protocol.jobtable import loopback_group
+        # switch on this host and the job installed here: its RESULTs go to a multicast
+        # group, one copy for all ranks, if every rank joins it (else unicast)
+        group = loopback_group(addr, job) if configure else None
         client = SwitchClient(addr, job, rank, world, window, elements, mode,
                               bind=(local_address_towards(addr), base + rank if base else 0),
-                              deadline=deadline,
+                              deadline=deadline, group=group,
                               connect_timeout=connect_timeout, impairment=impairment)
         members = [None] * world
-        dist.all_gather_object(members, f"{client.address[0]}:{client.address[1]}",
-                               group=process_group)
+        dist.all_gather_object(members, (f"{client.address[0]}:{client.address[1]}",
+                                         client.group), group=process_group)
         ok = 1
         if configure and rank == 0:
             from ina_fabric.protocol.jobtable import JobConfig
             from ..switch import send_job
-            cfg = JobConfig(job, tuple(members), window, elements, deadline, mode)
+            mcast = group if all(g == group for _, g in members) else None
+            cfg = JobConfig(job, tuple(m for m, _ in members), window, elements, deadline,
+                            mode, mcast)
             try:
                 send_job(addr, cfg, timeout=connect_timeout)
             except OSError:
@@ -161,9 +167,14 @@ class InaHookState:
             t = time.perf_counter()
             arr = tensor.detach().numpy()
             if arr.size:
-                self.max_abs_local = max(self.max_abs_local, float(np.abs(arr).max()))
+                self.max_abs_local = max(self.max_abs_local,
+                                         float(arr.max()), -float(arr.min()))
+            in_place = isinstance(self.collective, SwitchClient)
             try:
-                out, st = self.collective.allreduce(arr)
+                # a SwitchClient sums the bucket in place (no output array per bucket);
+                # SwitchUnavailable means no RESULT ever came, so nothing was written yet
+                out, st = self.collective.allreduce(arr, out=arr) if in_place else \
+                    self.collective.allreduce(arr)
             except SwitchUnavailable as e:
                 self.fallbacks += 1
                 self._fall_back(str(e))
@@ -177,7 +188,7 @@ class InaHookState:
                             self.extra_stats[k] = self.extra_stats.get(k, 0) + v
                 sent = st.get("bytes") if isinstance(st, dict) else None
                 self.bytes_sent += int(sent) if sent is not None else tensor.numel() * 4
-                result = torch.from_numpy(out)
+                result = tensor if in_place else torch.from_numpy(out)
                 if self.average:
                     result.div_(world)
                 return result

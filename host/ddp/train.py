@@ -189,6 +189,9 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
         model.train()
         return acc
 
+    if state is not None:
+        from ..transport.quantize import warm_up
+        warm_up()      # numba's kernels compiled or loaded now, not in the first epoch
     dist.barrier()
     t0 = time.perf_counter()
     step, epoch, stop = 0, 0, False
@@ -286,6 +289,9 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
     import torch  # noqa: F401  imported once here, inherited by the forked workers
     import sklearn.datasets  # noqa: F401
     cfg.validate()
+    if cfg.backend != "gloo":
+        from ..transport.quantize import warm_up
+        warm_up()      # JIT once here, before any timer; the forked ranks inherit it
     # fork: the parent has run no torch op (no thread pools yet), and children inherit
     # the imports instead of paying for them four times over on two cores
     ctx = mp.get_context("fork")

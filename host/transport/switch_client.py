@@ -20,9 +20,28 @@ job must make the same sequence of calls with the same sizes, as DDP does.
 The window, timers and give-up rule are the pure ``host.transport.window.SendWindow``;
 ``AllreduceCall`` is a call's data side (packets out, results in), also without I/O; the
 socket loop in ``SwitchClient.allreduce`` receives, decodes and performs their actions.
+
+Where the time goes, and what keeps it low (the per-datagram path is Python, so it does
+as little as it can; the per-element work is compiled, one pass each way):
+
+* packets are built in a ring of ``w`` reused slots (packet ``p`` in slot ``p % w``: the
+  window guarantees ``p``'s result is in before ``p + w`` is built), a header written by
+  one ``struct.pack_into`` and the elements by one numba pass (scale, round, byte-swap);
+* a RESULT's header is read by one ``struct.unpack_from`` into a tuple of ints, and its
+  elements dequantized by one numba pass straight from the receive buffer into the
+  output: the caller's ``out`` (``allreduce(x, out=x)`` works in place, as the DDP hook
+  does with each bucket) or a fresh ``np.empty``; never a zeroed array and no temporary;
+* the exponent scan of the whole input is one integer-max pass over the float bits;
+* the window's timer checks are O(1) (``SendWindow``), and the sockets are drained
+  without a timeout per receive: one ``poll`` when both are empty;
+* multicast RESULTs (``group``): on one host the switch sends one copy of each RESULT to
+  the job's group instead of N; the client receives it on a second socket bound to the
+  group, and unicast re-sends of stored results still come to its own socket.
 """
 
 from dataclasses import dataclass, field, asdict
+import math
+import select
 import socket
 import time
 
@@ -30,15 +49,24 @@ import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                         GROUP_WORKER)
-from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
-from ina_fabric.protocol.jobtable import LINK_DEFAULTS
+from ina_fabric.protocol.struct_view import HEADER_STRUCT
+from ina_fabric.protocol.jobtable import LINK_DEFAULTS, MAX_ELEMENTS
 from . import quantize as Q
 from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Abandon, Hold
 
 _D = LINK_DEFAULTS["ethernet"]
+_DATA, _RESULT = int(MsgType.DATA), int(MsgType.RESULT)
+_PARTIAL, _OVERFLOW = int(Flags.PARTIAL), int(Flags.OVERFLOW)
+_RETRANSMIT, _LAST = int(Flags.RETRANSMIT), int(Flags.LAST)
 
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
-           "AllreduceTimeout", "AllreduceInconsistent"]
+           "AllreduceTimeout", "AllreduceInconsistent", "warm_up"]
+
+
+def warm_up():
+    """Compile or load every numba kernel of the data path (``quantize.warm_up``); call it
+    before any timer starts. Returns the seconds it took."""
+    return Q.warm_up()
 
 
 class SwitchUnavailable(ConnectionError):
@@ -81,7 +109,10 @@ class AllreduceStats:
 
 @dataclass
 class SwitchClient:
-    """One worker of one job. ``bind`` must match the job table's member address."""
+    """One worker of one job. ``bind`` must match the job table's member address.
+    ``group``: the job's multicast group (``jobtable.loopback_group``), joined on the
+    interface of ``bind``; if it cannot be joined, ``group`` is None afterwards and
+    ``group_error`` says why (the job must then be installed without multicast)."""
     switch: tuple[str, int]
     job: int
     worker: int
@@ -91,12 +122,15 @@ class SwitchClient:
     mode: str = _D.mode
     bind: tuple[str, int] = ("0.0.0.0", 0)
     rto: float = 0.02              # initial retransmission timeout (seconds)
+
     min_rto: float = 0.01          # floor of the adaptive timeout
     max_inflight_bytes: int = 1 << 20
     deadline: float = _D.deadline  # the switch's per-job deadline (bounded mode), seconds
     connect_timeout: float = 2.0   # no result at all for this long: SwitchUnavailable
     stall_timeout: float = 30.0    # reliable: no progress for this long: AllreduceTimeout
+    start_wait: float = 0.25       # reliable: timeout floor until a call's first RESULT
     impairment: object = None      # host.transport.impair.Impairment on the uplink
+    group: tuple[str, int] | None = None   # multicast group of the job's RESULTs
     seq: int = 0                   # next base sequence number
     total: AllreduceStats = field(default_factory=AllreduceStats)
 
@@ -105,6 +139,11 @@ class SwitchClient:
             raise ValueError(f"mode {self.mode!r}: expected reliable or bounded")
         if not 0 <= self.worker < self.nworkers <= 32:
             raise ValueError(f"worker {self.worker} of {self.nworkers}: need 0 <= w < N <= 32")
+        if not 1 <= self.elements <= MAX_ELEMENTS:
+            raise ValueError(f"elements {self.elements} not in 1..{MAX_ELEMENTS} (a UDP "
+                             f"datagram holds at most 65507 bytes)")
+        if self.window < 1 or self.window & (self.window - 1):
+            raise ValueError(f"window {self.window}: must be a power of two >= 1")
         try:
             self.switch = (socket.gethostbyname(self.switch[0]), int(self.switch[1]))
         except (OSError, ValueError, IndexError) as e:
@@ -113,14 +152,44 @@ class SwitchClient:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
         sock.bind(self.bind)
+        sock.setblocking(False)
         self.address = sock.getsockname()
+        self._usock = sock
         if self.impairment is not None and self.impairment.active:
             from .impair import ImpairedSocket
             sock = ImpairedSocket(sock, self.impairment)
         self.sock = sock
+        self.gsock, self.group_error = None, None
+        if self.group is not None:
+            self._join(tuple(self.group))
         self.sbits = Q.scale_bits(self.nworkers)
-        self._rxbuf = bytearray(HEADER_BYTES + 4 * 16384 + 64)
+        self._stride = HEADER_BYTES + 4 * self.elements
+        # the receive buffer (numpy: the dequantize kernel reads it in place) and the ring
+        # of window slots DATA packets are built in; both live as long as the client
+        self._rx = np.zeros(HEADER_BYTES + 4 * MAX_ELEMENTS + 64, np.uint8)
+        self._ring = np.zeros(self.window * self._stride, np.uint8)
         self._rtt = RttEstimator()
+        self._poll = select.poll()
+        for s in (self._usock, self.gsock):
+            if s is not None:
+                self._poll.register(s.fileno(), select.POLLIN)
+        Q.warm_up()
+
+    def _join(self, group):
+        iface = self.address[0]
+        g = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            g.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            g.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            g.bind(group)
+            g.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
+                         socket.inet_aton(group[0]) + socket.inet_aton(iface))
+            g.setblocking(False)
+        except (OSError, ValueError) as e:
+            g.close()
+            self.group, self.group_error = None, f"cannot join {group[0]}:{group[1]}: {e}"
+            return
+        self.group, self.gsock = group, g
 
     # Retransmission timer: TCP's estimator (RFC 6298) with Karn's rule, kept across calls;
     # the window's rules are in ``host.transport.window``.
@@ -133,6 +202,8 @@ class SwitchClient:
 
     def close(self):
         self.sock.close()
+        if self.gsock is not None:
+            self.gsock.close()
 
     def __enter__(self):
         return self
@@ -141,20 +212,36 @@ class SwitchClient:
         self.close()
 
     # ------------------------------------------------------------------------------
-    def allreduce(self, values, average: bool = False):
+    def allreduce(self, values, average: bool = False, out=None):
         """Sum (or average) ``values`` (float32, any shape) over the job's workers.
 
-        Returns ``(result, stats)``; ``result`` has the input's shape, dtype float32.
-        The socket loop: receive, decode, feed the ``SendWindow``, perform its actions."""
+        ``out``: where the result goes, a C-contiguous float32 array of the same size (it
+        may be ``values`` itself: every chunk is read for its DATA packet before its
+        RESULT is written); default: a new array. Returns ``(result, stats)``; ``result``
+        is ``out`` (or the new array) in the input's shape."""
         t0 = time.perf_counter()
         x = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+        shape = np.shape(values)
+        if out is None:
+            res = np.empty(shape, np.float32)
+        else:
+            res = out
+            if not (isinstance(out, np.ndarray) and out.dtype == np.float32
+                    and out.flags.c_contiguous and out.flags.writeable
+                    and out.size == x.size):
+                raise ValueError(f"allreduce out=: need a writable C-contiguous float32 "
+                                 f"array of {x.size} elements")
         W = self.call_window(-(-x.size // self.elements))
         call = AllreduceCall(x, self.job, self.worker, self.nworkers, self.elements,
-                             self.seq, W)
+                             self.seq, W, out=res.reshape(-1), ring=self._ring)
         self.seq = (self.seq + call.P) & 0xFFFFFFFF
         win = SendWindow(call.P, W, WindowConfig.of(self), self._rtt)
-        sock, switch, rx = self.sock, self.switch, self._rxbuf
-        mv = memoryview(rx)
+        sock, switch, rx = self.sock, self.switch, self._rx
+        socks = [s for s in (self.gsock, self._usock) if s is not None]
+        poll, unpack_from, result_index = self._poll.poll, HEADER_STRUCT.unpack_from, \
+            call.result_index
+        reliable = self.mode == "reliable"
+        clock = time.monotonic
         h, nbytes = None, 0
 
         def perform(actions):
@@ -163,11 +250,11 @@ class SwitchClient:
                 if kind is Send:
                     sock.sendto(call.packet(a.p, a.retransmit), switch)
                 elif kind is Deliver:
-                    call.apply(h, mv, a.p)
+                    call.apply(h, rx, a.p)
                 elif kind is Abandon:
                     call.abandon(a.p)
                 elif kind is Hold:
-                    call.hold(a.p, rx[:nbytes])
+                    call.hold(a.p, h, rx, nbytes)
                 elif a.reason == "unavailable":
                     raise SwitchUnavailable(
                         f"no answer from switch {switch[0]}:{switch[1]} for job "
@@ -178,47 +265,56 @@ class SwitchClient:
                         f"{self.stall_timeout}s ({win.remaining} of {call.P} packets "
                         f"outstanding)")
 
-        perform(win.start(time.monotonic()))
+        perform(win.start(clock()))
         while not win.done:
-            now = time.monotonic()
-            wake = win.next_wakeup()
-            sock.settimeout(max(wake - now, 0.0002) if wake is not None
-                            else max(win.rto(), 0.0002))
-            try:
-                nbytes, src = sock.recvfrom_into(rx)
-            except (socket.timeout, BlockingIOError):
-                nbytes = 0
-            except ConnectionRefusedError:
-                nbytes = 0  # ICMP port unreachable from a switch that is down
-            now = time.monotonic()
-            if nbytes and tuple(src) != switch:
-                call.stats.foreign_ignored += 1   # only the switch's RESULTs count
-                nbytes = 0
-            if nbytes >= HEADER_BYTES:
-                h = np.frombuffer(rx, HEADER_DTYPE, count=1)[0]
-                p = call.result_index(h, nbytes)
-                if p is None:
-                    call.stats.foreign_ignored += 1
-                elif self.mode == "reliable" and int(h["flags"]) & Flags.PARTIAL:
-                    raise AllreduceInconsistent(
-                        f"job {self.job} worker {self.worker}: the switch answered a "
-                        f"reliable call with a PARTIAL result (was the job installed "
-                        f"again as bounded?)")
-                if p is not None:
-                    actions = win.on_result(p, now)
+            useful = False
+            for s in socks:
+                # drain this socket; a datagram that is no RESULT of this call (or one
+                # for the next call, once this one is done) stays counted, not applied
+                while not win.done:
+                    try:
+                        nbytes, src = s.recvfrom_into(rx)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except ConnectionRefusedError:
+                        continue    # ICMP port unreachable from a switch that is down
+                    if src != switch:
+                        call.stats.foreign_ignored += 1   # only the switch's RESULTs count
+                        continue
+                    if nbytes < HEADER_BYTES:
+                        continue
+                    h = unpack_from(rx)
+                    p = result_index(h, nbytes)
+                    if p is None:
+                        call.stats.foreign_ignored += 1
+                        continue
+                    if reliable and h[2] & _PARTIAL:
+                        raise AllreduceInconsistent(
+                            f"job {self.job} worker {self.worker}: the switch answered a "
+                            f"reliable call with a PARTIAL result (was the job installed "
+                            f"again as bounded?)")
+                    actions = win.on_result(p, clock())
                     if actions:
+                        useful = True
                         perform(actions)
                     else:
                         call.stats.duplicates_ignored += 1
-                    continue
-            perform(win.on_timer(now))
+            if useful or win.done:
+                continue
+            now = clock()
+            acts = win.on_timer(now)
+            if acts:
+                perform(acts)
+                continue
+            wake = win.next_wakeup()
+            wait = wake - now if wake is not None else win.rto()
+            poll(max(wait, 0.0002) * 1e3)
         st = call.stats
         st.seconds = time.perf_counter() - t0
         self.total.add(st)
-        out = call.out
         if average:
-            out /= self.nworkers
-        return out.reshape(np.shape(values)), st
+            res /= self.nworkers
+        return res, st
 
     def call_window(self, chunks: int) -> int:
         """The window of one call: a power of two that divides the job's window (so
@@ -235,13 +331,19 @@ class SwitchClient:
         return w
 
 
-
 class AllreduceCall:
-    """The data side of one call, without I/O or clock: DATA packet ``p`` (built on first
-    use, kept until its result is in), the RESULT of ``p`` applied, or zeros for an
-    abandoned one. ``SendWindow`` says when; ``stats`` counts what was done."""
+    """The data side of one call, without I/O or clock: DATA packet ``p`` (built in ring
+    slot ``p % w`` on first use, kept there until its result is in), the RESULT of ``p``
+    applied to ``out``, or zeros for an abandoned one. ``SendWindow`` says when; ``stats``
+    counts what was done.
 
-    def __init__(self, x, job, worker, nworkers, elements, base, window):
+    ``out``: the float32 output (default ``np.empty``); every chunk of it is written
+    exactly once (a RESULT, or zeros). ``ring``: a uint8 array of at least ``window``
+    slots of ``HEADER_BYTES + 4 * elements`` bytes (default: a fresh one). RESULT headers
+    come in as ``HEADER_STRUCT.unpack_from`` tuples, their datagrams as uint8 arrays."""
+
+    def __init__(self, x, job, worker, nworkers, elements, base, window, out=None,
+                 ring=None):
         n, E = x.size, elements
         self.x, self.n, self.E, self.W = x, n, E, window
         self.K = K = (n + E - 1) // E
@@ -249,105 +351,107 @@ class AllreduceCall:
         self.job, self.worker, self.nworkers, self.base = job, worker, nworkers, base
         self.sbits = Q.scale_bits(nworkers)
         self.stats = AllreduceStats(calls=1, elements=n)
-        self.out = np.zeros(n, np.float32)
-        self.local_exp = Q.local_exponents(x, E) if n else np.zeros(0, np.int8)
-        if (self.local_exp == Q.NONFINITE).any():
-            raise ValueError(f"allreduce input holds inf or NaN (chunk "
-                             f"{int(np.argmax(self.local_exp == Q.NONFINITE))})")
-        self.shared_exp = np.full(K, NO_EXPONENT, np.int16)
-        self.pkts = {}
-        self.held = {}      # p -> a RESULT that came before packet p was sent
+        self.out = np.empty(n, np.float32) if out is None else out
+        self.stride = stride = HEADER_BYTES + 4 * E
+        if ring is None or ring.size < window * stride:
+            ring = np.zeros(window * stride, np.uint8)
+        self.ring, self.ringmv = ring, memoryview(ring)
+        self.slot_p = [-1] * window          # which packet each ring slot holds
+        le = np.empty(K, np.int8)
+        bad = Q._exponents(x.view(np.uint32), E, le) if K else -1
+        if bad >= 0:
+            raise ValueError(f"allreduce input holds inf or NaN (chunk {bad})")
+        self.local_exp = le.tolist()
+        self.shared_exp = [NO_EXPONENT] * K
+        self.held = {}      # p -> (header, datagram) of a RESULT in before p was sent
 
-    def _build(self, p):
+    def _build(self, p, off):
         K, W, E, n = self.K, self.W, self.E, self.n
-        buf = np.zeros(HEADER_BYTES + 4 * E, np.uint8)
-        h = buf[:HEADER_BYTES].view(HEADER_DTYPE)[0]
-        h["version"], h["type"], h["job"] = VERSION, MsgType.DATA, self.job
-        h["worker"], h["seq"] = self.worker, (self.base + p) & 0xFFFFFFFF
-        h["bitmap"] = 1 << self.worker
-        h["exponent"] = int(self.local_exp[p]) if p < K else NO_EXPONENT
-        if p == self.P - 1:
-            h["flags"] = Flags.LAST
         nel = 0
         if p >= W:
             j = p - W
             nel = min(E, n - j * E)
-            self.stats.clipped += Q.pack_chunk(self.x, j * E, nel, int(self.shared_exp[j]),
-                                               self.sbits, buf)
-        h["nelem"] = nel
-        return buf[:HEADER_BYTES + 4 * nel].tobytes()
+            self.stats.clipped += Q._pack(self.x, j * E, nel, self.shared_exp[j],
+                                          self.sbits, self.ring, off + HEADER_BYTES)
+        HEADER_STRUCT.pack_into(self.ring, off, VERSION, _DATA,
+                                _LAST if p == self.P - 1 else 0,
+                                self.local_exp[p] if p < K else NO_EXPONENT, self.job,
+                                self.worker, 0, (self.base + p) & 0xFFFFFFFF, nel, 0,
+                                1 << self.worker)
+        return HEADER_BYTES + 4 * nel
 
-    def packet(self, p, retransmit=False) -> bytes:
-        """The DATA datagram of packet ``p``, counted as sent."""
-        data = self.pkts.get(p)
-        if data is None:
-            data = self.pkts[p] = self._build(p)
+    def packet(self, p, retransmit=False):
+        """The DATA datagram of packet ``p`` (a view of its ring slot, valid until the
+        packet ``p + w`` is built), counted as sent."""
+        slot = p % self.W
+        off = slot * self.stride
+        if self.slot_p[slot] != p:
+            self.slot_p[slot] = p
+            self.ring[off + 2] = 0
+            size = self._build(p, off)
+        else:
+            size = HEADER_BYTES + 4 * self.nelem_of(p)
         st = self.stats
         st.packets_sent += 1
         if retransmit:
-            b = bytearray(data)
-            b[2] |= Flags.RETRANSMIT
-            data = bytes(b)
+            self.ring[off + 2] |= _RETRANSMIT
             st.retransmits += 1
-        return data
+        return self.ringmv[off:off + size]
 
     def nelem_of(self, p) -> int:
         """Elements packet ``p`` carries (and its RESULT must carry)."""
         return min(self.E, self.n - (p - self.W) * self.E) if p >= self.W else 0
 
     def result_index(self, h, nbytes):
-        """The packet index of a RESULT of this call (header ``h``, ``nbytes`` long), or
-        None for anything else: every field is checked before use (type, version, job,
-        seq in this call, the element count this packet has, the length, the count of
-        contributors, the worker field)."""
-        p = (int(h["seq"]) - self.base) & 0xFFFFFFFF
-        if (h["type"] == MsgType.RESULT and h["version"] == VERSION and h["job"] == self.job
-                and p < self.P and int(h["nelem"]) == self.nelem_of(p)
-                and 4 * int(h["nelem"]) == nbytes - HEADER_BYTES
-                and int(h["count"]) <= self.nworkers
-                and int(h["worker"]) in (self.worker, GROUP_WORKER)):
+        """The packet index of a RESULT of this call (header ``h``, a ``HEADER_STRUCT``
+        tuple, of a datagram ``nbytes`` long), or None for anything else: every field is
+        checked before use (type, version, job, seq in this call, the element count this
+        packet has, the length, the count of contributors, the worker field)."""
+        p = (h[7] - self.base) & 0xFFFFFFFF
+        if (h[1] == _RESULT and h[0] == VERSION and h[4] == self.job and p < self.P
+                and h[8] == self.nelem_of(p) and 4 * h[8] == nbytes - HEADER_BYTES
+                and h[6] <= self.nworkers and (h[5] == self.worker or h[5] == GROUP_WORKER)):
             return p
         return None
 
-    def hold(self, p, datagram):
+    def hold(self, p, h, buf, nbytes):
         """Keep the RESULT of ``p`` (a copy) until ``SendWindow`` delivers it."""
-        self.held[p] = bytes(datagram)
+        self.held[p] = (h, np.array(buf[:nbytes], np.uint8))
 
-    def apply(self, h, mv, p):
-        """The first RESULT of ``p`` (header ``h``, datagram in ``mv``; or the one held)."""
-        data = self.held.pop(p, None)
-        if data is not None:
-            h, mv = np.frombuffer(data, HEADER_DTYPE, count=1)[0], memoryview(data)
+    def apply(self, h, buf, p):
+        """The first RESULT of ``p`` (header ``h``, datagram in ``buf``; or the one held)."""
+        held = self.held.pop(p, None)
+        if held is not None:
+            h, buf = held
         st = self.stats
         st.results += 1
-        self.pkts.pop(p, None)
-        K, W, E, n = self.K, self.W, self.E, self.n
-        flags = int(h["flags"])
-        if p < K:
-            self.shared_exp[p] = int(h["exponent"])
-        if flags & Flags.OVERFLOW:
+        W = self.W
+        flags, count, nel = h[2], h[6], h[8]
+        if p < self.K:
+            self.shared_exp[p] = h[3]
+        if flags & _OVERFLOW:
             st.overflow_slots += 1
-        count = int(h["count"])
-        partial = bool(flags & Flags.PARTIAL) or count < self.nworkers
-        nel = int(h["nelem"])
+        partial = bool(flags & _PARTIAL) or count < self.nworkers
         if partial:
             st.partial_slots += 1
             st.entries_lost += nel
         if p < W or nel == 0:
             return
-        j = p - W
+        start = (p - W) * self.E
         if count == 0:
+            self.out[start:start + nel] = 0.0
             return
-        elems = np.frombuffer(mv, ELEM_DTYPE, count=nel, offset=HEADER_BYTES)
-        rescale = self.nworkers / count if partial else 1.0
-        self.out[j * E: j * E + nel] = Q.dequantize(elems, int(self.shared_exp[j]),
-                                                    self.sbits, rescale)
+        Q.dequantize_into(buf, HEADER_BYTES, nel, self.shared_exp[p - W], self.sbits,
+                          self.out, start, self.nworkers / count if partial else 1.0)
 
     def abandon(self, p):
         """Bounded mode: the result of ``p`` is gone for good; zeros, identically counted."""
         st = self.stats
         st.abandoned_slots += 1
         if p >= self.W:
-            st.entries_lost += self.nelem_of(p)
+            nel = self.nelem_of(p)
+            st.entries_lost += nel
+            start = (p - self.W) * self.E
+            self.out[start:start + nel] = 0.0
         if p < self.K:
             self.shared_exp[p] = NO_EXPONENT  # send zeros: no exponent agreed

@@ -30,9 +30,22 @@ The rules (the same as the socket loop had before they moved here):
 * packets ``0 .. w-1`` go out at ``start``; the first RESULT of ``p`` releases ``p + w``,
   so at most ``w`` packets are ever in flight;
 * retransmission timeout: RFC 6298's estimator (``RttEstimator``, kept by the client
-  across calls) with Karn's rule (no RTT sample from a packet that was sent twice); a
-  packet is overdue ``rto * backoff`` after its last send, and its backoff doubles with
-  each re-send, up to 64 (a slow peer, not a loss, is the usual reason a result is late);
+  across calls) with Karn's rule (no RTT sample from a packet that was sent twice),
+  floored at ``PEAK_FACTOR`` times the longest RTT sampled in this call or the previous
+  one: that is the time a full window takes to come back, queueing included (with N
+  workers' windows in the switch's queue, the last packet of a burst waits behind all of
+  them, well above the smoothed RTT, and a timer below it re-sends packets that were
+  never lost). A packet is overdue ``rto * backoff`` after its last send, and its backoff
+  doubles with each re-send, up to 64 (a slow peer, not a loss, is the usual reason a
+  result is late);
+* a call's first window waits for late peers: in reliable mode, until the first RESULT of
+  the call is in, the timeout is at least ``start_wait``. Those results wait for every
+  worker to start the call, and workers start calls at different times (the work
+  between two calls differs), so a timer set by the RTT alone re-sends whole windows
+  that were never lost; once one RESULT is in, all peers have started, and a packet of
+  the first window that is still missing is re-sent on the RTT-based timer as usual;
+* timer checks are O(1): packets sent once are kept in send order, so the first one is
+  the next to fall due; only re-sent ones (few, with their own backoff) are scanned;
 * timers are looked at only when no RESULT came in (``on_timer``); then, if anything is
   overdue: no RESULT ever and ``connect_timeout`` without progress: ``Fail("unavailable")``;
   bounded mode and ``giveup`` without progress: every overdue packet is abandoned (and
@@ -48,9 +61,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["SendWindow", "WindowConfig", "RttEstimator", "Send", "Deliver", "Abandon",
-           "Hold", "Fail", "MAX_BACKOFF"]
+           "Hold", "Fail", "MAX_BACKOFF", "PEAK_FACTOR"]
 
 MAX_BACKOFF = 64
+#: the timeout is at least this many times the longest RTT of this call and the last
+PEAK_FACTOR = 2.0
 
 
 class Send(NamedTuple):
@@ -83,20 +98,26 @@ class WindowConfig:
     deadline: float = 0.005        # the switch's per-job deadline (bounded mode)
     connect_timeout: float = 2.0
     stall_timeout: float = 30.0
+    start_wait: float = 0.25       # reliable: timeout floor until the call's first RESULT
 
     @classmethod
     def of(cls, c):
         """The configuration read from anything with these fields (a ``SwitchClient``)."""
-        return cls(c.mode, c.rto, c.min_rto, c.deadline, c.connect_timeout, c.stall_timeout)
+        return cls(c.mode, c.rto, c.min_rto, c.deadline, c.connect_timeout, c.stall_timeout,
+                   c.start_wait)
 
 
 @dataclass
 class RttEstimator:
-    """RFC 6298 smoothed RTT and variance; ``answered``: any RESULT ever came back. It
-    outlives a call (the client keeps one), so the next call starts from what was learnt."""
+    """RFC 6298 smoothed RTT and variance; ``answered``: any RESULT ever came back;
+    ``peak`` / ``last_peak``: the longest RTT sampled in this call / the previous one (the
+    queueing delay of a full window). It outlives a call (the client keeps one), so the
+    next call starts from what was learnt."""
     srtt: float = 0.0
     rttvar: float = 0.0
     answered: bool = False
+    peak: float = 0.0
+    last_peak: float = 0.0
 
     def sample(self, r: float):
         if not self.srtt:
@@ -104,10 +125,19 @@ class RttEstimator:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - r)
             self.srtt = 0.875 * self.srtt + 0.125 * r
+        if r > self.peak:
+            self.peak = r
+
+    def new_call(self):
+        """A call starts: the peak of the one before becomes ``last_peak``."""
+        self.last_peak, self.peak = self.peak, 0.0
 
     def rto(self, cfg: WindowConfig) -> float:
-        base = cfg.rto if not self.srtt else min(max(self.srtt + 4 * self.rttvar,
-                                                     cfg.min_rto), 1.0)
+        if not self.srtt:
+            base = cfg.rto
+        else:
+            base = min(max(self.srtt + 4 * self.rttvar, cfg.min_rto,
+                           PEAK_FACTOR * max(self.peak, self.last_peak)), 1.0)
         if cfg.mode == "bounded":
             return max(base, cfg.deadline * 1.5 + 0.002)
         return base
@@ -120,8 +150,8 @@ class RttEstimator:
 class SendWindow:
     """The window of one call of ``packets`` packets with call window ``window``."""
 
-    __slots__ = ("P", "W", "cfg", "rtt", "bounded", "received", "remaining", "inflight",
-                 "tries", "last_progress", "held")
+    __slots__ = ("P", "W", "cfg", "rtt", "bounded", "received", "remaining", "fresh",
+                 "resent", "tries", "last_progress", "held", "started")
 
     def __init__(self, packets: int, window: int, cfg: WindowConfig,
                  rtt: RttEstimator | None = None):
@@ -129,34 +159,65 @@ class SendWindow:
             raise ValueError(f"{packets} packets, window {window}: need >= 1 of each")
         self.P, self.W, self.cfg = packets, window, cfg
         self.rtt = rtt if rtt is not None else RttEstimator()
+        self.rtt.new_call()
         self.bounded = cfg.mode == "bounded"
         self.received = bytearray(packets)   # 1: result in (applied, held or abandoned)
         self.remaining = packets
-        self.inflight = {}     # p -> last send time, in send order
+        # in flight: p -> last send time. ``fresh``: sent once, in send order, so its
+        # first entry falls due first; ``resent``: re-sent, each with its own backoff
+        self.fresh = {}
+        self.resent = {}
         self.tries = {}        # p -> backoff multiplier; Karn: no RTT samples from these
         self.last_progress = None
         self.held = set()      # results in before their packet was sent
+        self.started = False   # a RESULT of this call is in: every peer has started it
 
     @property
     def done(self) -> bool:
         return not self.remaining
 
+    @property
+    def inflight(self) -> int:
+        """Packets sent and without a result."""
+        return len(self.fresh) + len(self.resent)
+
     def rto(self) -> float:
         return self.rtt.rto(self.cfg)
 
+    def timeout(self) -> float:
+        """The timeout now: ``rto``, or at least ``start_wait`` while a reliable call has
+        no RESULT in yet."""
+        rto = self.rtt.rto(self.cfg)
+        if not self.started and not self.bounded and rto < self.cfg.start_wait:
+            return self.cfg.start_wait
+        return rto
+
     def next_wakeup(self):
         """When the earliest in-flight packet becomes overdue (None: nothing in flight)."""
-        rto, tries = self.rto(), self.tries
-        return min((t + rto * tries.get(p, 1) for p, t in self.inflight.items()),
-                   default=None)
+        rto = self.timeout()
+        t = None
+        for ts in self.fresh.values():
+            t = ts + rto
+            break
+        if self.resent:
+            tries = self.tries
+            r = min(ts + rto * tries[p] for p, ts in self.resent.items())
+            t = r if t is None or r < t else t
+        return t
 
     def _send(self, p, now, retransmit=False):
         if retransmit:
             self.tries[p] = min(self.tries.get(p, 1) * 2, MAX_BACKOFF)
-        inflight = self.inflight
-        inflight.pop(p, None)
-        inflight[p] = now
+            self.fresh.pop(p, None)
+            self.resent.pop(p, None)
+            self.resent[p] = now
+        else:
+            self.fresh[p] = now
         return Send(p, retransmit)
+
+    def _sent_at(self, p):
+        t = self.fresh.pop(p, None)
+        return self.resent.pop(p, None) if t is None else t
 
     # -- events ----------------------------------------------------------------------
     def start(self, now: float):
@@ -168,6 +229,7 @@ class SendWindow:
         it releases, or ``[Hold(p)]`` when ``p`` was not sent yet (bounded mode: its slot
         closed at the deadline without this worker); a repeated one: ``[]`` (a
         duplicate, to be ignored)."""
+        self.started = True
         if self.received[p]:
             return []
         self.received[p] = 1
@@ -180,7 +242,7 @@ class SendWindow:
             # delivers this one and releases p + w (see _release)
             self.held.add(p)
             return [Hold(p)]
-        t_sent = self.inflight.pop(p, None)
+        t_sent = self._sent_at(p)
         if t_sent is not None and p not in self.tries:
             self.rtt.sample(now - t_sent)
         acts = [Deliver(p)]
@@ -199,10 +261,20 @@ class SendWindow:
             q += self.W
 
     def on_timer(self, now: float):
-        rto, tries = self.rto(), self.tries
-        # the same sum as next_wakeup's, so a timer fired at next_wakeup() always finds
+        rto, tries = self.timeout(), self.tries
+        # the same sums as next_wakeup's, so a timer fired at next_wakeup() always finds
         # the packet overdue (``now - t >= rto`` can round the other way)
-        overdue = [p for p, t in self.inflight.items() if now >= t + rto * tries.get(p, 1)]
+        overdue = []
+        for p, t in self.fresh.items():
+            if now < t + rto:
+                break
+            overdue.append(p)
+        if self.resent:
+            late = [p for p, t in self.resent.items() if now >= t + rto * tries[p]]
+            if late:
+                # in order of last send, as one list of everything in flight would be
+                sent = {**self.fresh, **self.resent}
+                overdue = sorted(overdue + late, key=sent.__getitem__)
         if not overdue:
             return []
         cfg, idle = self.cfg, now - self.last_progress
@@ -214,7 +286,7 @@ class SendWindow:
             for p in overdue:
                 self.received[p] = 1
                 self.remaining -= 1
-                del self.inflight[p]
+                self._sent_at(p)
                 acts.append(Abandon(p))
                 self._release(p + self.W, now, acts)
             self.last_progress = now

@@ -13,7 +13,8 @@ import numpy as np
 
 from .fields import MAX_WORKERS
 
-__all__ = ["JobConfig", "JobSettings", "LINK_DEFAULTS", "job_defaults", "Member",
+__all__ = ["JobConfig", "JobSettings", "LINK_DEFAULTS", "job_defaults", "loopback_group",
+           "MAX_ELEMENTS", "Member",
            "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE", "load_jobs_toml", "MODES",
            "ENTRY_UPDATE", "parse_control"]
 
@@ -53,17 +54,23 @@ class JobSettings:
         return self.deadline * 1e3
 
 
-#: Defaults per link kind. Ethernet: 256 elements (1,044-byte datagrams fit a 1500-byte
-#: MTU and the FPGA's element memory). Loopback: 8,192 elements (32 KiB datagrams; the
-#: per-datagram cost dominates there, not the MTU).
+#: Defaults per link kind, chosen by the datagram each link carries best:
+#:
+#: - ``ethernet``: 256 elements, 1,044-byte datagrams: they fit a 1500-byte MTU and the
+#:   FPGA's element memory;
+#: - ``jumbo``: 2,048 elements, 8,212-byte datagrams, for links with a 9000-byte MTU;
+#: - ``loopback``: 16,368 elements, 65,492-byte datagrams, just under the largest UDP
+#:   payload (65,507): on one host the per-datagram cost dominates, not the MTU, so the
+#:   fewer datagrams the better (16,368 = the largest multiple of 16 that fits).
 LINK_DEFAULTS = {
     "ethernet": JobSettings(),
-    "loopback": JobSettings(elements=8192),
+    "jumbo": JobSettings(elements=2048),
+    "loopback": JobSettings(elements=16368),
 }
 
 
 def job_defaults(link: str = "ethernet", **changes) -> JobSettings:
-    """The defaults for ``link`` ("ethernet" or "loopback"), with ``changes`` applied
+    """The defaults for ``link`` ("ethernet", "jumbo" or "loopback"), with ``changes`` applied
     (a None value keeps the default)."""
     import dataclasses
     if link not in LINK_DEFAULTS:
@@ -73,6 +80,25 @@ def job_defaults(link: str = "ethernet", **changes) -> JobSettings:
 
 
 _D = LINK_DEFAULTS["ethernet"]
+
+
+def loopback_group(switch, job: int):
+    """The IP multicast group for the RESULTs of job ``job`` when its workers share a host
+    with the switch at ``switch`` (ip, port), or None when the switch is not on loopback.
+
+    One copy per RESULT instead of N: the group is ``239.P.P.J`` (organization-local scope;
+    ``P.P`` the switch's port, ``J`` the job id's low byte) on the switch's own UDP port,
+    so concurrent switches and jobs on one host do not share a group (two jobs of one
+    switch whose ids differ only above the low byte do: each worker then drops the other
+    job's RESULTs, which carry the other job id). The port is the switch's: nothing else
+    on the host can hold it for any address the switch has bound."""
+    ip, port = switch[0], int(switch[1])
+    try:
+        if not ipaddress.IPv4Address(ip).is_loopback:
+            return None
+    except ValueError:
+        return None
+    return f"239.{port >> 8}.{port & 0xFF}.{job & 0xFF}", port
 
 
 @dataclass(frozen=True)
