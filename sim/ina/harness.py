@@ -169,6 +169,24 @@ class CoreTB:
             else:
                 raise AssertionError(f"job {k}: enable still reads 0")
 
+    def preload_tags(self, job_index: int, tags: dict):
+        """Backdoor: set slot records of job ``job_index`` (its place in the job table)
+        to complete, empty records holding ``tags`` ({(set, index): seq}), as if the job
+        had run up to there (the front door would need up to 2^32 sequence numbers).
+        Writes the header pipeline's metadata memory (``meta<j>``) through the simulator;
+        call it after :meth:`configure` and before traffic. ``Scoreboard.preload_tags``
+        does the same to the model."""
+        from ina_fabric.hw.ina.header import meta_layout
+        lay = meta_layout(self.P)
+        mem = getattr(self.dut.header, f"meta{job_index}")
+        fields = {n: (f.offset, f.width) for n, f in lay}
+        for (st, idx), tag in tags.items():
+            word = 0
+            for name, v in (("tag", tag), ("complete", 1), ("exponent", -128)):
+                off, width = fields[name]
+                word |= (v & ((1 << width) - 1)) << off
+            mem[st * self.P.window + idx].value = word
+
     async def counters(self) -> dict:
         return {n: await self.read(counter_addr(n)) for n in COUNTER_NAMES}
 

@@ -58,10 +58,13 @@ async def test_directed(dut):
     for name, scenario in directed.SCENARIOS.items():
         if only and name != only:
             continue
-        jobs, traffic, gaps, expect = scenario()
+        jobs, traffic, gaps, expect, *pre = scenario()
         await tb.reset()
         await tb.configure(jobs)
         sb = Scoreboard(jobs)
+        for k, tags in (pre[0] if pre else {}).items():   # {job index: {(set, i): tag}}
+            tb.preload_tags(k, tags)
+            sb.preload_tags(jobs[k].job, tags)
         dl = max((round(j.deadline) for j in jobs if j.mode == "bounded"), default=0)
         _, last = await tb.run(traffic, sb, gaps=gaps, drain=dl + 4 * tb.P.records + 100)
         if dl:
