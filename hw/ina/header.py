@@ -376,7 +376,7 @@ class HeaderPipeline(wiring.Component):
         OpL = data.StructLayout({
             "kind": OpKind, "checks": len(CHECKS), "reason": Reason, "rec": range(R), "seq": 32,
             "seqm": signed(34), "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16,
-            "base": range(R * EB + 1), "nbeats": 16, "rewind": 5,
+            "base": range(R * EB + 1), "nbeats": 16, "rewind": 5, "src_ok": 1,
         })
         def stage(name):    # an operation's registers in one stage
             return (Signal(name=f"{name}_valid"), Signal(OpL, name=f"{name}_op"),
@@ -504,9 +504,10 @@ class HeaderPipeline(wiring.Component):
         n1 = jf("nworkers", p1_job)
         bit1 = Signal(P.workers)
         m.d.comb += bit1.eq(1 << p1_op.worker[:5])
-        # (a re-run packet passed the check already; the compares, in three parts, are
-        # only those of the packet from P0)
-        src_ok1 = p1_reinj | Array(p1_src_eq)[p1_job].all()
+        # (the compares, in three parts, are only those of the packet from P0; a re-run
+        # packet keeps the result of its own check, ``src_ok`` in the op: it
+        # may be re-run because it followed a packet to its record, whatever its source)
+        src_ok1 = Mux(p1_reinj, p1_op.src_ok, Array(p1_src_eq)[p1_job].all())
         pend1 = self.pending.bit_select(p1_op.rec, 1) | (byp1 & (p3_push_a | p3_push_b))
         w1 = Signal(signed(35))
         w2 = Signal(signed(35))
@@ -550,7 +551,8 @@ class HeaderPipeline(wiring.Component):
         reason1 = first_reason(p1_op.checks)
         m.d.sync += [
             q1_valid.eq(p1_valid & ~reinject & ~scan_cancel1), q1_op.eq(p1_op),
-            q1_op.reason.eq(reason1), q1_reinj.eq(p1_reinj), q1_adj.eq(p1_adj),
+            q1_op.reason.eq(reason1), q1_op.src_ok.eq(src_ok1), q1_reinj.eq(p1_reinj),
+            q1_adj.eq(p1_adj),
             q1_md.eq(md1), q1_bit.eq(bit1), q1_job.eq(p1_job),
             q1_due.eq(p1_op.ts + jf("deadline", p1_job)),
             q1_init_tag.eq(init_idx + Mux(init_set, w1, 0) - w2),

@@ -185,3 +185,19 @@ def seq_wrap():
 
 
 SCENARIOS.update({f.__name__: f for f in (seq_far, seq_wrap)})
+
+
+def spoof_rerun():
+    """A datagram from a wrong source right behind a member's packet to the same record
+    (empty packets: their decisions are one or two cycles apart, so the second is re-run
+    from P2): the re-run must not skip its source check (it did: the spoofed packet
+    completed the slot)."""
+    a = _job(n=2)
+    good0, src0 = _d(a, 0, 0, [])
+    spoof, src1 = _d(a, 1, 0, [])
+    t = [(good0, src0), (spoof, ("10.9.9.9", src1[1])), (spoof, (src1[0], 4999)),
+         _d(a, 1, 1, []), _d(a, 0, 1, []), (spoof, ("10.9.9.8", src1[1]))]
+    return _plain(t, {"drop_unknown_source": 3, "results": 1, "accepted": 3}, [a])
+
+
+SCENARIOS[spoof_rerun.__name__] = spoof_rerun
