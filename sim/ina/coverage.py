@@ -425,7 +425,8 @@ def deadline_sweep(cfg, P, seq0, deltas):
         b = pack(vals, job=cfg.job, worker=1, seq=seq)
         t += [(a, cfg.members[0].addr), (b, cfg.members[1].addr)]
         # the previous pair's slot must be out of the way: wait past its deadline
-        gaps += [D + 4 * P.records + 40, D + dl - _pkt_beats(P, cfg.elements)]
+        # (the wait varies, so the scanner's visit falls at another point each time)
+        gaps += [D + 4 * P.records + 40 + seq % 17, D + dl - _pkt_beats(P, cfg.elements)]
         seq += 1
     return t, gaps, seq
 

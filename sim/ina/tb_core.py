@@ -190,7 +190,11 @@ async def test_coverage(dut):
         await phase(jobs, traffic, seed=seed, gap=0.02, bp=0.08, preload=preload, bidx=bidx)
         # directed: a gap sweep across the deadline of the bounded job, cycle by cycle
         b = jobs[bidx]
-        t, gaps, nxt = deadline_sweep(b, P, 0, range(-3, 4))
+        # (from a whole packet before it: the packet is still being received at the deadline)
+        # and, repeated with the scanner at other points, the cycles in which the packet
+        # is decided after the deadline it arrived before
+        near = list(range(-(P.header_beats + 6), 1)) * (P.records // 2)
+        t, gaps, nxt = deadline_sweep(b, P, 0, list(range(-(P.ideal_beats + 8), 4)) + near)
         t2, g2 = expire_all(b, P, nxt)
         await phase(jobs, t + t2, seed=seed, gaps=gaps + [D + 4 * P.records] + g2[1:],
                     bidx=bidx)
