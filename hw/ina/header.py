@@ -54,7 +54,9 @@ from .layout import HeaderLayout, Reason, OpKind, AccMode, request_layout
 from .params import CoreParams, HEADER_WORDS, QUEUE_SLACK
 from .regfile import job_layout, member_layout, jobs_at
 
-__all__ = ["DEC_LAT", "HEADER_EVENTS", "meta_layout", "HeaderPipeline"]
+__all__ = ["DEC_LAT", "HEADER_EVENTS", "meta_layout", "HeaderPipeline", "record_of",
+           "record_of_py", "seq_at_or_behind", "seq_at_or_behind_py", "due_reached",
+           "due_reached_py"]
 
 DEC_LAT = 4   # pop of a packet's last header beat (cycle t) -> its P2 decision (t + 4)
 
@@ -66,6 +68,47 @@ HEADER_EVENTS = {k: n for k, n in COUNTER_EVENTS.items()
 
 def _log2(n):
     return (n - 1).bit_length()
+
+
+SEQ_MASK = 0xFFFFFFFF
+
+
+# The compares behind the slot rules, as small functions with Python twins (the model's
+# definitions), so tests/test_hw_ina_blocks.py can prove them for every input.
+def record_of(seq_low, wbit, lwm):
+    """Amaranth: a seq's record within its job, ``Cat(index, set)`` (``lwm + 1`` bits),
+    from the low ``lwm + 1`` bits of seq and the job's W as ``wbit`` (``1 << log2 W``,
+    W <= 2^lwm, the core's window): index ``seq % W``, set ``(seq // W) % 2``."""
+    wset = (seq_low & wbit[:lwm + 1]).any()
+    widx = (seq_low & (wbit - 1)[:lwm + 1])[:max(1, lwm)]
+    return Cat(widx[:lwm], wset)
+
+
+def record_of_py(seq, window, window_max):
+    """The model's record of ``seq`` (set, index) as the core numbers it in a job."""
+    return ((seq // window) % 2) * window_max + seq % window
+
+
+def seq_at_or_behind(tag, seq):
+    """Amaranth: seq is the record's tag or before it in 32-bit serial-number arithmetic,
+    ``(tag - seq) mod 2^32 < 2^31`` (the sign of a 32-bit subtraction: one carry chain).
+    The slot rules join ``seq == tag`` first, so what is left of it is the model's
+    stale drop (``(tag - seq) mod 2^32`` in 1 .. 2^31 - 1); the rest is out of window."""
+    return ~(tag[:32] - seq[:32])[31]
+
+
+def seq_at_or_behind_py(tag, seq):
+    return ((tag - seq) & SEQ_MASK) < 1 << 31
+
+
+def due_reached(ts, due):
+    """Amaranth: a record due at ``due`` has expired at time ``ts`` (``due <= ts``,
+    modulo 2^32, so the cycle counter may wrap; deadlines stay below 2^31 cycles)."""
+    return ~(ts - due)[31]
+
+
+def due_reached_py(ts, due):
+    return ((ts - due) & SEQ_MASK) < 1 << 31
 
 
 def meta_layout(P: CoreParams) -> data.StructLayout:
@@ -252,9 +295,7 @@ class HeaderPipeline(wiring.Component):
                     # others), so only the low LWM + 1 bits of seq hold its set bit
                     sq = b.data[k % L][:LWM + 1]
                     for j in range(NJ):
-                        wset_j = (sq & wbit[j][:LWM + 1]).any()
-                        widx_j = (sq & (wbit[j] - 1)[:LWM + 1])[:max(1, LWM)]
-                        m.d.sync += hrec[j].eq(Cat(widx_j[:LWM], wset_j))
+                        m.d.sync += hrec[j].eq(record_of(sq, wbit[j], LWM))
         with m.If(b.first & ~collecting):
             m.d.sync += [ts_reg.eq(b.ts), body_reg.eq(b.length - 20),
                          len_short.eq(b.length < 20), sip_reg.eq(b.src_ip),
@@ -335,7 +376,7 @@ class HeaderPipeline(wiring.Component):
         OpL = data.StructLayout({
             "kind": OpKind, "checks": len(CHECKS), "reason": Reason, "rec": range(R), "seq": 32,
             "seqm": signed(34), "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16,
-            "base": range(R * EB + 1), "nbeats": 16, "rewind": 5,
+            "base": range(R * EB + 1), "nbeats": 16, "rewind": 5, "src_ok": 1,
         })
         def stage(name):    # an operation's registers in one stage
             return (Signal(name=f"{name}_valid"), Signal(OpL, name=f"{name}_op"),
@@ -463,9 +504,10 @@ class HeaderPipeline(wiring.Component):
         n1 = jf("nworkers", p1_job)
         bit1 = Signal(P.workers)
         m.d.comb += bit1.eq(1 << p1_op.worker[:5])
-        # (a re-run packet passed the check already; the compares, in three parts, are
-        # only those of the packet from P0)
-        src_ok1 = p1_reinj | Array(p1_src_eq)[p1_job].all()
+        # (the compares, in three parts, are only those of the packet from P0; a re-run
+        # packet keeps the result of its own check, ``src_ok`` in the op: it
+        # may be re-run because it followed a packet to its record, whatever its source)
+        src_ok1 = Mux(p1_reinj, p1_op.src_ok, Array(p1_src_eq)[p1_job].all())
         pend1 = self.pending.bit_select(p1_op.rec, 1) | (byp1 & (p3_push_a | p3_push_b))
         w1 = Signal(signed(35))
         w2 = Signal(signed(35))
@@ -488,12 +530,12 @@ class HeaderPipeline(wiring.Component):
 
         def md_compares(mdx, op, n, nm1, bit):
             """Every compare of an operation against its record's metadata."""
-            seqx = Signal(signed(34))
-            late_by = Signal(32)      # time - due, modulo 2^32: expired when not negative
-            m.d.comb += [seqx.eq(op.seq), late_by.eq(op.ts - mdx.due)]
-            return {"late": ~late_by[31], "complete": mdx.complete,
-                    "eq_seqm": eq_chain(mdx.tag, op.seqm), "eq_seq": eq_chain(mdx.tag, seqx),
-                    "lt": below(seqx, mdx.tag), "cnt1_n": mdx.count == nm1,
+            # sequence numbers compare modulo 2^32 (the model's serial-number arithmetic):
+            # only the tag's low 32 bits count (the initial tags are negative)
+            return {"late": due_reached(op.ts, mdx.due), "complete": mdx.complete,
+                    "eq_seqm": eq_chain(mdx.tag[:32], op.seqm[:32]),
+                    "eq_seq": eq_chain(mdx.tag[:32], op.seq),
+                    "lt": seq_at_or_behind(mdx.tag, op.seq), "cnt1_n": mdx.count == nm1,
                     "cnt0": mdx.count == 0, "cnt_lt_n": mdx.count < n,
                     "nelem_ne": ~eq_chain(op.nelem, mdx.nelem)}
         CmpL = data.StructLayout({k: 1 for k in (
@@ -509,7 +551,8 @@ class HeaderPipeline(wiring.Component):
         reason1 = first_reason(p1_op.checks)
         m.d.sync += [
             q1_valid.eq(p1_valid & ~reinject & ~scan_cancel1), q1_op.eq(p1_op),
-            q1_op.reason.eq(reason1), q1_reinj.eq(p1_reinj), q1_adj.eq(p1_adj),
+            q1_op.reason.eq(reason1), q1_op.src_ok.eq(src_ok1), q1_reinj.eq(p1_reinj),
+            q1_adj.eq(p1_adj),
             q1_md.eq(md1), q1_bit.eq(bit1), q1_job.eq(p1_job),
             q1_due.eq(p1_op.ts + jf("deadline", p1_job)),
             q1_init_tag.eq(init_idx + Mux(init_set, w1, 0) - w2),

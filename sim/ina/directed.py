@@ -20,7 +20,7 @@ def _job(job=7, n=3, window=2, mode="reliable", deadline=1.0, mcast=None, elemen
 
 
 def _d(cfg, w, seq, vals=None, exp=0, **kw):
-    vals = vals if vals is not None else [w + 1, -(w + 1), 1000 * w, seq]
+    vals = vals if vals is not None else [w + 1, -(w + 1), 1000 * w, seq & 0xFFFF]
     return pack(vals, job=cfg.job, worker=w, seq=seq, exponent=exp, **kw), cfg.members[w].addr
 
 
@@ -145,3 +145,59 @@ def b2b_traffic(jobs, n_seq):
             vals = rng.integers(-2**31, 2**31, cfg.elements, dtype=np.int64).astype(np.int32)
             out.append(_d(cfg, w, seq, vals))
     return out
+
+
+# -- sequence numbers are 32-bit serial numbers (the model's modular compares) ---------
+def seq_far():
+    """Packets whose seq is about 2^31 away from their record's tag: a modular compare
+    says stale for ``(tag - seq) mod 2^32`` in 1 .. 2^31-1, else out of window (a plain
+    integer compare says out of window for every seq above the tag)."""
+    a = _job(n=2, window=2)
+    t = [_d(a, 0, 0), _d(a, 1, 0)]          # record (0, 0) now holds 0, the others -4..-1
+    for s in (2**31 - 4, 2**31 - 1, 2**31, 2**31 + 1, 2**31 + 2, 2**31 + 3, 2**31 + 4,
+              2**31 + 5, 2**32 - 8, 2**32 - 7, 2**32 - 6, 2**32 - 5):
+        t.append(_d(a, 0, s))
+    return _plain(t, {"results": 1, "drop_stale": 9, "drop_out_of_window": 3}, [a])
+
+
+def wrap_preload(a, base):
+    """Tags of job ``a``'s records after it completed seqs ``base - 2W .. base - 1``."""
+    w = a.window
+    return {(((base + k) // w) % 2, (base + k) % w): (base - 2 * w + k) & 0xFFFFFFFF
+            for k in range(2 * w)}
+
+
+def seq_wrap():
+    """A job that runs across the 2^32 wrap (its records preloaded as if it had run
+    from 0 to 2^32 - 4): reuse at tag + 2W mod 2^32, stale and out of window across the
+    wrap, and a re-send after it."""
+    a = _job(n=2, window=2)
+    base = 2**32 - 4
+    t = []
+    for s in range(base, base + 10):
+        t += [_d(a, 0, s & 0xFFFFFFFF), _d(a, 1, s & 0xFFFFFFFF)]
+    t += [_d(a, 0, 2**32 - 1),              # stale across the wrap (tag 3)
+          _d(a, 0, 5),                      # a re-send after the wrap
+          _d(a, 1, 13)]                     # out of window (tag 5)
+    jobs, traffic, gaps, expect = _plain(
+        t, {"results": 10, "drop_stale": 1, "drop_out_of_window": 1, "resent": 1}, [a])
+    return jobs, traffic, gaps, expect, {0: wrap_preload(a, base)}
+
+
+SCENARIOS.update({f.__name__: f for f in (seq_far, seq_wrap)})
+
+
+def spoof_rerun():
+    """A datagram from a wrong source right behind a member's packet to the same record
+    (empty packets: their decisions are one or two cycles apart, so the second is re-run
+    from P2): the re-run must not skip its source check (it did: the spoofed packet
+    completed the slot)."""
+    a = _job(n=2)
+    good0, src0 = _d(a, 0, 0, [])
+    spoof, src1 = _d(a, 1, 0, [])
+    t = [(good0, src0), (spoof, ("10.9.9.9", src1[1])), (spoof, (src1[0], 4999)),
+         _d(a, 1, 1, []), _d(a, 0, 1, []), (spoof, ("10.9.9.8", src1[1]))]
+    return _plain(t, {"drop_unknown_source": 3, "results": 1, "accepted": 3}, [a])
+
+
+SCENARIOS[spoof_rerun.__name__] = spoof_rerun

@@ -169,6 +169,31 @@ class CoreTB:
             else:
                 raise AssertionError(f"job {k}: enable still reads 0")
 
+    async def preload_tags(self, job_index: int, tags: dict):
+        """Backdoor: set slot records of job ``job_index`` (its place in the job table)
+        to complete, empty records holding ``tags`` ({(set, index): seq}), as if the job
+        had run up to there (the front door would need up to 2^32 sequence numbers).
+        Writes the header pipeline's metadata memory (``meta<j>``) through the simulator;
+        call it after :meth:`configure` and before traffic. ``Scoreboard.preload_tags``
+        does the same to the model. The deadline scanner writes back each record it
+        visits (its read of the old word may be in flight), so the words are written
+        twice, 8 cycles apart (longer than the pipeline)."""
+        from ina_fabric.hw.ina.header import meta_layout
+        lay = meta_layout(self.P)
+        mem = getattr(self.dut.header, f"meta{job_index}")
+        fields = {n: (f.offset, f.width) for n, f in lay}
+        words = {}
+        for (st, idx), tag in tags.items():
+            word = 0
+            for name, v in (("tag", tag), ("complete", 1), ("exponent", -128)):
+                off, width = fields[name]
+                word |= (v & ((1 << width) - 1)) << off
+            words[st * self.P.window + idx] = word
+        for _ in range(2):
+            for a, word in words.items():
+                mem[a].value = word
+            await ClockCycles(self.dut.clk, 8)
+
     async def counters(self) -> dict:
         return {n: await self.read(counter_addr(n)) for n in COUNTER_NAMES}
 
@@ -191,6 +216,14 @@ class CoreTB:
         idle = 0
         done_in = False
         unpack = self.outp.unpack
+        # optional timing hooks (``Scoreboard.timing``: see sim/ina/coverage.py): the
+        # cycle count runs with ``now`` (the value cocotb reads at an edge is the cycle
+        # that ends there)
+        timing = getattr(sb, "timing", None)
+        on_last = getattr(sb, "packet_last", None)
+        on_out = getattr(sb, "output_first", None)
+        cyc = int(d.now.value) if d.now.value.is_resolvable else 0
+        o_first = None
         while True:
             if not driving and not done_in:
                 if cur is None or bi >= len(beats):
@@ -215,14 +248,21 @@ class CoreTB:
                 o_ready = 0 if rng.random() < backpressure else 1
                 d.o__ready.value = o_ready
             await RisingEdge(clk)
+            cyc += 1
+            if timing is not None:
+                ov = d.o__valid.value
+                timing.cycle(cyc, bool(ov.is_resolvable and int(ov)), o_ready)
             if driving and d.i__ready.value:
                 now = int(d.now.value)
+                assert timing is None or now == cyc, f"cycle count {cyc} != now {now}"
                 if bi == 0:
                     sb.packet(cur[0], cur[1], now)
                     if first_cycle is None:
                         first_cycle = now
                 last_cycle = now
                 bi += 1
+                if bi == len(beats) and on_last is not None:
+                    on_last(now)
                 driving = False
                 d.i__valid.value = 0
             if o_ready and d.o__valid.value:
@@ -232,7 +272,11 @@ class CoreTB:
                     raise AssertionError(f"output payload has X/Z bits: {v} {dbg}")
                 b = unpack(int(v))
                 obeats.append(b)
+                if b["first"]:
+                    o_first = cyc
                 if b["last"]:
+                    if on_out is not None:
+                        on_out(o_first)
                     sb.output(beats_datagram(obeats, L), obeats[0])
                     obeats = []
                 idle = 0

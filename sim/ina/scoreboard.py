@@ -45,6 +45,15 @@ class Scoreboard:
         self.n_in = self.n_out = 0
         self.history = defaultdict(list)
 
+    def preload_tags(self, job: int, tags: dict):
+        """The model's side of ``CoreTB.preload_tags``: records ({(set, index): seq}) of
+        job id ``job`` hold ``seq``, complete, with no stored result (so the traffic must
+        not ask for a re-send of that seq)."""
+        js = self.model.jobs[job]
+        for (st, idx), tag in tags.items():
+            slot = js.slots[st][idx]
+            slot.tag, slot.complete, slot.result = tag & 0xFFFFFFFF, True, None
+
     def packet(self, dgram, source, now):
         self.n_in += 1
         if len(dgram) >= 20:

@@ -58,10 +58,13 @@ async def test_directed(dut):
     for name, scenario in directed.SCENARIOS.items():
         if only and name != only:
             continue
-        jobs, traffic, gaps, expect = scenario()
+        jobs, traffic, gaps, expect, *pre = scenario()
         await tb.reset()
         await tb.configure(jobs)
         sb = Scoreboard(jobs)
+        for k, tags in (pre[0] if pre else {}).items():   # {job index: {(set, i): tag}}
+            await tb.preload_tags(k, tags)
+            sb.preload_tags(jobs[k].job, tags)
         dl = max((round(j.deadline) for j in jobs if j.mode == "bounded"), default=0)
         _, last = await tb.run(traffic, sb, gaps=gaps, drain=dl + 4 * tb.P.records + 100)
         if dl:
@@ -98,3 +101,119 @@ async def test_back_to_back(dut):
         fh.write(f"{len(traffic)} {cycles} {beats}\n")
     if _env("INA_B2B_STRICT", 1):
         assert cycles == beats, f"{cycles - beats} bubbles in {beats} beats"
+
+
+@cocotb.test()
+async def test_coverage(dut):
+    """Coverage-driven random traffic, then the directed sweeps across each timing
+    compare, for INA_SIM_SEEDS seeds (the bounded job at table index seed % jobs, the
+    jobs after the first start near the 2^32 wrap); every bin must be hit, every result
+    in time (sim/ina/coverage.py). Writes the table to INA_COV_OUT (JSON) if set."""
+    from .coverage import (Coverage, CovScoreboard, CoverageMonitor, RULE_COUNTERS,
+                           cov_jobs, cov_traffic, deadline_sweep, reuse_sweep, expire_all,
+                           overflow_beats, PIPE_BOUND)
+    from cocotb.triggers import ClockCycles
+    tb = CoreTB(dut)
+    P = tb.P
+    cov = Coverage()
+    cov.need(*(f"model: {n}" for n in RULE_COUNTERS))
+    cov.need("reuse at tag + 2W", "reuse across the 2^32 wrap",
+             "stale within 2W of the 2^31 boundary",
+             "out of window within 2W of the 2^31 boundary",
+             "packet exactly at its slot's deadline",
+             "packet one cycle before its slot's deadline", "PARTIAL result re-sent",
+             "a packet fires its expired record",
+             "reuse deferred (result queued or being sent)",
+             "back-pressure in the middle of a result")
+    cov.need(*(f"overflow in element beat {b}" for b in range(P.elem_beats)))
+    cov.need(*(f"scanner fires record {r}" for r in range(2 * P.window)))
+    seeds = _env("INA_SIM_SEEDS", P.jobs)
+    cov.need(*(f"bounded job at table index {k}" for k in range(min(seeds, P.jobs))))
+    mon = CoverageMonitor(dut, P, cov)
+    cocotb.start_soon(mon.run())
+    n_seq = _env("INA_COV_NSEQ", 40)
+    scan_lag = 2 * P.records + P.ideal_beats + 16
+    worst = {"packet": 0, "deadline": 0}
+    n_in = n_out = 0
+
+    async def phase(jobs, traffic, *, seed, gaps=None, gap=0.0, bp=0.0, preload=None,
+                    bidx=None):
+        nonlocal n_in, n_out
+        await tb.reset()
+        await tb.configure(jobs)
+        sb = CovScoreboard(jobs, cov, P)
+        for j, tags in (preload or {}).items():
+            await tb.preload_tags(j, tags)
+            sb.preload_tags(jobs[j].job, tags)
+        mon.bounded = (bidx, None) if bidx is not None else None
+        D = max((int(j.deadline) for j in jobs if j.mode == "bounded"), default=0)
+        _, last = await tb.run(traffic, sb, seed=seed, gap=gap, backpressure=bp,
+                               gaps=gaps, drain=D + 4 * P.records + 200)
+        if D:
+            sb.tick(last + D + 1)
+        tb.acc.check()
+        hw = await tb.counters()
+        try:
+            summary = sb.check()
+        except AssertionError:
+            dut._log.info(f"counters (hw, model): " + str({n: (hw[n], sb.model.counters[n]) for n in hw if n in sb.model.counters and hw[n] != sb.model.counters[n]}))
+            raise
+        sb.check_counters(hw)
+        sb.check_model_only()
+        w = sb.check_timing(scan_lag)
+        for k in worst:
+            worst[k] = max(worst[k], w[k])
+        if sb.offsets:
+            dut._log.info(f"packets near their deadline (time - due): {sb.offsets}")
+        n_in += summary["in"]
+        n_out += summary["out"]
+        return sb
+
+    for s in range(seeds):
+        seed = _env("INA_SEED", 1) * 1000 + s
+        bidx = s % P.jobs
+        cov.hit(f"bounded job at table index {bidx}")
+        # deadline: about half a window of traffic, so late packets still find their slot
+        per_seq = sum(3.5 * P.ideal_beats for _ in range(P.jobs))
+        D = max(40, int(per_seq * P.window * 0.5))
+        jobs = cov_jobs(P, bidx, D, seed)
+        bases, preload = [], {}
+        for j, cfg in enumerate(jobs):
+            if j == 0:
+                bases.append(0)
+            else:   # starts 2W·k before 2^32: crosses the wrap in the middle of the run
+                k = max(1, n_seq // (4 * cfg.window))
+                base = (2**32 - 2 * cfg.window * k) & 0xFFFFFFFF
+                bases.append(base)
+                preload[j] = directed.wrap_preload(cfg, base)
+        traffic = cov_traffic(jobs, P, n_seq, seed, bases)
+        await phase(jobs, traffic, seed=seed, gap=0.02, bp=0.08, preload=preload, bidx=bidx)
+        # directed: a gap sweep across the deadline of the bounded job, cycle by cycle
+        b = jobs[bidx]
+        # (from a whole packet before it: the packet is still being received at the deadline)
+        # and, repeated with the scanner at other points, the cycles in which the packet
+        # is decided after the deadline it arrived before
+        near = list(range(-(P.header_beats + 6), 1)) * (P.records // 2)
+        t, gaps, nxt = deadline_sweep(b, P, 0, list(range(-(P.ideal_beats + 8), 4)) + near)
+        t2, g2 = expire_all(b, P, nxt)
+        await phase(jobs, t + t2, seed=seed, gaps=gaps + [D + 4 * P.records] + g2[1:],
+                    bidx=bidx)
+        # directed: reuse while the record's result is being sent, cycle by cycle
+        r = jobs[(bidx + 1) % P.jobs]
+        send = r.n * (P.header_beats + P.elem_beats)
+        t, gaps = reuse_sweep(r, P, range(0, send + 12))
+        # then a saturating sum in each element beat (seqs after the sweep's, by job)
+        W2 = 2 * r.window
+        tags = {g % W2: 2 * W2 * (g // W2) + g % W2 + W2 for g in range(0, send + 12)}
+        t3 = overflow_beats(r, P, tags)
+        await phase(jobs, t + t3, seed=seed, gaps=gaps + [0] * len(t3), bidx=bidx, bp=0.0)
+    mon.active = False
+    print(cov.table(f"coverage (L={P.lanes} E={P.elements} W={P.window} "
+                            f"jobs={P.jobs}, {seeds} seeds, {n_in} datagrams in, "
+                            f"{n_out} out)"), flush=True)
+    dut._log.info(f"timing: worst idle output cycles before a result: {worst} "
+                  f"(bounds: packet {PIPE_BOUND}, deadline {PIPE_BOUND + scan_lag})")
+    out = os.environ.get("INA_COV_OUT")
+    if out:
+        cov.dump(out)
+    assert not cov.missing(), f"coverage bins not hit: {cov.missing()}"
