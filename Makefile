@@ -21,7 +21,7 @@ help:
 setup: $(STAMP)
 
 # setup.py and the C sources: the compiled data path is rebuilt when they change
-$(STAMP): requirements.txt pyproject.toml setup.py $(wildcard host/*/*.c)
+$(STAMP): requirements.txt pyproject.toml setup.py $(wildcard host/*/*.c ina_fabric/protocol/*.h)
 	@command -v iverilog >/dev/null && command -v tshark >/dev/null && command -v gcc >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iverilog tshark gcc; }
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

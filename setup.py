@@ -7,11 +7,19 @@ path (``ina_fabric.host.fastpath.engine_status()`` tells why).
 
 from setuptools import Extension, setup
 
-FLAGS = ["-O3", "-std=c11", "-Wall", "-Wno-unused-function"]
+# no errno from math functions, no FP traps: lets the element loops vectorize; IEEE
+# results are unchanged (no -ffast-math: the rounding and clamping must stay exact)
+FLAGS = ["-O3", "-std=c11", "-Wall", "-Wno-unused-function", "-fno-math-errno",
+         "-fno-trapping-math"]
 
 EXTENSIONS = [
     # the switch's data path: recvmmsg batches, slot rules, exact accumulation, sendmmsg
     Extension("ina_fabric.host.switch._engine", ["host/switch/_engine.c"],
+              include_dirs=["ina_fabric/protocol"], depends=["ina_fabric/protocol/ina_wire.h"],
+              extra_compile_args=FLAGS, optional=True),
+    # the worker's call loop: the send window, packets built in a ring, fused dequantize
+    Extension("ina_fabric.host.transport._client", ["host/transport/_client.c"],
+              include_dirs=["ina_fabric/protocol"], depends=["ina_fabric/protocol/ina_wire.h"],
               extra_compile_args=FLAGS, optional=True),
 ]
 

@@ -19,11 +19,11 @@ How it measures (so the figures can be trusted):
   parent, inherited by the forked workers), and one untimed call of each side per size
   comes first.
 
-The switch is ``cluster.start_switch_process`` (``engine="fast"`` when that parameter
-exists: the compiled data path); the job's RESULTs go to a loopback multicast group.
+The switch is ``cluster.start_switch_process`` with the compiled data path
+(``engine="fast"``; the Python model, said so, where the extension is not built); the
+job's RESULTs go to a loopback multicast group.
 """
 
-import inspect
 import multiprocessing as mp
 import os
 import time
@@ -155,9 +155,11 @@ def _worker(rank, world, port, switch, switch_pid, sizes, reps, q):
 
 def _start_switch(ctx):
     from ina_fabric.host.cluster import start_switch_process
-    if "engine" in inspect.signature(start_switch_process).parameters:
-        return start_switch_process(ctx, engine="fast") + ("fast",)
-    return start_switch_process(ctx) + ("model",)
+    from ina_fabric.host.switch import fast
+    if not fast.available():
+        print(f"note: {fast.WHY_NOT}", flush=True)
+    engine = "fast" if fast.available() else "model"
+    return start_switch_process(ctx, engine=engine) + (engine,)
 
 
 def measure(world, sizes, reps):

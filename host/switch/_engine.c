@@ -12,7 +12,7 @@
  * Why C and not numba: the batch loop makes system calls (ppoll, recvmmsg, sendmmsg) with
  * the GIL released, which numba cannot do without ctypes trampolines; and a C extension
  * has no JIT warm-up. The wire layout is not written here: Engine() takes the field
- * offsets from ina_fabric.protocol.fields (the one definition) and checks their widths.
+ * offsets from ina_fabric.protocol.fields (the one definition; ina_fabric/protocol/ina_wire.h).
  *
  * Two ways in:
  *   Engine.process(datagram, ip, port, now) -> [(ip, port, bytes)]   pure, for tests
@@ -33,6 +33,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+
+#include "ina_wire.h"
 
 #define SEQ_HALF 0x80000000u
 #define MAX_MEMBERS 32
@@ -56,13 +58,7 @@ static const char *COUNTER_NAMES[NCOUNTERS] = {
     "send_errors", "rx_batches", "tx_batches",
 };
 
-/* wire layout: offsets from protocol.fields, widths checked in Engine() */
-typedef struct {
-    int header, version, type, flags, exponent, job, worker, count, seq, nelem,
-        reserved, bitmap;
-    int v_version, t_data, t_result, f_partial, f_overflow, f_retransmit, no_exponent,
-        group_worker;
-} Layout;
+typedef InaLayout Layout;
 
 typedef struct { uint32_t ip; uint16_t port; } Addr;   /* host byte order */
 
@@ -116,14 +112,10 @@ typedef struct {
     uint8_t *rbuf;
 } Engine;
 
-static inline uint32_t rd16(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
-static inline uint32_t rd32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-static inline void wr16(uint8_t *p, uint32_t v) { p[0] = v >> 8; p[1] = v; }
-static inline void wr32(uint8_t *p, uint32_t v) {
-    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
-}
+#define rd16 ina_rd16
+#define rd32 ina_rd32
+#define wr16 ina_wr16
+#define wr32 ina_wr32
 
 static double mono(void) {
     struct timespec ts;
@@ -257,6 +249,31 @@ static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
     k->msgs[i].msg_hdr.msg_iovlen = 1;
 }
 
+/* the element loops, built for AVX2 and for any x86-64 (one is picked at load time) */
+#define TARGETS __attribute__((target_clones("avx2", "default")))
+
+TARGETS
+static void accumulate(int64_t *restrict acc, const uint8_t *restrict in, uint32_t nelem) {
+    for (uint32_t i = 0; i < nelem; i++) {
+        uint32_t u;
+        memcpy(&u, in + 4 * i, 4);
+        acc[i] += (int32_t)__builtin_bswap32(u);
+    }
+}
+
+TARGETS
+static int saturate(const int64_t *restrict acc, uint8_t *restrict dst, uint32_t nelem) {
+    int clipped = 0;
+    for (uint32_t i = 0; i < nelem; i++) {
+        int64_t v = acc[i];
+        int64_t c = v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : v);
+        clipped |= c != v;
+        uint32_t u = __builtin_bswap32((uint32_t)(int32_t)c);
+        memcpy(dst + 4 * i, &u, 4);
+    }
+    return clipped;
+}
+
 /* the model's _emit: saturate, flag, store the RESULT, send it to the group */
 static void emit(Engine *e, Sink *k, Job *j, Slot *s) {
     const Layout *L = &e->L;
@@ -267,16 +284,7 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s) {
         flags |= L->f_partial;
         e->c[C_PARTIALS]++;
     }
-    uint32_t *out = (uint32_t *)(r + L->header);
-    const int64_t *acc = s->acc;
-    int clipped = 0;
-    for (uint32_t i = 0; i < s->nelem; i++) {
-        int64_t v = acc[i];
-        int64_t c = v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : v);
-        clipped |= c != v;
-        out[i] = __builtin_bswap32((uint32_t)(int32_t)c);
-    }
-    if (clipped) {
+    if (saturate(s->acc, r + L->header, s->nelem)) {
         flags |= L->f_overflow;
         e->c[C_OVERFLOWS]++;
     }
@@ -371,15 +379,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if (s->bitmap & bit) { c[C_DUPLICATES]++; return 0; }
     if (nelem != s->nelem) { c[C_DROP_MALFORMED]++; return 0; }
     c[C_ACCEPTED]++;
-    const uint32_t *in = (const uint32_t *)(d + L->header);
-    int64_t *acc = s->acc;
-    if (((uintptr_t)in & 3) == 0) {
-        for (uint32_t i = 0; i < nelem; i++)
-            acc[i] += (int32_t)__builtin_bswap32(in[i]);
-    } else {
-        for (uint32_t i = 0; i < nelem; i++)
-            acc[i] += (int32_t)rd32(d + L->header + 4 * i);
-    }
+    accumulate(s->acc, d + L->header, nelem);
     s->bitmap |= bit;
     s->count++;
     int ex = (int8_t)d[L->exponent];
@@ -417,53 +417,12 @@ static void Engine_dealloc(Engine *e) {
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
-static int get_int(PyObject *d, const char *name, int *out) {
-    PyObject *v = PyDict_GetItemString(d, name);   /* borrowed */
-    if (!v) {
-        PyErr_Format(PyExc_KeyError, "wire layout lacks %s", name);
-        return -1;
-    }
-    long x = PyLong_AsLong(v);
-    if (x == -1 && PyErr_Occurred()) return -1;
-    *out = (int)x;
-    return 0;
-}
-
 /* Engine(layout): layout is a dict of field offsets ("<name>") and widths in bytes
  * ("<name>_bytes") from protocol.fields, plus the constants the data path needs. */
 static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     PyObject *d;
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
-    Layout *L = &e->L;
-    struct { const char *name; int *off; int width; } f[] = {
-        {"version", &L->version, 1}, {"type", &L->type, 1}, {"flags", &L->flags, 1},
-        {"exponent", &L->exponent, 1}, {"job", &L->job, 2}, {"worker", &L->worker, 1},
-        {"count", &L->count, 1}, {"seq", &L->seq, 4}, {"nelem", &L->nelem, 2},
-        {"reserved", &L->reserved, 2}, {"bitmap", &L->bitmap, 4},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        char key[64];
-        int width;
-        snprintf(key, sizeof key, "%s_bytes", f[i].name);
-        if (get_int(d, f[i].name, f[i].off) < 0 || get_int(d, key, &width) < 0) return -1;
-        if (width != f[i].width) {
-            PyErr_Format(PyExc_ValueError, "the wire format changed: field %s is %d bytes, "
-                         "the compiled engine reads %d (update host/switch/_engine.c)",
-                         f[i].name, width, f[i].width);
-            return -1;
-        }
-    }
-    if (get_int(d, "header", &L->header) < 0 || get_int(d, "VERSION", &L->v_version) < 0 ||
-        get_int(d, "DATA", &L->t_data) < 0 || get_int(d, "RESULT", &L->t_result) < 0 ||
-        get_int(d, "PARTIAL", &L->f_partial) < 0 || get_int(d, "OVERFLOW", &L->f_overflow) < 0 ||
-        get_int(d, "RETRANSMIT", &L->f_retransmit) < 0 ||
-        get_int(d, "NO_EXPONENT", &L->no_exponent) < 0 ||
-        get_int(d, "GROUP_WORKER", &L->group_worker) < 0)
-        return -1;
-    if (L->header % 4) {
-        PyErr_SetString(PyExc_ValueError, "header length must be a multiple of 4");
-        return -1;
-    }
+    if (ina_layout_from_dict(d, &e->L) < 0) return -1;
     e->sink = calloc(1, sizeof(Sink));
     e->rmsgs = calloc(BATCH, sizeof(struct mmsghdr));
     e->riov = calloc(BATCH, sizeof(struct iovec));

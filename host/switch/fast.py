@@ -19,8 +19,7 @@ model with that message.
 from collections import Counter
 import socket
 
-from ina_fabric.protocol.fields import (HEADER_BYTES, HEADER_FIELDS, VERSION, MsgType, Flags,
-                                        NO_EXPONENT, GROUP_WORKER, field_offsets)
+from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, c_layout
 from .model import SwitchModel, COUNTERS
 
 try:
@@ -44,13 +43,7 @@ def available() -> bool:
 
 def layout() -> dict:
     """What the engine needs of the wire format, from its one definition."""
-    d = dict(field_offsets())
-    d.update({f"{f.name}_bytes": f.nbytes for f in HEADER_FIELDS})
-    d.update(header=HEADER_BYTES, VERSION=VERSION, DATA=int(MsgType.DATA),
-             RESULT=int(MsgType.RESULT), PARTIAL=int(Flags.PARTIAL),
-             OVERFLOW=int(Flags.OVERFLOW), RETRANSMIT=int(Flags.RETRANSMIT),
-             NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER)
-    return d
+    return c_layout()
 
 
 def ip_int(ip: str) -> int:

@@ -61,8 +61,12 @@ class SwitchServer:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         # No SO_REUSEADDR: the port is this switch's alone (with it, a second switch or
         # any local process could bind the same port and take the traffic).
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 20)
+        for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
+                             (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF)):
+            try:   # past net.core.rmem_max (4 MiB here) where we may (root)
+                self.sock.setsockopt(socket.SOL_SOCKET, force, 16 << 20)
+            except (OSError, TypeError):
+                self.sock.setsockopt(socket.SOL_SOCKET, plain, 16 << 20)
         self.sock.bind((host, port))
         self.address = self.sock.getsockname()
         mif = "127.0.0.1" if host in ("0.0.0.0", "") else socket.gethostbyname(host)

@@ -41,6 +41,7 @@ as little as it can; the per-element work is compiled, one pass each way):
 
 from dataclasses import dataclass, field, asdict
 import math
+import os
 import select
 import socket
 import time
@@ -51,10 +52,13 @@ from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, N
                                         GROUP_WORKER)
 from ina_fabric.protocol.struct_view import HEADER_STRUCT
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS, MAX_ELEMENTS
+from ina_fabric.protocol.fields import c_layout
 from . import quantize as Q
+from . import fastcall
 from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Abandon, Hold
 
 _D = LINK_DEFAULTS["ethernet"]
+_LAYOUT = c_layout()
 _DATA, _RESULT = int(MsgType.DATA), int(MsgType.RESULT)
 _PARTIAL, _OVERFLOW = int(Flags.PARTIAL), int(Flags.OVERFLOW)
 _RETRANSMIT, _LAST = int(Flags.RETRANSMIT), int(Flags.LAST)
@@ -131,12 +135,22 @@ class SwitchClient:
     start_wait: float = 0.25       # reliable: timeout floor until a call's first RESULT
     impairment: object = None      # host.transport.impair.Impairment on the uplink
     group: tuple[str, int] | None = None   # multicast group of the job's RESULTs
+    engine: str = "auto"           # the call loop: "c" (fastcall), "python", or "auto"
     seq: int = 0                   # next base sequence number
     total: AllreduceStats = field(default_factory=AllreduceStats)
 
     def __post_init__(self):
         if self.mode not in ("reliable", "bounded"):
             raise ValueError(f"mode {self.mode!r}: expected reliable or bounded")
+        if self.engine not in ("auto", "c", "python"):
+            raise ValueError(f"engine {self.engine!r}: expected auto, c or python")
+        impaired = self.impairment is not None and self.impairment.active
+        if self.engine == "c" and not fastcall.available():
+            raise ValueError(fastcall.WHY_NOT)
+        if self.engine == "c" and impaired:
+            raise ValueError("an impaired uplink runs the Python loop (engine='python' "
+                             "or 'auto')")
+        self._use_c = self.engine != "python" and fastcall.available() and not impaired
         if not 0 <= self.worker < self.nworkers <= 32:
             raise ValueError(f"worker {self.worker} of {self.nworkers}: need 0 <= w < N <= 32")
         if not 1 <= self.elements <= MAX_ELEMENTS:
@@ -232,6 +246,13 @@ class SwitchClient:
                 raise ValueError(f"allreduce out=: need a writable C-contiguous float32 "
                                  f"array of {x.size} elements")
         W = self.call_window(-(-x.size // self.elements))
+        if self._use_c:
+            st = self._call_c(x, res.reshape(-1), W)
+            st.seconds = time.perf_counter() - t0
+            self.total.add(st)
+            if average:
+                res /= self.nworkers
+            return res, st
         call = AllreduceCall(x, self.job, self.worker, self.nworkers, self.elements,
                              self.seq, W, out=res.reshape(-1), ring=self._ring)
         self.seq = (self.seq + call.P) & 0xFFFFFFFF
@@ -315,6 +336,41 @@ class SwitchClient:
         if average:
             res /= self.nworkers
         return res, st
+
+    def _call_c(self, x, out, W):
+        """One call through the compiled loop (``fastcall``): the same window, packets,
+        checks and errors as the Python loop below."""
+        E, n = self.elements, x.size
+        K = -(-n // E)
+        le = np.empty(K, np.int8)
+        bad = fastcall.exponents(x, E, le) if K else -1
+        if bad >= 0:
+            raise ValueError(f"allreduce input holds inf or NaN (chunk {bad})")
+        st = AllreduceStats(calls=1, elements=n)
+        base = self.seq
+        self.seq = (self.seq + K + W) & 0xFFFFFFFF
+        fds = [self._usock.fileno()] + ([self.gsock.fileno()] if self.gsock else [])
+        try:
+            fastcall.run_call(_LAYOUT, fds, self.switch, x, out, self._ring, le, self.job,
+                              self.worker, self.nworkers, E, base, W,
+                              WindowConfig.of(self), self._rtt, st)
+        except fastcall.CallFailed as e:
+            if e.code == fastcall.UNAVAILABLE:
+                raise SwitchUnavailable(
+                    f"no answer from switch {self.switch[0]}:{self.switch[1]} for job "
+                    f"{self.job} within {self.connect_timeout}s") from None
+            if e.code == fastcall.STALLED:
+                raise AllreduceTimeout(
+                    f"job {self.job} worker {self.worker}: no progress for "
+                    f"{self.stall_timeout}s ({e.remaining} of {K + W} packets "
+                    f"outstanding)") from None
+            if e.code == fastcall.INCONSISTENT:
+                raise AllreduceInconsistent(
+                    f"job {self.job} worker {self.worker}: the switch answered a "
+                    f"reliable call with a PARTIAL result (was the job installed "
+                    f"again as bounded?)") from None
+            raise OSError(-e.code, f"allreduce socket: {os.strerror(-e.code)}") from None
+        return st
 
     def call_window(self, chunks: int) -> int:
         """The window of one call: a power of two that divides the job's window (so

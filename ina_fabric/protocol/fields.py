@@ -14,6 +14,7 @@ import enum
 __all__ = [
     "Field", "HEADER_FIELDS", "HEADER_BYTES", "VERSION", "INA_UDP_PORT",
     "MsgType", "Flags", "NO_EXPONENT", "MAX_WORKERS", "GROUP_WORKER", "field_offsets",
+    "c_layout",
 ]
 
 VERSION = 1
@@ -82,3 +83,17 @@ def field_offsets() -> dict[str, int]:
         out[f.name] = off
         off += f.nbytes
     return out
+
+
+def c_layout() -> dict:
+    """The wire format as the compiled data paths take it (``ina_wire.h``): each field's
+    offset (``name``) and width in bytes (``name_bytes``), the header length and the
+    constants they use."""
+    d = dict(field_offsets())
+    d.update({f"{f.name}_bytes": f.nbytes for f in HEADER_FIELDS})
+    d.update(header=HEADER_BYTES, VERSION=VERSION, DATA=int(MsgType.DATA),
+             RESULT=int(MsgType.RESULT), PARTIAL=int(Flags.PARTIAL),
+             OVERFLOW=int(Flags.OVERFLOW), RETRANSMIT=int(Flags.RETRANSMIT),
+             LAST=int(Flags.LAST), NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER)
+    return d
+

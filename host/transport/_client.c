@@ -1,0 +1,1017 @@
+/*
+ * The worker's allreduce call, compiled: ``run_call`` is SwitchClient.allreduce's socket
+ * loop with the GIL released for the whole call (a DDP bucket on the hook's thread runs
+ * beside backward), and ``Window`` is host/transport/window.py's SendWindow, the same rules
+ * event for event, so that tests/test_window_machine.py's properties check both.
+ *
+ * The Python modules stay the definition: window.py (SendWindow, RttEstimator) for the
+ * window and timers, switch_client.py (AllreduceCall) for packets and results, and
+ * quantize.py for the fixed point (the pack and dequantize loops below are the same
+ * float64 arithmetic, bit for bit). The socket loop takes what is there on both sockets
+ * with recvmmsg and sends with sendmmsg; it waits in poll only when nothing came in and
+ * no timer is due. What it does not handle (an impaired uplink, which wraps the Python
+ * socket) runs the Python loop.
+ *
+ * Why C: the Python loop spends about 25 of its 43 us per 64 KB datagram in the
+ * interpreter (issue 15's profile), and numba cannot make the system calls.
+ */
+#define _GNU_SOURCE
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "ina_wire.h"
+
+#define PEAK_FACTOR 2.0          /* window.py */
+#define MAX_BACKOFF 64
+#define RBATCH 32
+#define RXBUF 65536
+#define SENDQ 64
+
+enum { A_SEND = 1, A_DELIVER, A_ABANDON, A_HOLD, A_FAIL };
+enum { FAIL_UNAVAILABLE = 0, FAIL_STALLED = 1 };
+enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT };
+enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
+       S_CLIPPED, S_ABANDONED, S_FOREIGN, NSTATS };
+enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK };
+
+/* ---- the window (window.py's SendWindow and RttEstimator) ------------------------- */
+typedef struct { int kind, p, flag; } Action;
+
+typedef struct {
+    int P, W, bounded;
+    double rto0, min_rto, deadline, connect_timeout, stall_timeout, start_wait;
+    double *rtt;                   /* srtt, rttvar, answered, peak, last_peak */
+    uint8_t *received, *held, *where;   /* where: 0 none, 1 fresh, 2 resent */
+    uint8_t *tries;                /* 0: never re-sent (Karn: RTT samples allowed) */
+    double *tsent;
+    int *prev, *next;              /* the fresh and the resent list, by send order */
+    int fhead, ftail, rhead, rtail, nfresh, nresent;
+    int remaining, started;
+    double last_progress;
+    Action *act;
+    int nact, capact;
+    int *scratch;                  /* on_timer's overdue list */
+} Win;
+
+static int win_init(Win *w, int P, int W, const double cfg[7], double *rtt) {
+    memset(w, 0, sizeof *w);
+    w->P = P; w->W = W;
+    w->bounded = cfg[0] != 0.0;
+    w->rto0 = cfg[1]; w->min_rto = cfg[2]; w->deadline = cfg[3];
+    w->connect_timeout = cfg[4]; w->stall_timeout = cfg[5]; w->start_wait = cfg[6];
+    w->rtt = rtt;
+    w->received = calloc(P, 1); w->held = calloc(P, 1); w->where = calloc(P, 1);
+    w->tries = calloc(P, 1); w->tsent = calloc(P, sizeof(double));
+    w->prev = malloc(P * sizeof(int)); w->next = malloc(P * sizeof(int));
+    w->scratch = malloc(P * sizeof(int));
+    w->capact = 2 * P + 16;
+    w->act = malloc(w->capact * sizeof(Action));
+    if (!w->received || !w->held || !w->where || !w->tries || !w->tsent || !w->prev ||
+            !w->next || !w->scratch || !w->act)
+        return -1;
+    w->fhead = w->ftail = w->rhead = w->rtail = -1;
+    w->remaining = P;
+    rtt[T_LAST_PEAK] = rtt[T_PEAK];          /* RttEstimator.new_call */
+    rtt[T_PEAK] = 0.0;
+    return 0;
+}
+
+static void win_free(Win *w) {
+    free(w->received); free(w->held); free(w->where); free(w->tries); free(w->tsent);
+    free(w->prev); free(w->next); free(w->scratch); free(w->act);
+}
+
+static double win_rto(const Win *w) {
+    const double *r = w->rtt;
+    double base;
+    if (r[T_SRTT] == 0.0) {
+        base = w->rto0;
+    } else {
+        double pk = r[T_PEAK] > r[T_LAST_PEAK] ? r[T_PEAK] : r[T_LAST_PEAK];
+        base = r[T_SRTT] + 4 * r[T_RTTVAR];
+        if (w->min_rto > base) base = w->min_rto;
+        if (PEAK_FACTOR * pk > base) base = PEAK_FACTOR * pk;
+        if (base > 1.0) base = 1.0;
+    }
+    if (w->bounded) {
+        double b = w->deadline * 1.5 + 0.002;
+        return base > b ? base : b;
+    }
+    return base;
+}
+
+static double win_timeout(const Win *w) {
+    double rto = win_rto(w);
+    if (!w->started && !w->bounded && rto < w->start_wait) return w->start_wait;
+    return rto;
+}
+
+static double win_giveup(const Win *w) {
+    double g = 20 * win_rto(w);
+    return g > 0.5 ? g : 0.5;
+}
+
+static void rtt_sample(double *r, double s) {
+    if (r[T_SRTT] == 0.0) {
+        r[T_SRTT] = s;
+        r[T_RTTVAR] = s / 2;
+    } else {
+        r[T_RTTVAR] = 0.75 * r[T_RTTVAR] + 0.25 * fabs(r[T_SRTT] - s);
+        r[T_SRTT] = 0.875 * r[T_SRTT] + 0.125 * s;
+    }
+    if (s > r[T_PEAK]) r[T_PEAK] = s;
+}
+
+static void push(Win *w, int kind, int p, int flag) {
+    if (w->nact == w->capact) {           /* cannot happen: at most P + W per event */
+        w->capact *= 2;
+        w->act = realloc(w->act, w->capact * sizeof(Action));
+    }
+    w->act[w->nact++] = (Action){kind, p, flag};
+}
+
+static void unlink_p(Win *w, int p) {
+    int list = w->where[p];
+    if (!list) return;
+    int *head = list == 1 ? &w->fhead : &w->rhead, *tail = list == 1 ? &w->ftail : &w->rtail;
+    if (w->prev[p] >= 0) w->next[w->prev[p]] = w->next[p]; else *head = w->next[p];
+    if (w->next[p] >= 0) w->prev[w->next[p]] = w->prev[p]; else *tail = w->prev[p];
+    if (list == 1) w->nfresh--; else w->nresent--;
+    w->where[p] = 0;
+}
+
+static void append(Win *w, int p, int list) {
+    int *head = list == 1 ? &w->fhead : &w->rhead, *tail = list == 1 ? &w->ftail : &w->rtail;
+    w->prev[p] = *tail;
+    w->next[p] = -1;
+    if (*tail >= 0) w->next[*tail] = p; else *head = p;
+    *tail = p;
+    w->where[p] = list;
+    if (list == 1) w->nfresh++; else w->nresent++;
+}
+
+static void win_send(Win *w, int p, double now, int retransmit) {
+    if (retransmit) {
+        int t = w->tries[p] ? w->tries[p] * 2 : 2;
+        w->tries[p] = t > MAX_BACKOFF ? MAX_BACKOFF : t;
+        unlink_p(w, p);
+        append(w, p, 2);
+    } else {
+        unlink_p(w, p);
+        append(w, p, 1);
+    }
+    w->tsent[p] = now;
+    push(w, A_SEND, p, retransmit);
+}
+
+static void win_release(Win *w, int q, double now) {
+    while (q < w->P) {
+        if (!w->held[q]) {
+            win_send(w, q, now, 0);
+            return;
+        }
+        w->held[q] = 0;
+        push(w, A_DELIVER, q, 0);
+        q += w->W;
+    }
+}
+
+static void win_start(Win *w, double now) {
+    w->last_progress = now;
+    int n = w->W < w->P ? w->W : w->P;
+    for (int p = 0; p < n; p++) win_send(w, p, now, 0);
+}
+
+static void win_on_result(Win *w, int p, double now) {
+    w->started = 1;
+    if (w->received[p]) return;
+    w->received[p] = 1;
+    w->remaining--;
+    w->last_progress = now;
+    w->rtt[T_ANSWERED] = 1.0;
+    int q = p - w->W;
+    if (q >= 0 && (!w->received[q] || w->held[q])) {
+        w->held[p] = 1;
+        push(w, A_HOLD, p, 0);
+        return;
+    }
+    if (w->where[p]) {
+        double t = w->tsent[p];
+        unlink_p(w, p);
+        if (!w->tries[p]) rtt_sample(w->rtt, now - t);
+    }
+    push(w, A_DELIVER, p, 0);
+    win_release(w, p + w->W, now);
+}
+
+static int win_next_wakeup(const Win *w, double *t) {
+    double rto = win_timeout(w);
+    int have = 0;
+    if (w->fhead >= 0) {
+        *t = w->tsent[w->fhead] + rto;
+        have = 1;
+    }
+    if (w->rhead >= 0) {
+        double r = INFINITY;
+        for (int p = w->rhead; p >= 0; p = w->next[p]) {
+            double x = w->tsent[p] + rto * w->tries[p];
+            if (x < r) r = x;
+        }
+        if (!have || r < *t) *t = r;
+        have = 1;
+    }
+    return have;
+}
+
+static void win_on_timer(Win *w, double now) {
+    double rto = win_timeout(w);
+    int n = 0, nf = 0;
+    int *od = w->scratch;
+    for (int p = w->fhead; p >= 0; p = w->next[p]) {
+        if (now < w->tsent[p] + rto) break;
+        od[n++] = p;
+    }
+    nf = n;
+    int late = 0;
+    for (int p = w->rhead; p >= 0; p = w->next[p])
+        if (now >= w->tsent[p] + rto * w->tries[p]) late++;
+    if (late) {
+        /* merge by last send time, fresh first on ties (a stable sort of fresh + late) */
+        int *lt = malloc(late * sizeof(int)), *fr = malloc((nf ? nf : 1) * sizeof(int));
+        int k = 0;
+        for (int p = w->rhead; p >= 0; p = w->next[p])
+            if (now >= w->tsent[p] + rto * w->tries[p]) lt[k++] = p;
+        memcpy(fr, od, nf * sizeof(int));
+        int i = 0, j = 0;
+        n = 0;
+        while (i < nf || j < late) {
+            if (j >= late || (i < nf && w->tsent[fr[i]] <= w->tsent[lt[j]])) od[n++] = fr[i++];
+            else od[n++] = lt[j++];
+        }
+        free(lt);
+        free(fr);
+    }
+    if (!n) return;
+    double idle = now - w->last_progress;
+    if (w->rtt[T_ANSWERED] == 0.0 && idle > w->connect_timeout) {
+        push(w, A_FAIL, FAIL_UNAVAILABLE, 0);
+        return;
+    }
+    if (w->bounded && idle > win_giveup(w)) {
+        for (int i = 0; i < n; i++) {
+            int p = od[i];
+            w->received[p] = 1;
+            w->remaining--;
+            unlink_p(w, p);
+            push(w, A_ABANDON, p, 0);
+            win_release(w, p + w->W, now);
+        }
+        w->last_progress = now;
+        return;
+    }
+    if (!w->bounded && idle > w->stall_timeout) {
+        push(w, A_FAIL, FAIL_STALLED, 0);
+        return;
+    }
+    for (int i = 0; i < n; i++) win_send(w, od[i], now, 1);
+}
+
+/* ---- the call's data side (switch_client.py's AllreduceCall) ---------------------- */
+typedef struct {
+    InaLayout L;
+    const float *x;
+    float *out;
+    int64_t n;
+    int E, K, P, W, job, worker, nworkers, sbits;
+    uint32_t base;
+    uint8_t *ring;
+    size_t stride;
+    int *slot_p;
+    uint8_t *slot_pending;
+    const int8_t *local_exp;
+    int16_t *shared_exp;
+    uint8_t **heldbuf;
+    int64_t *stats;
+} Call;
+
+static inline int nelem_of(const Call *c, int p) {
+    if (p < c->W) return 0;
+    int64_t left = c->n - (int64_t)(p - c->W) * c->E;
+    return left < c->E ? (int)left : c->E;
+}
+
+/* quantize.py's _pack and _dequant, the same float64 arithmetic bit for bit: scale,
+ * clamp, round half to even, big-endian; and big-endian int32 times a factor to float32.
+ * An AVX2 form (chosen at load time where the CPU has it, as numba's kernels are built
+ * for the host CPU) and a portable one. The AVX2 form rounds with cvtpd2dq, which rounds
+ * as the MXCSR says: to nearest even, Python's and numpy's mode, the same as rint. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+__attribute__((target("avx2")))
+static int64_t pack_avx2(const float *v, int count, double scale, uint8_t *dst) {
+    const __m256d lo = _mm256_set1_pd(-2147483647.0), hi = _mm256_set1_pd(2147483647.0);
+    const __m256d s = _mm256_set1_pd(scale);
+    const __m128i swap = _mm_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    int64_t clipped = 0;
+    int i = 0;
+    for (; i + 4 <= count; i += 4) {
+        __m256d x = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(v + i)), s);
+        __m256d c = _mm256_min_pd(_mm256_max_pd(x, lo), hi);
+        clipped += __builtin_popcount(_mm256_movemask_pd(_mm256_cmp_pd(c, x, _CMP_NEQ_UQ)));
+        __m128i q = _mm_shuffle_epi8(_mm256_cvtpd_epi32(c), swap);
+        _mm_storeu_si128((__m128i *)(dst + 4 * (size_t)i), q);
+    }
+    for (; i < count; i++) {
+        double x = (double)v[i] * scale;
+        double c = x < -2147483647.0 ? -2147483647.0 : (x > 2147483647.0 ? 2147483647.0 : x);
+        clipped += c != x;
+        uint32_t u = __builtin_bswap32((uint32_t)(int32_t)rint(c));
+        memcpy(dst + 4 * (size_t)i, &u, 4);
+    }
+    return clipped;
+}
+
+__attribute__((target("avx2")))
+static void dequant_avx2(const uint8_t *q, int nel, double factor, float *o) {
+    const __m256d f = _mm256_set1_pd(factor);
+    const __m128i swap = _mm_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    int i = 0;
+    for (; i + 4 <= nel; i += 4) {
+        __m128i x = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(q + 4 * (size_t)i)),
+                                     swap);
+        _mm_storeu_ps(o + i, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(x), f)));
+    }
+    for (; i < nel; i++) {
+        uint32_t u;
+        memcpy(&u, q + 4 * (size_t)i, 4);
+        o[i] = (float)((double)(int32_t)__builtin_bswap32(u) * factor);
+    }
+}
+#endif
+
+#define TARGETS __attribute__((target_clones("avx2", "default")))
+
+static int64_t pack_portable(const float *v, int count, double scale, uint8_t *dst) {
+    int64_t clipped = 0;
+    for (int i = 0; i < count; i++) {
+        double x = (double)v[i] * scale;
+        double c = x < -2147483647.0 ? -2147483647.0 : (x > 2147483647.0 ? 2147483647.0 : x);
+        clipped += c != x;
+        uint32_t u = __builtin_bswap32((uint32_t)(int32_t)rint(c));
+        memcpy(dst + 4 * (size_t)i, &u, 4);
+    }
+    return clipped;
+}
+
+static void dequant_portable(const uint8_t *q, int nel, double factor, float *o) {
+    for (int i = 0; i < nel; i++) {
+        uint32_t u;
+        memcpy(&u, q + 4 * (size_t)i, 4);
+        o[i] = (float)((double)(int32_t)__builtin_bswap32(u) * factor);
+    }
+}
+
+static int use_avx2 = -1;
+
+static int avx2(void) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2 < 0) use_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return use_avx2;
+#else
+    return 0;
+#endif
+}
+
+static int64_t pack(const float *v, int count, int exponent, int sbits, uint8_t *dst,
+                    int no_exponent) {
+    double scale = exponent == no_exponent ? 0.0 : ldexp(1.0, sbits - exponent);
+#ifdef HAVE_AVX2_PATH
+    if (avx2()) return pack_avx2(v, count, scale, dst);
+#endif
+    return pack_portable(v, count, scale, dst);
+}
+
+static void dequant(const uint8_t *q, int nel, double factor, float *o) {
+#ifdef HAVE_AVX2_PATH
+    if (avx2()) { dequant_avx2(q, nel, factor, o); return; }
+#endif
+    dequant_portable(q, nel, factor, o);
+}
+
+/* quantize.py's _exponents: per chunk the largest |bits| (an integer max that orders
+ * finite magnitudes as the floats do, inf/NaN above them), frexp's exponent read off the
+ * bits; the first chunk with inf or NaN, or -1 */
+TARGETS
+static uint32_t chunk_max(const uint32_t *restrict b, int64_t n) {
+    uint32_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t a = b[i] & 0x7FFFFFFFu;
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+static int64_t exponents(const uint32_t *bits, int64_t n, int E, int8_t *out, int64_t k,
+                         int no_exponent) {
+    int64_t bad = -1;
+    for (int64_t j = 0; j < k; j++) {
+        int64_t a = j * E, len = n - a < E ? n - a : E;
+        uint32_t m = chunk_max(bits + a, len);
+        int e;
+        if (m == 0) {
+            e = no_exponent;
+        } else if (m >= 0x7F800000u) {
+            e = 127;                     /* quantize.NONFINITE */
+            if (bad < 0) bad = j;
+        } else {
+            int biased = m >> 23;
+            if (biased) {
+                e = biased - 126;
+            } else {
+                e = -149;
+                while (m) { m >>= 1; e++; }
+            }
+            e = e < -127 ? -127 : (e > 126 ? 126 : e);
+        }
+        out[j] = (int8_t)e;
+    }
+    return bad;
+}
+
+static size_t build(Call *c, int p, int retransmit) {
+    const InaLayout *L = &c->L;
+    int slot = p % c->W;
+    uint8_t *b = c->ring + (size_t)slot * c->stride;
+    if (c->slot_p[slot] != p) {
+        c->slot_p[slot] = p;
+        int nel = 0;
+        if (p >= c->W) {
+            int j = p - c->W;
+            nel = nelem_of(c, p);
+            c->stats[S_CLIPPED] += pack(c->x + (int64_t)j * c->E, nel, c->shared_exp[j],
+                                        c->sbits, b + L->header, L->no_exponent);
+        }
+        memset(b, 0, L->header);
+        b[L->version] = L->v_version;
+        b[L->type] = L->t_data;
+        b[L->flags] = p == c->P - 1 ? L->f_last : 0;
+        b[L->exponent] = (uint8_t)(p < c->K ? c->local_exp[p] : L->no_exponent);
+        ina_wr16(b + L->job, c->job);
+        b[L->worker] = c->worker;
+        ina_wr32(b + L->seq, c->base + (uint32_t)p);
+        ina_wr16(b + L->nelem, nel);
+        ina_wr32(b + L->bitmap, 1u << c->worker);
+    }
+    c->stats[S_SENT]++;
+    if (retransmit) {
+        b[L->flags] |= L->f_retransmit;
+        c->stats[S_RETRANSMITS]++;
+    }
+    return L->header + 4 * (size_t)nelem_of(c, p);
+}
+
+/* the packet index of a RESULT of this call, or -1 (every field checked) */
+static int result_index(const Call *c, const uint8_t *d, size_t n) {
+    const InaLayout *L = &c->L;
+    if (n < (size_t)L->header) return -1;
+    uint32_t p = ina_rd32(d + L->seq) - c->base;
+    int nel = ina_rd16(d + L->nelem), w = d[L->worker];
+    if (d[L->type] != L->t_result || d[L->version] != L->v_version ||
+            (int)ina_rd16(d + L->job) != c->job || p >= (uint32_t)c->P ||
+            nel != nelem_of(c, (int)p) || 4 * (size_t)nel != n - L->header ||
+            d[L->count] > c->nworkers || (w != c->worker && w != L->group_worker))
+        return -1;
+    return (int)p;
+}
+
+static void apply(Call *c, int p, const uint8_t *d) {
+    const InaLayout *L = &c->L;
+    uint8_t *held = c->heldbuf[p];
+    if (held) d = held;
+    int64_t *st = c->stats;
+    st[S_RESULTS]++;
+    int flags = d[L->flags], count = d[L->count], nel = ina_rd16(d + L->nelem);
+    if (p < c->K) c->shared_exp[p] = (int8_t)d[L->exponent];
+    if (flags & L->f_overflow) st[S_OVERFLOW]++;
+    int partial = (flags & L->f_partial) || count < c->nworkers;
+    if (partial) {
+        st[S_PARTIAL]++;
+        st[S_LOST] += nel;
+    }
+    if (p >= c->W && nel) {
+        float *o = c->out + (int64_t)(p - c->W) * c->E;
+        int e = c->shared_exp[p - c->W];
+        if (count == 0 || e == L->no_exponent) {
+            memset(o, 0, nel * sizeof(float));
+        } else {
+            double factor = ldexp(partial ? (double)c->nworkers / count : 1.0, e - c->sbits);
+            dequant(d + L->header, nel, factor, o);
+        }
+    }
+    if (held) {
+        free(held);
+        c->heldbuf[p] = NULL;
+    }
+}
+
+static void abandon(Call *c, int p) {
+    c->stats[S_ABANDONED]++;
+    if (p >= c->W) {
+        int nel = nelem_of(c, p);
+        c->stats[S_LOST] += nel;
+        memset(c->out + (int64_t)(p - c->W) * c->E, 0, nel * sizeof(float));
+    }
+    if (p < c->K) c->shared_exp[p] = c->L.no_exponent;
+}
+
+/* ---- the socket loop ---------------------------------------------------------------- */
+typedef struct {
+    int fd, n;
+    struct sockaddr_in to;
+    struct mmsghdr msgs[SENDQ];
+    struct iovec iov[SENDQ];
+    int slot[SENDQ];
+    int err;
+} SendQ;
+
+static void flush(SendQ *q, Call *c) {
+    int i = 0;
+    while (i < q->n) {
+        int r = sendmmsg(q->fd, q->msgs + i, q->n - i, 0);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {   /* a full send buffer */
+                struct pollfd pf = {q->fd, POLLOUT, 0};
+                poll(&pf, 1, 10);
+                continue;
+            }
+            if (errno != ECONNREFUSED && !q->err) q->err = errno;
+            i++;                  /* that datagram is lost; the timers recover it */
+        } else {
+            i += r;
+        }
+    }
+    for (i = 0; i < q->n; i++) c->slot_pending[q->slot[i]] = 0;
+    q->n = 0;
+}
+
+static void queue_send(SendQ *q, Call *c, int p, int retransmit) {
+    int slot = p % c->W;
+    if (c->slot_pending[slot] && c->slot_p[slot] != p) flush(q, c);   /* slot is reused */
+    if (q->n == SENDQ) flush(q, c);
+    size_t len = build(c, p, retransmit);
+    int i = q->n++;
+    q->iov[i].iov_base = c->ring + (size_t)slot * c->stride;
+    q->iov[i].iov_len = len;
+    memset(&q->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
+    q->msgs[i].msg_hdr.msg_name = &q->to;
+    q->msgs[i].msg_hdr.msg_namelen = sizeof q->to;
+    q->msgs[i].msg_hdr.msg_iov = &q->iov[i];
+    q->msgs[i].msg_hdr.msg_iovlen = 1;
+    q->slot[i] = slot;
+    c->slot_pending[slot] = 1;
+}
+
+/* perform the window's actions; ``d``: the RESULT datagram just received (or NULL) */
+static int perform(Win *w, Call *c, SendQ *q, const uint8_t *d, size_t n) {
+    for (int i = 0; i < w->nact; i++) {
+        Action a = w->act[i];
+        switch (a.kind) {
+        case A_SEND: queue_send(q, c, a.p, a.flag); break;
+        case A_DELIVER: apply(c, a.p, d); break;
+        case A_ABANDON: abandon(c, a.p); break;
+        case A_HOLD:
+            if (!c->heldbuf[a.p]) {
+                c->heldbuf[a.p] = malloc(n);
+                if (!c->heldbuf[a.p]) return -ENOMEM;
+                memcpy(c->heldbuf[a.p], d, n);
+            }
+            break;
+        case A_FAIL:
+            w->nact = 0;
+            return a.p == FAIL_UNAVAILABLE ? RC_UNAVAILABLE : RC_STALLED;
+        }
+    }
+    w->nact = 0;
+    return RC_OK;
+}
+
+static double mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    struct mmsghdr msgs[RBATCH];
+    struct iovec iov[RBATCH];
+    struct sockaddr_in from[RBATCH];
+    uint8_t *buf;
+} RecvQ;
+
+static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds,
+                uint32_t sw_ip, uint16_t sw_port) {
+    const InaLayout *L = &c->L;
+    int r;
+    win_start(w, mono());
+    if ((r = perform(w, c, q, NULL, 0))) return r;
+    flush(q, c);
+    while (w->remaining) {
+        int useful = 0;
+        for (int s = 0; s < nfds && w->remaining; s++) {
+            for (;;) {                    /* drain this socket */
+                for (int i = 0; i < RBATCH; i++)
+                    rq->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+                /* never more than the call still needs: a RESULT of the next call
+                 * (bounded mode: its slot closed without us) stays for that call */
+                int want = w->remaining < RBATCH ? w->remaining : RBATCH;
+                int got = recvmmsg(fds[s], rq->msgs, want, MSG_DONTWAIT, NULL);
+                if (got <= 0) {
+                    if (got < 0 && errno == ECONNREFUSED) continue;  /* ICMP: switch down */
+                    break;
+                }
+                double now = mono();
+                for (int i = 0; i < got; i++) {
+                    const uint8_t *d = rq->iov[i].iov_base;
+                    size_t n = rq->msgs[i].msg_len;
+                    if (ntohl(rq->from[i].sin_addr.s_addr) != sw_ip ||
+                            ntohs(rq->from[i].sin_port) != sw_port) {
+                        c->stats[S_FOREIGN]++;        /* only the switch's RESULTs count */
+                        continue;
+                    }
+                    if (n < (size_t)L->header) continue;
+                    int p = result_index(c, d, n);
+                    if (p < 0) {
+                        c->stats[S_FOREIGN]++;
+                        continue;
+                    }
+                    if (!w->bounded && (d[L->flags] & L->f_partial)) return RC_INCONSISTENT;
+                    win_on_result(w, p, now);
+                    if (w->nact) {
+                        useful = 1;
+                        if ((r = perform(w, c, q, d, n))) return r;
+                    } else {
+                        c->stats[S_DUPLICATES]++;
+                    }
+                }
+                flush(q, c);
+                if (got < want || !w->remaining) break;
+            }
+        }
+        if (q->err) return -q->err;
+        if (useful || !w->remaining) continue;
+        double now = mono(), t;
+        win_on_timer(w, now);
+        if (w->nact) {
+            if ((r = perform(w, c, q, NULL, 0))) return r;
+            flush(q, c);
+            continue;
+        }
+        double wait = win_next_wakeup(w, &t) ? t - now : win_rto(w);
+        if (wait < 0.0002) wait = 0.0002;
+        struct pollfd pf[2] = {{fds[0], POLLIN, 0}, {nfds > 1 ? fds[1] : -1, POLLIN, 0}};
+        struct timespec ts = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
+        if (ppoll(pf, nfds, &ts, NULL) < 0 && errno != EINTR) return -errno;
+    }
+    return RC_OK;
+}
+
+static int get_buf(PyObject *o, Py_buffer *b, int writable, Py_ssize_t itemsize,
+                   const char *what) {
+    if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (b->itemsize != itemsize) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected", what, itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+/* run_call(layout, fds, switch_ip, switch_port, x, out, ring, local_exp, job, worker,
+ *          nworkers, elements, base, window, cfg, rtt, stats) -> (code, remaining)
+ * code: 0 done, 1 switch unavailable, 2 stalled, 3 PARTIAL in a reliable call,
+ * -errno: a socket error. rtt (float64[5]) and stats (int64[10]) are updated in place. */
+static PyObject *run_call(PyObject *self, PyObject *args) {
+    PyObject *layout, *fdt, *ox, *oout, *oring, *oexp, *ocfg, *ortt, *ostats;
+    unsigned long sw_ip, base;
+    int sw_port, job, worker, nworkers, E, W;
+    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOO", &layout, &fdt, &sw_ip, &sw_port, &ox,
+                          &oout, &oring, &oexp, &job, &worker, &nworkers, &E, &base, &W,
+                          &ocfg, &ortt, &ostats))
+        return NULL;
+    Call c;
+    memset(&c, 0, sizeof c);
+    if (ina_layout_from_dict(layout, &c.L) < 0) return NULL;
+    int fds[2] = {-1, -1}, nfds;
+    if (!PyArg_ParseTuple(fdt, "i|i", &fds[0], &fds[1])) return NULL;
+    nfds = fds[1] >= 0 ? 2 : 1;
+    double cfg[7];
+    if (!PyArg_ParseTuple(ocfg, "ddddddd", &cfg[0], &cfg[1], &cfg[2], &cfg[3], &cfg[4],
+                          &cfg[5], &cfg[6]))
+        return NULL;
+    Py_buffer bx, bout, bring, bexp, brtt, bst;
+    if (get_buf(ox, &bx, 0, 4, "x") < 0) return NULL;
+    if (get_buf(oout, &bout, 1, 4, "out") < 0) { PyBuffer_Release(&bx); return NULL; }
+    if (get_buf(oring, &bring, 1, 1, "ring") < 0) goto e2;
+    if (get_buf(oexp, &bexp, 0, 1, "local_exp") < 0) goto e3;
+    if (get_buf(ortt, &brtt, 1, 8, "rtt") < 0) goto e4;
+    if (get_buf(ostats, &bst, 1, 8, "stats") < 0) goto e5;
+    int64_t n = bx.len / 4;
+    c.x = bx.buf; c.out = bout.buf; c.n = n; c.E = E; c.W = W;
+    c.K = (int)((n + E - 1) / E); c.P = c.K + W;
+    c.job = job; c.worker = worker; c.nworkers = nworkers; c.base = (uint32_t)base;
+    c.sbits = 30;
+    for (int k = 1; k < nworkers; k *= 2) c.sbits--;   /* quantize.scale_bits */
+    c.ring = bring.buf; c.stride = c.L.header + 4 * (size_t)E;
+    c.local_exp = bexp.buf; c.stats = bst.buf;
+    PyObject *res = NULL;
+    if (bout.len != bx.len || bring.len < (Py_ssize_t)(W * c.stride) || bexp.len < c.K ||
+            brtt.len < 5 * 8 || bst.len < NSTATS * 8) {
+        PyErr_SetString(PyExc_ValueError, "run_call: buffer sizes do not fit the call");
+        goto e6;
+    }
+    c.slot_p = malloc(W * sizeof(int));
+    c.slot_pending = calloc(W, 1);
+    c.shared_exp = malloc((c.K ? c.K : 1) * sizeof(int16_t));
+    c.heldbuf = calloc(c.P, sizeof(uint8_t *));
+    SendQ *q = calloc(1, sizeof(SendQ));
+    RecvQ *rq = calloc(1, sizeof(RecvQ));
+    Win w;
+    int wok = win_init(&w, c.P, W, cfg, brtt.buf);
+    if (rq) rq->buf = malloc((size_t)RBATCH * RXBUF);
+    if (!c.slot_p || !c.slot_pending || !c.shared_exp || !c.heldbuf || !q || !rq ||
+            !rq->buf || wok < 0) {
+        PyErr_NoMemory();
+    } else {
+        for (int i = 0; i < W; i++) c.slot_p[i] = -1;
+        for (int i = 0; i < c.K; i++) c.shared_exp[i] = c.L.no_exponent;
+        q->fd = fds[0];
+        q->to.sin_family = AF_INET;
+        q->to.sin_port = htons(sw_port);
+        q->to.sin_addr.s_addr = htonl(sw_ip);
+        for (int i = 0; i < RBATCH; i++) {
+            rq->iov[i].iov_base = rq->buf + (size_t)i * RXBUF;
+            rq->iov[i].iov_len = RXBUF;
+            rq->msgs[i].msg_hdr.msg_name = &rq->from[i];
+            rq->msgs[i].msg_hdr.msg_iov = &rq->iov[i];
+            rq->msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        int code;
+        Py_BEGIN_ALLOW_THREADS
+        code = loop(&w, &c, q, rq, fds, nfds, (uint32_t)sw_ip, (uint16_t)sw_port);
+        if (code == RC_OK) flush(q, &c);
+        Py_END_ALLOW_THREADS
+        res = Py_BuildValue("(ii)", code, w.remaining);
+    }
+    win_free(&w);
+    if (c.heldbuf)
+        for (int p = 0; p < c.P; p++) free(c.heldbuf[p]);
+    free(c.heldbuf); free(c.slot_p); free(c.slot_pending); free(c.shared_exp);
+    if (rq) free(rq->buf);
+    free(rq); free(q);
+e6: PyBuffer_Release(&bst);
+e5: PyBuffer_Release(&brtt);
+e4: PyBuffer_Release(&bexp);
+e3: PyBuffer_Release(&bring);
+e2: PyBuffer_Release(&bout);
+    PyBuffer_Release(&bx);
+    return res;
+}
+
+/* ---- Window: the same state machine, stepped from Python (for the tests) --------- */
+typedef struct {
+    PyObject_HEAD
+    Win w;
+    int ok;
+    PyObject *rtt;          /* the float64[5] buffer's owner */
+    Py_buffer brtt;
+} WindowObject;
+
+static int Window_init(WindowObject *self, PyObject *args, PyObject *kw) {
+    int P, W;
+    PyObject *ocfg, *ortt;
+    double cfg[7];
+    if (!PyArg_ParseTuple(args, "iiOO", &P, &W, &ocfg, &ortt)) return -1;
+    if (!PyArg_ParseTuple(ocfg, "ddddddd", &cfg[0], &cfg[1], &cfg[2], &cfg[3], &cfg[4],
+                          &cfg[5], &cfg[6]))
+        return -1;
+    if (P < 1 || W < 1) {
+        PyErr_Format(PyExc_ValueError, "%d packets, window %d: need >= 1 of each", P, W);
+        return -1;
+    }
+    if (get_buf(ortt, &self->brtt, 1, 8, "rtt") < 0) return -1;
+    if (self->brtt.len < 5 * 8) {
+        PyBuffer_Release(&self->brtt);
+        PyErr_SetString(PyExc_ValueError, "rtt: 5 float64 needed");
+        return -1;
+    }
+    Py_INCREF(ortt);
+    self->rtt = ortt;
+    if (win_init(&self->w, P, W, cfg, self->brtt.buf) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->ok = 1;
+    return 0;
+}
+
+static void Window_dealloc(WindowObject *self) {
+    if (self->ok) win_free(&self->w);
+    if (self->rtt) {
+        PyBuffer_Release(&self->brtt);
+        Py_DECREF(self->rtt);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *actions(Win *w) {
+    PyObject *l = PyList_New(w->nact);
+    for (int i = 0; l && i < w->nact; i++)
+        PyList_SET_ITEM(l, i, Py_BuildValue("(iii)", w->act[i].kind, w->act[i].p,
+                                            w->act[i].flag));
+    w->nact = 0;
+    return l;
+}
+
+static PyObject *Window_start(WindowObject *self, PyObject *args) {
+    double now;
+    if (!PyArg_ParseTuple(args, "d", &now)) return NULL;
+    win_start(&self->w, now);
+    return actions(&self->w);
+}
+
+static PyObject *Window_on_result(WindowObject *self, PyObject *args) {
+    int p;
+    double now;
+    if (!PyArg_ParseTuple(args, "id", &p, &now)) return NULL;
+    if (p < 0 || p >= self->w.P) return PyErr_Format(PyExc_IndexError, "packet %d", p);
+    win_on_result(&self->w, p, now);
+    return actions(&self->w);
+}
+
+static PyObject *Window_on_timer(WindowObject *self, PyObject *args) {
+    double now;
+    if (!PyArg_ParseTuple(args, "d", &now)) return NULL;
+    win_on_timer(&self->w, now);
+    return actions(&self->w);
+}
+
+static PyObject *Window_next_wakeup(WindowObject *self, PyObject *noargs) {
+    double t;
+    if (!win_next_wakeup(&self->w, &t)) Py_RETURN_NONE;
+    return PyFloat_FromDouble(t);
+}
+
+static PyObject *Window_rto(WindowObject *self, PyObject *noargs) {
+    return PyFloat_FromDouble(win_rto(&self->w));
+}
+
+static PyObject *Window_timeout(WindowObject *self, PyObject *noargs) {
+    return PyFloat_FromDouble(win_timeout(&self->w));
+}
+
+static PyObject *Window_state(WindowObject *self, PyObject *noargs) {
+    return Py_BuildValue("(iiid)", self->w.remaining, self->w.nfresh + self->w.nresent,
+                         self->w.started, self->w.last_progress);
+}
+
+static PyMethodDef Window_methods[] = {
+    {"start", (PyCFunction)Window_start, METH_VARARGS, "start(now) -> [(kind, p, flag)]"},
+    {"on_result", (PyCFunction)Window_on_result, METH_VARARGS, "on_result(p, now)"},
+    {"on_timer", (PyCFunction)Window_on_timer, METH_VARARGS, "on_timer(now)"},
+    {"next_wakeup", (PyCFunction)Window_next_wakeup, METH_NOARGS, "time or None"},
+    {"rto", (PyCFunction)Window_rto, METH_NOARGS, "the retransmission timeout"},
+    {"timeout", (PyCFunction)Window_timeout, METH_NOARGS, "rto, or start_wait"},
+    {"state", (PyCFunction)Window_state, METH_NOARGS,
+     "(remaining, inflight, started, last_progress)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject WindowType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ina_fabric.host.transport._client.Window",
+    .tp_basicsize = sizeof(WindowObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Window(P, W, cfg, rtt): SendWindow's rules in C (rtt: float64[5], shared)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Window_init,
+    .tp_dealloc = (destructor)Window_dealloc,
+    .tp_methods = Window_methods,
+};
+
+/* exponents(x: float32, elements, out: int8) -> first chunk with inf/NaN or -1 */
+static PyObject *py_exponents(PyObject *self, PyObject *args) {
+    PyObject *ox, *oo;
+    int E, noexp;
+    if (!PyArg_ParseTuple(args, "OiOi", &ox, &E, &oo, &noexp)) return NULL;
+    Py_buffer bx, bo;
+    if (get_buf(ox, &bx, 0, 4, "x") < 0) return NULL;
+    if (get_buf(oo, &bo, 1, 1, "out") < 0) { PyBuffer_Release(&bx); return NULL; }
+    int64_t n = bx.len / 4, k = E > 0 ? (n + E - 1) / E : 0, bad = -1;
+    if (E <= 0 || bo.len < k) {
+        PyErr_SetString(PyExc_ValueError, "exponents: bad elements or out too short");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        bad = exponents(bx.buf, n, E, bo.buf, k, noexp);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&bx);
+    PyBuffer_Release(&bo);
+    return PyErr_Occurred() ? NULL : PyLong_FromLongLong(bad);
+}
+
+/* pack(x, start, count, exponent, sbits, out: uint8, offset, no_exponent) -> clipped */
+static PyObject *py_pack(PyObject *self, PyObject *args) {
+    PyObject *ox, *oo;
+    long long start, count, offset;
+    int e, sbits, noexp;
+    if (!PyArg_ParseTuple(args, "OLLiiOLi", &ox, &start, &count, &e, &sbits, &oo, &offset,
+                          &noexp))
+        return NULL;
+    Py_buffer bx, bo;
+    if (get_buf(ox, &bx, 0, 4, "x") < 0) return NULL;
+    if (get_buf(oo, &bo, 1, 1, "out") < 0) { PyBuffer_Release(&bx); return NULL; }
+    int64_t r = 0;
+    if (start < 0 || count < 0 || start + count > bx.len / 4 || offset < 0 || offset % 4 ||
+            offset + 4 * count > bo.len || count > INT32_MAX)
+        PyErr_SetString(PyExc_ValueError, "pack: out of range");
+    else
+        r = pack((const float *)bx.buf + start, (int)count, e, sbits,
+                 (uint8_t *)bo.buf + offset, noexp);
+    PyBuffer_Release(&bx);
+    PyBuffer_Release(&bo);
+    return PyErr_Occurred() ? NULL : PyLong_FromLongLong(r);
+}
+
+/* dequant(buf: uint8, offset, count, factor, out: float32, start) */
+static PyObject *py_dequant(PyObject *self, PyObject *args) {
+    PyObject *ob, *oo;
+    long long offset, count, start;
+    double factor;
+    if (!PyArg_ParseTuple(args, "OLLdOL", &ob, &offset, &count, &factor, &oo, &start))
+        return NULL;
+    Py_buffer bb, bo;
+    if (get_buf(ob, &bb, 0, 1, "buf") < 0) return NULL;
+    if (get_buf(oo, &bo, 1, 4, "out") < 0) { PyBuffer_Release(&bb); return NULL; }
+    if (offset < 0 || count < 0 || offset + 4 * count > bb.len || start < 0 ||
+            start + count > bo.len / 4 || count > INT32_MAX)
+        PyErr_SetString(PyExc_ValueError, "dequant: out of range");
+    else
+        dequant((const uint8_t *)bb.buf + offset, (int)count, factor,
+                (float *)bo.buf + start);
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&bo);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_avx2(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    int was = avx2();
+    use_avx2 = on ? (was || use_avx2 == 1) : 0;
+#ifdef HAVE_AVX2_PATH
+    if (on) use_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+#endif
+    return PyBool_FromLong(was);
+}
+
+static PyMethodDef module_methods[] = {
+    {"run_call", run_call, METH_VARARGS, "one allreduce call (see the source)"},
+    {"set_avx2", py_set_avx2, METH_VARARGS,
+     "set_avx2(on) -> was: use the AVX2 element loops where the CPU has them (tests)"},
+    {"exponents", py_exponents, METH_VARARGS, "quantize._exponents, compiled"},
+    {"pack", py_pack, METH_VARARGS, "quantize._pack, compiled"},
+    {"dequant", py_dequant, METH_VARARGS, "quantize._dequant, compiled"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_client", "The worker's compiled allreduce call.", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC PyInit__client(void) {
+    if (PyType_Ready(&WindowType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&WindowType);
+    if (PyModule_AddObject(m, "Window", (PyObject *)&WindowType) < 0) {
+        Py_DECREF(&WindowType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,150 @@
+"""The worker's allreduce call compiled (``_client.c``), and its window for the tests.
+
+``SwitchClient.allreduce`` runs a call here when the extension is built and the uplink is
+not impaired (impairment wraps the Python socket, so an impaired client runs the Python
+loop). The Python modules stay the definition: ``window.SendWindow`` (the C ``Window`` is
+the same state machine; ``CSendWindow`` below gives it SendWindow's interface, and
+``tests/test_window_machine.py`` runs its properties on both), ``AllreduceCall`` (packets,
+results) and ``quantize`` (the same float64 arithmetic, bit for bit: a test compares the
+two loops' outputs on the same inputs).
+
+Where no C compiler was found at install time the extension is missing: ``WHY_NOT``
+says so, and the client runs the Python loop.
+"""
+
+import numpy as np
+
+from .window import (Send, Deliver, Abandon, Hold, Fail, RttEstimator, WindowConfig)
+
+try:
+    from . import _client
+    WHY_NOT = None
+except ImportError as e:
+    _client = None
+    WHY_NOT = (f"the compiled client is not built ({e}); install a C compiler (apt-get "
+               f"install gcc) and run `make setup` (or `pip install .`) again")
+
+__all__ = ["available", "WHY_NOT", "CSendWindow", "run_call", "exponents", "STATS",
+           "CallFailed"]
+
+#: the order of the C call's statistics (``AllreduceStats`` fields)
+STATS = ("packets_sent", "retransmits", "results", "duplicates_ignored", "partial_slots",
+         "entries_lost", "overflow_slots", "clipped", "abandoned_slots", "foreign_ignored")
+_RTT = ("srtt", "rttvar", "answered", "peak", "last_peak")
+_KINDS = {1: lambda p, f: Send(p, bool(f)), 2: lambda p, f: Deliver(p),
+          3: lambda p, f: Abandon(p), 4: lambda p, f: Hold(p),
+          5: lambda p, f: Fail(("unavailable", "stalled")[p])}
+UNAVAILABLE, STALLED, INCONSISTENT = 1, 2, 3
+
+
+def available() -> bool:
+    return _client is not None
+
+
+def config_tuple(cfg: WindowConfig):
+    return (1.0 if cfg.mode == "bounded" else 0.0, cfg.rto, cfg.min_rto, cfg.deadline,
+            cfg.connect_timeout, cfg.stall_timeout, cfg.start_wait)
+
+
+def rtt_to_array(rtt: RttEstimator, arr=None):
+    arr = np.empty(5, np.float64) if arr is None else arr
+    arr[:] = [float(getattr(rtt, k)) for k in _RTT]
+    return arr
+
+
+def rtt_from_array(rtt: RttEstimator, arr):
+    rtt.srtt, rtt.rttvar, rtt.peak, rtt.last_peak = (float(arr[0]), float(arr[1]),
+                                                     float(arr[3]), float(arr[4]))
+    rtt.answered = bool(arr[2])
+
+
+class CSendWindow:
+    """The C window behind ``SendWindow``'s interface; ``rtt`` (a ``RttEstimator``) is
+    kept in step after every event."""
+
+    def __init__(self, packets, window, cfg: WindowConfig, rtt: RttEstimator | None = None):
+        self.cfg = cfg
+        self.rtt = rtt if rtt is not None else RttEstimator()
+        self._arr = rtt_to_array(self.rtt)
+        self._w = _client.Window(packets, window, config_tuple(cfg), self._arr)
+        self.P, self.W = packets, window
+        rtt_from_array(self.rtt, self._arr)
+
+    def _acts(self, raw):
+        rtt_from_array(self.rtt, self._arr)
+        return [_KINDS[k](p, f) for k, p, f in raw]
+
+    def start(self, now):
+        return self._acts(self._w.start(now))
+
+    def on_result(self, p, now):
+        return self._acts(self._w.on_result(p, now))
+
+    def on_timer(self, now):
+        return self._acts(self._w.on_timer(now))
+
+    def next_wakeup(self):
+        return self._w.next_wakeup()
+
+    def rto(self):
+        return self._w.rto()
+
+    def timeout(self):
+        return self._w.timeout()
+
+    @property
+    def remaining(self):
+        return self._w.state()[0]
+
+    @property
+    def done(self):
+        return not self.remaining
+
+    @property
+    def inflight(self):
+        return self._w.state()[1]
+
+    @property
+    def started(self):
+        return bool(self._w.state()[2])
+
+    @property
+    def last_progress(self):
+        return self._w.state()[3]
+
+
+def exponents(x, elements, out) -> int:
+    """``quantize._exponents`` compiled (a vectorized integer max per chunk): the local
+    exponent of each chunk of ``x`` (float32) into ``out`` (int8); returns the first chunk
+    holding inf or NaN, or -1."""
+    from .quantize import NO_EXPONENT
+    return _client.exponents(x, elements, out, NO_EXPONENT)
+
+
+class CallFailed(Exception):
+    """A compiled call ended without its results: ``code`` (UNAVAILABLE, STALLED,
+    INCONSISTENT, or -errno) and the packets still ``remaining``."""
+
+    def __init__(self, code, remaining):
+        super().__init__(code, remaining)
+        self.code, self.remaining = code, remaining
+
+
+def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers,
+             elements, base, window, cfg: WindowConfig, rtt: RttEstimator, stats):
+    """One call through the C loop; ``stats`` (an ``AllreduceStats``) and ``rtt`` are
+    updated. Raises CallFailed."""
+    import socket
+    arr = rtt_to_array(rtt)
+    counts = np.zeros(len(STATS), np.int64)
+    ip = int.from_bytes(socket.inet_aton(switch[0]), "big")
+    try:
+        code, remaining = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
+                                           local_exp, job, worker, nworkers, elements,
+                                           base, window, config_tuple(cfg), arr, counts)
+    finally:
+        rtt_from_array(rtt, arr)
+        for name, v in zip(STATS, counts.tolist()):
+            setattr(stats, name, getattr(stats, name) + v)
+    if code:
+        raise CallFailed(code, remaining)
