@@ -176,14 +176,16 @@ class InaHookState:
         """Agree across ranks whether the switch answers (and, when ``query``, holds
         the job); warn and use Gloo if not, or raise when ``fallback_to_gloo`` is off."""
         why = f"no switch answered at {self.collective.switch[0]}:{self.collective.switch[1]}"
-        if ok and query:
+        error = SwitchUnavailable
+        flag = self._peers.agree(ok)    # also: rank 0's CONTROL is done on every rank
+        if flag and query:
             try:
                 ok = 2 if self.job_installed() else 1
             except OSError:
                 ok = 0
-        flag, error = self._peers.agree(ok), SwitchUnavailable
-        if flag == 1 and query:
-            flag, why, error = 0, self.not_installed_reason(), JobNotInstalled
+            flag = self._peers.agree(ok)
+            if flag == 1:
+                flag, why, error = 0, self.not_installed_reason(), JobNotInstalled
         if not flag:
             self._fall_back(why, error)
         return bool(flag)
