@@ -11,7 +11,7 @@ import numpy as np
 from ina_fabric.bench._results import write
 
 
-def _worker(rank, world, port, switch, nbytes, reps, q):
+def _worker(rank, world, store, port, switch, nbytes, reps):
     import torch
     import torch.distributed as dist
     import ina_fabric.distributed  # noqa: F401
@@ -43,29 +43,18 @@ def _worker(rank, world, port, switch, nbytes, reps, q):
     for i in range(reps):   # interleaved, alternating which goes first (no order bias)
         for f in ((backend, raw) if i % 2 == 0 else (raw, backend)):
             f()
-    times = [None] * world
-    dist.all_gather_object(times, (tb, tc))
-    if rank == 0:
-        q.put(times)
     dist.destroy_process_group()
+    return tb, tc
 
 
 def measure(world, nbytes, reps):
-    import torch  # noqa: F401  (inherited by the forked workers)
-    from ina_fabric.host.cluster import start_switch_process, free_tcp_port
-    ctx = mp.get_context("fork")
-    switch, sproc = start_switch_process(ctx)
-    q = ctx.Queue()
-    port = free_tcp_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, switch, nbytes, reps, q))
-             for r in range(world)]
-    for p in procs:
-        p.start()
+    import torch  # noqa: F401  (inherited by the forked ranks)
+    from ina_fabric.host.cluster import start_switch_process, free_tcp_port, run_ranks
+    switch, sproc = start_switch_process(mp.get_context("fork"))
     try:
-        times = q.get(timeout=600)
+        times = run_ranks(world, _worker, free_tcp_port(), switch, nbytes, reps,
+                          timeout=600)
     finally:
-        for p in procs:
-            p.join(60)
         sproc.terminate()
     # per rep, the slowest rank; then the median over reps
     backend = np.max([t[0] for t in times], axis=0)

@@ -3,7 +3,6 @@ the demo's accuracy with 2 and 4 ranks (replicas bitwise identical), the same wi
 comm hook, and a plain all_reduce loop plus the delegated collectives."""
 
 import json
-import multiprocessing as mp
 import os
 import pathlib
 import subprocess
@@ -11,7 +10,7 @@ import sys
 
 import pytest
 
-from ina_fabric.host.cluster import start_switch_process, free_tcp_port
+from ina_fabric.host.cluster import free_tcp_port
 from ina_fabric.host.switch import query_status
 
 pytestmark = pytest.mark.xdist_group("torch")
@@ -20,11 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def switch():
-    addr, proc = start_switch_process(mp.get_context("fork"))
-    yield addr
-    proc.terminate()
-    proc.join(5)
+def switch(ina_switch):
+    return ina_switch
 
 
 def torchrun(nproc, script, args, switch, job, timeout=120, **env):

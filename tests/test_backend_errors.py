@@ -1,7 +1,6 @@
 """The ``ina`` backend's one-line errors and dtype rules, in one process (world size 1
 on a HashStore; world size 33 is refused before anything is created)."""
 
-import multiprocessing as mp
 import warnings
 
 import numpy as np
@@ -10,18 +9,14 @@ import torch
 import torch.distributed as dist
 
 from ina_fabric.distributed import InaOptions, JobNotInstalled, WorldTooLarge
-from ina_fabric.host.cluster import start_switch_process
 from ina_fabric.host.transport import SwitchUnavailable
 
 pytestmark = pytest.mark.xdist_group("torch")
 
 
 @pytest.fixture(scope="module")
-def switch():
-    addr, proc = start_switch_process(mp.get_context("fork"))
-    yield addr
-    proc.terminate()
-    proc.join(5)
+def switch(ina_switch):
+    return ina_switch
 
 
 @pytest.fixture

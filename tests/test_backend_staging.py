@@ -2,7 +2,6 @@
 logic on the CPU through ``SimDevice`` (a CUDA-like device with one thread per stream),
 the backend end to end with it, and on a real GPU where there is one."""
 
-import multiprocessing as mp
 import threading
 import time
 
@@ -80,10 +79,9 @@ def test_converted_and_strided_tensors_come_back_in_place(dtype):
     dev.close()
 
 
-def test_backend_all_reduce_through_the_staging_path(monkeypatch):
+def test_backend_all_reduce_through_the_staging_path(monkeypatch, ina_switch):
     from ina_fabric.distributed import InaOptions
-    from ina_fabric.host.cluster import start_switch_process
-    addr, proc = start_switch_process(mp.get_context("fork"))
+    addr = ina_switch
     monkeypatch.setenv("INA_SWITCH", f"{addr[0]}:{addr[1]}")
     monkeypatch.setenv("INA_ELEMENTS", "256")
     for k in ("INA_JOB", "INA_STATIC_JOB", "INA_FALLBACK", "INA_DTYPES"):
@@ -106,17 +104,14 @@ def test_backend_all_reduce_through_the_staging_path(monkeypatch):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-        proc.terminate()
-        proc.join(5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="no CUDA device here (torch.cuda.is_available() is False); the "
                            "staging logic is tested on the CPU through SimDevice above")
-def test_cuda_tensors_through_pinned_buffers(monkeypatch):
+def test_cuda_tensors_through_pinned_buffers(monkeypatch, ina_switch):
     from ina_fabric.distributed import InaOptions
-    from ina_fabric.host.cluster import start_switch_process
-    addr, proc = start_switch_process(mp.get_context("fork"))
+    addr = ina_switch
     monkeypatch.setenv("INA_SWITCH", f"{addr[0]}:{addr[1]}")
     monkeypatch.setenv("INA_ELEMENTS", "8192")
     try:
@@ -138,5 +133,3 @@ def test_cuda_tensors_through_pinned_buffers(monkeypatch):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-        proc.terminate()
-        proc.join(5)
