@@ -69,7 +69,7 @@ def main(argv=()):
     from ina_fabric.host.commands._common import size_arg
     ap.add_argument("--size", type=size_arg, default="4M",
                     help="bytes per all_reduce (default 4M)")
-    ap.add_argument("--reps", type=int, default=15, help="interleaved repetitions (>= 5)")
+    ap.add_argument("--reps", type=int, default=25, help="interleaved repetitions (>= 5)")
     a = ap.parse_args(list(argv))
     nbytes = a.size
     reps = max(5, a.reps)

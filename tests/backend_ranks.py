@@ -2,6 +2,7 @@
 all_reduce loop on the ``ina`` backend against Gloo's exact sums, async works, and the
 collectives that are delegated to Gloo. Writes OUT.rank<r>.json."""
 
+import faulthandler
 import json
 import sys
 
@@ -14,6 +15,7 @@ from ina_fabric.host.transport import quantize as Q
 
 
 def main(out):
+    faulthandler.dump_traceback_later(40, exit=True)   # a hang: every stack, then exit
     dist.init_process_group("ina")
     rank, world = dist.get_rank(), dist.get_world_size()
     pg = dist.distributed_c10d._get_default_group()
