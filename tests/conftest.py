@@ -39,3 +39,14 @@ def consecutive_free_ports(n):
             for s in socks:
                 s.close()
     raise RuntimeError("no consecutive free ports")
+
+
+@pytest.fixture(scope="module")
+def ina_switch():
+    """A software switch (empty job table) in a child process, for the module."""
+    import multiprocessing as mp
+    from ina_fabric.host.cluster import start_switch_process
+    addr, proc = start_switch_process(mp.get_context("fork"))
+    yield addr
+    proc.terminate()
+    proc.join(5)

@@ -27,7 +27,38 @@ from ina_fabric.protocol.jobtable import job_defaults
 
 from ..transport.switch_client import SwitchClient, SwitchUnavailable, AllreduceStats
 
-__all__ = ["InaHookState", "ina_hook", "switch_from_env", "local_address_towards"]
+__all__ = ["InaHookState", "ina_hook", "switch_from_env", "local_address_towards",
+           "DistPeers", "JobNotInstalled"]
+
+
+class JobNotInstalled(SwitchUnavailable):
+    """The switch answers, but the job is not in its job table."""
+
+
+class DistPeers:
+    """The ranks of a torch.distributed process group, as far as ``InaHookState`` needs
+    them: rank and size, an all-gather of strings (the members' addresses), agreement
+    (the minimum of a flag over ranks) and the fallback allreduce. The ``ina`` backend
+    passes its own (over its inner Gloo group, before the group exists in
+    torch.distributed); anything with the same five members works."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+
+    def gather(self, text: str) -> list:
+        members = [None] * self.world
+        dist.all_gather_object(members, text, group=self.group)
+        return members
+
+    def agree(self, ok: int) -> int:
+        flag = torch.tensor([ok], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return int(flag.item())
+
+    def allreduce(self, tensor: torch.Tensor):
+        dist.all_reduce(tensor, group=self.group)
 
 
 def local_address_towards(addr) -> str:
@@ -64,15 +95,23 @@ class InaHookState:
     bytes_sent: int = 0
     max_abs_local: float = 0.0   # largest |gradient| this rank contributed (error bounds)
     extra_stats: dict = field(default_factory=dict)   # summed numeric stats of other collectives
+    peers: object = None        # DistPeers(process_group) unless given
 
     def __post_init__(self):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
         self._lock = threading.Lock()
 
+    @property
+    def _peers(self):
+        if self.peers is None:
+            self.peers = DistPeers(self.process_group)
+        return self.peers
+
     @classmethod
     def from_env(cls, process_group=None, switch=None, job=None, mode=None, window=None,
                  elements=None, deadline=None, configure=True, impairment=None,
-                 connect_timeout=2.0, bind_port=None):
+                 connect_timeout=2.0, bind_port=None, peers=None, job_offset=0,
+                 **fields):
         """Build the state for this rank of a torchrun job.
 
         Environment (each overrides the argument; unset, the Ethernet defaults of
@@ -85,16 +124,23 @@ class InaHookState:
         (``configure=False`` if the switch's job table is loaded another way, as on the
         FPGA, which takes its jobs from ``ina hw-config``: then each rank binds
         ``INA_PORT + rank`` (or ``bind_port + rank``) so the addresses match that table,
-        and no STATUS probe is sent; a dead switch shows at the first bucket instead)."""
-        rank = dist.get_rank(process_group)
-        world = dist.get_world_size(process_group)
+        and no STATUS probe is sent; a dead switch shows at the first bucket instead).
+
+        ``peers``: how the ranks talk before the switch is in use (default
+        ``DistPeers(process_group)``); ``job_offset`` is added to the job id (a
+        subgroup's job); ``fields``: other fields of the state (``average``,
+        ``fallback_to_gloo``; INA_FALLBACK=gloo|raise overrides the latter)."""
+        peers = peers if peers is not None else DistPeers(process_group)
+        rank, world = peers.rank, peers.world
         addr = switch_from_env(switch and f"{switch[0]}:{switch[1]}")
         try:
             addr = (socket.gethostbyname(addr[0]), addr[1])
         except OSError as e:
             raise ValueError(f"bad switch address {addr[0]}:{addr[1]}: {e}") from None
-        job = int(os.environ.get("INA_JOB", job or 1))
+        job = int(os.environ.get("INA_JOB", job or 1)) + job_offset
         env = os.environ
+        if env.get("INA_FALLBACK") in ("gloo", "raise"):
+            fields["fallback_to_gloo"] = env["INA_FALLBACK"] == "gloo"
         s = job_defaults(
             "ethernet",
             elements=int(env["INA_ELEMENTS"]) if "INA_ELEMENTS" in env else elements,
@@ -112,9 +158,9 @@ class InaHookState:
                               bind=(local_address_towards(addr), base + rank if base else 0),
                               deadline=deadline, group=group,
                               connect_timeout=connect_timeout, impairment=impairment)
-        members = [None] * world
-        dist.all_gather_object(members, (f"{client.address[0]}:{client.address[1]}",
-                                         client.group), group=process_group)
+        import json    # a text per rank: its address, and the group it joined (or null)
+        members = [(m, tuple(g) if g else None) for m, g in map(json.loads, peers.gather(
+            json.dumps([f"{client.address[0]}:{client.address[1]}", client.group])))]
         ok = 1
         if configure and rank == 0:
             from ina_fabric.protocol.jobtable import JobConfig
@@ -126,31 +172,59 @@ class InaHookState:
                 send_job(addr, cfg, timeout=connect_timeout)
             except OSError:
                 ok = 0
-        state = cls(client, process_group)
-        state.probe(ok, query=configure)
+        state = cls(client, process_group, peers=peers, **fields)
+        try:
+            state.probe(ok, query=configure)
+        except BaseException:
+            client.close()
+            raise
         return state
 
     def probe(self, ok=1, query=True):
-        """Agree across ranks whether the switch answers; warn and use Gloo if not."""
-        if ok and query:
-            from ..switch import query_status
+        """Agree across ranks whether the switch answers (and, when ``query``, holds
+        the job); warn and use Gloo if not, or raise when ``fallback_to_gloo`` is off."""
+        why = f"no switch answered at {self.collective.switch[0]}:{self.collective.switch[1]}"
+        error = SwitchUnavailable
+        flag = self._peers.agree(ok)    # also: rank 0's CONTROL is done on every rank
+        if flag and query:
             try:
-                query_status(self.collective.switch, timeout=1.0)
+                ok = 2 if self.job_installed() else 1
             except OSError:
                 ok = 0
-        flag = torch.tensor([ok], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.process_group)
-        if not flag.item():
-            self._fall_back("no switch answered at "
-                            f"{self.collective.switch[0]}:{self.collective.switch[1]}")
-        return bool(flag.item())
+            flag = self._peers.agree(ok)
+            if flag == 1:
+                flag, why, error = 0, self.not_installed_reason(), JobNotInstalled
+        if not flag:
+            self._fall_back(why, error)
+        return bool(flag)
 
-    def _fall_back(self, why):
+    def job_installed(self) -> bool:
+        """Whether the switch's job table holds this job (OSError: no answer)."""
+        from ..switch import query_status
+        jobs = query_status(self.collective.switch, timeout=1.0).get("jobs", {})
+        return str(self.collective.job) in {str(j) for j in jobs}
+
+    def not_installed_reason(self) -> str:
+        sw = self.collective.switch
+        return (f"job {self.collective.job} is not installed on switch {sw[0]}:{sw[1]} "
+                f"(rank 0 installs it unless the job is static; a static job must be in "
+                f"the switch's table, e.g. `ina hw-config` or `ina switch --local-workers`)")
+
+    def diagnose(self, error: SwitchUnavailable) -> SwitchUnavailable:
+        """A call got no answer: say whether the switch is down or lacks the job."""
+        try:
+            installed = self.job_installed()
+        except OSError:
+            return error
+        return error if installed else JobNotInstalled(self.not_installed_reason())
+
+    def _fall_back(self, why, error=SwitchUnavailable):
         if self.use_switch and self.fallback_to_gloo:
             warnings.warn(f"INA: {why}; falling back to Gloo allreduce", RuntimeWarning,
                           stacklevel=3)
         elif not self.fallback_to_gloo:
-            raise SwitchUnavailable(why)
+            raise error(f"INA: {why}; not falling back to Gloo (INA_FALLBACK=gloo "
+                        f"allows it)")
         self.use_switch = False
 
     def close(self):
@@ -159,12 +233,29 @@ class InaHookState:
         if close:
             close()
 
+    def reduce_array(self, arr: np.ndarray, in_place: bool = False) -> np.ndarray:
+        """One allreduce of a float32 array through the collective, counted in the
+        statistics; the sum (a new array, or ``arr`` itself when ``in_place``: a
+        ``SwitchClient`` only). SwitchUnavailable when no answer came."""
+        import time
+        t = time.perf_counter()
+        out, st = self.collective.allreduce(arr, out=arr) if in_place else \
+            self.collective.allreduce(arr)
+        self.comm_seconds += time.perf_counter() - t
+        if isinstance(st, AllreduceStats):
+            self.stats.add(st)
+        elif isinstance(st, dict):  # other collectives: sum what is numeric
+            for k, v in st.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.extra_stats[k] = self.extra_stats.get(k, 0) + v
+        sent = st.get("bytes") if isinstance(st, dict) else None
+        self.bytes_sent += int(sent) if sent is not None else arr.size * 4
+        return out
+
     # the work of one bucket, on the hook thread
     def reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        world = dist.get_world_size(self.process_group)
+        world = self._peers.world
         if self.use_switch:
-            import time
-            t = time.perf_counter()
             arr = tensor.detach().numpy()
             if arr.size:
                 self.max_abs_local = max(self.max_abs_local,
@@ -173,26 +264,16 @@ class InaHookState:
             try:
                 # a SwitchClient sums the bucket in place (no output array per bucket);
                 # SwitchUnavailable means no RESULT ever came, so nothing was written yet
-                out, st = self.collective.allreduce(arr, out=arr) if in_place else \
-                    self.collective.allreduce(arr)
+                out = self.reduce_array(arr, in_place)
             except SwitchUnavailable as e:
                 self.fallbacks += 1
                 self._fall_back(str(e))
             else:
-                self.comm_seconds += time.perf_counter() - t
-                if isinstance(st, AllreduceStats):
-                    self.stats.add(st)
-                elif isinstance(st, dict):  # other collectives: sum what is numeric
-                    for k, v in st.items():
-                        if isinstance(v, (int, float)) and not isinstance(v, bool):
-                            self.extra_stats[k] = self.extra_stats.get(k, 0) + v
-                sent = st.get("bytes") if isinstance(st, dict) else None
-                self.bytes_sent += int(sent) if sent is not None else tensor.numel() * 4
                 result = tensor if in_place else torch.from_numpy(out)
                 if self.average:
                     result.div_(world)
                 return result
-        dist.all_reduce(tensor, group=self.process_group)
+        self._peers.allreduce(tensor)
         if self.average:
             tensor.div_(world)
         return tensor

@@ -1,0 +1,364 @@
+"""``ina``: a torch.distributed backend whose all_reduce runs through the switch.
+
+    import ina_fabric.distributed            # registers the backend "ina"
+    dist.init_process_group("ina")           # instead of "gloo" (or "nccl")
+    # done: DDP, dist.all_reduce, gradient accumulation, as before
+
+The process group is a Python ``ProcessGroup`` with an inner Gloo group registered as
+its backend for CPU and CUDA, so every collective this module does not override
+(broadcast, all_gather, barrier, reduce_scatter, send/recv, all_to_all, the object
+collectives, ...) runs on Gloo unchanged. ``allreduce`` is overridden: SUM and AVG (SUM,
+then divided by the world size) of float32 tensors go through the switch; fp16/bf16 are
+converted to float32 for the wire and the result rounded back; anything else (other ops,
+integer, bool, float64 and complex tensors) goes to Gloo, exactly, unless ``dtypes`` is
+``"strict"``, which refuses every tensor the switch does not carry with a one-line
+TypeError. Each call is queued, in call order, on one wire thread per group and returns
+at once with a ``Work`` whose future DDP waits on, so backward goes on while a bucket is
+on the wire (as with Gloo and NCCL).
+
+Setup is ``InaHookState.from_env`` (the comm hook's, shared): every rank binds a UDP
+socket facing the switch, the ranks exchange addresses (through the store), rank 0
+installs the job on the switch, and all ranks agree whether the switch answers and holds
+the job. Options come from ``InaOptions`` (``pg_options=InaOptions(...)``) or the
+environment, which overrides them, as for the hook: INA_SWITCH (ip:port, required),
+INA_JOB, INA_MODE (reliable|bounded), INA_ELEMENTS, INA_WINDOW, INA_DEADLINE_MS,
+INA_FALLBACK (raise|gloo), INA_DTYPES (convert|strict), INA_STATIC_JOB (1: the job is in
+the switch's table already, as on the FPGA; rank r binds INA_PORT + r), INA_STAGE_BYTES.
+
+Errors, one line each: no switch answers (raised at init unless INA_FALLBACK=gloo, which
+warns and runs every all_reduce on Gloo), job not installed (JobNotInstalled), world size
+above the switch's 32 members (WorldTooLarge, at init), dtype refused (strict only).
+Subgroups (``dist.new_group``) are switch jobs of their own: job = INA_JOB + the
+group's index.
+
+GPU tensors are staged through pinned host buffers (``host.ddp.staging``), overlapped
+with the wire; CPU tensors are reduced zero-copy, the result written in place.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+import os
+import threading
+import warnings
+import zlib
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup, ReduceOp
+from torch._C._distributed_c10d import ProcessGroupGloo, PrefixStore, AllreduceOptions
+
+from ina_fabric.protocol.fields import MAX_WORKERS
+
+from ..transport.switch_client import SwitchUnavailable
+from .hook import InaHookState, JobNotInstalled
+from .staging import CudaDevice, SimDevice, PinnedPool, StagedCall, reduce_host
+
+__all__ = ["BACKEND", "InaOptions", "ProcessGroupIna", "InaWork", "WorldTooLarge",
+           "JobNotInstalled", "register"]
+
+BACKEND = "ina"
+_SWITCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class WorldTooLarge(ValueError):
+    """More ranks than a switch job has members."""
+
+
+@dataclass
+class InaOptions:
+    """Options of the ``ina`` backend (``init_process_group("ina", pg_options=...)``).
+    None: the environment variable, else the default. The environment overrides."""
+    switch: str | None = None        # INA_SWITCH ip:port
+    job: int | None = None           # INA_JOB (1)
+    mode: str | None = None          # INA_MODE: reliable | bounded
+    elements: int | None = None      # INA_ELEMENTS per packet (Ethernet default 256)
+    window: int | None = None        # INA_WINDOW
+    deadline_ms: float | None = None  # INA_DEADLINE_MS (bounded mode)
+    fallback: str | None = None      # INA_FALLBACK: raise (default) | gloo
+    dtypes: str | None = None        # INA_DTYPES: convert (default) | strict
+    static_job: bool | None = None   # INA_STATIC_JOB: 1 = the switch has the job already
+    stage_bytes: int | None = None   # INA_STAGE_BYTES per switch call (default 4 MiB)
+    connect_timeout: float = 2.0     # seconds without any answer: switch unavailable
+    device: str | None = None        # tests: "sim" stages CPU tensors like CUDA ones
+
+    def resolved(self) -> "InaOptions":
+        env = os.environ
+        o = InaOptions(**{f.name: getattr(self, f.name) for f in fields(self)})
+        if "INA_FALLBACK" in env:
+            o.fallback = env["INA_FALLBACK"]
+        if "INA_DTYPES" in env:
+            o.dtypes = env["INA_DTYPES"]
+        if "INA_STATIC_JOB" in env:
+            o.static_job = env["INA_STATIC_JOB"] not in ("", "0")
+        if "INA_STAGE_BYTES" in env:
+            o.stage_bytes = int(env["INA_STAGE_BYTES"])
+        o.fallback = o.fallback or "raise"
+        o.dtypes = o.dtypes or "convert"
+        o.static_job = bool(o.static_job)
+        o.stage_bytes = o.stage_bytes or (4 << 20)
+        if o.fallback not in ("raise", "gloo"):
+            raise ValueError(f"INA: fallback {o.fallback!r}: expected raise or gloo")
+        if o.dtypes not in ("convert", "strict"):
+            raise ValueError(f"INA: dtypes {o.dtypes!r}: expected convert or strict")
+        return o
+
+
+class _GlooPeers:
+    """``DistPeers`` for a group that torch.distributed does not know yet: addresses
+    through the group's store, agreement and fallback on its inner Gloo group."""
+
+    def __init__(self, store, gloo, rank, world):
+        self.store, self.gloo, self.rank, self.world = store, gloo, rank, world
+
+    def gather(self, text):
+        self.store.set(f"ina/addr/{self.rank}", text)
+        return [self.store.get(f"ina/addr/{r}").decode() for r in range(self.world)]
+
+    def agree(self, ok):
+        flag = torch.tensor([ok], dtype=torch.int32)
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.MIN
+        self.gloo.allreduce([flag], opts).wait()
+        return int(flag.item())
+
+    def allreduce(self, tensor):
+        self.gloo.allreduce([tensor]).wait()
+
+
+class InaWork(dist.Work):
+    """The Work of one all_reduce: ``wait()`` blocks until the result is in the tensors
+    (for CUDA tensors: queued on their streams) and raises the call's error, if any;
+    ``get_future()`` is what DDP chains on."""
+
+    def __init__(self, fut):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None):
+        self._fut.wait()
+        return True
+
+    def get_future(self):
+        return self._fut
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def is_success(self):
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+            return True
+        except Exception:
+            return False
+
+    def result(self):
+        return self._fut.value()
+
+
+class ProcessGroupIna(ProcessGroup):
+    """The ``ina`` process group (see the module docstring)."""
+
+    def __init__(self, store, rank, world, timeout, options: InaOptions | None = None,
+                 group_index: int = 0):
+        super().__init__(rank, world)
+        o = (options or InaOptions()).resolved()
+        if world > MAX_WORKERS:
+            raise WorldTooLarge(
+                f"INA: world size {world} is above the switch's limit of {MAX_WORKERS} "
+                f"members per job; use gloo/nccl for this job (or a group of at most "
+                f"{MAX_WORKERS} ranks)")
+        self.options = o
+        self.gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, world, timeout)
+        for dev in ("cpu", "cuda"):   # every collective not overridden here: Gloo
+            self._register_backend(torch.device(dev), ProcessGroup.BackendType.GLOO,
+                                   self.gloo)
+        self._set_default_backend(ProcessGroup.BackendType.GLOO)
+        switch = None
+        if o.switch:
+            host, _, port = o.switch.rpartition(":")
+            switch = (host, int(port)) if port.isdigit() else None
+            if switch is None:
+                raise ValueError(f"bad switch address {o.switch!r}: expected ip:port")
+        self.state = InaHookState.from_env(
+            None, switch=switch, job=o.job, job_offset=group_index, mode=o.mode,
+            window=o.window,
+            elements=o.elements,
+            deadline=o.deadline_ms / 1e3 if o.deadline_ms is not None else None,
+            configure=not o.static_job, connect_timeout=o.connect_timeout,
+            peers=_GlooPeers(store, self.gloo, rank, world), average=False,
+            fallback_to_gloo=o.fallback == "gloo")
+        client = self.state.collective
+        self.chunk = max(1, o.stage_bytes // 4 // client.elements) * client.elements
+        self._wire = ThreadPoolExecutor(1, thread_name_prefix="ina-wire")
+        self._devices = {}
+        self._pools = {}
+        self._lock = threading.Lock()
+        self._warned = set()
+
+    # -- torch.distributed interface ---------------------------------------------
+    def getBackendName(self):
+        return BACKEND
+
+    @property
+    def use_switch(self) -> bool:
+        return self.state.use_switch
+
+    def allreduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        # (== compares a ReduceOp with the enum; `in` would test identity first)
+        if not (op == ReduceOp.SUM or op == ReduceOp.AVG) or not self.use_switch or \
+                not all(self._carried(t) for t in tensors):
+            return self._delegate(tensors, op)
+        divide = self.size() if op == ReduceOp.AVG else 1
+        staged = []
+        for t in tensors:           # on the caller's thread: queue the device copies
+            dev = self._device(t)
+            staged.append(t if dev is None else StagedCall(dev, self._pool(dev), t, self.chunk))
+        calls = [c for c in staged if isinstance(c, StagedCall)]
+        one = calls[0] if calls and len({t.device for t in tensors}) == 1 else None
+        fut = one.device.future() if one else torch.futures.Future()
+
+        def run():
+            try:
+                done = []
+                for item in staged:
+                    if isinstance(item, StagedCall):
+                        done.append((item.device, item.run(self._reduce, divide)))
+                    else:
+                        self._reduce_cpu(item, divide)
+                if one is not None:    # the tensors' stream, then the future
+                    one.device.complete(fut, list(tensors), one.stream)
+                    return
+                for dev, ev in done:   # mixed devices: the host waits for the copies
+                    if ev is not None:
+                        dev.wait(ev)
+                fut.set_result(list(tensors))
+            except BaseException as e:   # surfaces in wait() / backward()
+                fut.set_exception(e)
+
+        self._wire.submit(run)
+        return InaWork(fut)
+
+    def shutdown(self):
+        self._wire.shutdown(wait=True)
+        self.state.close()
+        for d in self._devices.values():
+            if isinstance(d, SimDevice):
+                d.close()
+        try:
+            super().shutdown()
+        except Exception:  # older/newer torch: nothing more to shut down
+            pass
+
+    # -- routing -----------------------------------------------------------------
+    def _carried(self, t: torch.Tensor) -> bool:
+        """Whether the switch carries ``t``; refuse (strict) or say so once (float64)."""
+        if t.dtype in _SWITCH_DTYPES and t.device.type in ("cpu", "cuda"):
+            if t.dtype != torch.float32 and self.options.dtypes == "strict":
+                raise TypeError(f"INA: all_reduce of {t.dtype} refused (INA_DTYPES=strict); "
+                                f"the switch carries float32 (INA_DTYPES=convert converts "
+                                f"fp16/bf16 to float32 for the wire)")
+            return True
+        if self.options.dtypes == "strict":
+            raise TypeError(f"INA: all_reduce of {t.dtype} on {t.device.type} refused "
+                            f"(INA_DTYPES=strict); the switch carries float32 fixed point "
+                            f"(INA_DTYPES=convert sends such tensors to Gloo, exactly)")
+        if t.dtype == torch.float64 and "float64" not in self._warned:
+            self._warned.add("float64")
+            warnings.warn("INA: float64 all_reduce runs on Gloo (exact); the switch "
+                          "carries float32: pass float32 tensors to use it",
+                          RuntimeWarning, stacklevel=4)
+        return False
+
+    def _delegate(self, tensors, op):
+        """Gloo, with AVG (which Gloo lacks) as SUM then divide."""
+        if op != ReduceOp.AVG:
+            o = AllreduceOptions()
+            o.reduceOp = op
+            return self.gloo.allreduce(tensors, o)
+        work = self.gloo.allreduce(tensors)
+        world = self.size()
+
+        def divide(_):
+            for t in tensors:
+                if t.is_floating_point() or t.is_complex():
+                    t.div_(world)
+                else:
+                    t.floor_divide_(world)
+            return list(tensors)
+
+        return InaWork(work.get_future().then(divide))
+
+    def _device(self, t):
+        if t.device.type == "cuda":
+            key = ("cuda", t.device.index)
+            with self._lock:
+                if key not in self._devices:
+                    self._devices[key] = CudaDevice(t.device)
+                return self._devices[key]
+        if self.options.device == "sim":
+            with self._lock:
+                if "sim" not in self._devices:
+                    self._devices["sim"] = SimDevice()
+                return self._devices["sim"]
+        return None
+
+    def _pool(self, dev):
+        with self._lock:
+            if id(dev) not in self._pools:
+                self._pools[id(dev)] = PinnedPool(dev)
+            return self._pools[id(dev)]
+
+    # -- on the wire thread ------------------------------------------------------
+    def _reduce(self, arr):
+        """One switch call on a float32 host array; the sum. A call that gets no
+        answer: Gloo for this and every later call (INA_FALLBACK=gloo), or one line
+        saying whether the switch is down or lacks the job."""
+        state = self.state
+        if state.use_switch:
+            try:
+                return state.reduce_array(arr)
+            except SwitchUnavailable as e:
+                state.fallbacks += 1
+                if state.fallback_to_gloo:
+                    state._fall_back(str(e))
+                else:
+                    err = state.diagnose(e)
+                    raise type(err)(f"INA: {err}; not falling back to Gloo "
+                                    f"(INA_FALLBACK=gloo allows it)") from None
+        t = torch.from_numpy(arr).clone()
+        self.gloo.allreduce([t]).wait()
+        return t.numpy()
+
+    def _reduce_cpu(self, t, divide):
+        if t.dtype == torch.float32 and t.is_contiguous():
+            reduce_host(t.view(-1), self.chunk, self._reduce, divide)
+        else:
+            work = t.detach().to(torch.float32, memory_format=torch.contiguous_format)
+            reduce_host(work.view(-1), self.chunk, self._reduce, divide)
+            t.copy_(work.view_as(t))
+
+
+def _create(dist_opts, pg_options):
+    """The backend's creator (``extended_api``): one ``ProcessGroupIna`` per group."""
+    name = str(dist_opts.group_id or "0")
+    index = int(name) if name.isdigit() else zlib.crc32(name.encode()) % 1000 + 1
+    return ProcessGroupIna(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
+                           dist_opts.timeout, pg_options, group_index=index)
+
+
+def register():
+    """Register ``ina`` with torch.distributed (idempotent; importing
+    ``ina_fabric.distributed`` does it)."""
+    if getattr(dist.Backend, BACKEND.upper(), None) == BACKEND and \
+            BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True,
+                                  devices=["cpu", "cuda"])
+
+
+register()

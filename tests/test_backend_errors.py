@@ -1,0 +1,134 @@
+"""The ``ina`` backend's one-line errors and dtype rules, in one process (world size 1
+on a HashStore; world size 33 is refused before anything is created)."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from ina_fabric.distributed import InaOptions, JobNotInstalled, WorldTooLarge
+from ina_fabric.host.transport import SwitchUnavailable
+
+pytestmark = pytest.mark.xdist_group("torch")
+
+
+@pytest.fixture(scope="module")
+def switch(ina_switch):
+    return ina_switch
+
+
+@pytest.fixture
+def env(monkeypatch, switch):
+    for k in ("INA_FALLBACK", "INA_DTYPES", "INA_STATIC_JOB", "INA_PORT", "INA_JOB",
+              "INA_MODE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("INA_SWITCH", f"{switch[0]}:{switch[1]}")
+    monkeypatch.setenv("INA_ELEMENTS", "1024")
+    yield monkeypatch
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def init(world=1, **options):
+    dist.init_process_group("ina", store=dist.HashStore(), rank=0, world_size=world,
+                            pg_options=InaOptions(**options) if options else None)
+    return dist.distributed_c10d._get_default_group()
+
+
+def test_world_size_above_the_member_limit(env):
+    with pytest.raises(WorldTooLarge, match=r"^INA: world size 33 is above the switch's "
+                                            r"limit of 32 members per job"):
+        init(world=33)
+
+
+def test_switch_unreachable_raises_by_default(env, ports):
+    dead, = ports(1)
+    env.setenv("INA_SWITCH", f"127.0.0.1:{dead}")
+    with pytest.raises(SwitchUnavailable, match=rf"^INA: no switch answered at "
+                                                rf"127.0.0.1:{dead}; not falling back to Gloo "
+                                                rf"\(INA_FALLBACK=gloo allows it\)$"):
+        init(connect_timeout=0.3)
+
+
+def test_switch_unreachable_falls_back_to_gloo_when_asked(env, ports):
+    dead, = ports(1)
+    env.setenv("INA_SWITCH", f"127.0.0.1:{dead}")
+    env.setenv("INA_FALLBACK", "gloo")
+    with pytest.warns(RuntimeWarning, match="no switch answered.*falling back to Gloo"):
+        pg = init(connect_timeout=0.3)
+    t = torch.arange(5.0)
+    dist.all_reduce(t)
+    assert not pg.use_switch and t.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_static_job_not_installed(env, ports):
+    port, = ports(1)
+    env.setenv("INA_PORT", str(port))
+    pg = init(static_job=True, connect_timeout=0.5, job=77)
+    with pytest.raises(JobNotInstalled, match=r"^INA: job 77 is not installed on switch "):
+        dist.all_reduce(torch.ones(10))
+    assert pg.state.stats.calls == 0
+
+
+def test_dtypes_convert_or_delegate(env):
+    pg = init(job=78)
+    calls = lambda: pg.state.stats.calls  # noqa: E731
+    x = torch.linspace(-3, 3, 3000)
+    y = x.clone()
+    dist.all_reduce(y)
+    assert calls() == 1 and torch.allclose(y, x, atol=1e-6)
+    for dt in (torch.float16, torch.bfloat16):     # converted to float32 for the wire
+        t = x.to(dt)
+        dist.all_reduce(t)
+        assert t.dtype == dt and torch.equal(t, x.to(dt))
+    assert calls() == 3
+    i = torch.arange(10)                           # integers: Gloo, exact
+    dist.all_reduce(i)
+    assert i.tolist() == list(range(10)) and calls() == 3
+    with pytest.warns(RuntimeWarning, match="float64 all_reduce runs on Gloo"):
+        d = x.double()
+        dist.all_reduce(d)
+    assert calls() == 3 and torch.equal(d, x.double())
+    a = x.clone()
+    dist.all_reduce(a, op=dist.ReduceOp.AVG)       # world 1: AVG = SUM / 1
+    assert calls() == 4 and torch.allclose(a, x, atol=1e-6)
+    ia = torch.arange(4)
+    dist.all_reduce(ia, op=dist.ReduceOp.AVG)      # AVG on Gloo (which lacks it)
+    assert ia.tolist() == [0, 1, 2, 3]
+
+
+def test_dtypes_strict_refuses(env):
+    pg = init(job=79, dtypes="strict")
+    with pytest.raises(TypeError, match=r"^INA: all_reduce of torch.int64 on cpu refused "
+                                        r"\(INA_DTYPES=strict\)"):
+        dist.all_reduce(torch.arange(3))
+    with pytest.raises(TypeError, match=r"^INA: all_reduce of torch.bfloat16 refused"):
+        dist.all_reduce(torch.ones(3, dtype=torch.bfloat16))
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert pg.state.stats.calls == 1
+
+
+def test_cpu_tensors_are_reduced_zero_copy_in_place(env):
+    pg = init(job=80, stage_bytes=4096)     # 1024-element chunks: 3 calls for 2500
+    seen = []
+    orig = pg.state.reduce_array
+
+    def spy(arr):
+        seen.append(arr)
+        return orig(arr)
+
+    pg.state.reduce_array = spy
+    t = torch.randn(2500)
+    base = t.clone()
+    ptr = t.data_ptr()
+    dist.all_reduce(t)
+    assert [a.size for a in seen] == [1024, 1024, 452]
+    assert all(np.shares_memory(a, t.numpy()) for a in seen)
+    assert t.data_ptr() == ptr and torch.allclose(t, base, atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w = dist.all_reduce(t, async_op=True)
+        assert w.wait() and w.is_completed()
