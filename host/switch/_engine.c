@@ -38,7 +38,7 @@
 
 #define SEQ_HALF 0x80000000u
 #define MAX_MEMBERS 32
-#define BATCH 64
+#define BATCH 16                 /* 16 x 64 KB still in L2 when they are summed */
 #define RXBUF 65536
 #define SENDQ 512
 #define SCRATCH (8u << 20)
@@ -262,6 +262,32 @@ static void accumulate(int64_t *restrict acc, const uint8_t *restrict in, uint32
 }
 
 TARGETS
+static void load(int64_t *restrict acc, const uint8_t *restrict in, uint32_t nelem) {
+    for (uint32_t i = 0; i < nelem; i++) {
+        uint32_t u;
+        memcpy(&u, in + 4 * i, 4);
+        acc[i] = (int32_t)__builtin_bswap32(u);
+    }
+}
+
+/* the last contribution added and the sum saturated in one pass (acc is not written) */
+TARGETS
+static int add_saturate(const int64_t *restrict acc, const uint8_t *restrict in,
+                        uint8_t *restrict dst, uint32_t nelem) {
+    int clipped = 0;
+    for (uint32_t i = 0; i < nelem; i++) {
+        uint32_t u;
+        memcpy(&u, in + 4 * i, 4);
+        int64_t v = acc[i] + (int32_t)__builtin_bswap32(u);
+        int64_t c = v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : v);
+        clipped |= c != v;
+        u = __builtin_bswap32((uint32_t)(int32_t)c);
+        memcpy(dst + 4 * i, &u, 4);
+    }
+    return clipped;
+}
+
+TARGETS
 static int saturate(const int64_t *restrict acc, uint8_t *restrict dst, uint32_t nelem) {
     int clipped = 0;
     for (uint32_t i = 0; i < nelem; i++) {
@@ -274,8 +300,10 @@ static int saturate(const int64_t *restrict acc, uint8_t *restrict dst, uint32_t
     return clipped;
 }
 
-/* the model's _emit: saturate, flag, store the RESULT, send it to the group */
-static void emit(Engine *e, Sink *k, Job *j, Slot *s) {
+/* the model's _emit: saturate, flag, store the RESULT, send it to the group. ``in``:
+ * the completing packet's elements, not yet in acc (NULL: all are in acc); ``first``:
+ * and no other contribution came (a one-worker slot: the sum is the packet itself). */
+static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int first) {
     const Layout *L = &e->L;
     if (s->pending) sink_flush(e, k);    /* the old result is still queued: send it first */
     uint8_t *r = s->result;
@@ -284,7 +312,16 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s) {
         flags |= L->f_partial;
         e->c[C_PARTIALS]++;
     }
-    if (saturate(s->acc, r + L->header, s->nelem)) {
+    int clipped;
+    if (in && first) {
+        memcpy(r + L->header, in, 4 * (size_t)s->nelem);
+        clipped = 0;
+    } else if (in) {
+        clipped = add_saturate(s->acc, in, r + L->header, s->nelem);
+    } else {
+        clipped = saturate(s->acc, r + L->header, s->nelem);
+    }
+    if (clipped) {
         flags |= L->f_overflow;
         e->c[C_OVERFLOWS]++;
     }
@@ -313,7 +350,7 @@ static void tick(Engine *e, Sink *k, double now) {
         if (s) {
             Job *j = e->jobs[x.job];
             j->nopen--;
-            emit(e, k, j, s);
+            emit(e, k, j, s, NULL, 0);
         }
     }
 }
@@ -353,8 +390,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         s->tag = seq;
         s->complete = 0;
         s->has_result = 0;
-        memset(s->acc, 0, (size_t)nelem * 8);
-        s->nelem = nelem;
+        s->nelem = nelem;                    /* acc is written by the first contribution */
         s->bitmap = 0;
         s->count = 0;
         s->exponent = L->no_exponent;
@@ -379,14 +415,20 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if (s->bitmap & bit) { c[C_DUPLICATES]++; return 0; }
     if (nelem != s->nelem) { c[C_DROP_MALFORMED]++; return 0; }
     c[C_ACCEPTED]++;
-    accumulate(s->acc, d + L->header, nelem);
     s->bitmap |= bit;
-    s->count++;
     int ex = (int8_t)d[L->exponent];
     if (ex > s->exponent) s->exponent = ex;
-    if (s->count == j->n) {
+    const uint8_t *in = d + L->header;
+    if (s->count + 1 == j->n) {          /* the last one: add, saturate, send at once */
+        s->count++;
         j->nopen--;
-        emit(e, k, j, s);
+        emit(e, k, j, s, in, s->count == 1);
+    } else {
+        if (s->count == 0)
+            load(s->acc, in, nelem);         /* the first one: no zeroing pass */
+        else
+            accumulate(s->acc, in, nelem);
+        s->count++;
     }
     return 0;
 }

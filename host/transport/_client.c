@@ -33,7 +33,7 @@
 
 #define PEAK_FACTOR 2.0          /* window.py */
 #define MAX_BACKOFF 64
-#define RBATCH 32
+#define RBATCH 8                 /* 8 x 64 KB still in L2 when dequantized */
 #define RXBUF 65536
 #define SENDQ 64
 

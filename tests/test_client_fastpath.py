@@ -1,0 +1,159 @@
+"""The compiled worker call (``host/transport/_client.c``) against its Python definitions:
+the window (``window.SendWindow``) event for event, the element kernels
+(``quantize._exponents``, ``_pack``, ``_dequant``) bit for bit on both the AVX2 and the
+portable path, and whole allreduce calls through a real switch (the same bits as the
+Python loop, the same errors)."""
+
+import numpy as np
+import pytest
+
+from ina_fabric.host.transport import fastcall, quantize as Q
+from ina_fabric.host.transport.window import SendWindow, WindowConfig, RttEstimator
+
+needs_c = pytest.mark.skipif(not fastcall.available(), reason=fastcall.WHY_NOT or "")
+
+
+def _state(win):
+    return (win.remaining, win.inflight, win.next_wakeup(), win.rto(), win.timeout())
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(40))
+def test_c_window_takes_the_same_actions_as_send_window(seed):
+    """Random event sequences (results in any order, duplicates, results for packets not
+    sent yet, timers early and late, long stalls) to both windows; every action list
+    and the timers after every event must be equal."""
+    rng = np.random.default_rng(seed)
+    mode = "bounded" if seed % 2 else "reliable"
+    cfg = WindowConfig(mode, rto=0.02, min_rto=0.01, deadline=float(rng.choice([0.002, 0.01])),
+                       connect_timeout=0.5, stall_timeout=float(rng.choice([0.3, 2.0])),
+                       start_wait=float(rng.choice([0.0, 0.05])))
+    r1, r2 = RttEstimator(), RttEstimator()
+    now = 0.0
+    for call in range(3):
+        P, W = int(rng.integers(1, 40)), int(2 ** rng.integers(0, 4))
+        py, c = SendWindow(P, W, cfg, r1), fastcall.CSendWindow(P, W, cfg, r2)
+        assert py.start(now) == c.start(now)
+        sent = set(range(min(W, P)))
+        for step in range(400):
+            if py.done:
+                break
+            now += float(rng.choice([0.0, 1e-4, 2e-3, 0.02, 0.3], p=[.2, .4, .25, .1, .05]))
+            if rng.random() < 0.7:
+                pool = sorted(sent) if sent and rng.random() < 0.9 else range(P)
+                p = int(rng.choice(list(pool)))
+                a, b = py.on_result(p, now), c.on_result(p, now)
+            else:
+                a, b = py.on_timer(now), c.on_timer(now)
+            assert a == b, (seed, call, step)
+            sent |= {x.p for x in a if type(x).__name__ == "Send"}
+            assert _state(py) == _state(c), (seed, call, step)
+            assert vars(r1) == vars(r2)
+            if any(type(x).__name__ == "Fail" for x in a):
+                break
+
+
+@needs_c
+@pytest.mark.parametrize("avx2", [True, False])
+def test_c_kernels_are_bit_identical_to_quantize(avx2):
+    from ina_fabric.host.transport import _client
+    was = _client.set_avx2(avx2)
+    try:
+        rng = np.random.default_rng(1)
+        x = (rng.standard_normal(100_003) * rng.choice([1e-3, 1.0, 1e3], 100_003)) \
+            .astype(np.float32)
+        x[::997] = 0.0
+        x[5:9] = [1e-40, -1e-44, 3e38, -3e38]         # subnormals, huge
+        for E in (1, 7, 256, 16368):
+            k = -(-x.size // E)
+            a, b = np.empty(k, np.int8), np.empty(k, np.int8)
+            assert Q._exponents(x.view(np.uint32), E, a) == \
+                _client.exponents(x, E, b, Q.NO_EXPONENT) == -1
+            assert (a == b).all()
+        y = x.copy()
+        y[50_000] = np.inf
+        y[70_000] = np.nan
+        a, b = np.zeros(391, np.int8), np.zeros(391, np.int8)
+        assert Q._exponents(y.view(np.uint32), 256, a) == \
+            _client.exponents(y, 256, b, Q.NO_EXPONENT) == 50_000 // 256
+        assert (a == b).all() and a[50_000 // 256] == Q.NONFINITE
+        for e, sbits in ((0, 28), (5, 30), (-20, 27), (Q.NO_EXPONENT, 28), (-140, 28)):
+            for start, count in ((0, 100_003), (3, 1000), (17, 5)):
+                o1 = np.zeros(4 * count + 40, np.uint8)
+                o2 = o1.copy()
+                c1 = Q._pack(x, start, count, np.int64(e), sbits, o1, 20)
+                c2 = _client.pack(x, start, count, e, sbits, o2, 20, Q.NO_EXPONENT)
+                assert c1 == c2 and (o1 == o2).all(), (e, sbits, start, count)
+                f1 = np.full(count + 3, np.nan, np.float32)
+                f2 = f1.copy()
+                fac = 2.0 ** (e - sbits) if e != Q.NO_EXPONENT else 1.0
+                Q._dequant(o1, 20, count, fac, f1, 2)
+                _client.dequant(o1, 20, count, fac, f2, 2)
+                assert np.array_equal(f1, f2, equal_nan=True)
+    finally:
+        _client.set_avx2(was)
+
+
+def _run(engine, n, workers=4, calls=2, mode="reliable"):
+    """``calls`` allreduces of ``n`` values on ``workers`` clients in threads (the C loop
+    releases the GIL) against a compiled switch; every worker's outputs."""
+    import threading
+    from ina_fabric.host.switch import SwitchServer
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.protocol.jobtable import JobConfig
+    from ina_fabric.host.cluster import free_udp_ports
+    ports = free_udp_ports(workers)
+    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=16, elements=1000,
+                    mode=mode, deadline=0.05)
+    server = SwitchServer([job], "127.0.0.1", 0, key=None, engine="fast")
+    t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
+    t.start()
+    outs = [[] for _ in range(workers)]
+    errors = []
+
+    def worker(w):
+        try:
+            with SwitchClient(server.address, 1, w, workers, 16, 1000, mode,
+                              bind=("127.0.0.1", ports[w]), deadline=0.05,
+                              engine=engine) as c:
+                assert c._use_c == (engine == "c")
+                for k in range(calls):
+                    x = np.random.default_rng(100 * w + k).standard_normal(n) \
+                        .astype(np.float32)
+                    outs[w].append(c.allreduce(x)[0])
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join(60)
+    server.stop()
+    t.join(2)
+    server.close()
+    assert not errors, errors
+    return outs
+
+
+@needs_c
+def test_c_call_gives_the_python_loops_bits():
+    n = 12_345
+    c, py = _run("c", n), _run("python", n)
+    for w in range(4):
+        for k in range(2):
+            assert np.array_equal(c[w][k], py[w][k]), (w, k)
+            assert np.array_equal(c[w][k], c[0][k])
+
+
+@needs_c
+def test_c_call_errors_as_the_python_loop():
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.host.transport.switch_client import SwitchUnavailable
+    from ina_fabric.host.cluster import free_udp_ports
+    dead = ("127.0.0.1", free_udp_ports(1)[0])
+    with SwitchClient(dead, 1, 0, 2, 4, 64, connect_timeout=0.3, engine="c") as c:
+        with pytest.raises(SwitchUnavailable, match="no answer from switch"):
+            c.allreduce(np.ones(1000, np.float32))
+        with pytest.raises(ValueError, match="inf or NaN"):
+            c.allreduce(np.array([1.0, np.nan], np.float32))
