@@ -45,7 +45,8 @@ import zlib
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup, ReduceOp
-from torch._C._distributed_c10d import ProcessGroupGloo, PrefixStore, AllreduceOptions
+from torch._C._distributed_c10d import (ProcessGroupGloo, PrefixStore, AllreduceOptions,
+                                        _create_work_from_future)
 
 from ina_fabric.protocol.fields import MAX_WORKERS
 
@@ -125,36 +126,14 @@ class _GlooPeers:
         self.gloo.allreduce([tensor]).wait()
 
 
-class InaWork(dist.Work):
-    """The Work of one all_reduce: ``wait()`` blocks until the result is in the tensors
-    (for CUDA tensors: queued on their streams) and raises the call's error, if any;
-    ``get_future()`` is what DDP chains on."""
-
-    def __init__(self, fut):
-        super().__init__()
-        self._fut = fut
-
-    def wait(self, timeout=None):
-        self._fut.wait()
-        return True
-
-    def get_future(self):
-        return self._fut
-
-    def is_completed(self):
-        return self._fut.done()
-
-    def is_success(self):
-        if not self._fut.done():
-            return False
-        try:
-            self._fut.value()
-            return True
-        except Exception:
-            return False
-
-    def result(self):
-        return self._fut.value()
+def InaWork(fut):
+    """The Work of one all_reduce: a C++ Work that wraps ``fut`` (``wait()`` blocks until
+    the result is in the tensors and raises the call's error; ``get_future()`` is what
+    DDP chains on). Not a Python subclass of ``dist.Work``: one of those is released by
+    c10d's threads, which then need the GIL while the caller's thread, inside a Gloo
+    collective of this group, holds c10d's locks and waits for the GIL: 2 hangs in 12
+    runs of tests/backend_ranks.py, none since."""
+    return _create_work_from_future(fut)
 
 
 class ProcessGroupIna(ProcessGroup):
@@ -253,6 +232,27 @@ class ProcessGroupIna(ProcessGroup):
             super().shutdown()
         except Exception:  # older/newer torch: nothing more to shut down
             pass
+
+    # -- everything else: the inner Gloo group, called from Python ------------------
+    # Each is forwarded explicitly instead of left to c10d's dispatch. Through the
+    # dispatch, a collective on this (Python) process group enters Gloo's enqueue with
+    # the GIL held; a Gloo worker thread that finishes the previous work frees Python
+    # tensors under Gloo's queue lock and waits for the GIL: a deadlock (seen in 2 of 12
+    # runs of tests/backend_ranks.py, in broadcast and barrier). ProcessGroupGloo's
+    # bindings release the GIL before they enqueue.
+    def _forward(name):
+        def op(self, *args, **kwargs):
+            return getattr(self.gloo, name)(*args, **kwargs)
+        op.__name__ = name
+        op.__doc__ = f"``{name}`` on the inner Gloo group."
+        return op
+
+    for _name in ("broadcast", "allgather", "_allgather_base", "allgather_coalesced",
+                  "reduce", "reduce_scatter", "_reduce_scatter_base", "gather", "scatter",
+                  "alltoall", "alltoall_base", "barrier", "send", "recv", "recv_anysource",
+                  "monitored_barrier", "allreduce_coalesced"):
+        locals()[_name] = _forward(_name)
+    del _forward, _name
 
     # -- routing -----------------------------------------------------------------
     def _carried(self, t: torch.Tensor) -> bool:
