@@ -45,8 +45,7 @@ import zlib
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup, ReduceOp
-from torch._C._distributed_c10d import (ProcessGroupGloo, PrefixStore, AllreduceOptions,
-                                        _create_work_from_future)
+from torch._C._distributed_c10d import ProcessGroupGloo, PrefixStore, AllreduceOptions
 
 from ina_fabric.protocol.fields import MAX_WORKERS
 
@@ -126,14 +125,36 @@ class _GlooPeers:
         self.gloo.allreduce([tensor]).wait()
 
 
-def InaWork(fut):
-    """The Work of one all_reduce: a C++ Work that wraps ``fut`` (``wait()`` blocks until
-    the result is in the tensors and raises the call's error; ``get_future()`` is what
-    DDP chains on). Not a Python subclass of ``dist.Work``: one of those is released by
-    c10d's threads, which then need the GIL while the caller's thread, inside a Gloo
-    collective of this group, holds c10d's locks and waits for the GIL: 2 hangs in 12
-    runs of tests/backend_ranks.py, none since."""
-    return _create_work_from_future(fut)
+class InaWork(dist.Work):
+    """The Work of one all_reduce: ``wait()`` blocks until the result is in the tensors
+    (for CUDA tensors: queued on their streams) and raises the call's error, if any;
+    ``get_future()`` is what DDP chains on."""
+
+    def __init__(self, fut):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None):
+        self._fut.wait()
+        return True
+
+    def get_future(self):
+        return self._fut
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def is_success(self):
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+            return True
+        except Exception:
+            return False
+
+    def result(self):
+        return self._fut.value()
 
 
 class ProcessGroupIna(ProcessGroup):
