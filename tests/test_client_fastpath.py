@@ -160,3 +160,21 @@ def test_c_call_errors_as_the_python_loop():
             c.allreduce(np.ones(1000, np.float32))
         with pytest.raises(ValueError, match="inf or NaN"):
             c.allreduce(np.array([1.0, np.nan], np.float32))
+
+
+def test_without_the_extension_the_client_says_why_once():
+    import subprocess
+    import sys
+    code = ("import sys, warnings; sys.modules['ina_fabric.host.transport._client'] = None\n"
+            "from ina_fabric.host.transport import SwitchClient, fastcall\n"
+            "assert not fastcall.available() and 'gcc' in fastcall.WHY_NOT\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    a = SwitchClient(('127.0.0.1', 9), 1, 0, 2)\n"
+            "    b = SwitchClient(('127.0.0.1', 9), 1, 1, 2)\n"
+            "assert not a._use_c and len(w) == 1, w\n"
+            "print(w[0].message)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "Python loop" in r.stdout and "not built" in r.stdout

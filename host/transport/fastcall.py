@@ -41,6 +41,19 @@ def available() -> bool:
     return _client is not None
 
 
+_said = False
+
+
+def say_why_not():
+    """Warn once per process that calls run the Python loop, and why."""
+    global _said
+    if not _said:
+        import warnings
+        _said = True
+        warnings.warn(f"INA: allreduce runs the Python loop (slower): {WHY_NOT}",
+                      RuntimeWarning, stacklevel=3)
+
+
 def config_tuple(cfg: WindowConfig):
     return (1.0 if cfg.mode == "bounded" else 0.0, cfg.rto, cfg.min_rto, cfg.deadline,
             cfg.connect_timeout, cfg.stall_timeout, cfg.start_wait)

@@ -151,6 +151,8 @@ class SwitchClient:
             raise ValueError("an impaired uplink runs the Python loop (engine='python' "
                              "or 'auto')")
         self._use_c = self.engine != "python" and fastcall.available() and not impaired
+        if self.engine == "auto" and not fastcall.available():
+            fastcall.say_why_not()
         if not 0 <= self.worker < self.nworkers <= 32:
             raise ValueError(f"worker {self.worker} of {self.nworkers}: need 0 <= w < N <= 32")
         if not 1 <= self.elements <= MAX_ELEMENTS:
