@@ -218,6 +218,9 @@ def main(argv=()):
     ap.add_argument("--quick", action="store_true", help="skip the 64 MB size")
     ap.add_argument("--reps", type=int, default=5, help="repetitions (>= 5; default 5)")
     ap.add_argument("--workers", default="2,4", help="comma-separated worker counts")
+    ap.add_argument("--no-backend", action="store_true",
+                    help="skip the row of the torch.distributed backend path (4 workers, "
+                         "4 MB: dist.all_reduce on the `ina` backend vs the raw client)")
     a = ap.parse_args(list(argv))
     if a.reps < 5:
         ap.error("--reps: at least 5 (min/median/max need them)")
@@ -238,11 +241,20 @@ def main(argv=()):
                   f"{row['gloo_ms_median']:8.2f} {row['cpu_ratio']:11.2f}x "
                   f"{row['ina_worker_cpu_ms']:8.1f}+{row['switch_cpu_ms']:<8.1f} "
                   f"{str(row['checked']):>7s} {row['retransmits']:7d} {tgt:>6s}", flush=True)
+    backend = None
+    if not a.no_backend:
+        from ina_fabric.bench.bench_backend import measure as measure_backend
+        tb, tc, _, _ = measure_backend(4, 4 << 20, max(9, a.reps))
+        backend = {"workers": 4, "size": "4MB", "path": "backend", "backend_ms": tb * 1e3,
+                   "raw_client_ms": tc * 1e3, "overhead": tb / tc - 1, "target": 0.10}
+        print(f"backend path, 4 workers 4MB: dist.all_reduce on `ina` {tb * 1e3:.2f} ms vs "
+              f"the raw client {tc * 1e3:.2f} ms: overhead {(tb / tc - 1) * 100:+.1f}% "
+              f"(target < 10%)", flush=True)
     print(f"switch engine: {engine}; RESULTs by {'multicast' if mcast else 'unicast'}; "
           f"times: slowest rank, {a.reps} interleaved repetitions; cpu: all workers + "
           f"switch (ina) vs all workers (Gloo), per allreduce")
     write("allreduce", {"rows": rows, "reps": a.reps, "engine": engine,
-                        "multicast": mcast,
+                        "multicast": mcast, "backend_row": backend,
                         "note": "ratios = ina time / Gloo time of the slowest rank, per "
                                 "repetition, interleaved; checked = every result within "
                                 "its bound (ina: quantization, Gloo: float32 summation)"})

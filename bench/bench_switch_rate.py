@@ -43,13 +43,13 @@ def _sender(members, target, elements, seconds, max_count, start_evt, q, window=
     socks = []
     for w, member in enumerate(members):
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         sock.bind(member)
         socks.append(sock)
     if group:
+        # default buffer sizes: with SO_RCVBUF at 8 MB on this blocking socket the loop
+        # ran at 2% of its rate (9k instead of 300k datagrams/s, measured)
         rs = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         rs.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        rs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         rs.bind(group)
         rs.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
                       socket.inet_aton(group[0]) + socket.inet_aton("127.0.0.1"))
