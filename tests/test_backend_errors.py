@@ -116,17 +116,18 @@ def test_cpu_tensors_are_reduced_zero_copy_in_place(env):
     seen = []
     orig = pg.state.reduce_array
 
-    def spy(arr):
-        seen.append(arr)
-        return orig(arr)
+    def spy(arr, in_place=False):
+        seen.append((arr, in_place))
+        return orig(arr, in_place)
 
     pg.state.reduce_array = spy
     t = torch.randn(2500)
     base = t.clone()
     ptr = t.data_ptr()
     dist.all_reduce(t)
-    assert [a.size for a in seen] == [1024, 1024, 452]
-    assert all(np.shares_memory(a, t.numpy()) for a in seen)
+    # calls on the tensor's own memory, summed in place (no output array, no copy back)
+    assert [(a.size, ip) for a, ip in seen] == [(1024, True), (1024, True), (452, True)]
+    assert all(np.shares_memory(a, t.numpy()) for a, _ in seen)
     assert t.data_ptr() == ptr and torch.allclose(t, base, atol=1e-5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

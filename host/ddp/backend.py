@@ -49,9 +49,10 @@ from torch._C._distributed_c10d import ProcessGroupGloo, PrefixStore, AllreduceO
 
 from ina_fabric.protocol.fields import MAX_WORKERS
 
-from ..transport.switch_client import SwitchUnavailable
+from ..transport.switch_client import SwitchClient, SwitchUnavailable
 from .hook import InaHookState, JobNotInstalled
-from .staging import CudaDevice, SimDevice, PinnedPool, StagedCall, reduce_host
+from .staging import (CudaDevice, SimDevice, PinnedPool, StagedCall, reduce_host,
+                      stage_chunks, _write_result)
 
 __all__ = ["BACKEND", "InaOptions", "ProcessGroupIna", "InaWork", "WorldTooLarge",
            "JobNotInstalled", "register"]
@@ -335,14 +336,16 @@ class ProcessGroupIna(ProcessGroup):
             return self._pools[id(dev)]
 
     # -- on the wire thread ------------------------------------------------------
-    def _reduce(self, arr):
-        """One switch call on a float32 host array; the sum. A call that gets no
-        answer: Gloo for this and every later call (INA_FALLBACK=gloo), or one line
-        saying whether the switch is down or lacks the job."""
+    def _reduce(self, arr, in_place=False):
+        """One switch call on a float32 host array; the sum (``arr`` itself when
+        ``in_place``). A call that gets no answer: Gloo for this and every later call
+        (INA_FALLBACK=gloo), or one line saying whether the switch is down or lacks the
+        job (no RESULT came, so ``arr`` is as it was)."""
         state = self.state
         if state.use_switch:
             try:
-                return state.reduce_array(arr)
+                return state.reduce_array(
+                    arr, in_place and isinstance(state.collective, SwitchClient))
             except SwitchUnavailable as e:
                 state.fallbacks += 1
                 if state.fallback_to_gloo:
@@ -357,7 +360,14 @@ class ProcessGroupIna(ProcessGroup):
 
     def _reduce_cpu(self, t, divide):
         if t.dtype == torch.float32 and t.is_contiguous():
-            reduce_host(t.view(-1), self.chunk, self._reduce, divide)
+            # zero-copy: each stage chunk (cut as for any device, so all ranks make the
+            # same calls) is summed in place in the tensor's memory; no output array
+            arr = t.view(-1).numpy()
+            for a, b in stage_chunks(arr.size, self.chunk):
+                view = arr[a:b]
+                out = self._reduce(view, in_place=True)
+                if out is not view or divide > 1:
+                    _write_result(view, out, divide)
         else:
             work = t.detach().to(torch.float32, memory_format=torch.contiguous_format)
             reduce_host(work.view(-1), self.chunk, self._reduce, divide)
