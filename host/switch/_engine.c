@@ -271,14 +271,16 @@ static void accumulate(int64_t *restrict acc, const uint8_t *restrict in, uint32
  * outside the protocol make a slot wide. Half the memory traffic of int64 sums. */
 static inline uint32_t mag(int32_t v) { return v < 0 ? 0u - (uint32_t)v : (uint32_t)v; }
 
-TARGETS
-static uint32_t load32(int32_t *restrict acc, const uint8_t *restrict in, uint32_t n) {
+/* the first contribution (stored) or a later one (added, wrapping: undone by sub32 if
+ * the bound says the sum could leave int32); returns its largest magnitude */
+static inline __attribute__((always_inline)) uint32_t
+take32(int32_t *restrict acc, const uint8_t *restrict in, uint32_t n, int first) {
     uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, in + 4 * i, 4);
         int32_t v = (int32_t)__builtin_bswap32(u);
-        acc[i] = v;
+        acc[i] = first ? v : (int32_t)((uint32_t)acc[i] + (uint32_t)v);
         uint32_t a = mag(v);
         m = a > m ? a : m;
     }
@@ -286,17 +288,13 @@ static uint32_t load32(int32_t *restrict acc, const uint8_t *restrict in, uint32
 }
 
 TARGETS
+static uint32_t load32(int32_t *restrict acc, const uint8_t *restrict in, uint32_t n) {
+    return take32(acc, in, n, 1);
+}
+
+TARGETS
 static uint32_t add32(int32_t *restrict acc, const uint8_t *restrict in, uint32_t n) {
-    uint32_t m = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, in + 4 * i, 4);
-        int32_t v = (int32_t)__builtin_bswap32(u);
-        acc[i] = (int32_t)((uint32_t)acc[i] + (uint32_t)v);   /* undone if too large */
-        uint32_t a = mag(v);
-        m = a > m ? a : m;
-    }
-    return m;
+    return take32(acc, in, n, 0);
 }
 
 TARGETS
