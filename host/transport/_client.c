@@ -326,6 +326,7 @@ static int64_t pack_avx2(const float *v, int count, double scale, uint8_t *dst) 
     int64_t clipped = 0;
     int i = 0;
     for (; i + 4 <= count; i += 4) {
+        if ((i & 15) == 0) _mm_prefetch((const char *)(v + i + 512), _MM_HINT_T0);
         __m256d x = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(v + i)), s);
         __m256d c = _mm256_min_pd(_mm256_max_pd(x, lo), hi);
         clipped += __builtin_popcount(_mm256_movemask_pd(_mm256_cmp_pd(c, x, _CMP_NEQ_UQ)));
