@@ -80,16 +80,18 @@ def test_c_kernels_are_bit_identical_to_quantize(avx2):
         assert Q._exponents(y.view(np.uint32), 256, a) == \
             _client.exponents(y, 256, b, Q.NO_EXPONENT) == 50_000 // 256
         assert (a == b).all() and a[50_000 // 256] == Q.NONFINITE
-        for e, sbits in ((0, 28), (5, 30), (-20, 27), (Q.NO_EXPONENT, 28), (-140, 28)):
+        for e, sbits in ((0, 28), (5, 30), (-20, 27), (Q.NO_EXPONENT, 28), (-140, 28),
+                         (Q.NONFINITE, 28)):
             for start, count in ((0, 100_003), (3, 1000), (17, 5)):
                 o1 = np.zeros(4 * count + 40, np.uint8)
                 o2 = o1.copy()
                 c1 = Q._pack(x, start, count, np.int64(e), sbits, o1, 20)
-                c2 = _client.pack(x, start, count, e, sbits, o2, 20, Q.NO_EXPONENT)
+                c2 = _client.pack(x, start, count, e, sbits, o2, 20, Q.NO_EXPONENT,
+                                  Q.NONFINITE)
                 assert c1 == c2 and (o1 == o2).all(), (e, sbits, start, count)
                 f1 = np.full(count + 3, np.nan, np.float32)
                 f2 = f1.copy()
-                fac = 2.0 ** (e - sbits) if e != Q.NO_EXPONENT else 1.0
+                fac = 2.0 ** (e - sbits) if e not in (Q.NO_EXPONENT, Q.NONFINITE) else 1.0
                 Q._dequant(o1, 20, count, fac, f1, 2)
                 _client.dequant(o1, 20, count, fac, f2, 2)
                 assert np.array_equal(f1, f2, equal_nan=True)
@@ -158,8 +160,6 @@ def test_c_call_errors_as_the_python_loop():
     with SwitchClient(dead, 1, 0, 2, 4, 64, connect_timeout=0.3, engine="c") as c:
         with pytest.raises(SwitchUnavailable, match="no answer from switch"):
             c.allreduce(np.ones(1000, np.float32))
-        with pytest.raises(ValueError, match="inf or NaN"):
-            c.allreduce(np.array([1.0, np.nan], np.float32))
 
 
 def test_without_the_extension_the_client_says_why_once():
@@ -178,3 +178,54 @@ def test_without_the_extension_the_client_says_why_once():
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert "Python loop" in r.stdout and "not built" in r.stdout
+
+
+@needs_c
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_inf_or_nan_on_one_rank_reaches_every_rank_as_nan(engine):
+    """Issue 17: a non-finite value on one rank used to raise on that rank only (the
+    others stalled or summed without it). Its chunk's exponent proposal (NONFINITE, the
+    largest int8) wins the switch's max, so every rank's result for that chunk is NaN,
+    the other chunks stay exact, and nobody raises: AMP's GradScaler sees the overflow
+    on every rank and skips the step everywhere."""
+    import threading
+    from ina_fabric.host.switch import SwitchServer
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.protocol.jobtable import JobConfig
+    from ina_fabric.host.cluster import free_udp_ports
+    ports = free_udp_ports(3)
+    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=8, elements=100)
+    server = SwitchServer([job], "127.0.0.1", 0, key=None, engine="fast")
+    t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
+    t.start()
+    xs = [np.random.default_rng(w).standard_normal(1000).astype(np.float32) for w in range(3)]
+    xs[1][250] = np.inf                 # chunk 2 of rank 1
+    xs[2][731] = np.nan                 # chunk 7 of rank 2
+    outs, errors = [None] * 3, []
+
+    def worker(w):
+        try:
+            with SwitchClient(server.address, 1, w, 3, 8, 100, bind=("127.0.0.1", ports[w]),
+                              engine=engine) as c:
+                outs[w] = [c.allreduce(xs[w])[0], c.allreduce(xs[0] * (w + 1))[0]]
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join(30)
+    server.stop()
+    t.join(2)
+    server.close()
+    assert not errors, errors
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    for w in range(3):
+        y = outs[w][0]
+        assert np.isnan(y[200:300]).all() and np.isnan(y[700:800]).all()
+        finite = np.r_[0:200, 300:700, 800:1000]
+        assert np.allclose(y[finite], exact[finite], atol=1e-5)
+        assert np.array_equal(y, outs[0][0], equal_nan=True)
+        # the next call is unaffected
+        assert np.allclose(outs[w][1], xs[0] * 6, atol=1e-5)

@@ -395,8 +395,12 @@ static int avx2(void) {
 }
 
 static int64_t pack(const float *v, int count, int exponent, int sbits, uint8_t *dst,
-                    int no_exponent) {
-    double scale = exponent == no_exponent ? 0.0 : ldexp(1.0, sbits - exponent);
+                    int no_exponent, int nonfinite) {
+    if (exponent == no_exponent || exponent == nonfinite) {   /* zeros, as quantize.py */
+        memset(dst, 0, 4 * (size_t)count);
+        return 0;
+    }
+    double scale = ldexp(1.0, sbits - exponent);
 #ifdef HAVE_AVX2_PATH
     if (avx2()) return pack_avx2(v, count, scale, dst);
 #endif
@@ -461,7 +465,8 @@ static size_t build(Call *c, int p, int retransmit) {
             int j = p - c->W;
             nel = nelem_of(c, p);
             c->stats[S_CLIPPED] += pack(c->x + (int64_t)j * c->E, nel, c->shared_exp[j],
-                                        c->sbits, b + L->header, L->no_exponent);
+                                        c->sbits, b + L->header, L->no_exponent,
+                                        L->nonfinite);
         }
         memset(b, 0, L->header);
         b[L->version] = L->v_version;
@@ -515,6 +520,8 @@ static void apply(Call *c, int p, const uint8_t *d) {
         int e = c->shared_exp[p - c->W];
         if (count == 0 || e == L->no_exponent) {
             memset(o, 0, nel * sizeof(float));
+        } else if (e == L->nonfinite) {      /* some worker's chunk held inf or NaN */
+            for (int i = 0; i < nel; i++) o[i] = NAN;
         } else {
             double factor = ldexp(partial ? (double)c->nworkers / count : 1.0, e - c->sbits);
             dequant(d + L->header, nel, factor, o);
@@ -933,13 +940,14 @@ static PyObject *py_exponents(PyObject *self, PyObject *args) {
     return PyErr_Occurred() ? NULL : PyLong_FromLongLong(bad);
 }
 
-/* pack(x, start, count, exponent, sbits, out: uint8, offset, no_exponent) -> clipped */
+/* pack(x, start, count, exponent, sbits, out: uint8, offset, no_exponent, nonfinite)
+ * -> clipped */
 static PyObject *py_pack(PyObject *self, PyObject *args) {
     PyObject *ox, *oo;
     long long start, count, offset;
-    int e, sbits, noexp;
-    if (!PyArg_ParseTuple(args, "OLLiiOLi", &ox, &start, &count, &e, &sbits, &oo, &offset,
-                          &noexp))
+    int e, sbits, noexp, nonfin;
+    if (!PyArg_ParseTuple(args, "OLLiiOLii", &ox, &start, &count, &e, &sbits, &oo, &offset,
+                          &noexp, &nonfin))
         return NULL;
     Py_buffer bx, bo;
     if (get_buf(ox, &bx, 0, 4, "x") < 0) return NULL;
@@ -950,7 +958,7 @@ static PyObject *py_pack(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "pack: out of range");
     else
         r = pack((const float *)bx.buf + start, (int)count, e, sbits,
-                 (uint8_t *)bo.buf + offset, noexp);
+                 (uint8_t *)bo.buf + offset, noexp, nonfin);
     PyBuffer_Release(&bx);
     PyBuffer_Release(&bo);
     return PyErr_Occurred() ? NULL : PyLong_FromLongLong(r);

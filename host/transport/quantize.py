@@ -22,13 +22,14 @@ import math
 import numpy as np
 from numba import njit
 
-from ina_fabric.protocol.fields import NO_EXPONENT, HEADER_BYTES
+from ina_fabric.protocol.fields import NO_EXPONENT, HEADER_BYTES, NONFINITE_EXPONENT
 
 __all__ = ["scale_bits", "local_exponents", "pack_chunk", "dequantize", "dequantize_into",
            "error_bound", "warm_up", "NO_EXPONENT", "NONFINITE"]
 
-#: local exponent of a chunk that holds inf or NaN
-NONFINITE = 127
+#: local exponent of a chunk that holds inf or NaN (its proposal; the wire's
+#: NONFINITE_EXPONENT): a chunk agreed at it travels as zeros and reads back as NaN
+NONFINITE = NONFINITE_EXPONENT
 
 
 def scale_bits(nworkers: int) -> int:
@@ -81,11 +82,15 @@ def _exponents(bits, elements, out):
 def _pack(values, start, count, exponent, sbits, out, offset):
     """Quantize values[start:start+count] and write big-endian int32 at out[offset:]
     (offset a multiple of 4; ``out`` a 4-aligned uint8 array). Branch-free so LLVM
-    vectorizes it: scale, clamp, round, byte-swap, store in one pass. Values must be
-    finite (``local_exponents`` flags a chunk with inf/NaN as exponent 127)."""
-    scale = 0.0 if exponent == NO_EXPONENT else 2.0 ** (sbits - exponent)
-    lim = 2147483647.0
+    vectorizes it: scale, clamp, round, byte-swap, store in one pass. An exponent of
+    NO_EXPONENT or NONFINITE writes zeros (the chunk carries nothing, or its sum is NaN
+    anyway); otherwise the values must be finite."""
     o32 = out[offset:offset + 4 * count].view(np.uint32)
+    if exponent == NO_EXPONENT or exponent == NONFINITE:
+        o32[:] = 0
+        return 0
+    scale = 2.0 ** (sbits - exponent)
+    lim = 2147483647.0
     v = values[start:start + count]
     clipped = 0
     for i in range(count):
@@ -110,6 +115,8 @@ def dequantize(elements_be: np.ndarray, exponent: int, sbits: int, rescale: floa
     """Big-endian int32 elements to float32 values (times ``rescale``)."""
     if exponent == NO_EXPONENT:
         return np.zeros(elements_be.shape, np.float32)
+    if exponent == NONFINITE:
+        return np.full(elements_be.shape, np.nan, np.float32)
     factor = math.ldexp(rescale, int(exponent) - sbits)
     return (elements_be.astype(np.float64) * factor).astype(np.float32)
 
@@ -130,9 +137,11 @@ def _dequant(buf, offset, count, factor, out, start):
 def dequantize_into(buf, offset, count, exponent, sbits, out, start, rescale=1.0):
     """Fused dequantize of ``count`` big-endian int32 at ``buf[offset:]`` (a uint8 array,
     ``offset`` a multiple of 4) straight into ``out[start:]`` (float32): no temporaries.
-    NO_EXPONENT writes zeros."""
+    NO_EXPONENT writes zeros, NONFINITE (some worker's chunk held inf or NaN) NaN."""
     if exponent == NO_EXPONENT:
         out[start:start + count] = 0.0
+    elif exponent == NONFINITE:
+        out[start:start + count] = np.nan
     else:
         _dequant(buf, offset, count, math.ldexp(rescale, int(exponent) - sbits), out, start)
 

@@ -13,8 +13,8 @@ import enum
 
 __all__ = [
     "Field", "HEADER_FIELDS", "HEADER_BYTES", "VERSION", "INA_UDP_PORT",
-    "MsgType", "Flags", "NO_EXPONENT", "MAX_WORKERS", "GROUP_WORKER", "field_offsets",
-    "c_layout",
+    "MsgType", "Flags", "NO_EXPONENT", "MAX_WORKERS", "GROUP_WORKER", "NONFINITE_EXPONENT",
+    "field_offsets", "c_layout",
 ]
 
 VERSION = 1
@@ -24,6 +24,10 @@ MAX_WORKERS = 32
 NO_EXPONENT = -128
 #: the worker field of a RESULT sent to the whole group (a unicast re-send names its worker)
 GROUP_WORKER = 255
+#: exponent proposal of a chunk that holds inf or NaN: the largest int8, so the switch's
+#: max carries it to every worker, and every worker's result for that chunk is NaN (the
+#: chunk's data travel as zeros). AMP's GradScaler then sees the overflow on every rank.
+NONFINITE_EXPONENT = 127
 
 
 class MsgType(enum.IntEnum):
@@ -94,6 +98,7 @@ def c_layout() -> dict:
     d.update(header=HEADER_BYTES, VERSION=VERSION, DATA=int(MsgType.DATA),
              RESULT=int(MsgType.RESULT), PARTIAL=int(Flags.PARTIAL),
              OVERFLOW=int(Flags.OVERFLOW), RETRANSMIT=int(Flags.RETRANSMIT),
-             LAST=int(Flags.LAST), NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER)
+             LAST=int(Flags.LAST), NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER,
+             NONFINITE=NONFINITE_EXPONENT)
     return d
 

@@ -16,7 +16,7 @@ typedef struct {
     int header, version, type, flags, exponent, job, worker, count, seq, nelem,
         reserved, bitmap;
     int v_version, t_data, t_result, f_partial, f_overflow, f_retransmit, f_last,
-        no_exponent, group_worker;
+        no_exponent, group_worker, nonfinite;
 } InaLayout;
 
 static inline uint32_t ina_rd16(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
@@ -73,7 +73,8 @@ static int ina_layout_from_dict(PyObject *d, InaLayout *L) {
         ina_get_int(d, "RETRANSMIT", &L->f_retransmit) < 0 ||
         ina_get_int(d, "LAST", &L->f_last) < 0 ||
         ina_get_int(d, "NO_EXPONENT", &L->no_exponent) < 0 ||
-        ina_get_int(d, "GROUP_WORKER", &L->group_worker) < 0)
+        ina_get_int(d, "GROUP_WORKER", &L->group_worker) < 0 ||
+        ina_get_int(d, "NONFINITE", &L->nonfinite) < 0)
         return -1;
     if (L->header % 4) {
         PyErr_SetString(PyExc_ValueError, "header length must be a multiple of 4");
