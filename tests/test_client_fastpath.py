@@ -99,17 +99,22 @@ def test_c_kernels_are_bit_identical_to_quantize(avx2):
         _client.set_avx2(was)
 
 
-def _run(engine, n, workers=4, calls=2, mode="reliable"):
-    """``calls`` allreduces of ``n`` values on ``workers`` clients in threads (the C loop
-    releases the GIL) against a compiled switch; every worker's outputs."""
+def _inputs(n):
+    return lambda w, k: np.random.default_rng(100 * w + k).standard_normal(n) \
+        .astype(np.float32)
+
+
+def _run(engine, inputs, workers=4, calls=2, elements=1000):
+    """``calls`` allreduces of ``inputs(w, k)`` on ``workers`` clients in threads (the C
+    loop releases the GIL) against a compiled switch; every worker's outputs."""
     import threading
     from ina_fabric.host.switch import SwitchServer
     from ina_fabric.host.transport import SwitchClient
     from ina_fabric.protocol.jobtable import JobConfig
     from ina_fabric.host.cluster import free_udp_ports
     ports = free_udp_ports(workers)
-    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=16, elements=1000,
-                    mode=mode, deadline=0.05)
+    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=16,
+                    elements=elements)
     server = SwitchServer([job], "127.0.0.1", 0, key=None, engine="fast")
     t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
     t.start()
@@ -118,14 +123,11 @@ def _run(engine, n, workers=4, calls=2, mode="reliable"):
 
     def worker(w):
         try:
-            with SwitchClient(server.address, 1, w, workers, 16, 1000, mode,
-                              bind=("127.0.0.1", ports[w]), deadline=0.05,
-                              engine=engine) as c:
+            with SwitchClient(server.address, 1, w, workers, 16, elements,
+                              bind=("127.0.0.1", ports[w]), engine=engine) as c:
                 assert c._use_c == (engine == "c")
                 for k in range(calls):
-                    x = np.random.default_rng(100 * w + k).standard_normal(n) \
-                        .astype(np.float32)
-                    outs[w].append(c.allreduce(x)[0])
+                    outs[w].append(c.allreduce(inputs(w, k))[0])
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
@@ -143,8 +145,7 @@ def _run(engine, n, workers=4, calls=2, mode="reliable"):
 
 @needs_c
 def test_c_call_gives_the_python_loops_bits():
-    n = 12_345
-    c, py = _run("c", n), _run("python", n)
+    c, py = _run("c", _inputs(12_345)), _run("python", _inputs(12_345))
     for w in range(4):
         for k in range(2):
             assert np.array_equal(c[w][k], py[w][k]), (w, k)
@@ -188,38 +189,11 @@ def test_inf_or_nan_on_one_rank_reaches_every_rank_as_nan(engine):
     largest int8) wins the switch's max, so every rank's result for that chunk is NaN,
     the other chunks stay exact, and nobody raises: AMP's GradScaler sees the overflow
     on every rank and skips the step everywhere."""
-    import threading
-    from ina_fabric.host.switch import SwitchServer
-    from ina_fabric.host.transport import SwitchClient
-    from ina_fabric.protocol.jobtable import JobConfig
-    from ina_fabric.host.cluster import free_udp_ports
-    ports = free_udp_ports(3)
-    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=8, elements=100)
-    server = SwitchServer([job], "127.0.0.1", 0, key=None, engine="fast")
-    t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
-    t.start()
     xs = [np.random.default_rng(w).standard_normal(1000).astype(np.float32) for w in range(3)]
     xs[1][250] = np.inf                 # chunk 2 of rank 1
     xs[2][731] = np.nan                 # chunk 7 of rank 2
-    outs, errors = [None] * 3, []
-
-    def worker(w):
-        try:
-            with SwitchClient(server.address, 1, w, 3, 8, 100, bind=("127.0.0.1", ports[w]),
-                              engine=engine) as c:
-                outs[w] = [c.allreduce(xs[w])[0], c.allreduce(xs[0] * (w + 1))[0]]
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-
-    ts = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join(30)
-    server.stop()
-    t.join(2)
-    server.close()
-    assert not errors, errors
+    outs = _run(engine, lambda w, k: xs[w] if k == 0 else xs[0] * (w + 1), workers=3,
+                elements=100)
     exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
     for w in range(3):
         y = outs[w][0]
