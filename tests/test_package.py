@@ -110,6 +110,8 @@ def test_wheel_in_fresh_venv(tmp_path):
     # the compiled data path was built by pip (setup.py), not only in the checkout
     run(py, "-c", "from ina_fabric.host.switch import fast; assert fast.available(), "
                   "fast.WHY_NOT")
+    run(py, "-c", "from ina_fabric.host.transport import fastcall; "
+                  "assert fastcall.available(), fastcall.WHY_NOT")
     assert "--board" in run(py, "-m", "ina_fabric.hw.build", "--help")
     out = run(ina, "allreduce", "--workers", "2", "--size", "64k", "--iterations", "2")
     assert "quantization bound" in out, out
