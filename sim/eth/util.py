@@ -13,10 +13,10 @@ __all__ = ["unpack", "pack", "ip2int", "mac2int", "TB", "frame_bytes", "CORE_PER
 
 #: core, transmit and receive clocks: 125 MHz (8 ns)
 CORE_PERIOD_NS = 8
-#: the board top's ``core`` domain (INA core behind AsyncFIFOs): 27 ns = 37.04 MHz, a
-#: little slower than the FPGA's 37.5 MHz (constraints/versa_ecp5.toml), so the line-rate
+#: the board top's ``core`` domain (INA core behind AsyncFIFOs): 14 ns = 71.4 MHz, a
+#: little slower than the FPGA's 75 MHz (constraints/versa_ecp5.toml), so the line-rate
 #: bench is conservative.
-INA_CORE_PERIOD_NS = 27
+INA_CORE_PERIOD_NS = 14
 
 
 def _fields(layout):
