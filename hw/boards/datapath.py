@@ -168,7 +168,7 @@ class InaDatapath(wiring.Component):
             # data are separate short paths at 125 MHz (hw/eth/cdc.py). 16 deep: one LUT
             # RAM per 4 bits with no read multiplexer, and its read pointer drives a quarter
             # of the RAMs 64 would need (that net's routing was the critical path). The
-            # reader (125 MHz) drains faster than the core (37.5 MHz) fills it.
+            # reader (125 MHz) drains faster than the core (75 MHz) fills it.
             cdc_out[p] = fout = AsyncFIFOLut(width=len(dst.payload.as_value()),
                                              depth=self.out_fifo_depth, w_domain="core",
                                              r_domain="sync")

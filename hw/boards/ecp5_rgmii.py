@@ -58,7 +58,7 @@ class Ecp5RgmiiTop(Elaboratable):
     """``board``: BoardConfig; ``ports``: {port: rx_delay_taps}; ``clk``: (resource
     name, MHz) of the input clock; ``leds``: number of LEDs to use (4 per port)."""
 
-    def __init__(self, board, ports, *, clk=("clk100", 100), sync_mhz=125, core_mhz=37.5):
+    def __init__(self, board, ports, *, clk=("clk100", 100), sync_mhz=125, core_mhz=75):
         self.board = board
         self.ports = ports
         self.clk = clk
@@ -72,7 +72,7 @@ class Ecp5RgmiiTop(Elaboratable):
         clk_in = platform.request(clk_name, dir="i").i
         ref, fb, op = pll_params(fin, self.sync_mhz)
         # CLKOP feeds back, so VCO = sync * CLKOP_DIV: pick the divider that also gives the
-        # core clock as VCO / integer (125 and 37.5 MHz: VCO 750 MHz, /6 and /20).
+        # core clock as VCO / integer (125 and 75 MHz: VCO 750 MHz, /6 and /10).
         fop = fin / ref * fb
         for op in range(1, 129):
             vco = fop * op
