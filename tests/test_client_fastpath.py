@@ -203,3 +203,52 @@ def test_inf_or_nan_on_one_rank_reaches_every_rank_as_nan(engine):
         assert np.array_equal(y, outs[0][0], equal_nan=True)
         # the next call is unaffected
         assert np.allclose(outs[w][1], xs[0] * 6, atol=1e-5)
+
+
+@needs_c
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_stall_names_the_missing_worker(engine, monkeypatch):
+    """Issue 17: a reliable call stalls when a rank is gone. Every waiting rank raises
+    within stall_timeout and says which worker the switch is waiting for (from its
+    STATUS: the oldest open slot's missing contributors); with the switch gone, that it
+    does not answer."""
+    import threading
+    from ina_fabric.host.switch import SwitchServer
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.host.transport.switch_client import AllreduceTimeout
+    from ina_fabric.protocol.jobtable import JobConfig
+    from ina_fabric.host.cluster import free_udp_ports
+    monkeypatch.setenv("INA_SWITCH_KEY", "11" * 32)
+    ports = free_udp_ports(3)
+    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=8, elements=100)
+    server = SwitchServer([job], "127.0.0.1", 0, engine="fast")
+    t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
+    t.start()
+    errors = {}
+
+    def worker(w):          # worker 2 never calls
+        with SwitchClient(server.address, 1, w, 3, 8, 100, bind=("127.0.0.1", ports[w]),
+                          stall_timeout=1.0, engine=engine) as c:
+            try:
+                c.allreduce(np.ones(1000, np.float32))
+            except AllreduceTimeout as e:
+                errors[w] = str(e)
+
+    ts = [threading.Thread(target=worker, args=(w,)) for w in (0, 1)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join(30)
+    server.stop()
+    t.join(2)
+    server.close()
+    assert sorted(errors) == [0, 1], errors
+    for msg in errors.values():
+        assert msg.endswith("waiting for worker(s) 2 (the switch's oldest open slot lacks "
+                            "them)"), msg
+    # the switch is gone now: the stall says so
+    with SwitchClient(server.address, 1, 0, 3, 8, 100, bind=("127.0.0.1", ports[0]),
+                      stall_timeout=0.5, connect_timeout=0.3, engine=engine) as c:
+        c._rtt.answered = True          # as after earlier calls: a stall, not "unavailable"
+        with pytest.raises(AllreduceTimeout, match="did not answer a STATUS request"):
+            c.allreduce(np.ones(1000, np.float32))

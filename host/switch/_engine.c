@@ -67,6 +67,7 @@ typedef struct {
     uint16_t nelem;
     uint8_t complete, has_result, pending, count;
     uint8_t wide;                /* acc holds int64 sums (else int32: see narrow below) */
+    uint64_t order;              /* when it opened, in the engine's opening count */
     int64_t bound;               /* narrow: sum over contributions of their max |value| */
     int exponent;
     double opened_at;
@@ -108,6 +109,7 @@ typedef struct {
     size_t heap_n, heap_cap;
     uint64_t c[NCOUNTERS];
     Sink *sink;
+    uint64_t opened;             /* slots opened so far: their order (oldest open slot) */
     struct mmsghdr *rmsgs;
     struct iovec *riov;
     struct sockaddr_in *raddr;
@@ -467,6 +469,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         s->count = 0;
         s->exponent = L->no_exponent;
         s->opened_at = now;
+        s->order = ++e->opened;
         j->nopen++;
         if (j->bounded) {
             Entry x = {now + j->deadline, (uint32_t)j->id, seq, now};
@@ -686,6 +689,21 @@ static PyObject *Engine_start_at(Engine *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* oldest_open_bitmap(id): the contributor bitmap of the job's oldest open slot (the
+ * model's first entry of js.open), or None */
+static PyObject *Engine_oldest_open_bitmap(Engine *e, PyObject *args) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
+    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Slot *best = NULL;
+    for (size_t k = 0; j && k < 2 * (size_t)j->window; k++) {
+        Slot *s = &j->slots[k];
+        if (!s->complete && (!best || s->order < best->order)) best = s;
+    }
+    if (!best) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(best->bitmap);
+}
+
 static PyObject *Engine_open_slots(Engine *e, PyObject *args) {
     int id;
     if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
@@ -868,6 +886,8 @@ static PyMethodDef Engine_methods[] = {
      "retune(id, bounded, deadline): change the mode/deadline, keeping the slots"},
     {"start_at", (PyCFunction)Engine_start_at, METH_VARARGS,
      "start_at(id, seq): records as if the job had run seq packets"},
+    {"oldest_open_bitmap", (PyCFunction)Engine_oldest_open_bitmap, METH_VARARGS,
+     "oldest_open_bitmap(id): contributors of the oldest open slot, or None"},
     {"open_slots", (PyCFunction)Engine_open_slots, METH_VARARGS, "open_slots(id)"},
     {"process", (PyCFunction)Engine_process, METH_VARARGS,
      "process(datagram, ip, port, now) -> [(ip, port, bytes)]: tick, then one DATA"},

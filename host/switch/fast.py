@@ -94,6 +94,10 @@ class FastSwitchModel(SwitchModel):
         st["open_slots"] = self.engine.open_slots(js.cfg.job)
         return st
 
+    def _waiting_for(self, js):
+        bitmap = self.engine.oldest_open_bitmap(js.cfg.job)
+        return [] if bitmap is None else self._missing(js.cfg.n, bitmap)
+
     @property
     def counters(self) -> Counter:
         c = Counter(self._counts)

@@ -391,7 +391,17 @@ class SwitchModel:
     def _job_status(self, js) -> dict:
         return {"workers": js.cfg.n, "window": js.cfg.window, "elements": js.cfg.elements,
                 "mode": js.cfg.mode, "deadline_ms": js.cfg.deadline * 1e3,
-                "open_slots": len(js.open)}
+                "open_slots": len(js.open), "waiting_for": self._waiting_for(js)}
+
+    @staticmethod
+    def _missing(n, bitmap):
+        return [w for w in range(n) if not bitmap >> w & 1]
+
+    def _waiting_for(self, js):
+        """The workers the oldest open slot still lacks (a stalled job: who stalls it)."""
+        for slot in js.open.values():
+            return self._missing(js.cfg.n, slot.bitmap)
+        return []
 
     def status(self) -> dict:
         """Everything, as one dict (for the process that holds the model)."""

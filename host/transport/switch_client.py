@@ -283,10 +283,7 @@ class SwitchClient:
                         f"no answer from switch {switch[0]}:{switch[1]} for job "
                         f"{self.job} within {self.connect_timeout}s")
                 else:
-                    raise AllreduceTimeout(
-                        f"job {self.job} worker {self.worker}: no progress for "
-                        f"{self.stall_timeout}s ({win.remaining} of {call.P} packets "
-                        f"outstanding)")
+                    raise self._stalled(win.remaining, call.P)
 
         perform(win.start(clock()))
         while not win.done:
@@ -361,10 +358,7 @@ class SwitchClient:
                     f"no answer from switch {self.switch[0]}:{self.switch[1]} for job "
                     f"{self.job} within {self.connect_timeout}s") from None
             if e.code == fastcall.STALLED:
-                raise AllreduceTimeout(
-                    f"job {self.job} worker {self.worker}: no progress for "
-                    f"{self.stall_timeout}s ({e.remaining} of {K + W} packets "
-                    f"outstanding)") from None
+                raise self._stalled(e.remaining, K + W) from None
             if e.code == fastcall.INCONSISTENT:
                 raise AllreduceInconsistent(
                     f"job {self.job} worker {self.worker}: the switch answered a "
@@ -372,6 +366,28 @@ class SwitchClient:
                     f"again as bounded?)") from None
             raise OSError(-e.code, f"allreduce socket: {os.strerror(-e.code)}") from None
         return st
+
+    def _stalled(self, remaining, packets) -> "AllreduceTimeout":
+        """The stall error, saying who stalls the job when the switch can tell: the
+        workers its oldest open slot still lacks (every stalled rank names the same
+        ones), that it no longer holds the job, or that it does not answer at all."""
+        msg = (f"job {self.job} worker {self.worker}: no progress for {self.stall_timeout}s "
+               f"({remaining} of {packets} packets outstanding)")
+        from ..switch.server import query_status
+        try:
+            jobs = query_status(self.switch, timeout=0.5).get("jobs", {})
+        except Exception as e:  # noqa: BLE001 (no answer, no key: say so, raise the stall)
+            return AllreduceTimeout(f"{msg}; the switch at {self.switch[0]}:{self.switch[1]} "
+                                    f"did not answer a STATUS request ({e})")
+        job = jobs.get(str(self.job))
+        if job is None:
+            return AllreduceTimeout(f"{msg}; the switch no longer holds job {self.job} "
+                                    f"(restarted, or the job was removed)")
+        if job.get("waiting_for"):
+            return AllreduceTimeout(f"{msg}; waiting for worker(s) "
+                                    f"{', '.join(map(str, job['waiting_for']))} (the "
+                                    f"switch's oldest open slot lacks them)")
+        return AllreduceTimeout(msg)
 
     def call_window(self, chunks: int) -> int:
         """The window of one call: a power of two that divides the job's window (so
