@@ -104,34 +104,15 @@ def _inputs(n):
         .astype(np.float32)
 
 
-def _run(engine, inputs, workers=4, calls=2, elements=1000):
-    """``calls`` allreduces of ``inputs(w, k)`` on ``workers`` clients in threads (the C
-    loop releases the GIL) against a compiled switch; every worker's outputs."""
+def _against_switch(job, fn, ranks, **server_kw):
+    """A compiled switch holding ``job`` in a thread; ``fn(address, w)`` for each w in
+    ``ranks`` in threads (the C loop releases the GIL); the switch is stopped after."""
     import threading
     from ina_fabric.host.switch import SwitchServer
-    from ina_fabric.host.transport import SwitchClient
-    from ina_fabric.protocol.jobtable import JobConfig
-    from ina_fabric.host.cluster import free_udp_ports
-    ports = free_udp_ports(workers)
-    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=16,
-                    elements=elements)
-    server = SwitchServer([job], "127.0.0.1", 0, key=None, engine="fast")
+    server = SwitchServer([job], "127.0.0.1", 0, engine="fast", **server_kw)
     t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
     t.start()
-    outs = [[] for _ in range(workers)]
-    errors = []
-
-    def worker(w):
-        try:
-            with SwitchClient(server.address, 1, w, workers, 16, elements,
-                              bind=("127.0.0.1", ports[w]), engine=engine) as c:
-                assert c._use_c == (engine == "c")
-                for k in range(calls):
-                    outs[w].append(c.allreduce(inputs(w, k))[0])
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
-
-    ts = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    ts = [threading.Thread(target=fn, args=(server.address, w)) for w in ranks]
     for th in ts:
         th.start()
     for th in ts:
@@ -139,6 +120,32 @@ def _run(engine, inputs, workers=4, calls=2, elements=1000):
     server.stop()
     t.join(2)
     server.close()
+    return server.address
+
+
+def _run(engine, inputs, workers=4, calls=2, elements=1000):
+    """``calls`` allreduces of ``inputs(w, k)`` on ``workers`` clients in threads (the C
+    loop releases the GIL) against a compiled switch; every worker's outputs."""
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.protocol.jobtable import JobConfig
+    from ina_fabric.host.cluster import free_udp_ports
+    ports = free_udp_ports(workers)
+    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=16,
+                    elements=elements)
+    outs = [[] for _ in range(workers)]
+    errors = []
+
+    def worker(address, w):
+        try:
+            with SwitchClient(address, 1, w, workers, 16, elements,
+                              bind=("127.0.0.1", ports[w]), engine=engine) as c:
+                assert c._use_c == (engine == "c")
+                for k in range(calls):
+                    outs[w].append(c.allreduce(inputs(w, k))[0])
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    _against_switch(job, worker, range(workers), key=None)
     assert not errors, errors
     return outs
 
@@ -212,8 +219,6 @@ def test_a_stall_names_the_missing_worker(engine, monkeypatch):
     within stall_timeout and says which worker the switch is waiting for (from its
     STATUS: the oldest open slot's missing contributors); with the switch gone, that it
     does not answer."""
-    import threading
-    from ina_fabric.host.switch import SwitchServer
     from ina_fabric.host.transport import SwitchClient
     from ina_fabric.host.transport.switch_client import AllreduceTimeout
     from ina_fabric.protocol.jobtable import JobConfig
@@ -221,33 +226,23 @@ def test_a_stall_names_the_missing_worker(engine, monkeypatch):
     monkeypatch.setenv("INA_SWITCH_KEY", "11" * 32)
     ports = free_udp_ports(3)
     job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=8, elements=100)
-    server = SwitchServer([job], "127.0.0.1", 0, engine="fast")
-    t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
-    t.start()
     errors = {}
 
-    def worker(w):          # worker 2 never calls
-        with SwitchClient(server.address, 1, w, 3, 8, 100, bind=("127.0.0.1", ports[w]),
+    def worker(address, w):          # worker 2 never calls
+        with SwitchClient(address, 1, w, 3, 8, 100, bind=("127.0.0.1", ports[w]),
                           stall_timeout=1.0, engine=engine) as c:
             try:
                 c.allreduce(np.ones(1000, np.float32))
             except AllreduceTimeout as e:
                 errors[w] = str(e)
 
-    ts = [threading.Thread(target=worker, args=(w,)) for w in (0, 1)]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join(30)
-    server.stop()
-    t.join(2)
-    server.close()
+    address = _against_switch(job, worker, (0, 1))
     assert sorted(errors) == [0, 1], errors
     for msg in errors.values():
         assert msg.endswith("waiting for worker(s) 2 (the switch's oldest open slot lacks "
                             "them)"), msg
     # the switch is gone now: the stall says so
-    with SwitchClient(server.address, 1, 0, 3, 8, 100, bind=("127.0.0.1", ports[0]),
+    with SwitchClient(address, 1, 0, 3, 8, 100, bind=("127.0.0.1", ports[0]),
                       stall_timeout=0.5, connect_timeout=0.3, engine=engine) as c:
         c._rtt.answered = True          # as after earlier calls: a stall, not "unavailable"
         with pytest.raises(AllreduceTimeout, match="did not answer a STATUS request"):
