@@ -57,16 +57,16 @@ def test_board_arp_ping_results_and_drops():
     assert len(pkts) > len(ina) > 0
 
 
-@pytest.mark.xdist_group("eth_board")
+@pytest.mark.xdist_group("eth_board_pcap")
 def test_board_pcap_with_tshark():
     """The same capture through tshark with the dissector `ina wireshark` prints."""
     tshark = shutil.which("tshark")
     if not tshark:
         pytest.skip("tshark is not installed (apt-get install tshark); the capture is "
                     "still checked with scapy in test_board_arp_ping_results_and_drops")
-    pcap = BUILD / "eth_board" / "board.pcap"
-    if not pcap.exists():
-        _run("eth_board", ["results_match_model_and_bad_frames_are_dropped"])
+    # its own capture in its own build folder: no dependence on another test's files
+    # (sharing eth_board's, this test once found no results.xml there and failed)
+    pcap = _run("eth_board_pcap", ["results_match_model_and_bad_frames_are_dropped"])
     from scapy.utils import rdpcap
     from ina_fabric.protocol.scapy_view import INA
     expect = [(int(p[INA].type), int(p[INA].seq), int(p[INA].bitmap))
