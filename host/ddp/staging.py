@@ -25,6 +25,7 @@ with one thread per "stream" and a log of every copy, so the staging logic is te
 without a GPU (``tests/test_backend_staging.py``).
 """
 
+import abc
 from concurrent.futures import ThreadPoolExecutor
 import threading
 import time
@@ -85,37 +86,40 @@ class PinnedPool:
             self._free.setdefault(buf.numel(), []).append((buf, event))
 
 
-class StagingDevice:
-    """What staging needs from an accelerator. ``stream_of(tensor)``: the stream the
-    caller queues work for ``tensor`` on; ``to_host(dst, src, after)``: queue a copy of
-    device ``src`` into host ``dst`` on the copy stream, after the work queued on
-    ``after``, returning an event; ``to_device(dst, src, stream)``: queue a copy of host
-    ``src`` into device ``dst`` on ``stream``, returning an event; ``on_stream(stream,
-    fn)``: run ``fn`` (which queues device work) on ``stream``, returning an event after
-    it; ``wait(event)``: block the
-    host until the event; ``host_buffer(n)``: a pinned float32 host tensor; ``future()``:
-    a ``torch.futures.Future`` that makes its waiters' streams wait for it."""
+class StagingDevice(abc.ABC):
+    """What staging needs from an accelerator (an abstract interface: ``CudaDevice``
+    implements it for CUDA, ``SimDevice`` on the CPU for the tests)."""
     type = "none"
 
+    @abc.abstractmethod
     def stream_of(self, tensor):
-        raise NotImplementedError
+        """The stream the caller queues work for ``tensor`` on."""
 
+    @abc.abstractmethod
     def to_host(self, dst, src, after):
-        raise NotImplementedError
+        """Queue a copy of device ``src`` into host ``dst`` on the copy stream, after the
+        work queued on ``after``; return an event."""
 
+    @abc.abstractmethod
     def to_device(self, dst, src, stream):
-        raise NotImplementedError
+        """Queue a copy of host ``src`` into device ``dst`` on ``stream``; return an
+        event."""
 
+    @abc.abstractmethod
     def on_stream(self, stream, fn):
-        raise NotImplementedError
+        """Run ``fn`` (which queues device work) on ``stream``; return an event after
+        it."""
 
+    @abc.abstractmethod
     def wait(self, event):
-        raise NotImplementedError
+        """Block the host until ``event``."""
 
+    @abc.abstractmethod
     def host_buffer(self, n):
-        raise NotImplementedError
+        """A pinned float32 host tensor of ``n`` elements."""
 
     def future(self):
+        """A ``torch.futures.Future`` that makes its waiters' streams wait for it."""
         return torch.futures.Future()
 
     def complete(self, fut, value, stream):

@@ -258,11 +258,7 @@ static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
 
 TARGETS
 static void accumulate(int64_t *restrict acc, const uint8_t *restrict in, uint32_t nelem) {
-    for (uint32_t i = 0; i < nelem; i++) {
-        uint32_t u;
-        memcpy(&u, in + 4 * i, 4);
-        acc[i] += (int32_t)__builtin_bswap32(u);
-    }
+    for (uint32_t i = 0; i < nelem; i++) acc[i] += ina_be32(in + 4 * i);
 }
 
 /* Narrow sums. A slot sums in int32 while the sum of its contributions' largest
@@ -279,9 +275,7 @@ static inline __attribute__((always_inline)) uint32_t
 take32(int32_t *restrict acc, const uint8_t *restrict in, uint32_t n, int first) {
     uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, in + 4 * i, 4);
-        int32_t v = (int32_t)__builtin_bswap32(u);
+        int32_t v = ina_be32(in + 4 * i);
         acc[i] = first ? v : (int32_t)((uint32_t)acc[i] + (uint32_t)v);
         uint32_t a = mag(v);
         m = a > m ? a : m;
@@ -302,35 +296,28 @@ static uint32_t add32(int32_t *restrict acc, const uint8_t *restrict in, uint32_
 TARGETS
 static void sub32(int32_t *restrict acc, const uint8_t *restrict in, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, in + 4 * i, 4);
-        acc[i] = (int32_t)((uint32_t)acc[i] - __builtin_bswap32(u));
+        int32_t v = ina_be32(in + 4 * i);
+        acc[i] = (int32_t)((uint32_t)acc[i] - (uint32_t)v);
     }
 }
 
 /* the last contribution added and the sum stored big-endian (acc is not written) */
 TARGETS
 static uint32_t add32_out(const int32_t *restrict acc, const uint8_t *restrict in,
-                          uint8_t *restrict dst, uint32_t n) {
+                          uint32_t *restrict dst, uint32_t n) {
     uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, in + 4 * i, 4);
-        int32_t v = (int32_t)__builtin_bswap32(u);
+        int32_t v = ina_be32(in + 4 * i);
         uint32_t a = mag(v);
         m = a > m ? a : m;
-        u = __builtin_bswap32((uint32_t)acc[i] + (uint32_t)v);
-        memcpy(dst + 4 * i, &u, 4);
+        dst[i] = __builtin_bswap32((uint32_t)acc[i] + (uint32_t)v);
     }
     return m;
 }
 
 TARGETS
-static void store32(const int32_t *restrict acc, uint8_t *restrict dst, uint32_t n) {
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t u = __builtin_bswap32((uint32_t)acc[i]);
-        memcpy(dst + 4 * i, &u, 4);
-    }
+static void store32(const int32_t *restrict acc, uint32_t *restrict dst, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) dst[i] = __builtin_bswap32((uint32_t)acc[i]);
 }
 
 /* int32 sums to int64 in place: backwards, each int64 lands on int32s already read */
@@ -340,33 +327,31 @@ static void widen(Slot *s) {
     s->wide = 1;
 }
 
-TARGETS
-static int add_saturate(const int64_t *restrict acc, const uint8_t *restrict in,
-                        uint8_t *restrict dst, uint32_t nelem) {
+/* int64 sums (plus the last contribution ``in``, when ``add``) saturated to int32 and
+ * stored big-endian; returns whether any element saturated */
+static inline __attribute__((always_inline)) int
+sat_out(const int64_t *restrict acc, const uint8_t *restrict in, uint32_t *restrict dst,
+        uint32_t n, int add) {
     int clipped = 0;
-    for (uint32_t i = 0; i < nelem; i++) {
-        uint32_t u;
-        memcpy(&u, in + 4 * i, 4);
-        int64_t v = acc[i] + (int32_t)__builtin_bswap32(u);
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t v = acc[i] + (add ? ina_be32(in + 4 * i) : 0);
         int64_t c = v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : v);
         clipped |= c != v;
-        u = __builtin_bswap32((uint32_t)(int32_t)c);
-        memcpy(dst + 4 * i, &u, 4);
+        dst[i] = __builtin_bswap32((uint32_t)(int32_t)c);
     }
     return clipped;
 }
 
+/* the last contribution added and the sum saturated in one pass (acc is not written) */
 TARGETS
-static int saturate(const int64_t *restrict acc, uint8_t *restrict dst, uint32_t nelem) {
-    int clipped = 0;
-    for (uint32_t i = 0; i < nelem; i++) {
-        int64_t v = acc[i];
-        int64_t c = v > INT32_MAX ? INT32_MAX : (v < INT32_MIN ? INT32_MIN : v);
-        clipped |= c != v;
-        uint32_t u = __builtin_bswap32((uint32_t)(int32_t)c);
-        memcpy(dst + 4 * i, &u, 4);
-    }
-    return clipped;
+static int add_saturate(const int64_t *restrict acc, const uint8_t *restrict in,
+                        uint32_t *restrict dst, uint32_t nelem) {
+    return sat_out(acc, in, dst, nelem, 1);
+}
+
+TARGETS
+static int saturate(const int64_t *restrict acc, uint32_t *restrict dst, uint32_t nelem) {
+    return sat_out(acc, NULL, dst, nelem, 0);
 }
 
 /* the model's _emit: saturate, flag, store the RESULT, send it to the group. ``in``:
@@ -382,7 +367,8 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
         e->c[C_PARTIALS]++;
     }
     int clipped = 0;
-    uint8_t *dst = r + L->header;
+    /* the slot's result buffer: 64-aligned, the header a multiple of 4 bytes */
+    uint32_t *dst = (uint32_t *)(r + L->header);
     if (in && first) {
         memcpy(dst, in, 4 * (size_t)s->nelem);
     } else if (in) {

@@ -337,8 +337,7 @@ static int64_t pack_avx2(const float *v, int count, double scale, uint8_t *dst) 
         double x = (double)v[i] * scale;
         double c = x < -2147483647.0 ? -2147483647.0 : (x > 2147483647.0 ? 2147483647.0 : x);
         clipped += c != x;
-        uint32_t u = __builtin_bswap32((uint32_t)(int32_t)rint(c));
-        memcpy(dst + 4 * (size_t)i, &u, 4);
+        ina_put_be32(dst + 4 * (size_t)i, (uint32_t)(int32_t)rint(c));
     }
     return clipped;
 }
@@ -354,9 +353,7 @@ static void dequant_avx2(const uint8_t *q, int nel, double factor, float *o) {
         _mm_storeu_ps(o + i, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(x), f)));
     }
     for (; i < nel; i++) {
-        uint32_t u;
-        memcpy(&u, q + 4 * (size_t)i, 4);
-        o[i] = (float)((double)(int32_t)__builtin_bswap32(u) * factor);
+        o[i] = (float)((double)ina_be32(q + 4 * (size_t)i) * factor);
     }
 }
 #endif
@@ -369,17 +366,14 @@ static int64_t pack_portable(const float *v, int count, double scale, uint8_t *d
         double x = (double)v[i] * scale;
         double c = x < -2147483647.0 ? -2147483647.0 : (x > 2147483647.0 ? 2147483647.0 : x);
         clipped += c != x;
-        uint32_t u = __builtin_bswap32((uint32_t)(int32_t)rint(c));
-        memcpy(dst + 4 * (size_t)i, &u, 4);
+        ina_put_be32(dst + 4 * (size_t)i, (uint32_t)(int32_t)rint(c));
     }
     return clipped;
 }
 
 static void dequant_portable(const uint8_t *q, int nel, double factor, float *o) {
     for (int i = 0; i < nel; i++) {
-        uint32_t u;
-        memcpy(&u, q + 4 * (size_t)i, 4);
-        o[i] = (float)((double)(int32_t)__builtin_bswap32(u) * factor);
+        o[i] = (float)((double)ina_be32(q + 4 * (size_t)i) * factor);
     }
 }
 
@@ -919,14 +913,36 @@ static PyTypeObject WindowType = {
     .tp_methods = Window_methods,
 };
 
+/* The two buffers of a kernel binding: ``a`` (read, items of ``ia`` bytes) and ``b``
+ * (written, items of ``ib`` bytes); -1 with both released and an error set. */
+static int get_pair(PyObject *oa, Py_buffer *a, Py_ssize_t ia, PyObject *ob, Py_buffer *b,
+                    Py_ssize_t ib) {
+    if (get_buf(oa, a, 0, ia, "input") < 0) return -1;
+    if (get_buf(ob, b, 1, ib, "output") < 0) {
+        PyBuffer_Release(a);
+        return -1;
+    }
+    return 0;
+}
+
+/* release both, and the result: ``value`` unless an error was set */
+static PyObject *end_pair(Py_buffer *a, Py_buffer *b, PyObject *value) {
+    PyBuffer_Release(a);
+    PyBuffer_Release(b);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(value);
+        return NULL;
+    }
+    return value;
+}
+
 /* exponents(x: float32, elements, out: int8) -> first chunk with inf/NaN or -1 */
 static PyObject *py_exponents(PyObject *self, PyObject *args) {
     PyObject *ox, *oo;
     int E, noexp;
     if (!PyArg_ParseTuple(args, "OiOi", &ox, &E, &oo, &noexp)) return NULL;
     Py_buffer bx, bo;
-    if (get_buf(ox, &bx, 0, 4, "x") < 0) return NULL;
-    if (get_buf(oo, &bo, 1, 1, "out") < 0) { PyBuffer_Release(&bx); return NULL; }
+    if (get_pair(ox, &bx, 4, oo, &bo, 1) < 0) return NULL;
     int64_t n = bx.len / 4, k = E > 0 ? (n + E - 1) / E : 0, bad = -1;
     if (E <= 0 || bo.len < k) {
         PyErr_SetString(PyExc_ValueError, "exponents: bad elements or out too short");
@@ -935,9 +951,7 @@ static PyObject *py_exponents(PyObject *self, PyObject *args) {
         bad = exponents(bx.buf, n, E, bo.buf, k, noexp);
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&bx);
-    PyBuffer_Release(&bo);
-    return PyErr_Occurred() ? NULL : PyLong_FromLongLong(bad);
+    return end_pair(&bx, &bo, PyLong_FromLongLong(bad));
 }
 
 /* pack(x, start, count, exponent, sbits, out: uint8, offset, no_exponent, nonfinite)
@@ -950,8 +964,7 @@ static PyObject *py_pack(PyObject *self, PyObject *args) {
                           &noexp, &nonfin))
         return NULL;
     Py_buffer bx, bo;
-    if (get_buf(ox, &bx, 0, 4, "x") < 0) return NULL;
-    if (get_buf(oo, &bo, 1, 1, "out") < 0) { PyBuffer_Release(&bx); return NULL; }
+    if (get_pair(ox, &bx, 4, oo, &bo, 1) < 0) return NULL;
     int64_t r = 0;
     if (start < 0 || count < 0 || start + count > bx.len / 4 || offset < 0 || offset % 4 ||
             offset + 4 * count > bo.len || count > INT32_MAX)
@@ -959,9 +972,7 @@ static PyObject *py_pack(PyObject *self, PyObject *args) {
     else
         r = pack((const float *)bx.buf + start, (int)count, e, sbits,
                  (uint8_t *)bo.buf + offset, noexp, nonfin);
-    PyBuffer_Release(&bx);
-    PyBuffer_Release(&bo);
-    return PyErr_Occurred() ? NULL : PyLong_FromLongLong(r);
+    return end_pair(&bx, &bo, PyLong_FromLongLong(r));
 }
 
 /* dequant(buf: uint8, offset, count, factor, out: float32, start) */
@@ -972,18 +983,14 @@ static PyObject *py_dequant(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OLLdOL", &ob, &offset, &count, &factor, &oo, &start))
         return NULL;
     Py_buffer bb, bo;
-    if (get_buf(ob, &bb, 0, 1, "buf") < 0) return NULL;
-    if (get_buf(oo, &bo, 1, 4, "out") < 0) { PyBuffer_Release(&bb); return NULL; }
+    if (get_pair(ob, &bb, 1, oo, &bo, 4) < 0) return NULL;
     if (offset < 0 || count < 0 || offset + 4 * count > bb.len || start < 0 ||
             start + count > bo.len / 4 || count > INT32_MAX)
         PyErr_SetString(PyExc_ValueError, "dequant: out of range");
     else
         dequant((const uint8_t *)bb.buf + offset, (int)count, factor,
                 (float *)bo.buf + start);
-    PyBuffer_Release(&bb);
-    PyBuffer_Release(&bo);
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_NONE;
+    return end_pair(&bb, &bo, Py_NewRef(Py_None));
 }
 
 static PyObject *py_set_avx2(PyObject *self, PyObject *args) {

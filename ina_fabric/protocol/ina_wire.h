@@ -11,6 +11,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 typedef struct {
     int header, version, type, flags, exponent, job, worker, count, seq, nelem,
@@ -26,6 +27,18 @@ static inline uint32_t ina_rd32(const uint8_t *p) {
 static inline void ina_wr16(uint8_t *p, uint32_t v) { p[0] = v >> 8; p[1] = v; }
 static inline void ina_wr32(uint8_t *p, uint32_t v) {
     p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+/* one big-endian int32 element of a datagram, in and out (unaligned; the element loops
+ * of both extensions are written with these, and still vectorize) */
+static inline int32_t ina_be32(const uint8_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return (int32_t)__builtin_bswap32(u);
+}
+static inline void ina_put_be32(uint8_t *p, uint32_t v) {
+    v = __builtin_bswap32(v);
+    memcpy(p, &v, 4);
 }
 
 static int ina_get_int(PyObject *d, const char *name, int *out) {
