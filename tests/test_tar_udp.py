@@ -176,3 +176,26 @@ def test_resolved_results_are_identical_on_every_rank(resolve):
                     assert np.allclose(y, xs, atol=1e-4)
             else:
                 assert ent_missing == res[0][i][4]               # the same union everywhere
+
+
+def _agree(rank, world, store, own):
+    mesh = Mesh(rank, world, store)
+    c = TarUdp(mesh, 64, DeadlinePolicy(fixed=own[rank]), DeadlinePolicy(fixed=own[rank]))
+    mesh.barrier()
+    _, st = c.allreduce(np.ones(1000, np.float32))
+    mesh.barrier()
+    mesh.close()
+    return st
+
+
+def test_ranks_use_the_median_of_the_deadlines_their_datagrams_carry():
+    """Four ranks with four different own deadlines (never reached: every phase
+    completes) all report the same agreed deadline, the median of the four, carried in
+    the datagrams' estimate field."""
+    own = [0.5, 2.0, 1.0, 1.5]
+    res = run_ranks(4, _agree, own)
+    for r, st in enumerate(res):
+        assert st["scatter_own_deadline"] == own[r]
+        assert st["scatter_deadline"] == pytest.approx(1.25)
+        assert st["bcast_deadline"] == pytest.approx(1.25)
+        assert st["entries_lost"] == 0 and not st["scatter_held"]

@@ -44,7 +44,7 @@ class CollectiveOptions:
     ``deadline``: a fixed deadline in seconds for the bounded kinds, or None for the
     adaptive policy (``calibration`` calls, then ``early_fraction``). ``hadamard`` wraps
     the collective in the randomized Hadamard transform seeded by ``seed``.
-    ``fill``/``resolve``: see ``TarUdp``."""
+    ``fill``/``resolve``/``hold`` (the straggler bound, in deadlines): see ``TarUdp``."""
     elements: int = 1024
     deadline: float | None = None
     calibration: int = 5
@@ -53,6 +53,7 @@ class CollectiveOptions:
     seed: int = 0
     fill: str = "local"
     resolve: str = "local"
+    hold: float | None = 3.0
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def make_collective(kind, rank, world, store=None, options: CollectiveOptions | 
             c = TarTcp(mesh, own_mesh=True)
         else:
             c = TarUdp(mesh, o.elements, policy(), policy(), fill=o.fill, own_mesh=True,
-                       resolve=o.resolve)
+                       resolve=o.resolve, hold=o.hold)
     else:
         from .adapters import switch_collective
         if switch is None:
