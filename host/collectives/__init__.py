@@ -24,7 +24,7 @@ from ina_fabric.protocol.jobtable import job_defaults
 
 from .base import Collective, DirStore, HadamardCollective
 from .deadline import DeadlinePolicy, SwitchDeadline
-from .hadamard import RandomizedHadamard, fwht
+from .hadamard import RandomizedHadamard, fwht, DEFAULT_BLOCK
 from .tar import Mesh, TarUdp, TarTcp, RingTcp
 from .consistency import ReplicaGuard, drift
 
@@ -43,13 +43,15 @@ class CollectiveOptions:
     ``elements``: elements per datagram (TAR) or per packet (switch kinds).
     ``deadline``: a fixed deadline in seconds for the bounded kinds, or None for the
     adaptive policy (``calibration`` calls, then ``early_fraction``). ``hadamard`` wraps
-    the collective in the randomized Hadamard transform seeded by ``seed``.
+    the collective in the randomized Hadamard transform seeded by ``seed``, one transform
+    per ``hadamard_block`` entries (None: the whole bucket padded to a power of two).
     ``fill``/``resolve``/``hold`` (the straggler bound, in deadlines): see ``TarUdp``."""
     elements: int = 1024
     deadline: float | None = None
     calibration: int = 5
     early_fraction: float = 0.25
     hadamard: bool = False
+    hadamard_block: int | None = DEFAULT_BLOCK
     seed: int = 0
     fill: str = "local"
     resolve: str = "local"
@@ -116,7 +118,7 @@ def make_collective(kind, rank, world, store=None, options: CollectiveOptions | 
                               job=switch.job, settings=settings, policy=sp,
                               impairment=impairment, prefix=prefix)
     if o.hadamard:
-        c = HadamardCollective(c, seed=o.seed)
+        c = HadamardCollective(c, seed=o.seed, block=o.hadamard_block)
     return c
 
 

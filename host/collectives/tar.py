@@ -506,6 +506,7 @@ class TarUdp(Collective):
                 if k < len(rows):
                     items.append((rows[k, :lens[k]], addr))
         self.mesh.send_batch(items)
+        self._bytes += sum(int(lens.sum()) for _, _, lens in per_dest)
         return len(items)
 
     def _resolve(self, bgot, bcount, out, nch, lo, hi):
@@ -564,6 +565,7 @@ class TarUdp(Collective):
         t0 = time.perf_counter()
         E, N, r = self.E, self.world, self.rank
         n = v.size
+        self._bytes = 0
         lo, hi = shard_bounds(n, N)
         nch = -(-(hi - lo) // E)
         peers = [o for o in range(N) if o != r]
@@ -730,6 +732,7 @@ class TarUdp(Collective):
             "dropped_fraction": (dropped_contrib + N * missing_entries) / (n * N) if n else 0.0,
             "missing": missing,
             "packets_sent": sent, "packets_expected": s_expected + b_expected,
+            "bytes_sent": self._bytes,
             "packets_lost": s_lost_pk + b_lost_pk,
             "scatter_packets_lost": s_lost_pk, "bcast_packets_lost": b_lost_pk,
             "scatter_entries_lost": s_lost_entries,
