@@ -70,14 +70,15 @@ class SwitchTarget:
 
 def make_collective(kind, rank, world, store=None, options: CollectiveOptions | None = None,
                     *, impairment=None, switch: SwitchTarget | None = None, prefix=None,
-                    **changes):
+                    bind="127.0.0.1", **changes):
     """One rank's collective of ``kind`` (see ``KINDS``).
 
     ``options``: a :class:`CollectiveOptions` (``changes`` are applied to it, e.g.
     ``elements=512``). ``impairment``: a ``host.transport.impair.Impairment`` applied to
     this rank's sends (UDP datagrams; for the TCP kinds, per-segment delays and
     retransmission penalties; for the switch kinds, the uplink). ``switch``: a
-    :class:`SwitchTarget`, needed by the switch kinds."""
+    :class:`SwitchTarget`, needed by the switch kinds. ``bind``: the local address of the
+    TAR/ring mesh (a lab host's own address; loopback by default)."""
     if kind not in KINDS:
         raise ValueError(f"collective {kind!r}: expected one of {', '.join(KINDS)}")
     o = dataclasses.replace(options or CollectiveOptions(), **changes)
@@ -96,7 +97,7 @@ def make_collective(kind, rank, world, store=None, options: CollectiveOptions | 
         c = GlooCollective()
     elif kind in ("ring-tcp", "tar-tcp", "tar-udp"):
         tcp_imp = impairment if kind != "tar-udp" else None
-        mesh = Mesh(rank, world, store, prefix=prefix,
+        mesh = Mesh(rank, world, store, host=bind, prefix=prefix,
                     impairment=impairment if kind == "tar-udp" else None,
                     tcp_impairment=tcp_imp, seg_bytes=4 * o.elements)
         if kind == "ring-tcp":

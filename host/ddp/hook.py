@@ -95,6 +95,7 @@ class InaHookState:
     bytes_sent: int = 0
     max_abs_local: float = 0.0   # largest |gradient| this rank contributed (error bounds)
     extra_stats: dict = field(default_factory=dict)   # summed numeric stats of other collectives
+    call_seconds: list = field(default_factory=list)  # wall time of every allreduce call
     peers: object = None        # DistPeers(process_group) unless given
 
     def __post_init__(self):
@@ -241,7 +242,9 @@ class InaHookState:
         t = time.perf_counter()
         out, st = self.collective.allreduce(arr, out=arr) if in_place else \
             self.collective.allreduce(arr)
-        self.comm_seconds += time.perf_counter() - t
+        dt = time.perf_counter() - t
+        self.comm_seconds += dt
+        self.call_seconds.append(dt)
         if isinstance(st, AllreduceStats):
             self.stats.add(st)
         elif isinstance(st, dict):  # other collectives: sum what is numeric

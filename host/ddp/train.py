@@ -64,6 +64,25 @@ class TrainConfig:
     stop_at_target: bool = True
     eval_every: int = 0               # optimizer steps between evaluations (0: each epoch)
     threads: int = 1                  # torch threads per worker
+    # compute stragglers: before each optimizer step's last forward pass, every rank in
+    # ``straggler_ranks`` ("all", or comma-separated ranks) sleeps a lognormal draw with
+    # this median and P99/P50, seeded by (seed, step, rank): the same on every backend
+    straggler_ms: float = 0.0
+    straggler_p99_over_p50: float = 3.0
+    straggler_ranks: str = "all"
+    time_gloo: bool = False           # gloo: a timing comm hook records each allreduce
+
+    def straggler_delay(self, rank: int, step: int) -> float:
+        """Seconds rank ``rank`` sleeps before step ``step`` (0 when not a straggler)."""
+        if self.straggler_ms <= 0:
+            return 0.0
+        if self.straggler_ranks != "all" and \
+                rank not in {int(r) for r in self.straggler_ranks.split(",")}:
+            return 0.0
+        import numpy as np
+        sigma = np.log(max(self.straggler_p99_over_p50, 1.0)) / 2.3263478740408408
+        z = np.random.default_rng([self.seed, step, rank, 0x57A6]).standard_normal()
+        return self.straggler_ms / 1e3 * float(np.exp(sigma * z))
 
     def uplink(self, rank: int):
         """This rank's uplink ``Impairment`` (seeded per rank): the one place the
@@ -76,6 +95,17 @@ class TrainConfig:
     def validate(self):
         if not 1 <= self.workers <= 32:
             raise ValueError(f"workers={self.workers}: need 1..32")
+        if self.straggler_ms < 0 or self.straggler_p99_over_p50 < 1:
+            raise ValueError("straggler_ms >= 0 and straggler_p99_over_p50 >= 1")
+        if self.straggler_ranks != "all":
+            try:
+                bad = [r for r in self.straggler_ranks.split(",")
+                       if not 0 <= int(r) < self.workers]
+            except ValueError:
+                bad = [self.straggler_ranks]
+            if bad:
+                raise ValueError(f"straggler_ranks {self.straggler_ranks!r}: 'all' or "
+                                 f"comma-separated ranks below {self.workers}")
         if self.accum_steps < 1:
             raise ValueError(f"accum_steps={self.accum_steps}: need >= 1")
         if self.backend not in ("gloo", "ina", "ina-bounded") and ":" not in self.backend:
@@ -115,6 +145,7 @@ class TrainResult:
     knobs: list = field(default_factory=list)     # (seconds, step, accum, precision)
     params: list = field(default_factory=list)    # rank 0's final parameters (if asked)
     max_abs_grad: float = 0.0                     # largest local |gradient| of any rank
+    call_seconds: list = field(default_factory=list)  # rank 0: each allreduce call's time
 
 
 def load_factory(path: str):
@@ -171,8 +202,11 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     elif cfg.backend != "gloo":
         collective = load_factory(cfg.backend)(rank, world, cfg)
         state = InaHookState(collective, None)
+    gloo_times = []
     if state is not None:
         model.register_comm_hook(state, ina_hook)
+    elif cfg.time_gloo:
+        model.register_comm_hook(gloo_times, _timed_gloo_hook)
     if wl.optimizer == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=lr)
     else:
@@ -206,6 +240,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             idx = shard[start:start + batch]
             tc = time.perf_counter()
             last_micro = micro + 1 >= accum
+            if last_micro and cfg.straggler_ms > 0:
+                time.sleep(cfg.straggler_delay(rank, step))
             if last_micro:
                 loss = lossf(model(wl.x_train[idx]), wl.y_train[idx]) / accum
                 loss.backward()
@@ -259,6 +295,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
            "stats": ({**state.extra_stats, **state.stats.as_dict()}
                      if state is not None else {}),
            "fallbacks": int(state is not None and not state.use_switch),
+           "call_seconds": state.call_seconds if state is not None else gloo_times,
            "max_abs_local": state.max_abs_local if state is not None else 0.0}
     if keep_params and rank == 0:
         out["params"] = [p.detach().numpy().copy() for p in model.module.parameters()]
@@ -267,6 +304,21 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     queue.put(("done", out))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _timed_gloo_hook(times, bucket):
+    """Gloo's own allreduce (as DDP's default, averaged), timed from the bucket being
+    ready to the sum being in: what ``call_seconds`` holds for the other backends."""
+    import torch.distributed as dist
+    t = time.perf_counter()
+    buf = bucket.buffer()
+    buf.div_(dist.get_world_size())
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+
+    def done(f):
+        times.append(time.perf_counter() - t)
+        return f.value()[0]
+    return fut.then(done)
 
 
 def _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg):
@@ -389,6 +441,7 @@ def _finish(result, done):
     result.fallbacks = sum(d["fallbacks"] for d in done)
     result.params = r0.get("params", [])
     result.max_abs_grad = max(d["max_abs_local"] for d in done)
+    result.call_seconds = list(r0.get("call_seconds", []))
     return result
 
 
