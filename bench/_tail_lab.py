@@ -50,6 +50,11 @@ LEVELS = {
     "high": {"flows": [("tcp", "b0", "w0", 150, 150, None),
                        ("udp", "b1", "w2", 40, 60, "80mbit")],
              "straggler_ms": 4.0, "straggler_ratio": 4.0},
+    "c1": {"flows": [], "straggler_ms": 5.0, "straggler_ratio": 20.0},
+    "c2": {"flows": [("tcp", "b0", "w0", 300, 700, None), ("tcp", "b1", "w2", 300, 700, None)],
+           "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    "c3": {"flows": [("tcp", "b0", "w0", 300, 700, None)],
+           "straggler_ms": 5.0, "straggler_ratio": 10.0},
 }
 
 

@@ -465,8 +465,17 @@ class TarUdp(Collective):
             st.update(calibrating=True, call=call, mode="tcp")
             return out.reshape(x0.shape), st
         out, st = self._bounded(v, call, self.sp.deadline(), self.bp.deadline())
-        self.sp.observe(st["scatter_time"], st["scatter_lost_fraction"], st["scatter_timed_out"])
-        self.bp.observe(st["bcast_time"], st["bcast_lost_fraction"], st["bcast_timed_out"])
+        # A phase that timed out saw either late data (a deadline too short: the policy
+        # gets the censored duration and may grow) or lost data (dropped in a queue:
+        # waiting longer would not have brought it). Datagrams of older calls arriving
+        # now are the evidence of lateness; without them the policy gets the time the
+        # data that came took, and no growth: with real drops (tbf queues under
+        # background flows) the deadline otherwise inflated 16-fold, to seconds.
+        late = st["late"] > 0
+        for pol, ph in ((self.sp, "scatter"), (self.bp, "bcast")):
+            timed_out = st[f"{ph}_timed_out"]
+            d = st[f"{ph}_time"] if (late or not timed_out) else st[f"{ph}_arrived_time"]
+            pol.observe(d, st[f"{ph}_lost_fraction"], timed_out and late)
         return out.reshape(x0.shape), st
 
     def close(self):
@@ -739,6 +748,8 @@ class TarUdp(Collective):
             "scatter_lost_fraction": s_lost_entries / s_contrib if s_contrib else 0.0,
             "bcast_lost_fraction": missing_entries / b_total if b_total else 0.0,
             "scatter_time": s_time, "bcast_time": b_time,
+            "scatter_arrived_time": ph.scatter.arrived(),
+            "bcast_arrived_time": ph.bcast.arrived(),
             "scatter_deadline": ph.scatter.deadline, "bcast_deadline": ph.bcast.deadline,
             "scatter_own_deadline": s_deadline, "bcast_own_deadline": b_deadline,
             "scatter_held": ph.scatter.held, "bcast_held": ph.bcast.held,

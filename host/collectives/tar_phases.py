@@ -138,6 +138,15 @@ class PhaseClock:
             self.held = held and self._end == cap
         return self._end
 
+    def arrived(self):
+        """How long the data that did arrive took: per sender heard from, from the later
+        of its first datagram and the phase start to its last one. For a phase that lost
+        datagrams for good (dropped in a queue, not late) this, not the deadline, is what
+        the round took."""
+        return max((self.last[s] - max(self.first[s], self.t0)
+                    for s, k in enumerate(self.need) if k and self.first[s] is not None),
+                   default=0.0)
+
     def duration(self, now):
         """The phase's duration as the policy sees it: for complete senders, from the
         later of their first datagram and the phase start to their last one; for
