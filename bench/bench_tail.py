@@ -282,7 +282,7 @@ def main(argv=None) -> int:
                      help="runs per (backend, level), interleaved")
     lab.add_argument("--rate", default="100mbit", help="host link rate")
     lab.add_argument("--queue-ms", type=float, default=20.0, help="tbf queue per link end")
-    lab.add_argument("--switch-deadline-ms", type=float, default=10.0,
+    lab.add_argument("--switch-deadline-ms", type=float, default=20.0,
                      help="ina-bounded: the switch's slot deadline")
     lab.add_argument("--skip-calls", type=int, default=5,
                      help="allreduce calls left out of P50/P99 (warmup, calibration)")
