@@ -10,6 +10,8 @@ from flags:
     ina switch --config jobs.toml
     ina switch --job 1 --workers 127.0.0.1:20000,127.0.0.1:20001 --mode bounded --deadline-ms 5
     ina switch --job 1 --local-workers 4 --base-port 20000      (4 workers on this host)
+        [--session 0x5eed]   (the run's session id, which the workers must carry; default:
+                              a fresh one, printed)
     ina switch --status [--switch 127.0.0.1:19900]               (counters of a running switch, JSON)
 
 jobs.toml:
@@ -20,6 +22,7 @@ jobs.toml:
     elements = 256          # per packet; 64 or 256 on Ethernet, more on loopback
     deadline_ms = 5.0       # bounded mode
     mode = "reliable"       # or "bounded"
+    session = "0x5eed..."   # the run's session id (default: a fresh one per start)
     # multicast = "239.1.1.1:20000"   # one copy to an IP multicast group
 """
 
@@ -32,7 +35,8 @@ HELP = "run the software switch (reference model over UDP), or query a running o
 
 
 def add_arguments(p):
-    from ._common import add_base_port_argument, add_job_arguments, parse_address
+    from ._common import (add_base_port_argument, add_job_arguments, parse_address,
+                          add_session_argument)
     p.add_argument("--listen", default=f"0.0.0.0:{INA_UDP_PORT}", metavar="IP:PORT",
                    type=parse_address, help="address to serve on")
     p.add_argument("--config", metavar="TOML", help="job table file loaded at start")
@@ -51,6 +55,8 @@ def add_arguments(p):
     g.add_argument("--local-workers", type=int, metavar="N",
                    help="N workers on 127.0.0.1, ports base-port .. base-port+N-1")
     add_base_port_argument(p)
+    add_session_argument(g, "the job's session id, which every DATA of its workers must "
+                            "carry (default: a fresh one, printed at start)")
     add_job_arguments(p, "ethernet")
     q = p.add_argument_group("querying a running switch")
     q.add_argument("--status", action="store_true",
@@ -77,7 +83,8 @@ def jobs_from_args(args):
             members = [m.strip() for m in args.workers.split(",") if m.strip()]
         else:
             return []
-        return [JobConfig.from_settings(args.job, members, job_settings(args))]
+        return [JobConfig.from_settings(args.job, members, job_settings(args),
+                                        session=args.session)]
     except ConfigError as e:
         raise CliError(str(e)) from None
 
@@ -113,7 +120,8 @@ def run(args):
               "ina allreduce --switch)", file=sys.stderr)
     for j in jobs:
         print(f"job {j.job}: {j.n} workers, window {j.window}, {j.elements} elements/packet, "
-              f"{j.mode}" + (f", deadline {j.deadline * 1e3:g} ms" if j.mode == "bounded" else ""),
+              f"{j.mode}" + (f", deadline {j.deadline * 1e3:g} ms" if j.mode == "bounded" else "")
+              + f", session 0x{j.session:016x}",
               file=sys.stderr)
     print(f"ina switch listening on {host}:{port} ({server.engine} engine; Ctrl-C to "
           f"stop); control key: "

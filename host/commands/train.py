@@ -49,6 +49,9 @@ def add_arguments(p):
     p.add_argument("--static-job", action="store_true",
                    help="the switch already holds the job (an FPGA loaded with `ina "
                         "hw-config`): send no CONTROL, bind worker r to --base-port + r")
+    from ._common import add_session_argument
+    add_session_argument(p, "with --static-job: the session id of the job the switch "
+                            "holds (the `session` of its [[job]] table)")
     p.add_argument("--base-port", "--worker-base-port", dest="base_port", type=int,
                    default=0, metavar="PORT",
                    help="worker r binds PORT+r (0: ephemeral ports)")
@@ -112,6 +115,7 @@ def _train(args, switch, link, lab):
                           lr=args.lr, batch=args.batch, accum_steps=args.accum_steps,
                           switch=switch, window=args.window,
                           static_job=args.static_job, worker_base_port=args.base_port,
+                          session=args.session or 0,
                           elements=args.elements or job_defaults(link).elements,
                           deadline_ms=args.deadline_ms,
                           loss=args.loss if backend.startswith("ina") else 0.0,

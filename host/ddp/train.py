@@ -53,6 +53,7 @@ class TrainConfig:
     deadline_ms: float = _LOOPBACK.deadline_ms
     static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
     worker_base_port: int = 0         # with static_job: worker r binds this + r
+    session: int = 0                  # with static_job: the session id of the job it holds
     # uplink impairment (userspace, per worker, seeded)
     loss: float = 0.0
     duplicate: float = 0.0
@@ -87,6 +88,9 @@ class TrainConfig:
         if self.static_job and not (self.switch and self.worker_base_port):
             raise ValueError("static_job needs switch and worker_base_port (the ports in "
                              "the switch's job table)")
+        if self.static_job and not self.session:
+            raise ValueError("static_job needs the session id of the job the switch holds "
+                             "(--session: the `session` of its [[job]] table)")
         if self.switch is not None:
             host, sep, port = self.switch.rpartition(":")
             if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -167,7 +171,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             mode="bounded" if cfg.backend == "ina-bounded" else "reliable",
             window=cfg.window, elements=cfg.elements, deadline=cfg.deadline_ms / 1e3,
             impairment=imp, configure=not cfg.static_job,
-            bind_port=cfg.worker_base_port or None)
+            bind_port=cfg.worker_base_port or None, session=cfg.session or None)
     elif cfg.backend != "gloo":
         collective = load_factory(cfg.backend)(rank, world, cfg)
         state = InaHookState(collective, None)

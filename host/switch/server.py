@@ -32,7 +32,7 @@ _DEFAULT = object()
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 
-__all__ = ["SwitchServer", "query_status", "send_job", "JobRefused"]
+__all__ = ["SwitchServer", "query_status", "send_job", "remove_job", "JobRefused"]
 
 
 class SwitchServer:
@@ -215,6 +215,17 @@ def send_job(addr, cfg, timeout=1.0, update=False, key=None) -> dict:
     slots start afresh. ``update=True``: a live update (only the deadline may change;
     the slots are kept). Raises JobRefused with the switch's reason."""
     reply = _request(addr, _header(MsgType.CONTROL) + cfg.to_bytes(update=update), timeout,
+                     key)
+    if "error" in reply:
+        raise JobRefused(reply["error"])
+    return reply
+
+
+def remove_job(addr, job: int, session: int = 0, timeout=1.0, key=None) -> dict:
+    """Remove job ``job`` from a running switch (only while it holds ``session``, when
+    given: a run removes its own job, never a successor's). Raises JobRefused."""
+    from ina_fabric.protocol.jobtable import removal_entry
+    reply = _request(addr, _header(MsgType.CONTROL) + removal_entry(job, session), timeout,
                      key)
     if "error" in reply:
         raise JobRefused(reply["error"])

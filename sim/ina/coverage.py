@@ -343,9 +343,11 @@ def cov_jobs(P, bounded_index, deadline_cycles, seed):
         if j == bounded_index:
             jobs.append(JobConfig(jid, mem, window=w, elements=P.elements,
                                   deadline=float(deadline_cycles), mode="bounded",
-                                  mcast=("239.2.0.%d" % (j + 1), 7100 + j)))
+                                  mcast=("239.2.0.%d" % (j + 1), 7100 + j),
+                                  session=0xC0DE_0000_0000 + jid))
         else:
-            jobs.append(JobConfig(jid, mem, window=w, elements=P.elements, mode="reliable"))
+            jobs.append(JobConfig(jid, mem, window=w, elements=P.elements, mode="reliable",
+                                  session=0xC0DE_0000_0000 + jid))
     return jobs
 
 
@@ -374,13 +376,13 @@ def cov_traffic(jobs, P, n_seq, seed, bases):
                     lo, hi = ovf_beat * P.lanes, min(nelem, (ovf_beat + 1) * P.lanes)
                     vals[lo:hi] = sign * (2**31 - 1 - int(rng.integers(0, 3)))
                 vals = vals.astype(np.int32)
-                d = pack(vals, job=cfg.job, worker=w, seq=seq, exponent=exp)
+                d = pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp)
                 key = k + rng.random() * 0.4 * W
                 if rng.random() < 0.06:
                     if bounded and rng.random() < 0.5:
                         continue                          # lost for good: PARTIAL
                     key += W * (0.6 + 0.8 * rng.random()) if bounded else 0.8 * W
-                    d = pack(vals, job=cfg.job, worker=w, seq=seq, exponent=exp,
+                    d = pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp,
                              flags=Flags.RETRANSMIT)
                 add(key, d, src)
                 if rng.random() < 0.03:
@@ -421,8 +423,8 @@ def deadline_sweep(cfg, P, seq0, deltas):
     seq = seq0
     for dl in deltas:
         vals = list(range(1, cfg.elements + 1))
-        a = pack(vals, job=cfg.job, worker=0, seq=seq)
-        b = pack(vals, job=cfg.job, worker=1, seq=seq)
+        a = pack(vals, job=cfg.job, session=cfg.session, worker=0, seq=seq)
+        b = pack(vals, job=cfg.job, session=cfg.session, worker=1, seq=seq)
         t += [(a, cfg.members[0].addr), (b, cfg.members[1].addr)]
         # the previous pair's slot must be out of the way: wait past its deadline
         # (the wait varies, so the scanner's visit falls at another point each time)
@@ -444,7 +446,7 @@ def reuse_sweep(cfg, P, gaps_range):
         for s, gap0 in ((a, 30), (a + 2 * W, g)):
             for w in range(cfg.n):
                 vals = [w + 1] * cfg.elements
-                t.append((pack(vals, job=cfg.job, worker=w, seq=s), cfg.members[w].addr))
+                t.append((pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=s), cfg.members[w].addr))
                 gaps.append(gap0 if w == 0 else 0)
     return t, gaps
 
@@ -452,7 +454,7 @@ def reuse_sweep(cfg, P, gaps_range):
 def expire_all(cfg, P, seq0):
     """Worker 0 opens 2W consecutive seqs (one per record; ``seq0``: the seq after the
     last one the job used); nobody completes them: the scanner must fire each record."""
-    t = [(pack([7] * cfg.elements, job=cfg.job, worker=0, seq=seq0 + k),
+    t = [(pack([7] * cfg.elements, job=cfg.job, session=cfg.session, worker=0, seq=seq0 + k),
           cfg.members[0].addr) for k in range(2 * cfg.window)]
     return t, [0] * len(t)
 
@@ -469,5 +471,5 @@ def overflow_beats(cfg, P, tags):
             vals = [1] * cfg.elements
             for k in range(b * P.lanes, min(cfg.elements, (b + 1) * P.lanes)):
                 vals[k] = 2**31 - 1
-            t.append((pack(vals, job=cfg.job, worker=w, seq=seq), cfg.members[w].addr))
+            t.append((pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq), cfg.members[w].addr))
     return t
