@@ -121,7 +121,7 @@ def _barrier(d: pathlib.Path, tag: str, me: str, names, guard_s: float, timeout=
 
 def run_schedule(plan: dict):
     from ina_fabric.host.switch import send_job
-    from .exchange import Quantizer, exchange, mix
+    from .exchange import Quantizer, exchange, mix, paced
     from .plan import island_plan
     k, names = plan["island"], plan["names"]
     me = names[k]
@@ -151,15 +151,16 @@ def run_schedule(plan: dict):
             rp = rounds[r % len(rounds)]
             trainer.local_steps()
             t_ready = time.monotonic()
-            start = _barrier(bdir, f"{run['name']}-r{r}", me, names, plan["guard_s"])
             own = trainer.flat()
             seq0 = (r // len(rounds)) * -(-own.size // E)   # the job's c-th use, c = cycle
-            res = exchange(sock, own, start=start, offset=rp.offset_s,
-                           rate=rp.rate or 1.0, send_job=rp.send_job,
-                           send_to=(repl_ip, int(repl_port)),
-                           edge_job=rp.edge_job.job if rp.edge_job is not None else None,
-                           inbound=len(rp.inbound), seq0=seq0, elements=E, quant=quant,
-                           timeout=run["timeout_s"])
+            with paced():          # the wait for the start too: it must not wake late
+                start = _barrier(bdir, f"{run['name']}-r{r}", me, names, plan["guard_s"])
+                res = exchange(sock, own, start=start, offset=rp.offset_s,
+                               rate=rp.rate or 1.0, send_job=rp.send_job,
+                               send_to=(repl_ip, int(repl_port)),
+                               edge_job=rp.edge_job.job if rp.edge_job is not None else None,
+                               inbound=len(rp.inbound), seq0=seq0, elements=E, quant=quant,
+                               timeout=run["timeout_s"])
             trainer.load(mix(own, res, E))
             t_mixed = time.monotonic()
             loss, acc = trainer.evaluate()
@@ -168,7 +169,7 @@ def run_schedule(plan: dict):
                   t_mixed=t_mixed, predicted_s=rp.predicted_s,
                   group_predicted_s=rp.group_predicted_s, offset_s=rp.offset_s,
                   inbound=len(rp.inbound), sent=res.sent, received=res.received,
-                  partial=res.partial, missing=res.missing, loss=loss, acc=acc)
+                  partial=res.partial, missing=res.missing, late_s=res.late_s, loss=loss, acc=acc)
     _emit(ev="done", island=me)
 
 

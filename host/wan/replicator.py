@@ -114,6 +114,8 @@ def main(argv=None):
     sock.bind(_addr(args.listen))
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
+    from ina_fabric.host.lab.delayline import _tune
+    _tune()               # SCHED_FIFO where allowed: network hardware, as the delay line
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     try:
