@@ -21,9 +21,10 @@ __all__ = ["wan_lab", "run_schedules", "run_gloo", "summarize", "time_to_target"
 
 
 def wan_lab(lab_id: str, rate: str, wan_rate: str, delay_scale: float, queue_ms=200.0,
-            edges=True) -> Lab:
-    """wan9 with one host per island; ``ina switch`` on every island's bridge."""
-    topo = load("wan9", {"hosts": 1, "rate": rate, "wan_rate": wan_rate,
+            edges=True, topology="wan9") -> Lab:
+    """wan9 (or another islands topology) with one host per island, static ARP, and
+    ``ina switch`` at SCHED_FIFO on every island's bridge (``edges``)."""
+    topo = load(topology, {"hosts": 1, "rate": rate, "wan_rate": wan_rate,
                          "delay_scale": delay_scale, "queue_ms": queue_ms, "mtu": 1500})
     lab = Lab(topo, lab_id).up()
     try:
