@@ -16,9 +16,32 @@ from ina_fabric.bench._results import write
 __all__ = ["main"]
 
 
-def _size(text) -> float:
+def _sizes(text) -> list[float]:
+    """``--memory``: comma-separated sizes, or a one-line usage error."""
     from ina_fabric.host.commands._common import parse_size
-    return float(parse_size(text))
+    try:
+        out = [float(parse_size(m)) for m in text.split(",")]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError("--memory: sizes must be positive")
+    return out
+
+
+def _rate(text) -> int:
+    from ina_fabric.host.lab.topology import TopologyError, parse_rate
+    try:
+        return parse_rate(text)
+    except TopologyError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _lab_id(text) -> str:
+    from ina_fabric.host.lab.netns import check_id
+    try:
+        return check_id(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _params(hidden: int) -> int:
@@ -28,12 +51,12 @@ def _params(hidden: int) -> int:
 def main(argv=()):
     ap = argparse.ArgumentParser(prog="ina bench wan", description=__doc__.split("\n\n")[0])
     ap.add_argument("--lab", default="wan9", choices=["wan9"], help="the lab topology")
-    ap.add_argument("--lab-id", default="wanb", help="lab id (unique on this machine)")
-    ap.add_argument("--rate", default="2mbit", help="host links (LAN) rate")
-    ap.add_argument("--wan-rate", default="2mbit", help="inter-island link rate")
+    ap.add_argument("--lab-id", type=_lab_id, default="wanb", help="lab id (unique on this machine)")
+    ap.add_argument("--rate", type=_rate, default="2mbit", help="host links (LAN) rate")
+    ap.add_argument("--wan-rate", type=_rate, default="2mbit", help="inter-island link rate")
     ap.add_argument("--delay-scale", type=float, default=1.0,
                     help="x geographic one-way latency (1: geographic)")
-    ap.add_argument("--memory", default="9956,16K,64K,1M",
+    ap.add_argument("--memory", type=_sizes, default="9956,16K,64K,1M",
                     help="edge memory settings M, bytes (the first is the gateware's "
                          "default core; the first and last get the training runs)")
     ap.add_argument("--hidden", type=int, default=256, help="MLP hidden units (update size)")
@@ -58,14 +81,16 @@ def main(argv=()):
     if why:
         print(f"ina bench wan: {why}")
         return 2
-    from ina_fabric.host.lab.topology import parse_rate
     from ina_fabric.host.wan import plan as P, runner as R
-    mems = [_size(m) for m in a.memory.split(",")]
-    lnet = P.LabNet(9, parse_rate(a.rate), parse_rate(a.wan_rate), a.delay_scale, 256)
+    mems = a.memory
+    if a.delay_scale < 0 or a.rounds < 2 or a.sweep_rounds < 1 or a.hidden < 1:
+        ap.error("need --delay-scale >= 0, --rounds >= 2, --sweep-rounds >= 1, --hidden >= 1")
+    lnet = P.LabNet(9, a.rate, a.wan_rate, a.delay_scale, 256)
     topo = P.schedule_topology(lnet)
     S = _params(a.hidden) * 4
     jitter = a.jitter_ms / 1e3
-    print(f"wan9 lab: hosts {a.rate}, WAN {a.wan_rate}, delays x {a.delay_scale:g}; update "
+    print(f"wan9 lab: hosts {a.rate / 1e6:g} Mbit/s, WAN {a.wan_rate / 1e6:g} Mbit/s, "
+          f"delays x {a.delay_scale:g}; update "
           f"{S} B (MLP 64-{a.hidden}-10), {lnet.elements} elements per packet")
     # -- the optimizer at every M ---------------------------------------------------
     opt, docs, runs, job_base = {}, {}, [], 0
@@ -80,13 +105,15 @@ def main(argv=()):
 
     def add(label, m, rounds, kind):
         nonlocal job_base
-        name = f"{label}@{m:.0f}"
+        name = f"{label}@{m:.0f}" + ("-line-rate" if kind == "control" else "")
         if any(r["name"] == name for r in runs):
             return name
         best, cands, model, net = opt[m]
         cand = P.pick(cands, label)
         doc = P.export(lnet, topo, net, cand, model, job_base=job_base,
                        note=f"ina bench wan: {label} at M = {m:.0f} B")
+        if kind == "control":
+            doc = P.at_line_rate(doc, topo.bandwidth[0])
         job_base += 100
         skew = max((e["skew_ms"] for r in doc["rounds"] for g in r["groups"]
                     for e in g["edge_jobs"]), default=0.0) / 1e3
@@ -103,8 +130,14 @@ def main(argv=()):
     for m in mems:
         for label in (opt[m][0], "all-to-all", "cliques-3"):
             add(label, m, a.sweep_rounds, "sweep")
+    # the control: all-to-all at the smallest M but at line rate, as if memory were free
+    add("all-to-all", mems[0], a.sweep_rounds, "control")
     if a.kinds != "none":
         labels = sorted(opt[mems[-1]][1]) if a.kinds == "all" else a.kinds.split(",")
+        bad = [x for x in labels if x not in opt[mems[-1]][1]]
+        if bad:
+            ap.error(f"--kinds: unknown {', '.join(bad)}; have "
+                     f"{', '.join(sorted(opt[mems[-1]][1]))}")
         for label in labels:
             add(label, mems[-1], a.sweep_rounds, "kind")
     train = {"seed": 0, "alpha": 0.5, "hidden": a.hidden, "lr": a.lr,
@@ -114,7 +147,7 @@ def main(argv=()):
     t_all = time.monotonic()
     # -- the WAN lab: schedules, then Gloo's ring ------------------------------------
     print(f"wan9 lab {a.lab_id}: up, edge aggregators in every island", flush=True)
-    lab = R.wan_lab(a.lab_id, a.rate, a.wan_rate, a.delay_scale)
+    lab = R.wan_lab(a.lab_id, f"{a.rate}bit", f"{a.wan_rate}bit", a.delay_scale)
     try:
         res = R.run_schedules(lab, lnet, runs, train)
         gloo = {} if a.no_baselines else R.run_gloo(
@@ -124,7 +157,7 @@ def main(argv=()):
     colo = {}
     if not a.no_baselines:
         print(f"colocated lab {a.lab_id}: zero WAN delay, the same rates", flush=True)
-        lab = R.wan_lab(a.lab_id, a.rate, a.rate, 0.0, edges=False)
+        lab = R.wan_lab(a.lab_id, f"{a.rate}bit", f"{a.rate}bit", 0.0, edges=False)
         try:
             colo = R.run_gloo(lab, [{"name": "colocated", "rounds": a.rounds}], train)
         finally:
@@ -156,7 +189,7 @@ def main(argv=()):
         if r["kind"] == "train" and target is not None:
             row["time_to_target_s"] = R.time_to_target(s, target)
         rows.append(row)
-    fig = {"lab": {"topology": a.lab, "rate": a.rate, "wan_rate": a.wan_rate,
+    fig = {"lab": {"topology": a.lab, "rate_bits": a.rate, "wan_rate_bits": a.wan_rate,
                    "delay_scale": a.delay_scale, "hosts_per_island": 1,
                    "update_bytes": S, "elements": lnet.elements, "jitter_ms": a.jitter_ms,
                    "train": train, "rounds": a.rounds},
@@ -167,7 +200,8 @@ def main(argv=()):
                                           for lab_ in ("all-to-all", "cliques-3", opt[m][0])}}
                             for m in mems],
            "rows": rows,
-           "round_time_error_max": max(r["round_time_error"] for r in rows),
+           "round_time_error_max": max(r["round_time_error"] for r in rows
+                                       if r["kind"] != "control"),
            "wall_s": time.monotonic() - t_all}
     if target is not None:
         ttt = {k: R.time_to_target(v, target) for k, v in base.items()}

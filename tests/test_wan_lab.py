@@ -75,10 +75,7 @@ def _exchange(lab, topo_path, d, memory, tag, line_rate=False):
     _, cands, model = P.candidates(topo, net, time_budget_s=5)
     doc = P.export(lnet, topo, net, P.pick(cands, "all-to-all"), model)
     if line_rate:       # a control: ignore the memory, send at line rate from offset 0
-        for g in doc["rounds"][0]["groups"]:
-            g["rate_gbps"] = topo.bandwidth[0] * 8 / 1e9
-            for s in g["send"]:
-                s["offset_ms"] = 0.0
+        doc = P.at_line_rate(doc, topo.bandwidth[0])
     path = d / f"{tag}.json"
     path.write_text(json.dumps(doc))
     names = [i["name"] for i in doc["islands"]]
@@ -134,4 +131,4 @@ def test_small_edge_memory_slows_the_senders_and_nothing_is_lost(lab3):
     measured = max(o["t_done"] for o in outs) - start
     assert abs(measured / pred - 1) < 0.15, (measured, pred)
     outs, _, _, pred_line = _exchange(lab, topo, d, 4096, "line", line_rate=True)
-    assert pred_line > pred * 0 and sum(o["partial"] + o["missing"] for o in outs) > 0
+    assert sum(o["partial"] + o["missing"] for o in outs) > 0

@@ -34,7 +34,7 @@ from ina_fabric.protocol.fields import HEADER_BYTES
 __all__ = ["WIRE_OVERHEAD", "HOST_PORT", "REPLICATOR_PORT", "EDGE_PORT", "LabNet",
            "payload_fraction", "edge_window", "schedule_topology", "net_config",
            "candidates", "pick", "export", "RoundPlan", "island_plan",
-           "replicator_table", "schedule_label"]
+           "replicator_table", "schedule_label", "at_line_rate"]
 
 #: bytes of wire per datagram beyond the INA header and elements: UDP, IPv4, Ethernet
 WIRE_OVERHEAD = 8 + 20 + 14
@@ -152,6 +152,20 @@ def export(lab: LabNet, topo, net, cand, model, note="", job_base=0) -> dict:
                 e["id"] += job_base
     doc["label"] = schedule_label(cand)
     return doc
+
+
+def at_line_rate(doc: dict, rate: float) -> dict:
+    """A control, not a schedule: ``doc`` with every sender at ``rate`` (payload bytes/s,
+    the line rate) from offset 0, whatever the edge memory holds."""
+    import copy
+    out = copy.deepcopy(doc)
+    for rnd in out["rounds"]:
+        for g in rnd["groups"]:
+            g["rate_gbps"] = rate * 8 / 1e9
+            for s in g["send"]:
+                s["offset_ms"] = 0.0
+    out["note"] = f"control: line rate {rate:.0f} B/s from offset 0, memory ignored"
+    return out
 
 
 def _addr(text):
