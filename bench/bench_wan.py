@@ -4,8 +4,6 @@ same WAN and colocated training; per-round time measured against the model; the 
 sweep measured next to the predicted one. Needs root (network namespaces)."""
 
 import argparse
-import json
-import math
 import pathlib
 import time
 
@@ -195,6 +193,7 @@ def main(argv=()):
                    "update_bytes": S, "elements": lnet.elements, "jitter_ms": a.jitter_ms,
                    "train": train, "rounds": a.rounds},
            "memory_sweep": [{"memory_bytes": m, "best": opt[m][0],
+                             "measured_best": _measured_best(opt[m], sums, m),
                              "predicted": {lab_: opt[m][1][lab_].t_cycle for lab_ in
                                            ("all-to-all", "cliques-3", opt[m][0])},
                              "measured": {lab_: sums[f"{lab_}@{m:.0f}"]["measured_cycle_s"]
@@ -227,6 +226,23 @@ def main(argv=()):
     return 0
 
 
+def _measured_best(opt_m, sums, m):
+    """The optimizer's objective with each run's measured cycle in place of the predicted
+    one (sigma2 is the schedule's own): which schedule the lab would have chosen, among
+    those run at this M."""
+    from ina_fabric.host.schedule.model import objective
+    _, cands, _, net = opt_m
+    best, val = None, -1.0
+    for label in ("all-to-all", "cliques-3", opt_m[0]):
+        s = sums.get(f"{label}@{m:.0f}")
+        if s is None:
+            continue
+        v = objective(cands[label].sigma2, s["measured_cycle_s"], net.sigma_floor)
+        if v > val:
+            best, val = label, v
+    return best
+
+
 def _print(fig, rows):
     print(f"{'run':28s} {'rounds':>6s} {'pred ms':>8s} {'meas ms':>8s} {'err':>6s} "
           f"{'partial':>7s} {'missing':>7s} {'sends':>6s} {'copies':>7s} {'TTT s':>7s}")
@@ -240,6 +256,9 @@ def _print(fig, rows):
               f"{r['replicator_rx']:6d} {r['replicator_copies']:7d} "
               f"{r.get('time_to_target_s', float('nan')):7.1f}")
     print(f"round time error max: {fig['round_time_error_max']:.1%}")
+    for fm in fig["memory_sweep"]:
+        print(f"M = {fm['memory_bytes']:9.0f} B: optimizer's choice {fm['best']}, "
+              f"the lab's (measured cycles) {fm['measured_best']}")
     if "target_loss" in fig:
         for k, v in fig["baselines"].items():
             print(f"{k:28s} time to loss {fig['target_loss']:.3f}: "

@@ -179,7 +179,7 @@ def test_three_islands_exchange_through_edge_replicators_and_aggregators():
             results[k] = exchange(socks[k], vals[k], start=start, offset=rp.offset_s,
                                   rate=rp.rate, send_job=rp.send_job,
                                   send_to=(ip, int(port)), edge_job=rp.edge_job.job,
-                                  inbound=2, seq0=0, elements=256, quant=Quantizer(3),
+                                  seq0=0, elements=256, quant=Quantizer(3),
                                   timeout=10.0)
         ts = [threading.Thread(target=island, args=(k,)) for k in range(3)]
         [t.start() for t in ts]

@@ -5,7 +5,6 @@ each island's host a process in its own namespace. Needs root (skipped elsewhere
 
 import json
 import os
-import pathlib
 import sys
 import time
 
@@ -37,7 +36,7 @@ with paced():
     while time.monotonic() < start:
         time.sleep(0.001)
     r = exchange(s, v, start=start, offset=rp.offset_s, rate=rp.rate, send_job=rp.send_job,
-                 send_to=(rip, int(rport)), edge_job=rp.edge_job.job, inbound=2, seq0=0,
+                 send_to=(rip, int(rport)), edge_job=rp.edge_job.job, seq0=0,
                  elements=256, quant=Quantizer(3), timeout=2 * rp.predicted_s + 1.0)
 print(json.dumps({"mix": mix(v, r, 256).tolist(), "sent": r.sent, "received": r.received,
                   "partial": r.partial, "missing": r.missing, "t_done": r.t_done,
@@ -84,7 +83,6 @@ def _exchange(lab, topo_path, d, memory, tag, line_rate=False):
             sys.executable, "-m", "ina_fabric.host.wan.replicator", "--listen",
             lnet.replicator(k), "--schedule", path, "--island", names[k], "--hosts",
             lnet.host(k), "--stats", d / f"{tag}-repl{k}.json"], ready=True)
-    from ina_fabric.host.switch import send_job
     from ina_fabric.host.wan.runner import _launch
     for k, sw in enumerate(lab.topo.switches):   # install the edge jobs from its host
         rp = P.island_plan(doc, names[k], 0.5)[0]

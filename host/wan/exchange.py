@@ -101,11 +101,11 @@ class ExchangeResult:
 
 
 def exchange(sock, values, *, start: float, offset: float, rate: float, send_job,
-             send_to, edge_job, inbound: int, seq0: int, elements: int, quant: Quantizer,
+             send_to, edge_job, seq0: int, elements: int, quant: Quantizer,
              timeout: float, clock=time.monotonic) -> ExchangeResult:
     """Send ``values`` under ``send_job`` to ``send_to`` (the edge replicator) paced at
     ``rate`` payload bytes/s from ``start + offset``, and receive the aggregate of edge
-    job ``edge_job`` (``inbound`` islands) until every seq is in or ``timeout`` after
+    job ``edge_job`` until every seq is in or ``timeout`` after
     ``start``. ``send_job=None``: nothing to send; ``edge_job=None``: nothing inbound."""
     v = np.asarray(values, np.float64).reshape(-1)
     npk = -(-v.size // elements)
