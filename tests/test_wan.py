@@ -180,7 +180,7 @@ def test_three_islands_exchange_through_edge_replicators_and_aggregators():
                                   rate=rp.rate, send_job=rp.send_job,
                                   send_to=(ip, int(port)), edge_job=rp.edge_job.job,
                                   seq0=0, elements=256, quant=Quantizer(3),
-                                  timeout=10.0)
+                                  session=doc["session"], timeout=10.0)
         ts = [threading.Thread(target=island, args=(k,)) for k in range(3)]
         [t.start() for t in ts]
         [t.join(20) for t in ts]

@@ -37,7 +37,8 @@ with paced():
         time.sleep(0.001)
     r = exchange(s, v, start=start, offset=rp.offset_s, rate=rp.rate, send_job=rp.send_job,
                  send_to=(rip, int(rport)), edge_job=rp.edge_job.job, seq0=0,
-                 elements=256, quant=Quantizer(3), timeout=2 * rp.predicted_s + 1.0)
+                 elements=256, quant=Quantizer(3), session=doc["session"],
+                 timeout=2 * rp.predicted_s + 1.0)
 print(json.dumps({"mix": mix(v, r, 256).tolist(), "sent": r.sent, "received": r.received,
                   "partial": r.partial, "missing": r.missing, "t_done": r.t_done,
                   "predicted_s": rp.predicted_s}))

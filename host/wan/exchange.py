@@ -70,7 +70,8 @@ class Quantizer:
         return q / self.scale
 
 
-def packets(values: np.ndarray, job: int, seq0: int, elements: int, quant: Quantizer):
+def packets(values: np.ndarray, job: int, seq0: int, elements: int, quant: Quantizer,
+            session: int = 0):
     """The update as ``P`` DATA datagrams in one structured array (header + E elements
     each; the last one zero-padded); ``arr.tobytes()`` of a row is the datagram."""
     v = np.asarray(values, np.float64).reshape(-1)
@@ -79,7 +80,7 @@ def packets(values: np.ndarray, job: int, seq0: int, elements: int, quant: Quant
     arr = np.zeros(p, dt)
     h = arr["h"]
     h["version"], h["type"], h["exponent"] = VERSION, MsgType.DATA, EXPONENT
-    h["job"], h["worker"], h["nelem"] = job, 0, elements
+    h["job"], h["worker"], h["nelem"], h["session"] = job, 0, elements, session
     h["seq"] = (seq0 + np.arange(p)) & 0xFFFFFFFF
     flat = np.zeros(p * elements)
     flat[:v.size] = quant.quantize(v)
@@ -101,7 +102,7 @@ class ExchangeResult:
 
 
 def exchange(sock, values, *, start: float, offset: float, rate: float, send_job,
-             send_to, edge_job, seq0: int, elements: int, quant: Quantizer,
+             send_to, edge_job, seq0: int, elements: int, quant: Quantizer, session: int,
              timeout: float, clock=time.monotonic) -> ExchangeResult:
     """Send ``values`` under ``send_job`` to ``send_to`` (the edge replicator) paced at
     ``rate`` payload bytes/s from ``start + offset``, and receive the aggregate of edge
@@ -111,7 +112,7 @@ def exchange(sock, values, *, start: float, offset: float, rate: float, send_job
     npk = -(-v.size // elements)
     out = None
     if send_job is not None:
-        arr = packets(v, send_job, seq0, elements, quant)
+        arr = packets(v, send_job, seq0, elements, quant, session)
         rows = [arr[i:i + 1].tobytes() for i in range(npk)]
         gap = elements * 4 / rate
     else:
@@ -152,7 +153,8 @@ def exchange(sock, values, *, start: float, offset: float, rate: float, send_job
             if n < HEADER_BYTES or edge_job is None:
                 continue
             h = np.frombuffer(hv[:HEADER_BYTES], HEADER_DTYPE, count=1)[0]
-            if h["type"] != MsgType.RESULT or h["job"] != edge_job:
+            if h["type"] != MsgType.RESULT or h["job"] != edge_job or \
+                    int(h["session"]) != session:
                 continue
             p = (int(h["seq"]) - seq0) & 0xFFFFFFFF
             if p >= npk or got[p] or int(h["nelem"]) != elements:

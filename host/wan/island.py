@@ -159,7 +159,7 @@ def run_schedule(plan: dict):
                                rate=rp.rate or 1.0, send_job=rp.send_job,
                                send_to=(repl_ip, int(repl_port)),
                                edge_job=rp.edge_job.job if rp.edge_job is not None else None,
-                               seq0=seq0, elements=E, quant=quant,
+                               seq0=seq0, elements=E, quant=quant, session=doc["session"],
                                timeout=run["timeout_s"])
             trainer.load(mix(own, res, E))
             t_mixed = time.monotonic()

@@ -151,6 +151,10 @@ def export(lab: LabNet, topo, net, cand, model, note="", job_base=0) -> dict:
             for e in g["edge_jobs"]:
                 e["id"] += job_base
     doc["label"] = schedule_label(cand)
+    # the run's session id: every edge job of this run is installed with it and every
+    # DATA and RESULT carries it (one multicast DATA reaches several edges unchanged)
+    from ina_fabric.protocol.jobtable import new_session
+    doc["session"] = new_session()
     return doc
 
 
@@ -206,7 +210,7 @@ def island_plan(doc: dict, island: str, deadline_s: float) -> list[RoundPlan]:
                     inbound = tuple(s["island"] for s in g["send"] if island in s["to"])
                     edge = JobConfig(e["id"], tuple(e["workers"]), e["window"],
                                      e["elements"], deadline_s, "bounded",
-                                     _addr(e["multicast"]))
+                                     _addr(e["multicast"]), doc["session"])
         out.append(RoundPlan(rnd["round"], rnd["predicted_s"], gpred, send_job,
                              offset or 0.0, rate, inbound, edge))
     return out
