@@ -38,7 +38,7 @@ import os
 
 import numpy as np
 
-from ina_fabric.protocol.fields import MsgType, Flags, field_offsets
+from ina_fabric.protocol.fields import MsgType, Flags, field_offsets, HEADER_BYTES
 from ina_fabric.protocol.jobtable import JobConfig
 from ina_fabric.protocol.numpy_view import pack, HEADER_DTYPE
 from ina_fabric.hw.ina.header import DEC_LAT
@@ -91,7 +91,7 @@ class Coverage:
 RULE_COUNTERS = ("accepted", "results", "partials", "duplicates", "late", "resent",
                  "overflows", "status_requests", "drop_truncated", "drop_malformed",
                  "drop_bad_version", "drop_unknown_job", "drop_unknown_source",
-                 "drop_stale", "drop_out_of_window")
+                 "drop_bad_session", "drop_stale", "drop_out_of_window")
 
 
 class CovScoreboard(Scoreboard):
@@ -145,10 +145,10 @@ class CovScoreboard(Scoreboard):
         cov, m = self.cov, self.model
         self._near_deadline(dgram, now)
         self.tick(now)          # deadline results first, each triggered by its deadline
-        if len(dgram) >= 20 and dgram[1] == MsgType.DATA:
+        if len(dgram) >= HEADER_BYTES and dgram[1] == MsgType.DATA:
             h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
             js = m.jobs.get(int(h["job"]))
-            if js is not None and len(dgram) == 20 + 4 * int(h["nelem"]):
+            if js is not None and len(dgram) == HEADER_BYTES + 4 * int(h["nelem"]):
                 seq, w = int(h["seq"]), js.cfg.window
                 slot = js.slots[(seq // w) % 2][seq % w]
                 if seq == (slot.tag + 2 * w) & MASK and slot.complete:
@@ -160,10 +160,10 @@ class CovScoreboard(Scoreboard):
                     if abs(d - 2**31) <= 2 * w + 2:
                         cov.hit(("stale" if 0 < d < 2**31 else "out of window")
                                 + " within 2W of the 2^31 boundary")
-        if len(dgram) >= 20:
+        if len(dgram) >= HEADER_BYTES:
             h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
             self.history[(int(h["job"]), int(h["seq"]))].append(
-                (now, int(h["worker"]), int(h["type"]), len(dgram), source, dgram[:20].hex()))
+                (now, int(h["worker"]), int(h["type"]), len(dgram), source, dgram[:HEADER_BYTES].hex()))
         before = dict(m.counters)
         self._cur = [None, "packet"]    # the time: the packet's last beat
         self._emitted = []
@@ -180,7 +180,7 @@ class CovScoreboard(Scoreboard):
     def _near_deadline(self, dgram, now):
         """Before the model ticks: a DATA packet for an open slot of a bounded job at
         (or one cycle before) the slot's deadline."""
-        if len(dgram) < 20 or dgram[1] != MsgType.DATA:
+        if len(dgram) < HEADER_BYTES or dgram[1] != MsgType.DATA:
             return
         h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
         js = self.model.jobs.get(int(h["job"]))
@@ -206,7 +206,7 @@ class CovScoreboard(Scoreboard):
 
     def output(self, dgram, side):
         super().output(dgram, side)
-        key = _key(dgram) if len(dgram) >= 20 else (-1, -1)
+        key = _key(dgram) if len(dgram) >= HEADER_BYTES else (-1, -1)
         self.got_time.setdefault(key, []).append(self._out_first)
 
     def check_model_only(self):
@@ -391,17 +391,19 @@ def cov_traffic(jobs, P, n_seq, seed, bases):
                     add(key + W * (0.6 + 0.8 * rng.random()), d, src)     # late repeat
                 # every kind of bad datagram at least once per job (then at random)
                 forced = k == n_seq // 2 and w == 0
-                for kind in (range(12) if forced else
-                             [int(rng.integers(0, 12))] if rng.random() < 0.08 else []):
+                for kind in (range(13) if forced else
+                             [int(rng.integers(0, 13))] if rng.random() < 0.08 else []):
                     if kind == 9:
                         add(key + rng.random(), d, ("10.9.9.9", src[1]))
                     elif kind == 10:
-                        b = bytearray(d[:20]); b[1] = MsgType.STATUS_REQ
+                        b = bytearray(d[:HEADER_BYTES]); b[1] = MsgType.STATUS_REQ
                         add(key + rng.random(), bytes(b), src)
                     elif kind == 11:    # about 2^31 away: stale or out of window
                         far = (seq + 2**31 + int(rng.integers(-2 * W - 1, 2 * W + 2))) & MASK
                         b = bytearray(d); b[8:12] = far.to_bytes(4, "big")
                         add(key + rng.random(), bytes(b), src)
+                    elif kind == 12:    # another run's session
+                        add(key + rng.random(), _bad(rng, 11, cfg, seq, d), src)
                     elif kind == 7:     # ahead of the window
                         b = bytearray(d); b[8:12] = ((seq + 5 * W) & MASK).to_bytes(4, "big")
                         add(key + rng.random(), bytes(b), src)

@@ -3,7 +3,7 @@
 model counters). The scoreboard checks the core against the model on each; the
 expected counters check that the scenario really exercises its row."""
 
-from ina_fabric.protocol.fields import MsgType
+from ina_fabric.protocol.fields import MsgType, HEADER_BYTES
 from ina_fabric.protocol.jobtable import JobConfig
 from ina_fabric.protocol.numpy_view import pack
 
@@ -83,7 +83,7 @@ def bad_inputs():
     t = [(good[:12], src), (good[:-4], src), (good + b"\0\0\0\0", src), (good + b"\0", src)]
     b = bytearray(good); b[0] = 3; t.append((bytes(b), src))
     b = bytearray(good); b[1] = MsgType.CONTROL; t.append((bytes(b), src))
-    b = bytearray(good); b[1] = MsgType.STATUS_REQ; t.append((bytes(b[:20]), src))
+    b = bytearray(good); b[1] = MsgType.STATUS_REQ; t.append((bytes(b[:HEADER_BYTES]), src))
     b = bytearray(good); b[4:6] = b"\x04\xd2"; t.append((bytes(b), src))
     b = bytearray(good); b[6] = 5; t.append((bytes(b), src))
     t.append((good, ("10.9.9.9", 5000)))
