@@ -352,10 +352,12 @@ class RtlSwitchModel(SwitchModel):
         return {**super().status(), "rtl": self.rtl_stats()}
 
     def status_datagram(self, start: int = 0, budget: int = 65507) -> bytes:
-        page = super().status_datagram(start, budget - 600)
+        rtl = {k: v for k, v in self.rtl_stats().items() if k != "params"}
+        rtl["counters"] = {k: v for k, v in rtl["counters"].items() if v}   # (room)
+        extra = len(json.dumps({"rtl": rtl})) + 2
+        page = super().status_datagram(start, budget - extra)
         doc = json.loads(page[HEADER_BYTES:])
-        doc["rtl"] = {k: v for k, v in self.rtl_stats().items()
-                      if k not in ("params", "counters")}
+        doc["rtl"] = rtl
         return self._status_bytes(doc)
 
     def close(self):
