@@ -110,12 +110,12 @@ def run(args):
                               log=lambda m: print(m, file=sys.stderr))
     except fast.EngineUnavailable as e:
         raise CliError(str(e)) from None
-    except RuntimeError as e:      # the RTL engine: Verilator missing, or its build failed
-        if args.engine != "rtl":
-            raise
-        raise CliError(f"--engine rtl: {e}") from None
     except ConfigError as e:       # a job that does not fit the core
         raise CliError(str(e)) from None
+    except (RuntimeError, ValueError) as e:   # the RTL engine: no Verilator, a bad
+        if args.engine != "rtl":             # INA_RTL_PARAMS, a failed build
+            raise
+        raise CliError(f"--engine rtl: {e}") from None
     except OSError as e:
         raise CliError(f"cannot listen on {args.listen[0]}:{args.listen[1]}: {e}") from None
     host, port = server.address

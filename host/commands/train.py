@@ -124,7 +124,10 @@ def _train(args, switch, link, lab):
         why = why_not()
         if why:
             raise CliError(f"--engine rtl: {why}")
-        P = rtl_params()
+        try:
+            P = rtl_params()
+        except ValueError as e:
+            raise CliError(f"--engine rtl: {e}") from None
         rtl = {"window": P.window, "elements": P.elements}
     results = {}
     for backend in runs:

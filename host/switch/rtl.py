@@ -56,8 +56,14 @@ _CONTROL_PLANE = (int(MsgType.CONTROL), int(MsgType.STATUS_REQ))
 
 
 def rtl_params():
+    """The core to simulate: ``RTL_PARAMS``, with ``$INA_RTL_PARAMS`` (JSON) over it.
+    Raises ValueError (with the reason) for a bad ``$INA_RTL_PARAMS``."""
     from ina_fabric.hw.ina.params import CoreParams
-    return CoreParams(**{**RTL_PARAMS, **json.loads(os.environ.get("INA_RTL_PARAMS") or "{}")})
+    text = os.environ.get("INA_RTL_PARAMS") or "{}"
+    try:
+        return CoreParams(**{**RTL_PARAMS, **json.loads(text)})
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"INA_RTL_PARAMS={text!r}: {e}") from None
 
 
 def why_not() -> str | None:
