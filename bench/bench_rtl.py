@@ -2,10 +2,12 @@
 engine's ``RTL_PARAMS``) in Verilator, Icarus and Amaranth's simulator, side by side in
 one run; and the engine itself (Verilator, scoreboard included) under back-to-back DATA.
 
-Per simulator, ``--reps`` repetitions (min / median / max): idle cycles (reset done, no
-traffic: the same work for all three, the clock and every register's next state) as the
-difference of two run lengths, so start-up and elaboration do not count; for Verilator
-also busy cycles (every worker's packet for a slot back to back, results out). The
+``--reps`` rounds, the simulators interleaved within each round (so a machine that gets
+busier hurts all alike); min / median / max over the rounds, and the per-round ratios of
+Verilator's speed to each other's: idle cycles (reset done, no traffic: the same work
+for all three, the clock and every register's next state) as the difference of two run
+lengths, so start-up and elaboration do not count; for Verilator also busy cycles (every
+worker's packet for a slot back to back, results out). The
 engine's figures: datagrams per second through ``RtlSwitchModel.process_batch`` (the
 core, the model beside it, every output and counter compared), cycles per packet and
 the ideal. Writes ``rtl.json``.
@@ -39,72 +41,75 @@ def _mmm(xs):
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
 
-def verilator(P, reps, n_idle, n_slots):
-    from ina_fabric.sim.verilator.core import RtlCore, load_job
-    from ina_fabric.protocol import pack, MsgType
-    from ina_fabric.protocol.jobtable import JobConfig
-    core = RtlCore(P)
-    idle, busy = [], []
-    members = tuple(f"127.0.0.1:{20000 + w}" for w in range(4))
-    load_job(core, JobConfig(1, members, window=P.window, elements=P.elements,
-                             mcast=("239.1.1.1", 19900)), 0, 1 << 30)
-    rng = np.random.default_rng(0)
-    seq = 0
-    for _ in range(reps):
+class Verilator:
+    def __init__(self, P, n_idle, n_slots):
+        from ina_fabric.sim.verilator.core import RtlCore, load_job
+        from ina_fabric.protocol.jobtable import JobConfig
+        self.P, self.n_idle, self.n_slots = P, n_idle, n_slots
+        self.core = RtlCore(P)
+        members = tuple(f"127.0.0.1:{20000 + w}" for w in range(4))
+        load_job(self.core, JobConfig(1, members, window=P.window, elements=P.elements,
+                                      mcast=("239.1.1.1", 19900)), 0, 1 << 30)
+        self.rng = np.random.default_rng(0)
+        self.seq = 0
+
+    def idle(self):
         t = time.perf_counter()
-        core.step(n_idle)
-        idle.append(n_idle / (time.perf_counter() - t))
-        dgrams = []
-        for _ in range(n_slots):
+        self.core.step(self.n_idle)
+        return self.n_idle / (time.perf_counter() - t)
+
+    def busy(self):
+        from ina_fabric.protocol import pack, MsgType
+        core = self.core
+        for _ in range(self.n_slots):
             for w in range(4):
-                el = rng.integers(-2 ** 20, 2 ** 20, P.elements).astype(np.int32)
-                dgrams.append((pack(el, type=MsgType.DATA, job=1, worker=w, seq=seq),
-                               ("127.0.0.1", 20000 + w)))
-            seq += 1
-        for d, s in dgrams:
-            core.push(d, s)
+                el = self.rng.integers(-2 ** 20, 2 ** 20, self.P.elements).astype(np.int32)
+                core.push(pack(el, type=MsgType.DATA, job=1, worker=w, seq=self.seq),
+                          ("127.0.0.1", 20000 + w))
+            self.seq += 1
         t = time.perf_counter()
         c0 = core.cycle
         core.run()
-        busy.append((core.cycle - c0) / (time.perf_counter() - t))
+        rate = (core.cycle - c0) / (time.perf_counter() - t)
         core.outputs()
-    core.close()
-    return {"idle_cycles_per_s": _mmm(idle), "busy_cycles_per_s": _mmm(busy),
-            "build_or_load_s": round(core.build_seconds, 3)}
+        return rate
 
 
-def icarus(P, reps, n1, n2):
-    from ina_fabric.hw.ina.core import InaCore
-    from ina_fabric.hw.ina.layout import in_layout
-    from ina_fabric.sim.common import verilog_of
-    with tempfile.TemporaryDirectory(prefix="ina-bench-rtl-") as d:
-        d = pathlib.Path(d)
-        v = verilog_of(InaCore(P), "ina_core", d / "ina_core.v")
+class Icarus:
+    def __init__(self, P, n1, n2):
+        from ina_fabric.hw.ina.core import InaCore
+        from ina_fabric.hw.ina.layout import in_layout
+        from ina_fabric.sim.common import verilog_of
+        self._tmp = tempfile.TemporaryDirectory(prefix="ina-bench-rtl-")
+        d = self.d = pathlib.Path(self._tmp.name)
+        v = verilog_of(InaCore(P), "ina_core", d / "ina_core.v")   # (Icarus's fix-ups)
         (d / "tb.v").write_text(TB.replace("{PAYLOAD}", str(in_layout(P.lanes).size)))
-        times = {}
-        for n in (n1, n2):
+        self.ns = (n1, n2)
+        for n in self.ns:
             subprocess.run(["iverilog", "-g2012", f"-DCYCLES={n}", "-o", str(d / f"sim{n}"),
                             str(v), str(d / "tb.v")], check=True, capture_output=True)
-        out = []
-        for _ in range(reps):
-            for n in (n1, n2):
-                t = time.perf_counter()
-                subprocess.run(["vvp", "-n", str(d / f"sim{n}")], check=True,
-                               capture_output=True)
-                times[n] = time.perf_counter() - t
-            out.append((n2 - n1) / max(1e-9, times[n2] - times[n1]))
-    return {"idle_cycles_per_s": _mmm(out)}
 
-
-def amaranth(P, reps, n1, n2):
-    from amaranth.sim import Simulator
-    from ina_fabric.hw.ina.core import InaCore
-    out = []
-    for _ in range(reps):
+    def idle(self):
         times = {}
-        for n in (n1, n2):
-            core = InaCore(P)
-            sim = Simulator(core)
+        for n in self.ns:
+            t = time.perf_counter()
+            subprocess.run(["vvp", "-n", str(self.d / f"sim{n}")], check=True,
+                           capture_output=True)
+            times[n] = time.perf_counter() - t
+        n1, n2 = self.ns
+        return (n2 - n1) / max(1e-9, times[n2] - times[n1])
+
+
+class AmaranthSim:
+    def __init__(self, P, n1, n2):
+        self.P, self.ns = P, (n1, n2)
+
+    def idle(self):
+        from amaranth.sim import Simulator
+        from ina_fabric.hw.ina.core import InaCore
+        times = {}
+        for n in self.ns:
+            sim = Simulator(InaCore(self.P))
             sim.add_clock(8e-9)
 
             async def tb(ctx, n=n):
@@ -113,8 +118,8 @@ def amaranth(P, reps, n1, n2):
             t = time.perf_counter()
             sim.run()
             times[n] = time.perf_counter() - t
-        out.append((n2 - n1) / max(1e-9, times[n2] - times[n1]))
-    return {"idle_cycles_per_s": _mmm(out)}
+        n1, n2 = self.ns
+        return (n2 - n1) / max(1e-9, times[n2] - times[n1])
 
 
 def engine(P, n_slots):
@@ -163,18 +168,30 @@ def main(argv=()):
     figs = {"params": P.__dict__, "simulators": {}}
     sims = figs["simulators"]
     print(f"core: {P.describe()}", flush=True)
-    sims["verilator"] = verilator(P, args.reps, int(200_000 * q), int(200 * q))
+    v = Verilator(P, int(200_000 * q), int(200 * q))
+    others = {}
     if "icarus" not in skip:
-        sims["icarus"] = icarus(P, args.reps, int(2_000 * q), int(12_000 * q))
+        others["icarus"] = Icarus(P, int(2_000 * q), int(12_000 * q))
     if "amaranth" not in skip:
-        sims["amaranth"] = amaranth(P, args.reps, int(100 * q), int(600 * q))
-    v = sims["verilator"]["idle_cycles_per_s"]["median"]
+        others["amaranth"] = AmaranthSim(P, int(100 * q), int(600 * q))
+    idle = {name: [] for name in ["verilator", *others]}
+    busy = []
+    for _ in range(args.reps):          # interleaved: one of each per round
+        idle["verilator"].append(v.idle())
+        busy.append(v.busy())
+        for name, sim in others.items():
+            idle[name].append(sim.idle())
+    v.core.close()
+    for name, xs in idle.items():
+        sims[name] = {"idle_cycles_per_s": _mmm(xs)}
+        ratios = [a / b for a, b in zip(idle["verilator"], xs)]
+        sims[name]["verilator_over_this_idle"] = _mmm(ratios)
+    sims["verilator"]["busy_cycles_per_s"] = _mmm(busy)
+    sims["verilator"]["build_or_load_s"] = round(v.core.build_seconds, 3)
     for name, s in sims.items():
-        s["verilator_over_this_idle"] = v / s["idle_cycles_per_s"]["median"]
-        line = "  ".join(f"{k} {x['min']:,.0f} / {x['median']:,.0f} / {x['max']:,.0f}"
+        line = "  ".join(f"{k} {x['min']:,.1f} / {x['median']:,.1f} / {x['max']:,.1f}"
                          for k, x in s.items() if isinstance(x, dict))
-        print(f"{name:10s} (min / median / max) {line}; verilator is "
-              f"{s['verilator_over_this_idle']:.1f}x", flush=True)
+        print(f"{name:10s} (min / median / max) {line}", flush=True)
     figs["engine"] = engine(P, int(800 * q))
     e = figs["engine"]
     print(f"engine (verilator + scoreboard): {e['datagrams_per_s']:,.0f} datagrams/s, "
