@@ -135,7 +135,8 @@ def _train(args, switch, link, lab):
                           target=args.target, max_epochs=args.max_epochs, seed=args.seed,
                           lr=args.lr, batch=args.batch, accum_steps=args.accum_steps,
                           switch=switch, switch_engine=args.engine,
-                          window=args.window or rtl.get("window", lo_window),
+                          window=(args.window if args.window is not None
+                                  else rtl.get("window", lo_window)),
                           static_job=args.static_job, worker_base_port=args.base_port,
                           elements=args.elements or rtl.get("elements")
                           or job_defaults(link).elements,
