@@ -194,3 +194,53 @@ def test_scoreboard_catches_a_planted_bug_in_the_core():
             m.process_batch(big, 0.0)
     finally:
         m.close()
+
+
+@needs_verilator
+def test_bounded_deadline_fires_in_the_core_as_in_the_model():
+    """A bounded job, one worker of two silent: once the clock passes the deadline the
+    core's scanner sends the PARTIAL the model sends (same bytes), and the late
+    worker gets that stored result re-sent. The wall clock is the ``now`` given here."""
+    from ina_fabric.host.switch.rtl import RtlSwitchModel, CYCLES_PER_SECOND as R
+    m = RtlSwitchModel()
+    try:
+        cfg = JobConfig(3, ("127.0.0.1:20001", "127.0.0.1:20002"), window=4, elements=8,
+                        mode="bounded", deadline=0.001)
+        m.add_job(cfg)
+        t0 = m._t0
+        assert m.process_batch([(pack(np.full(8, 7, np.int32), job=3, worker=0, seq=0),
+                                 ("127.0.0.1", 20001))], t0) == []
+        assert m.next_deadline() is not None
+        out = m.tick(t0 + m.core.cycle / R + 0.002)        # past the 1 ms deadline
+        assert len(out) == 2 and {d for d, _ in out} == set(m.jobs[3].group)
+        h, el = unpack(out[0][1])
+        assert h["flags"] & Flags.PARTIAL and h["count"] == 1 and h["bitmap"] == 1
+        assert list(el) == [7] * 8
+        late = m.process_batch([(pack(np.full(8, 1, np.int32), job=3, worker=1, seq=0),
+                                 ("127.0.0.1", 20002))], t0 + m.core.cycle / R)
+        assert len(late) == 1 and late[0][0] == ("127.0.0.1", 20002)
+        h, el = unpack(late[0][1])
+        assert h["flags"] & Flags.PARTIAL and h["flags"] & Flags.RETRANSMIT
+        assert list(el) == [7] * 8
+        assert m.counters["partials"] == 1 and m.counters["late"] == 1
+        assert m.disagreements == 0
+    finally:
+        m.close()
+
+
+def test_cli_errors_of_the_rtl_engine_are_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "INA_RTL_PARAMS": '{"window": 3}'}
+    for args in (["switch", "--engine", "rtl", "--listen", "127.0.0.1:0"],
+                 ["train", "--engine", "rtl", "--backends", "ina"]):
+        p = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", *args], env=env,
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.strip().count("\n") == 0 and "window 3 must be a power of two" \
+            in p.stderr
+    p = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "train", "--engine",
+                        "rtl", "--switch", "127.0.0.1:9"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and "not with --switch" in p.stderr
