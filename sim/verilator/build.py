@@ -12,6 +12,7 @@ builders (pytest-xdist) from building the same library twice.
 """
 
 import fcntl
+import functools
 import hashlib
 import os
 import pathlib
@@ -59,7 +60,9 @@ def _ports_header(params) -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.lru_cache(maxsize=8)
 def _verilog(params, planted_bug=None) -> str:
+    """The core's Verilog (generated once per process and core: a few seconds)."""
     from amaranth.back import verilog
     from ina_fabric.hw.ina.core import InaCore
     return verilog.convert(InaCore(params, planted_bug=planted_bug), name="ina_core",
