@@ -52,10 +52,19 @@ def free_udp_ports(n: int) -> list[int]:
 
 def _serve(conn, engine):
     from .switch import SwitchServer
-    server = SwitchServer([], "127.0.0.1", 0, engine=engine,
-                          log=lambda m: print(m, file=sys.stderr))
-    conn.send(server.address)
-    server.serve_forever()
+    try:
+        server = SwitchServer([], "127.0.0.1", 0, engine=engine,
+                              log=lambda m: print(m, file=sys.stderr))
+    except Exception as e:      # e.g. the RTL engine cannot be built here
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ok", server.address))
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+    if server.failure:          # an RTL scoreboard disagreement: the exit status says so
+        sys.exit(3)
 
 
 def start_switch_process(ctx, engine="auto"):
@@ -65,7 +74,11 @@ def start_switch_process(ctx, engine="auto"):
     a, b = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(b, engine), daemon=True)
     proc.start()
-    return tuple(a.recv()), proc
+    kind, value = a.recv()
+    if kind == "error":
+        proc.join(timeout=5)
+        raise RuntimeError(f"the {engine} switch did not start: {value}")
+    return tuple(value), proc
 
 
 

@@ -13,6 +13,7 @@ from flags:
         [--session 0x5eed]   (the run's session id, which the workers must carry; default:
                               a fresh one, printed)
     ina switch --status [--switch 127.0.0.1:19900]               (counters of a running switch, JSON)
+    ina switch --engine rtl                    (the gateware in Verilator, the model as scoreboard)
 
 jobs.toml:
     [[job]]
@@ -40,10 +41,13 @@ def add_arguments(p):
     p.add_argument("--listen", default=f"0.0.0.0:{INA_UDP_PORT}", metavar="IP:PORT",
                    type=parse_address, help="address to serve on")
     p.add_argument("--config", metavar="TOML", help="job table file loaded at start")
-    p.add_argument("--engine", choices=("auto", "fast", "model"), default="auto",
+    p.add_argument("--engine", choices=("auto", "fast", "model", "rtl"), default="auto",
                    help="fast: the compiled DATA path (recvmmsg batches); model: the "
-                        "Python reference model, one datagram at a time; auto: fast "
-                        "where it is built")
+                        "Python reference model, one datagram at a time; rtl: the "
+                        "gateware (hw/ina) simulated by Verilator, with the model beside "
+                        "it as a live scoreboard that stops the switch at the first "
+                        "disagreement (core: $INA_RTL_PARAMS, JSON, over "
+                        "host/switch/rtl.py RTL_PARAMS); auto: fast where it is built")
     p.add_argument("--key-file", metavar="FILE",
                    help="control key (CONTROL and STATUS are taken only when sealed with "
                         "it); default: $INA_SWITCH_KEY, else $INA_SWITCH_KEY_FILE, else "
@@ -92,6 +96,7 @@ def jobs_from_args(args):
 def run(args):
     from ..cli import CliError
     from ..switch import SwitchServer, query_status, fast
+    from ina_fabric.protocol.jobtable import ConfigError
     import os
     from ..switch.keys import switch_key, KeyMissing, default_key_path
     try:
@@ -112,6 +117,12 @@ def run(args):
                               log=lambda m: print(m, file=sys.stderr))
     except fast.EngineUnavailable as e:
         raise CliError(str(e)) from None
+    except ConfigError as e:       # a job that does not fit the core
+        raise CliError(str(e)) from None
+    except (RuntimeError, ValueError) as e:   # the RTL engine: no Verilator, a bad
+        if args.engine != "rtl":             # INA_RTL_PARAMS, a failed build
+            raise
+        raise CliError(f"--engine rtl: {e}") from None
     except OSError as e:
         raise CliError(f"cannot listen on {args.listen[0]}:{args.listen[1]}: {e}") from None
     host, port = server.address
@@ -133,4 +144,10 @@ def run(args):
         server.close()
         c = {k: v for k, v in server.model.counters.items() if v}
         print(f"ina switch stopped; counters: {json.dumps(c, sort_keys=True)}", file=sys.stderr)
+        if server.engine == "rtl":
+            rtl = {k: v for k, v in server.model.rtl_stats().items() if k != "counters"}
+            print(f"rtl: {json.dumps(rtl, sort_keys=True)}", file=sys.stderr)
+    if server.failure:
+        print(f"ina switch: {server.failure}", file=sys.stderr)
+        return 1
     return 0
