@@ -47,12 +47,14 @@ class TrainConfig:
     momentum: float = 0.9
     # transport / switch
     switch: str | None = None         # external switch (FPGA or remote ina switch)
+    switch_engine: str = "auto"       # the switch started here: auto, fast, model, rtl
     job: int = 1
     elements: int = _LOOPBACK.elements   # per packet (LINK_DEFAULTS: loopback)
     window: int = _LOOPBACK.window
     deadline_ms: float = _LOOPBACK.deadline_ms
     static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
     worker_base_port: int = 0         # with static_job: worker r binds this + r
+    session: int = 0                  # with static_job: the session id of the job it holds
     # uplink impairment (userspace, per worker, seeded)
     loss: float = 0.0
     duplicate: float = 0.0
@@ -114,9 +116,25 @@ class TrainConfig:
         from .workloads import WORKLOADS
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; have {', '.join(WORKLOADS)}")
+        if self.switch_engine not in ("auto", "fast", "model", "rtl"):
+            raise ValueError(f"switch_engine {self.switch_engine!r}: auto, fast, model "
+                             "or rtl")
+        if self.switch_engine != "auto" and self.switch:
+            raise ValueError("switch_engine chooses the switch started here; with switch "
+                             "(an external one) it does not apply")
+        if self.switch_engine == "rtl" and self.backend.startswith("ina"):
+            from ..switch.rtl import rtl_params
+            P = rtl_params()
+            if self.window > P.window or self.elements > P.elements:
+                raise ValueError(f"the RTL core takes a window of at most {P.window} and "
+                                 f"at most {P.elements} elements per packet (have "
+                                 f"{self.window}, {self.elements})")
         if self.static_job and not (self.switch and self.worker_base_port):
             raise ValueError("static_job needs switch and worker_base_port (the ports in "
                              "the switch's job table)")
+        if self.static_job and not self.session:
+            raise ValueError("static_job needs the session id of the job the switch holds "
+                             "(--session: the `session` of its [[job]] table)")
         if self.switch is not None:
             host, sep, port = self.switch.rpartition(":")
             if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -141,6 +159,7 @@ class TrainResult:
     stats: dict = field(default_factory=dict)     # rank 0's aggregation statistics
     param_hashes: list = field(default_factory=list)
     switch_counters: dict = field(default_factory=dict)
+    switch_rtl: dict = field(default_factory=dict)    # the RTL engine's figures
     fallbacks: int = 0
     knobs: list = field(default_factory=list)     # (seconds, step, accum, precision)
     params: list = field(default_factory=list)    # rank 0's final parameters (if asked)
@@ -198,7 +217,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             mode="bounded" if cfg.backend == "ina-bounded" else "reliable",
             window=cfg.window, elements=cfg.elements, deadline=cfg.deadline_ms / 1e3,
             impairment=imp, configure=not cfg.static_job,
-            bind_port=cfg.worker_base_port or None)
+            bind_port=cfg.worker_base_port or None, session=cfg.session or None)
     elif cfg.backend != "gloo":
         collective = load_factory(cfg.backend)(rank, world, cfg)
         state = InaHookState(collective, None)
@@ -363,7 +382,7 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
             switch = (host, int(port))
         else:
             from ..cluster import start_switch_process
-            switch, switch_proc = start_switch_process(ctx)
+            switch, switch_proc = start_switch_process(ctx, engine=cfg.switch_engine)
     from ..cluster import free_tcp_port
     port = free_tcp_port()
     procs = [ctx.Process(target=_worker, args=(r, asdict(cfg), port, switch, queue,
@@ -376,6 +395,9 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
 
     def dead():
         bad = [p for p in procs if p.exitcode not in (None, 0)]
+        if switch_proc is not None and switch_proc.exitcode is not None:
+            return (f"the {cfg.switch_engine} switch exited with status "
+                    f"{switch_proc.exitcode} (its reason is on stderr above)")
         return f"worker exited with status {bad[0].exitcode}" if bad else None
 
     try:
@@ -383,8 +405,9 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         if switch_proc is not None:
             from ..switch import query_status
             try:
-                result.switch_counters = {k: v for k, v in
-                                          query_status(switch)["counters"].items() if v}
+                st = query_status(switch)
+                result.switch_counters = {k: v for k, v in st["counters"].items() if v}
+                result.switch_rtl = st.get("rtl", {})
             except OSError:
                 pass
     except BaseException:

@@ -18,7 +18,7 @@ import ipaddress
 import numpy as np
 
 from ina_fabric.host.switch.model import SwitchModel
-from ina_fabric.protocol.fields import MsgType
+from ina_fabric.protocol.fields import MsgType, HEADER_BYTES
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 from ina_fabric.hw.ina.replicator import ipv4_header
 from ina_fabric.hw.ina.regs import COUNTER_NAMES
@@ -56,7 +56,7 @@ class Scoreboard:
 
     def packet(self, dgram, source, now):
         self.n_in += 1
-        if len(dgram) >= 20:
+        if len(dgram) >= HEADER_BYTES:
             h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
             self.history[(int(h["job"]), int(h["seq"]))].append(
                 (now, int(h["worker"]), int(h["type"]), len(dgram), source))
@@ -81,7 +81,7 @@ class Scoreboard:
         want = ipv4_header(self.src_ip, side["dst_ip"], len(dgram))
         if side["ip_checksum"] != int.from_bytes(want[10:12], "big"):
             raise ScoreboardError(f"IPv4 checksum {side['ip_checksum']:#06x} wrong")
-        job = self.jobs.get(_key(dgram)[0]) if len(dgram) >= 20 else None
+        job = self.jobs.get(_key(dgram)[0]) if len(dgram) >= HEADER_BYTES else None
         if job is not None:
             if side["mcast"]:
                 ip = side["dst_ip"]
@@ -93,7 +93,7 @@ class Scoreboard:
                 mac = int(mem.mac.replace(":", ""), 16)
             if side["dst_mac"] != mac:
                 raise ScoreboardError(f"dst MAC {side['dst_mac']:012x} != {mac:012x}")
-        self.got[_key(dgram) if len(dgram) >= 20 else (-1, -1)].append((dst, dgram))
+        self.got[_key(dgram) if len(dgram) >= HEADER_BYTES else (-1, -1)].append((dst, dgram))
 
     def check(self):
         """Raise on the first slot whose outputs differ; return a summary."""
