@@ -79,7 +79,7 @@ def _uplink_bytes(lab, hosts):
     return {h: c[h]["up"].get("bytes", 0) for h in hosts}
 
 
-def _one(lab, backend, level, args, logdir, switch, elements):
+def _one(lab, backend, level, args, logdir, switch, elements, job=7):
     from ina_fabric.host.ddp.train import TrainConfig, run_training_lab
     from ina_fabric.host.lab import traffic
     lv = LEVELS[level]
@@ -91,7 +91,7 @@ def _one(lab, backend, level, args, logdir, switch, elements):
                       eval_every=args.eval_every, elements=elements, switch=switch,
                       deadline_ms=args.switch_deadline_ms, time_gloo=True,
                       straggler_ms=lv["straggler_ms"],
-                      straggler_p99_over_p50=lv["straggler_ratio"], job=7)
+                      straggler_p99_over_p50=lv["straggler_ratio"], job=job)
     hosts = lab.hosts[:args.workers]
     names = traffic.start(lab, _flows(level, args.workers, args.flow_seconds))
     try:
@@ -161,7 +161,10 @@ def run(args):
             for level in levels:
                 for rep in range(args.repeats):
                     for b in backends:
-                        r = _one(lab, b, level, args, logdir, switch, elements)
+                        # a job id per run: the switch holds a job id for its session
+                        # a while after the run (issue 17), so the next run takes another
+                        r = _one(lab, b, level, args, logdir, switch, elements,
+                                 job=100 + len(rows))
                         r["repeat"] = rep
                         rows.append(r)
                         print(f"{level:5s} {b:16s} tta "

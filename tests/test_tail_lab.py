@@ -44,13 +44,15 @@ def test_tail_bench_on_the_lab(tmp_path, monkeypatch):
     monkeypatch.setattr(_results, "RESULTS", tmp_path)
     lab_id = f"tt{__import__('os').getpid() % 100000}"
     rc = bench_tail.main(["--lab", "rack", "--workers", "2", "--levels", "mid",
-                          "--lab-backends", "gloo,tar-udp", "--steps", "12",
+                          "--lab-backends", "gloo,tar-udp,ina,ina-bounded", "--steps", "12",
                           "--eval-every", "4", "--skip-calls", "2", "--lab-id", lab_id,
                           "--flow-seconds", "240"])
     assert rc == 0
     figs = json.loads((tmp_path / "tail.json").read_text())["figures"]
     rows = {r["backend"]: r for r in figs["rows"]}
-    assert set(rows) == {"gloo", "tar-udp"}
+    # ina then ina-bounded back to back on one switch: each run installs its job under
+    # a fresh session, so each needs its own job id (the second was refused before)
+    assert set(rows) == {"gloo", "tar-udp", "ina", "ina-bounded"}
     for r in rows.values():
         for key in ("backend", "gloo_p99_over_p50", "tta_speedup_vs_gloo", "final_accuracy",
                     "dropped_fraction", "p50_ms", "p99_ms", "bytes_per_step_per_link"):
@@ -60,5 +62,8 @@ def test_tail_bench_on_the_lab(tmp_path, monkeypatch):
         # each training host's uplink carried at least the bucket's share every step
         assert r["bytes_per_step_per_link"] > 0
     assert rows["gloo"]["replicas_identical"] and rows["gloo"]["dropped_fraction"] == 0
+    # the switch sends each host's share up once: fewer bytes per uplink than Gloo's ring
+    # (with 2 hosts the ring sends 2(N-1)/N = 1 bucket too, so only "not more")
+    assert rows["ina"]["bytes_per_step_per_link"] <= 1.1 * rows["gloo"]["bytes_per_step_per_link"]
     assert all(r["steps"] == 12 for r in figs["runs"])
     assert lab_id not in list_labs()
