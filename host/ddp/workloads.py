@@ -104,7 +104,8 @@ CHARLM_VOCAB = 98        # tab, newline, printable ASCII 32..126, one "other"
 
 
 def charlm_encode(text: str) -> np.ndarray:
-    """Characters to token ids: tab 0, newline 1, ' '..'~' 2..96, anything else 97."""
+    """Characters to token ids: tab 0, newline 1, ' '..'~' 2..96, other control
+    characters 97; non-ASCII characters are read as '?' first."""
     b = np.frombuffer(text.encode("ascii", "replace"), np.uint8).astype(np.int64)
     out = np.full(b.shape, CHARLM_VOCAB - 1, np.int64)
     out[b == 9] = 0
