@@ -35,6 +35,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lab-rate", default="50mbit", help="every host link, each way")
     ap.add_argument("--lab-id", default="ctl", help="lab id (unique on this machine)")
     ap.add_argument("--lab-plot", default=str(_results.RESULTS / "control_real_lab.png"))
+    ap.add_argument("--lab-fit-from", metavar="RAW_JSON",
+                    help="reuse the fitting runs saved in a previous run's "
+                         "control_real_raw.json instead of running them again")
     args = ap.parse_args(argv)
     _results.RESULTS.mkdir(parents=True, exist_ok=True)
     if args.lab:
@@ -73,7 +76,9 @@ def _lab(args, _results):
         return 2
     setup = LabSetup(rate=args.lab_rate, lab_id=args.lab_id)
     figures = lab_experiment(setup, levels, tuple(range(args.seed, args.seed + args.lab_seeds)),
-                             plot=args.lab_plot)
+                             plot=args.lab_plot,
+                             raw_path=str(_results.RESULTS / "control_real_raw.json"),
+                             fit_from=args.lab_fit_from)
     _results.write("control_real", figures)
     return 0
 

@@ -61,6 +61,21 @@ def _curve(res):
     return [(0, INITIAL_LOSS)] + [(step, loss) for _, step, _, loss in res.loss_curve]
 
 
+def crossing(loss_curve, target, column):
+    """Where a run's test loss crossed ``target``, interpolated between the evaluation
+    above it and the first one at or below it (evaluations come every
+    ``eval_every_samples``, so the evaluation point itself overstates by up to one
+    interval): ``column`` 0 for training seconds, 2 for samples. None if never reached."""
+    prev = (0.0, 0, 0, INITIAL_LOSS)
+    for row in loss_curve:
+        if row[3] <= target:
+            l0, l1 = prev[3], row[3]
+            f = (l0 - target) / (l0 - l1) if l0 > l1 else 1.0
+            return float(prev[column] + f * (row[column] - prev[column]))
+        prev = row
+    return None
+
+
 def fit_runs(setup: LabSetup, knobs, seed=0, target_loss=TARGET_LOSS, out=print):
     """Fixed-knob charlm runs on loopback: [{precision, accum, curve, samples, r_q}]."""
     from .realrun import RealSpec, real_run
@@ -83,7 +98,8 @@ def fit_runs(setup: LabSetup, knobs, seed=0, target_loss=TARGET_LOSS, out=print)
         for e in log:
             rq.update({int(k): v for k, v in e["quant_ratio"].items()})
         runs.append({"precision": q, "accum": a, "seed": seed, "curve": _curve(res),
-                     "samples": res.samples_to_loss, "steps": res.steps, "r_q": rq})
+                     "samples": crossing(res.loss_curve, target_loss, 2),
+                     "steps": res.steps, "r_q": rq, "loss_curve": res.loss_curve})
         out(f"  fit run int{q}/a={a}: {res.samples_to_loss} samples, {res.steps} steps to "
             f"loss {target_loss} ({time.time() - t:.0f} s wall)")
     return runs
@@ -144,7 +160,7 @@ def _params(workload):
 
 def lab_experiment(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2),
                    controllers=("decoupled", "joint"), target_loss=TARGET_LOSS,
-                   plot=None, out=print):
+                   plot=None, raw_path=None, fit_from=None, out=print):
     from ..lab import training_lab
     from .progress import fit, predict_steps
     figures = {"setup": {k: v for k, v in setup.__dict__.items() if k != "extra"},
@@ -152,12 +168,23 @@ def lab_experiment(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2),
     t_start = time.time()
     out(f"1. fitting runs (loopback, {setup.workload}, {setup.hosts} workers, to test loss "
         f"{target_loss})")
-    fitted = fit_runs(setup, FIT_KNOBS, 0, target_loss, out)
-    held = fit_runs(setup, HELD_OUT_KNOBS, 0, target_loss, out)
+    if fit_from:
+        with open(fit_from) as f:
+            saved = json.load(f)["fit_runs"]
+        fitted = [r for r in saved if (r["precision"], r["accum"]) in FIT_KNOBS]
+        held = [r for r in saved if (r["precision"], r["accum"]) not in FIT_KNOBS]
+        out(f"   (the fitting runs of {fit_from})")
+    else:
+        fitted = fit_runs(setup, FIT_KNOBS, 0, target_loss, out)
+        held = fit_runs(setup, HELD_OUT_KNOBS, 0, target_loss, out)
+    raw = {"fit_runs": fitted + held, "lab_runs": []}
     rq = {}
     for r in fitted + held:
         rq.update(r["r_q"])
     wl_batch = 8
+    for r in fitted + held:
+        r["r_q"] = {int(k): v for k, v in r["r_q"].items()}
+        r["curve"] = [tuple(c) for c in r["curve"]]
     model = fit([(r["precision"], r["accum"], r["curve"]) for r in fitted], GRID,
                 setup.hosts, wl_batch, rq)
     out("2. fitted progress model: loss interval, progress (steps at B=inf), noise scale")
@@ -178,7 +205,7 @@ def lab_experiment(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2),
                 {"kind": kind, "knobs": f"int{r['precision']}/a={r['accum']}",
                  "measured_samples": r["samples"], "predicted_samples": pred,
                  "rel_error": err})
-            out(f"   {kind:8s} int{r['precision']}/a={r['accum']}: measured {r['samples']}"
+            out(f"   {kind:8s} int{r['precision']}/a={r['accum']}: measured {r['samples']:.0f}"
                 f" samples, predicted {pred} ({err:+.1%})")
     spec_progress = model.to_dict()
     setup = LabSetup(**{**setup.__dict__, "extra": {**setup.extra, "target_loss": target_loss}})
@@ -197,25 +224,39 @@ def lab_experiment(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2),
                     res, sched, log, bg = _lab_run(lab, setup, name, level, seed,
                                                    spec_progress)
                     runs[(level, seed, name)] = (res, sched, log)
+                    tc = crossing(res.loss_curve, target_loss, 0)
                     out(f"   seed {seed} {level:6s} {name:10s}: "
-                        + (f"{res.time_to_loss:6.1f} s, {res.samples_to_loss} samples, "
-                           f"{res.steps} steps" if res.time_to_loss else
+                        + (f"{tc:6.1f} s, {crossing(res.loss_curve, target_loss, 2):.0f} "
+                           f"samples, {res.steps} steps" if tc else
                            f"missed (loss {res.loss_curve[-1][3] if res.loss_curve else '?'})")
                         + f"  [{time.time() - t:.0f} s wall, background steps "
                         f"{sum(x['steps'] for x in bg if x['rank'] == 0)}]")
     finally:
         lab.down()
     out("4. held-out check on the lab runs (their knob traces replayed through the model)")
-    for (level, seed, name), (res, _, _) in runs.items():
-        if res.samples_to_loss:
+    lab_errors = []
+    for (level, seed, name), (res, sched, log) in runs.items():
+        measured = crossing(res.loss_curve, target_loss, 2)
+        raw["lab_runs"].append({"level": level, "seed": seed, "controller": name,
+                                "loss_curve": res.loss_curve, "knobs": res.knobs,
+                                "schedule": sched, "log": log, "steps": res.steps,
+                                "time_to_loss_eval": res.time_to_loss})
+        if measured:
             _, pred = predict_steps(model, _lab_marks(res), target_loss)
-            err = pred / res.samples_to_loss - 1
-            errors.append(err)
+            err = pred / measured - 1
+            lab_errors.append(err)
             figures.setdefault("fit_check", []).append(
                 {"kind": "lab", "run": f"{level}/{seed}/{name}",
-                 "measured_samples": res.samples_to_loss, "predicted_samples": pred,
+                 "measured_samples": measured, "predicted_samples": pred,
                  "rel_error": err})
+    errors += lab_errors
+    if raw_path:
+        with open(raw_path, "w") as f:
+            json.dump(raw, f, default=float)
+        out(f"   raw curves and logs: {raw_path}")
     e = np.abs(errors)
+    figures["fit_error_lab_median"] = float(np.median(np.abs(lab_errors))) \
+        if lab_errors else None
     figures["fit_error_median"] = float(np.median(e)) if e.size else None
     figures["fit_error_max"] = float(np.max(e)) if e.size else None
     out(f"   samples to target, |predicted / measured - 1| over {e.size} held-out runs: "
@@ -226,12 +267,12 @@ def lab_experiment(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2),
         ratios, per_seed, lat, tc = [], [], [], []
         for seed in seeds:
             rd, rj = runs[(level, seed, "decoupled")][0], runs[(level, seed, "joint")][0]
-            if rd.time_to_loss and rj.time_to_loss:
-                ratios.append(rd.time_to_loss / rj.time_to_loss)
-            per_seed.append({"seed": seed, "decoupled_s": rd.time_to_loss,
-                             "joint_s": rj.time_to_loss,
-                             "decoupled_samples": rd.samples_to_loss,
-                             "joint_samples": rj.samples_to_loss,
+            td, tj = (crossing(r.loss_curve, target_loss, 0) for r in (rd, rj))
+            if td and tj:
+                ratios.append(td / tj)
+            per_seed.append({"seed": seed, "decoupled_s": td, "joint_s": tj,
+                             "decoupled_samples": crossing(rd.loss_curve, target_loss, 2),
+                             "joint_samples": crossing(rj.loss_curve, target_loss, 2),
                              "decoupled_steps": rd.steps, "joint_steps": rj.steps})
             for name in controllers:
                 for entry in runs[(level, seed, name)][2][1:]:
@@ -281,7 +322,8 @@ def _plot(path, runs, levels, seeds, setup):
     styles = {"joint": dict(color="C0", lw=1.8), "decoupled": dict(color="C3", lw=1.2,
                                                                    ls="--")}
     for i, level in enumerate(levels):
-        end = max((runs[(level, seed, n)][0].time_to_loss or 0) for n in styles) or 60
+        end = max((crossing(runs[(level, seed, n)][0].loss_curve, setup.extra.get(
+            "target_loss", TARGET_LOSS), 0) or 0) for n in styles) or 60
         sched = runs[(level, seed, "joint")][1]
         ts = [t for t, _ in sched if t <= end] + [end]
         ns = [n for t, n in sched if t <= end]
@@ -291,7 +333,8 @@ def _plot(path, runs, levels, seeds, setup):
         for n, st in styles.items():
             res, _, log = runs[(level, seed, n)]
             t = [0.0] + [e["time"] for e in log]
-            lab_ = f"{n}: target at {res.time_to_loss:.0f} s" if res.time_to_loss else n
+            tc = crossing(res.loss_curve, setup.extra.get("target_loss", TARGET_LOSS), 0)
+            lab_ = f"{n}: target at {tc:.0f} s" if tc else n
             ax[1][i].step(t, [32] + [e["precision"] for e in log], where="post", label=lab_,
                           **st)
             ax[2][i].step(t, [1] + [e["accum"] for e in log], where="post", **st)

@@ -46,7 +46,7 @@ class LabSetup:
     horizon: float = 600.0          # bound on every run (seconds)
     bg_ratio: float = 1.3           # background gradient / our fp32 gradient
     control_interval: int = 5       # optimizer steps between decisions
-    eval_every_samples: int = 1024
+    eval_every_samples: int = 512
     lr_scaling: str = "sqrt"
     accums: tuple = (1, 2, 4, 8, 16)
     precisions: tuple = (32, 16, 8, 4)
