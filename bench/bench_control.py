@@ -35,12 +35,15 @@ def main(argv=None) -> int:
     ap.add_argument("--lab-rate", default="50mbit", help="every host link, each way")
     ap.add_argument("--lab-id", default="ctl", help="lab id (unique on this machine)")
     ap.add_argument("--lab-plot", default=str(_results.RESULTS / "control_real_lab.png"))
+    ap.add_argument("--lab-analyze", metavar="RAW_JSON",
+                    help="run nothing: redo the analysis (fit, check, statistics, "
+                         "simulation, plot) of a previous run's control_real_raw.json")
     ap.add_argument("--lab-fit-from", metavar="RAW_JSON",
                     help="reuse the fitting runs saved in a previous run's "
                          "control_real_raw.json instead of running them again")
     args = ap.parse_args(argv)
     _results.RESULTS.mkdir(parents=True, exist_ok=True)
-    if args.lab:
+    if args.lab or args.lab_analyze:
         return _lab(args, _results)
     figures = sim_comparison(seed=args.seed)
     for link in ("10G", "100G"):
@@ -70,11 +73,27 @@ def _lab(args, _results):
         print("ina bench control: --lab-seeds must be >= 2 (a confidence interval)",
               file=sys.stderr)
         return 2
+    setup = LabSetup(rate=args.lab_rate, lab_id=args.lab_id)
+    if args.lab_analyze:
+        import json
+        from ina_fabric.host.control.labexp import TARGET_LOSS, analyze
+        try:
+            with open(args.lab_analyze) as f:
+                raw = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"ina bench control: --lab-analyze: {e}", file=sys.stderr)
+            return 2
+        raw.setdefault("target_loss", TARGET_LOSS)
+        raw.setdefault("levels", list(levels))
+        raw.setdefault("seeds", sorted({r["seed"] for r in raw["lab_runs"]}))
+        raw.setdefault("setup", {k: v for k, v in setup.__dict__.items() if k != "extra"})
+        figures = analyze(raw, setup, plot=args.lab_plot)
+        _results.write("control_real", figures)
+        return 0
     why = available()
     if why:
         print(f"ina bench control: the lab is not available here: {why}", file=sys.stderr)
         return 2
-    setup = LabSetup(rate=args.lab_rate, lab_id=args.lab_id)
     figures = lab_experiment(setup, levels, tuple(range(args.seed, args.seed + args.lab_seeds)),
                              plot=args.lab_plot,
                              raw_path=str(_results.RESULTS / "control_real_raw.json"),
