@@ -180,3 +180,12 @@ def test_training_stops_at_a_target_loss_with_scaled_lr():
     assert all(c[3] > 3.2 for c in r.loss_curve[:-1])
     assert r.samples_to_loss == r.steps * 2 * 8 * 2
     assert r.steps < 60 and len(set(r.param_hashes)) == 1
+
+
+def test_crossing_interpolates_between_evaluations():
+    from ina_fabric.host.control.labexp import crossing
+    # (training seconds, step, samples, test loss) every 1024 samples
+    curve = [(10.0, 32, 1024, 2.6), (20.0, 64, 2048, 2.2), (30.0, 96, 3072, 2.0)]
+    assert crossing(curve, 2.4, 0) == pytest.approx(15.0)
+    assert crossing(curve, 2.1, 2) == pytest.approx(2560)
+    assert crossing(curve, 1.9, 0) is None
