@@ -247,8 +247,11 @@ class CompressedCollective:
         """Sum of every worker's x, each quantized once at the current precision.
 
         Three phases: the 8-byte headers are all-gathered first (this also waits for the
-        slowest worker: ``sync_s``); a second 8-byte all-gather, now with everyone present,
-        measures the fixed cost of one all-gather (``fixed_s``); then the payload goes
+        slowest worker: ``sync_s``); on every ``probe_every``-th call a second 8-byte
+        all-gather, now with everyone present, measures the fixed cost of one all-gather
+        (``fixed_s``, reused in between: in a lab beside background jobs each all-gather
+        is a round trip through filled queues, and a probe on every call cost about a
+        quarter of a step); then the payload goes
         through the token bucket and the all-gather. Per-byte time is the payload phase
         less the fixed cost, so the bandwidth seen by the controller does not depend on
         the message size, and the fixed costs go to the cost model as latency."""
