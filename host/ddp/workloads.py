@@ -10,8 +10,8 @@ downloaded.
   predicting the next character of real text: the Python standard library's own source
   (a fixed list of modules; the last ones held out for test). Language modelling has a
   gradient noise scale well above a small micro-batch, which is what the accumulation
-  knob needs (``ina control kappa --workload charlm`` prints it). The metric is test
-  loss (nats per character); accuracy is next-character accuracy. Adam.
+  knob needs (fitted from measured curves: 50-290 sequences, docs/control.md). The
+  metric is test loss (nats per character); accuracy is next-character accuracy. Adam.
 """
 
 from dataclasses import dataclass
