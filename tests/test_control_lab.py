@@ -189,3 +189,54 @@ def test_crossing_interpolates_between_evaluations():
     assert crossing(curve, 2.4, 0) == pytest.approx(15.0)
     assert crossing(curve, 2.1, 2) == pytest.approx(2560)
     assert crossing(curve, 1.9, 0) is None
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--lab", "--lab-levels", "bogus"], "--lab-levels"),
+    (["--lab", "--lab-seeds", "1"], "--lab-seeds"),
+    (["--lab-analyze", "/nonexistent/raw.json"], "--lab-analyze"),
+])
+def test_bench_control_lab_rejects_bad_flags(argv, msg, capsys):
+    from ina_fabric.bench.bench_control import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
+
+
+def test_analysis_of_recorded_runs(tmp_path):
+    """``analyze`` (what --lab-analyze runs) on recorded runs made from a known model:
+    the fit check is exact, the paired ratios and their interval are the recorded ones,
+    and the plot is written."""
+    from ina_fabric.host.control.labexp import FIT_KNOBS, GRID, analyze
+    from ina_fabric.host.control.labrun import LabSetup
+    m = ProgressModel(np.array(GRID), np.array([7.0, 5.0, 5.0, 14.0, 22.0, 11.0]),
+                      np.array([70.0, 60.0, 80.0, 50.0, 70.0, 290.0]), 4, 8, {4: 0.1})
+
+    def loss_curve(q, a, seconds_per_step):
+        c = _curve(m, q, a, 2.1)[1:]
+        return [(s * seconds_per_step, s, s * a * 32, loss) for s, loss in c]
+
+    fit_runs = [{"precision": q, "accum": a, "r_q": {"4": 0.1}, "samples": None,
+                 "curve": [(0, GRID[0])] + [(s, loss) for s, loss in _curve(m, q, a, 2.1)[1:]]}
+                for q, a in FIT_KNOBS]
+    log = [{"time": 1.0, "latency": 0.2, "t_compute": 0.05, "precision": 4, "accum": 2}] * 3
+    lab_runs = []
+    for seed in (0, 1, 2):
+        for name, a, sps in (("joint", 2, 0.5), ("decoupled", 4, 0.6 + 0.1 * seed)):
+            lc = loss_curve(4, a, sps)
+            lab_runs.append({"level": "heavy", "seed": seed, "controller": name,
+                             "loss_curve": lc, "knobs": [(0.0, 0, a, 4)], "steps": lc[-1][1],
+                             "schedule": [(0.0, 4), (10.0, 2)], "log": log})
+    raw = {"fit_runs": fit_runs, "lab_runs": lab_runs, "target_loss": 2.1,
+           "levels": ["heavy"], "seeds": [0, 1, 2], "setup": {}}
+    fig = analyze(raw, LabSetup(), plot=tmp_path / "p.png", out=lambda *a: None)
+    assert all(abs(c["rel_error"]) < 0.03 for c in fig["fit_check"] if c["kind"] == "lab")
+    h = fig["levels"]["heavy"]
+    assert h["seeds"] == 3 and h["ci95_low"] < h["decoupled_over_joint"] < h["ci95_high"]
+    r = h["per_seed_ratio"]
+    assert h["decoupled_over_joint"] == pytest.approx(np.exp(np.mean(np.log(r))))
+    assert r[0] < r[1] < r[2]           # Decoupled's steps were made slower seed by seed
+    # same samples per step in both runs of a seed: the ratio is that of step counts x time
+    assert r[0] == pytest.approx(h["runs"][0]["decoupled_s"] / h["runs"][0]["joint_s"])
+    assert h["sim_decoupled_over_joint"] > 0
+    assert (tmp_path / "p.png").stat().st_size > 10_000

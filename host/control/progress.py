@@ -130,9 +130,10 @@ def fit(runs, losses, workers, micro_batch, quant_ratio=None) -> ProgressModel:
 
 def predict_steps(model: ProgressModel, knobs_by_step, target_loss, max_steps=100_000):
     """Steps and samples the model predicts to reach ``target_loss`` when the knobs follow
-    ``knobs_by_step`` [(from step, precision, accum)] (sorted; the last holds)."""
+    ``knobs_by_step`` [(from step, precision, accum)] (the last holds; of two marks at
+    the same step, the later one)."""
     goal = model.total(target_loss)
-    marks = sorted(knobs_by_step)
+    marks = sorted(knobs_by_step, key=lambda m: m[0])   # stable: a later mark wins
     u, step, samples, i = 0.0, 0, 0, 0
     while u < goal and step < max_steps:
         while i + 1 < len(marks) and marks[i + 1][0] <= step:
