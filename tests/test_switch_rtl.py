@@ -207,7 +207,7 @@ def test_bounded_deadline_fires_in_the_core_as_in_the_model():
     m = RtlSwitchModel()
     try:
         cfg = JobConfig(3, ("127.0.0.1:20001", "127.0.0.1:20002"), window=4, elements=8,
-                        mode="bounded", deadline=0.001)
+                        mode="bounded", deadline=0.001, session=S)
         m.add_job(cfg)
         t0 = m._t0
         assert m.process_batch([(pack(np.full(8, 7, np.int32), job=3, worker=0, seq=0, session=S),
