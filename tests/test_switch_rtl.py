@@ -24,6 +24,7 @@ from ina_fabric.protocol.jobtable import JobConfig, ConfigError
 pytestmark = pytest.mark.xdist_group("rtl")
 
 KEY = b"k" * 32
+S = 0x5E55_C0DE      # the session of the jobs here
 
 
 def _why_not():
@@ -103,12 +104,12 @@ def test_rtl_service_installs_by_control_and_answers_with_the_core(rtl_server):
     with pytest.raises(JobRefused, match="elements per packet"):
         send_job(addr, JobConfig(7, members, window=P.window, elements=P.elements + 1),
                  key=KEY)
-    send_job(addr, JobConfig(7, members, window=4, elements=8), key=KEY)
+    send_job(addr, JobConfig(7, members, window=4, elements=8, session=S), key=KEY)
     vals = [np.arange(8, dtype=np.int32) * (w + 1) for w in range(3)]
     vals[1][0], vals[2][0] = 100, 2 ** 31 - 11    # their sum saturates: OVERFLOW
     for seq in range(6):
         for w, s in enumerate(socks):
-            s.sendto(pack(vals[w] + seq, job=7, worker=w, seq=seq, exponent=w), addr)
+            s.sendto(pack(vals[w] + seq, job=7, worker=w, seq=seq, exponent=w, session=S), addr)
         for s in socks:
             h, el = unpack(s.recvfrom(65536)[0])
             assert h["type"] == MsgType.RESULT and h["seq"] == seq and h["count"] == 3
@@ -116,7 +117,7 @@ def test_rtl_service_installs_by_control_and_answers_with_the_core(rtl_server):
             assert list(el[1:]) == [6 * k + 3 * seq for k in range(1, 8)]
             assert h["exponent"] == 2 and h["bitmap"] == 0b111
     # a repeat of a completed seq: the stored result again, by unicast, from the core
-    socks[1].sendto(pack(vals[1], job=7, worker=1, seq=5), addr)
+    socks[1].sendto(pack(vals[1], job=7, worker=1, seq=5, session=S), addr)
     h, _ = unpack(socks[1].recvfrom(65536)[0])
     assert h["flags"] & Flags.RETRANSMIT and h["worker"] == 1 and h["seq"] == 5
     st = query_status(addr, key=KEY)
@@ -148,7 +149,8 @@ def test_a_job_that_does_not_fit_the_core_is_a_config_error():
 
 
 def _two_workers(m, job=3):
-    cfg = JobConfig(job, ("127.0.0.1:20001", "127.0.0.1:20002"), window=4, elements=8)
+    cfg = JobConfig(job, ("127.0.0.1:20001", "127.0.0.1:20002"), window=4, elements=8,
+                    session=S)
     m.add_job(cfg)
     return cfg
 
@@ -167,7 +169,7 @@ def test_scoreboard_stops_at_a_model_disagreement():
             out = real(js, slot)
             return [(d, b[:-1] + bytes([b[-1] ^ 1])) for d, b in out]
         m.ref._emit = tampered
-        batch = [(pack(np.ones(8, np.int32), job=3, worker=w, seq=0), ("127.0.0.1", 20001 + w))
+        batch = [(pack(np.ones(8, np.int32), job=3, worker=w, seq=0, session=S), ("127.0.0.1", 20001 + w))
                  for w in range(2)]
         with pytest.raises(RtlDisagreement, match=r"job 3, seq 0\) differs"):
             m.process_batch(batch, 0.0)
@@ -185,10 +187,10 @@ def test_scoreboard_catches_a_planted_bug_in_the_core():
     m = RtlSwitchModel(planted_bug="wrapping_adder")
     try:
         _two_workers(m)
-        ok = [(pack(np.full(8, 5, np.int32), job=3, worker=w, seq=0),
+        ok = [(pack(np.full(8, 5, np.int32), job=3, worker=w, seq=0, session=S),
                ("127.0.0.1", 20001 + w)) for w in range(2)]
         assert len(m.process_batch(ok, 0.0)) == 2         # in range: both agree
-        big = [(pack(np.full(8, 2 ** 31 - 1, np.int32), job=3, worker=w, seq=1),
+        big = [(pack(np.full(8, 2 ** 31 - 1, np.int32), job=3, worker=w, seq=1, session=S),
                 ("127.0.0.1", 20001 + w)) for w in range(2)]
         with pytest.raises(RtlDisagreement, match=r"seq 1\) differs"):
             m.process_batch(big, 0.0)
@@ -205,10 +207,10 @@ def test_bounded_deadline_fires_in_the_core_as_in_the_model():
     m = RtlSwitchModel()
     try:
         cfg = JobConfig(3, ("127.0.0.1:20001", "127.0.0.1:20002"), window=4, elements=8,
-                        mode="bounded", deadline=0.001)
+                        mode="bounded", deadline=0.001, session=S)
         m.add_job(cfg)
         t0 = m._t0
-        assert m.process_batch([(pack(np.full(8, 7, np.int32), job=3, worker=0, seq=0),
+        assert m.process_batch([(pack(np.full(8, 7, np.int32), job=3, worker=0, seq=0, session=S),
                                  ("127.0.0.1", 20001))], t0) == []
         assert m.next_deadline() is not None
         out = m.tick(t0 + m.core.cycle / R + 0.002)        # past the 1 ms deadline
@@ -216,7 +218,7 @@ def test_bounded_deadline_fires_in_the_core_as_in_the_model():
         h, el = unpack(out[0][1])
         assert h["flags"] & Flags.PARTIAL and h["count"] == 1 and h["bitmap"] == 1
         assert list(el) == [7] * 8
-        late = m.process_batch([(pack(np.full(8, 1, np.int32), job=3, worker=1, seq=0),
+        late = m.process_batch([(pack(np.full(8, 1, np.int32), job=3, worker=1, seq=0, session=S),
                                  ("127.0.0.1", 20002))], t0 + m.core.cycle / R)
         assert len(late) == 1 and late[0][0] == ("127.0.0.1", 20002)
         h, el = unpack(late[0][1])

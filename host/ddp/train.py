@@ -27,7 +27,17 @@ import time
 
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS
 
-__all__ = ["TrainConfig", "TrainResult", "run_training", "load_factory"]
+__all__ = ["TrainConfig", "TrainResult", "run_training", "load_factory", "LR_SCALING",
+           "scaled_lr"]
+
+# exponent of the batch ratio in the learning-rate rule
+LR_SCALING = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
+
+
+def scaled_lr(base: float, accum: int, rule: str) -> float:
+    """The learning rate at accumulation ``accum`` when ``base`` is the one for a=1 (same
+    micro-batch and workers, so the batch ratio is ``accum``)."""
+    return base * accum ** LR_SCALING[rule]
 
 _LOOPBACK = LINK_DEFAULTS["loopback"]
 
@@ -65,6 +75,14 @@ class TrainConfig:
     control_interval: int = 10
     stop_at_target: bool = True
     eval_every: int = 0               # optimizer steps between evaluations (0: each epoch)
+    eval_every_samples: int = 0       # or: global training samples between evaluations
+    # test loss to stop at (default: the workload's target_loss when it has one and
+    # ``target`` is not set); an evaluation then also reports the test loss
+    target_loss: float | None = None
+    # learning rate when accumulation sets the global batch B = a b N: ``lr`` is the rate
+    # at a=1 and a run at a uses lr * a^p: "none" p=0 (keep it), "sqrt" p=1/2 (Adam:
+    # Malladi et al. 2022), "linear" p=1 (SGD: Goyal et al. 2017)
+    lr_scaling: str = "none"
     threads: int = 1                  # torch threads per worker
     # compute stragglers: before each optimizer step's last forward pass, every rank in
     # ``straggler_ranks`` ("all", or comma-separated ranks) sleeps a lognormal draw with
@@ -110,6 +128,8 @@ class TrainConfig:
                                  f"comma-separated ranks below {self.workers}")
         if self.accum_steps < 1:
             raise ValueError(f"accum_steps={self.accum_steps}: need >= 1")
+        if self.lr_scaling not in LR_SCALING:
+            raise ValueError(f"lr_scaling={self.lr_scaling!r}: one of {', '.join(LR_SCALING)}")
         if self.backend not in ("gloo", "ina", "ina-bounded") and ":" not in self.backend:
             raise ValueError(f"backend {self.backend!r}: gloo, ina, ina-bounded or "
                              "module:factory")
@@ -162,6 +182,11 @@ class TrainResult:
     switch_rtl: dict = field(default_factory=dict)    # the RTL engine's figures
     fallbacks: int = 0
     knobs: list = field(default_factory=list)     # (seconds, step, accum, precision)
+    # with a target loss: (training seconds, step, samples, test loss); training seconds
+    # leave out the time spent evaluating
+    loss_curve: list = field(default_factory=list)
+    time_to_loss: float | None = None
+    samples_to_loss: int | None = None
     params: list = field(default_factory=list)    # rank 0's final parameters (if asked)
     max_abs_grad: float = 0.0                     # largest local |gradient| of any rank
     call_seconds: list = field(default_factory=list)  # rank 0: each allreduce call's time
@@ -208,6 +233,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     lr = cfg.lr or wl.lr
     batch = cfg.batch or wl.batch
     target = cfg.target if cfg.target is not None else wl.target
+    target_loss = cfg.target_loss if cfg.target_loss is not None else \
+        (wl.target_loss if cfg.target is None else None)
     model = DDP(wl.model)
     state = None
     if cfg.backend in ("ina", "ina-bounded"):
@@ -224,23 +251,33 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     gloo_times = []
     if state is not None:
         model.register_comm_hook(state, ina_hook)
+<<<<<<< HEAD
     elif cfg.time_gloo:
         model.register_comm_hook(gloo_times, _timed_gloo_hook)
+=======
+    lr0 = scaled_lr(lr, cfg.accum_steps, cfg.lr_scaling)
+>>>>>>> main
     if wl.optimizer == "adam":
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        opt = torch.optim.Adam(model.parameters(), lr=lr0)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum)
+        opt = torch.optim.SGD(model.parameters(), lr=lr0, momentum=cfg.momentum)
     lossf = torch.nn.CrossEntropyLoss()
     controller = load_factory(cfg.controller)(cfg) if (cfg.controller and rank == 0) else None
     accum, precision = cfg.accum_steps, 32
     n_train = len(wl.y_train)
 
+    eval_s = [0.0]
+
     def evaluate():
+        te = time.perf_counter()
         model.eval()
         with torch.no_grad():
-            acc = (model.module(wl.x_test).argmax(1) == wl.y_test).float().mean().item()
+            out = model.module(wl.x_test)
+            acc = (out.argmax(1) == wl.y_test).float().mean().item()
+            test_loss = lossf(out, wl.y_test).item()
         model.train()
-        return acc
+        eval_s[0] += time.perf_counter() - te
+        return acc, test_loss
 
     if state is not None:
         from ..transport.quantize import warm_up
@@ -251,6 +288,9 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     micro = 0   # micro-steps into the current accumulation; carries across epochs
     compute_s = 0.0
     last_eval_step = 0
+    samples = 0
+    last_eval_samples = 0
+    evals = (evaluate, target, target_loss, eval_s)
     while not stop:
         g = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
         perm = torch.randperm(n_train, generator=g)
@@ -274,6 +314,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
                 continue
             opt.step()
             opt.zero_grad(set_to_none=True)
+            samples += accum * batch * world
             micro = 0
             step += 1
             if cfg.controller and step % cfg.control_interval == 0:
@@ -289,6 +330,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
                     knobs = [controller.on_step(info) or {}]
                 dist.broadcast_object_list(knobs, src=0)
                 accum = max(1, int(knobs[0].get("accum_steps", accum)))
+                for group in opt.param_groups:
+                    group["lr"] = scaled_lr(lr, accum, cfg.lr_scaling)
                 precision = int(knobs[0].get("precision_bits", precision))
                 if state is not None and hasattr(state.collective, "set_precision"):
                     state.collective.set_precision(precision)
@@ -297,18 +340,24 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             if cfg.max_steps and step >= cfg.max_steps:
                 stop = True
                 break
-            if cfg.eval_every and step - last_eval_step >= cfg.eval_every:
+            if cfg.eval_every_samples and \
+                    samples - last_eval_samples >= cfg.eval_every_samples:
+                last_eval_samples = samples
+                stop = _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg)
+                if stop:
+                    break
+            elif cfg.eval_every and step - last_eval_step >= cfg.eval_every:
                 last_eval_step = step
-                stop = _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg)
+                stop = _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg)
                 if stop:
                     break
         epoch += 1
-        if not stop and not cfg.eval_every:
-            stop = _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg)
+        if not stop and not (cfg.eval_every or cfg.eval_every_samples):
+            stop = _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg)
         if epoch >= cfg.max_epochs:
             stop = True
     seconds = time.perf_counter() - t0
-    final = evaluate()
+    final, _ = evaluate()
     out = {"rank": rank, "hash": _params_hash(model.module), "steps": step,
            "seconds": seconds, "final": final,
            "stats": ({**state.extra_stats, **state.stats.as_dict()}
@@ -325,6 +374,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     dist.destroy_process_group()
 
 
+<<<<<<< HEAD
 def _timed_gloo_hook(times, bucket):
     """Gloo's own allreduce (as DDP's default, averaged), timed from the bucket being
     ready to the sum being in: what ``call_seconds`` holds for the other backends."""
@@ -351,10 +401,23 @@ def _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg):
             queue.put(("eval", (time.perf_counter() - t0, epoch, step, evaluate())))
         return False
     acc = evaluate()
+=======
+def _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg):
+    import torch
+    import torch.distributed as dist
+    evaluate, target, target_loss, eval_s = evals
+>>>>>>> main
     flag = torch.tensor([0], dtype=torch.int32)
     if rank == 0:
-        queue.put(("eval", (time.perf_counter() - t0, epoch, step, acc)))
-        flag[0] = int(cfg.stop_at_target and acc >= target)
+        acc, test_loss = evaluate()
+        now = time.perf_counter() - t0
+        queue.put(("eval", (now, epoch, step, acc)))
+        if target_loss is not None:
+            reached = test_loss <= target_loss
+            queue.put(("loss", (now - eval_s[0], step, samples, test_loss, reached)))
+        else:
+            reached = acc >= target
+        flag[0] = int(cfg.stop_at_target and reached)
     dist.broadcast(flag, src=0)
     return bool(flag.item())
 
@@ -453,6 +516,11 @@ def _collect(get, dead, cfg, result, done, progress, timeout):
                           "transformer-large": 0.75}.get(cfg.workload, 1.0)
             if result.time_to_accuracy is None and acc >= target:
                 result.time_to_accuracy = t
+        elif kind == "loss":
+            t, step, samples, loss, reached = payload
+            result.loss_curve.append((t, step, samples, loss))
+            if result.time_to_loss is None and reached:
+                result.time_to_loss, result.samples_to_loss = t, samples
         elif kind == "knobs":
             result.knobs.append(tuple(payload))
         elif kind == "done":

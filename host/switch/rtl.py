@@ -131,7 +131,7 @@ class RtlSwitchModel(SwitchModel):
         """The job as the scoreboard holds it: its deadline in whole cycles."""
         return dataclasses.replace(cfg, deadline=self._cycles(cfg.deadline) / CYCLES_PER_SECOND)
 
-    def add_job(self, cfg):
+    def add_job(self, cfg, now=None):
         from ina_fabric.protocol.jobtable import ConfigError
         from ina_fabric.sim.verilator.core import load_job
         P = self.params
@@ -151,7 +151,7 @@ class RtlSwitchModel(SwitchModel):
                 raise ConfigError(f"job {cfg.job}: the core's job table is full "
                                   f"({P.jobs} jobs)")
             index = free[0]
-        super().add_job(cfg)          # the model's admission rules
+        super().add_job(cfg, now)     # the model's admission rules (and job ids' sessions)
         self._forget(cfg.job)         # the job's slots start afresh on both sides
         self._index[cfg.job] = index
         self._deadline_cycles[cfg.job] = self._cycles(cfg.deadline)
@@ -159,9 +159,9 @@ class RtlSwitchModel(SwitchModel):
         load_job(self.core, cfg, index, self._deadline_cycles[cfg.job])
         self._sync_clock_start()
 
-    def remove_job(self, job: int):
+    def remove_job(self, job: int, session: int = 0):
         from ina_fabric.sim.verilator.core import unload_job
-        super().remove_job(job)
+        super().remove_job(job, session)
         index = self._index.pop(job, None)
         if index is not None:
             self._forget(job)
