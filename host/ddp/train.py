@@ -251,12 +251,9 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     gloo_times = []
     if state is not None:
         model.register_comm_hook(state, ina_hook)
-<<<<<<< HEAD
     elif cfg.time_gloo:
         model.register_comm_hook(gloo_times, _timed_gloo_hook)
-=======
     lr0 = scaled_lr(lr, cfg.accum_steps, cfg.lr_scaling)
->>>>>>> main
     if wl.optimizer == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=lr0)
     else:
@@ -374,7 +371,6 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     dist.destroy_process_group()
 
 
-<<<<<<< HEAD
 def _timed_gloo_hook(times, bucket):
     """Gloo's own allreduce (as DDP's default, averaged), timed from the bucket being
     ready to the sum being in: what ``call_seconds`` holds for the other backends."""
@@ -390,23 +386,10 @@ def _timed_gloo_hook(times, bucket):
     return fut.then(done)
 
 
-def _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg):
-    import torch
-    import torch.distributed as dist
-    if not cfg.stop_at_target:
-        # nothing to decide: rank 0 evaluates its replica and reports; no broadcast, so
-        # an evaluation is not a synchronisation point that every backend pays over
-        # Gloo (under background TCP, one such broadcast took as long as an allreduce)
-        if rank == 0:
-            queue.put(("eval", (time.perf_counter() - t0, epoch, step, evaluate())))
-        return False
-    acc = evaluate()
-=======
 def _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg):
     import torch
     import torch.distributed as dist
     evaluate, target, target_loss, eval_s = evals
->>>>>>> main
     flag = torch.tensor([0], dtype=torch.int32)
     if rank == 0:
         acc, test_loss = evaluate()
@@ -418,6 +401,11 @@ def _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg):
         else:
             reached = acc >= target
         flag[0] = int(cfg.stop_at_target and reached)
+    if not cfg.stop_at_target:
+        # nothing to decide: no broadcast, so an evaluation is not a synchronisation
+        # point that every backend pays over Gloo (under background TCP on the lab one
+        # such broadcast took as long as an allreduce)
+        return False
     dist.broadcast(flag, src=0)
     return bool(flag.item())
 
