@@ -3,6 +3,7 @@ with its edge aggregator (``ina switch``) and edge replicator, WAN links through
 delay line at the optimizer's latencies (x 0.2) and 20 Mbit/s. One exchange per case,
 each island's host a process in its own namespace. Needs root (skipped elsewhere)."""
 
+import itertools
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ pytestmark = [pytest.mark.skipif(WHY is not None, reason=f"ina lab: {WHY}"),
               pytest.mark.xdist_group("lab")]
 
 N_VALUES = 20_000
+_RUNS = itertools.count(1)
 HOST = r'''
 import json, socket, sys, time
 import numpy as np
@@ -73,7 +75,9 @@ def _exchange(lab, topo_path, d, memory, tag, line_rate=False):
     topo = P.schedule_topology(lnet, load_topology(topo_path))
     net = P.net_config(lnet, N_VALUES * 4, memory, 0.002)
     _, cands, model = P.candidates(topo, net, time_budget_s=5)
-    doc = P.export(lnet, topo, net, P.pick(cands, "all-to-all"), model)
+    # each run its own job ids: the lab's edge switches hold an id for its run's session
+    doc = P.export(lnet, topo, net, P.pick(cands, "all-to-all"), model,
+                   job_base=100 * next(_RUNS))
     if line_rate:       # a control: ignore the memory, send at line rate from offset 0
         doc = P.at_line_rate(doc, topo.bandwidth[0])
     path = d / f"{tag}.json"
