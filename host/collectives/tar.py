@@ -86,14 +86,16 @@ class Flag:
 _MSG = struct.Struct("<II")   # TCP framing: payload length, tag
 
 
-def _recv_exact(sock, n, buf=None):
+def _recv_exact(sock, n, buf=None, who="TAR mesh"):
+    """Exactly ``n`` bytes from a TCP socket (into ``buf`` if given); ConnectionError
+    naming ``who`` when the peer closes first."""
     buf = bytearray(n) if buf is None else buf
     mv = memoryview(buf)
     got = 0
     while got < n:
         k = sock.recv_into(mv[got:], n - got)
         if k == 0:
-            raise ConnectionError("TAR mesh: peer closed the connection")
+            raise ConnectionError(f"{who}: peer closed the connection")
         got += k
     return buf
 

@@ -82,12 +82,18 @@ class SeqTransformer(nn.Module):
         return self.head(h.mean(dim=1))
 
 
-def _transformer(seed, n=4096, length=32, vocab=64, classes=8):
+def _token_groups(n, length, vocab, classes):
+    """The transformers' task, generated (fixed seed): sequences of tokens, labelled by
+    which of ``classes`` token groups occurs most often; 80% train, 20% test."""
     g = torch.Generator().manual_seed(4321)
     x = torch.randint(0, vocab, (n, length), generator=g)
-    # label: which of `classes` token groups occurs most often in the sequence
     y = torch.stack([(x % classes == c).sum(1) for c in range(classes)], 1).argmax(1)
     cut = int(0.8 * n)
+    return x, y, cut
+
+
+def _transformer(seed, n=4096, length=32, vocab=64, classes=8):
+    x, y, cut = _token_groups(n, length, vocab, classes)
     torch.manual_seed(seed)
     return Workload("transformer", SeqTransformer(vocab, length=length, classes=classes),
                     x[:cut], y[:cut], x[cut:], y[cut:], target=0.75, lr=1e-3, batch=32,
@@ -95,10 +101,7 @@ def _transformer(seed, n=4096, length=32, vocab=64, classes=8):
 
 
 def _transformer_large(seed, n=4096, length=16, vocab=64, classes=8):
-    g = torch.Generator().manual_seed(4321)
-    x = torch.randint(0, vocab, (n, length), generator=g)
-    y = torch.stack([(x % classes == c).sum(1) for c in range(classes)], 1).argmax(1)
-    cut = int(0.8 * n)
+    x, y, cut = _token_groups(n, length, vocab, classes)
     torch.manual_seed(seed)
     model = SeqTransformer(vocab, d=512, layers=4, heads=8, classes=classes, length=length,
                            ffn=2048)

@@ -54,15 +54,8 @@ def intervals_for(schedule, job: int, horizon: float):
 
 
 def _recv_exact(sock, n, buf=None):
-    buf = bytearray(n) if buf is None else buf
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if not k:
-            raise ConnectionError("peer closed")
-        got += k
-    return buf
+    from ina_fabric.host.collectives.tar import _recv_exact as recv_exact
+    return recv_exact(sock, n, buf, who="background job ring")
 
 
 def _ring_allreduce(data, rank, world, nxt, prv):

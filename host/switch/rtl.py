@@ -180,7 +180,13 @@ class RtlSwitchModel(SwitchModel):
         self._sync_clock_start()
 
     def start_at(self, job: int, seq: int):
-        raise NotImplementedError("the RTL engine starts every job at seq 0")
+        """Refused: the core's job initializer sets every record to the virtual tags
+        before seq 0, and no register sets them otherwise (the cocotb benches preload
+        tags through the simulator instead). Moving only the model would make the
+        scoreboard disagree with the core."""
+        from ina_fabric.protocol.jobtable import ConfigError
+        raise ConfigError(f"job {job}: the RTL engine starts every job at seq 0 (the core "
+                          f"has no register to preload slot tags)")
 
     def _sync_clock_start(self):
         if self._bounded() and self._t0 is None:
