@@ -40,6 +40,13 @@ def main(out):
     sums = [float(w.get_future().wait()[0][0]) for w in works]
     for w in works:
         w.wait()
+    try:                                        # sizes differ across ranks: refused
+        dist.all_reduce(torch.ones(1000 + rank))    # on every rank, nothing sent
+        mismatch = None
+    except ValueError as e:
+        mismatch = str(e)
+    after = torch.ones(700)                     # and the job is still in step
+    dist.all_reduce(after)
     gathered = [torch.zeros(3) for _ in range(world)]
     dist.all_gather(gathered, torch.full((3,), float(rank)))
     b = torch.tensor([float(rank)])
@@ -56,7 +63,8 @@ def main(out):
            "gathered": [float(t[0]) for t in gathered], "broadcast": float(b),
            "reduce_scatter": rs.tolist(), "objects": [o["rank"] for o in objs],
            "subgroup_sum": float(s[0]), "subgroup_job": sub.state.collective.job,
-           "switch_calls": pg.state.stats.calls, "backend": dist.get_backend()}
+           "switch_calls": pg.state.stats.calls, "backend": dist.get_backend(),
+           "mismatch": mismatch, "after_mismatch": after.tolist()}
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()

@@ -1,6 +1,7 @@
 """The ``ina`` torch.distributed backend under torchrun: the example script trains to
 the demo's accuracy with 2 and 4 ranks (replicas bitwise identical), the same with the
-comm hook, and a plain all_reduce loop plus the delegated collectives."""
+comm hook, and a plain all_reduce loop plus the delegated collectives (and an all_reduce
+whose size differs across ranks: refused on every rank, the job still in step)."""
 
 import json
 import os
@@ -75,4 +76,6 @@ def test_plain_all_reduce_loop_and_delegated_collectives(switch, tmp_path):
         assert r["broadcast"] == float(n - 1)
         assert r["objects"] == list(range(n))
         assert r["subgroup_sum"] == float(n) and r["subgroup_job"] != 30
+        assert r["mismatch"] and "sizes differ across ranks" in r["mismatch"], r
+        assert r["after_mismatch"] == [float(n)] * 700
     assert [x for r in res for x in r["reduce_scatter"]] == [float(n * i) for i in range(2 * n)]

@@ -134,3 +134,19 @@ def test_cpu_tensors_are_reduced_zero_copy_in_place(env):
         warnings.simplefilter("error")
         w = dist.all_reduce(t, async_op=True)
         assert w.wait() and w.is_completed()
+
+
+def test_the_installer_removes_its_job_at_shutdown(env, switch):
+    """Rank 0 removes the job it installed when the group is destroyed (every rank
+    done), so the next run may take the same id at once. Before, the id stayed held by
+    the ended run's session and the next run was refused ("taken by another run") for
+    the switch's idle reclaim time (60 s)."""
+    from ina_fabric.host.switch.server import query_status
+    for run in range(2):                # the same job id, two runs, two sessions
+        pg = init(job=97)
+        t = torch.ones(100)
+        dist.all_reduce(t)
+        assert pg.state.stats.calls == 1 and torch.equal(t, torch.ones(100))
+        assert "97" in query_status(switch)["jobs"]
+        dist.destroy_process_group()
+        assert "97" not in query_status(switch)["jobs"], run

@@ -162,3 +162,69 @@ def test_bounded_workers_raise_when_the_switch_loses_their_job(engine, after):
         for c in clients:
             c.close()
         sw.close()
+
+
+@pytest.mark.parametrize("engine", ["python", "c"])
+def test_a_bounded_lagger_ends_the_job_so_every_rank_raises(engine, monkeypatch):
+    """Bounded mode, one worker stalls until the switch has reused the slots of its
+    call, and the RESULTs it missed are lost: it raises AllreduceTooLate (never applies its own zeros) and ends the job at
+    the switch, so the other workers' next call raises too instead of carrying on
+    without it; every later call of any of them raises JobFailed. Before, the lagger
+    raised alone and the others went on as if nothing had happened."""
+    import secrets
+    from ina_fabric.host.transport import fastcall
+    from ina_fabric.host.transport.switch_client import JobFailed
+    if engine == "c" and not fastcall.available():
+        pytest.skip(fastcall.WHY_NOT)
+    key = secrets.token_bytes(32)
+    monkeypatch.setenv("INA_SWITCH_KEY", key.hex())
+    ports = _ports(3)
+    job = JobConfig(7, tuple(f"127.0.0.1:{p}" for p in ports), window=4, elements=8,
+                    deadline=0.05, mode="bounded")
+    sw = FakeNetworkSwitch(job)
+    sw.model = SwitchModel([job], key=key)
+    clients = [_client(sw, job, w, engine=engine) for w in range(3)]
+    errors, outs = {}, {}
+
+    def call(w, tag):
+        try:
+            outs[(w, tag)] = clients[w].allreduce(np.full(64, w + 1.0, np.float32))[0]
+        except Exception as e:  # noqa: BLE001 (checked below)
+            errors[(w, tag)] = e
+
+    def run(ws, tag):
+        ts = [threading.Thread(target=call, args=(w, tag)) for w in ws]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+    try:
+        run([0, 1, 2], "first")
+        assert not errors, errors
+        assert all(np.array_equal(outs[(0, "first")], outs[(w, "first")]) for w in (1, 2))
+        for k in range(3):          # worker 2 stalls: the others go on without it
+            run([0, 1], f"ahead{k}")
+        assert not errors, errors
+        while True:                 # the RESULTs it missed are lost on its link (else
+            try:                    # it takes them from its socket: the others' values)
+                clients[2]._usock.recv(65536)
+            except BlockingIOError:
+                break
+        t0 = time.monotonic()
+        run([2], "late")            # its slots were reused long ago
+        assert isinstance(errors.get((2, "late")), AllreduceTooLate), errors
+        assert (2, "late") not in outs
+        run([0, 1], "next")         # the job is gone: both raise, within the bound
+        took = time.monotonic() - t0
+        for w in (0, 1):
+            e = errors.get((w, "next"))
+            assert isinstance(e, OSError) and "no longer holds job 7" in str(e), errors
+        assert took < 10 * clients[0].giveup + 10
+        for w in range(3):          # and nobody calls on a broken job again
+            with pytest.raises(JobFailed, match="an earlier call failed"):
+                clients[w].allreduce(np.ones(8, np.float32))
+        assert 7 not in sw.model.jobs and sw.model.counters["control"] >= 1
+    finally:
+        for c in clients:
+            c.close()
+        sw.close()

@@ -37,6 +37,7 @@ with the wire; CPU tensors are reduced zero-copy, the result written in place.
 """
 
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from dataclasses import dataclass, fields
 import os
 import threading
@@ -80,6 +81,7 @@ class InaOptions:
     dtypes: str | None = None        # INA_DTYPES: convert (default) | strict
     static_job: bool | None = None   # INA_STATIC_JOB: 1 = the switch has the job already
     stage_bytes: int | None = None   # INA_STAGE_BYTES per switch call (default 4 MiB)
+    check_sizes: bool | None = None  # INA_CHECK_SIZES: 1 (default) | 0, see allreduce
     connect_timeout: float = 2.0     # seconds without any answer: switch unavailable
     device: str | None = None        # tests: "sim" stages CPU tensors like CUDA ones
 
@@ -92,6 +94,10 @@ class InaOptions:
             o.dtypes = env["INA_DTYPES"]
         if "INA_STATIC_JOB" in env:
             o.static_job = env["INA_STATIC_JOB"] not in ("", "0")
+        if "INA_CHECK_SIZES" in env:
+            o.check_sizes = env["INA_CHECK_SIZES"] not in ("", "0")
+        if o.check_sizes is None:
+            o.check_sizes = True
         if "INA_STAGE_BYTES" in env:
             o.stage_bytes = int(env["INA_STAGE_BYTES"])
         o.fallback = o.fallback or "raise"
@@ -172,7 +178,12 @@ class ProcessGroupIna(ProcessGroup):
                 f"members per job; use gloo/nccl for this job (or a group of at most "
                 f"{MAX_WORKERS} ranks)")
         self.options = o
+        self._store = store
         self.gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, world, timeout)
+        # the size agreement's own Gloo group, used on the wire thread only (so its
+        # calls can never interleave with the caller's delegated collectives)
+        self._sizes = ProcessGroupGloo(PrefixStore("ina-sizes/", store), rank, world,
+                                       timeout) if o.check_sizes and world > 1 else None
         for dev in ("cpu", "cuda"):   # every collective not overridden here: Gloo
             self._register_backend(torch.device(dev), ProcessGroup.BackendType.GLOO,
                                    self.gloo)
@@ -226,6 +237,7 @@ class ProcessGroupIna(ProcessGroup):
 
         def run():
             try:
+                self._agree_sizes(tensors)
                 done = []
                 for item in staged:
                     if isinstance(item, StagedCall):
@@ -247,7 +259,7 @@ class ProcessGroupIna(ProcessGroup):
 
     def shutdown(self):
         self._wire.shutdown(wait=True)
-        self.state.close()
+        self.state.close(remove=self._all_done())
         for d in self._devices.values():
             if isinstance(d, SimDevice):
                 d.close()
@@ -255,6 +267,44 @@ class ProcessGroupIna(ProcessGroup):
             super().shutdown()
         except Exception:  # older/newer torch: nothing more to shut down
             pass
+
+    def _agree_sizes(self, tensors):
+        """Every rank's all_reduce must carry the same element counts: a call of
+        another size sends another number of datagrams, and from then on the ranks'
+        sequence numbers would name different chunks. Before anything is sent, the
+        ranks compare (count, total, CRC of the sizes) with one MAX of the values and
+        their negatives on the size group (equal on every rank exactly when MAX = -MAX
+        of the negatives); on a mismatch every rank raises the same one-line error and
+        the job stays in step. One small Gloo allreduce per all_reduce (INA_CHECK_SIZES=0
+        skips it: then a mismatch leaves the job broken, and the next call says so)."""
+        if self._sizes is None:
+            return
+        sizes = [t.numel() for t in tensors]
+        mine = [len(sizes), sum(sizes), zlib.crc32(repr(sizes).encode())]
+        v = torch.tensor(mine + [-x for x in mine], dtype=torch.int64)
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.MAX
+        self._sizes.allreduce([v], opts).wait()
+        hi, lo = v[:3].tolist(), [-x for x in v[3:].tolist()]
+        if hi != lo:
+            raise ValueError(
+                f"INA: all_reduce sizes differ across ranks (this rank, {self.rank()}: "
+                f"{sizes[0] if len(sizes) == 1 else sizes} elements; the ranks' totals "
+                f"range {lo[1]}..{hi[1]}); nothing was sent, every rank raises this")
+
+    def _all_done(self, wait=timedelta(seconds=5)) -> bool:
+        """Each rank says through the store that it is done with the job; the rank
+        that installed it waits (at most ``wait``) until every rank has, and only then
+        may remove it from the switch. A rank that never says so (crashed, or still
+        running) leaves the job in place: the switch frees its id after its idle
+        reclaim time."""
+        try:
+            self._store.set(f"ina/done/{self.rank()}", "1")
+            if self.state.installed:
+                self._store.wait([f"ina/done/{r}" for r in range(self.size())], wait)
+            return True
+        except Exception:  # noqa: BLE001 (store gone, or a rank not done in time)
+            return False
 
     # -- everything else: the inner Gloo group, called from Python ------------------
     # Each is forwarded explicitly instead of left to c10d's dispatch. Through the

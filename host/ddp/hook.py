@@ -97,6 +97,8 @@ class InaHookState:
     extra_stats: dict = field(default_factory=dict)   # summed numeric stats of other collectives
     call_seconds: list = field(default_factory=list)  # wall time of every allreduce call
     peers: object = None        # DistPeers(process_group) unless given
+    #: this rank installed the job (rank 0, ``configure``): ``close()`` removes it
+    installed: bool = False
 
     def __post_init__(self):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
@@ -188,6 +190,7 @@ class InaHookState:
             except OSError:
                 ok = 0
         state = cls(client, process_group, peers=peers, **fields)
+        state.installed = bool(configure and rank == 0 and ok)
         try:
             state.probe(ok, query=configure)
         except BaseException:
@@ -242,8 +245,24 @@ class InaHookState:
                         f"allows it)")
         self.use_switch = False
 
-    def close(self):
+    def close(self, remove: bool = True):
+        """End this rank's use of the job. The rank that installed it removes it from
+        the switch (with its session: another run's install is never touched), so the
+        job id is free at once for the next run instead of after the switch's idle
+        reclaim; call it when every rank is done (``ina train`` closes after its final
+        barrier), or pass ``remove=False``."""
         self._pool.shutdown(wait=True)
+        if remove and self.installed and self.use_switch:
+            self.installed = False
+            from ..switch.model import IDLE_RECLAIM_S
+            from ..switch.server import remove_job
+            c = self.collective
+            try:
+                remove_job(c.switch, c.job, c.session, timeout=1.0)
+            except Exception as e:  # noqa: BLE001 (a switch gone or a key missing)
+                warnings.warn(f"INA: could not remove job {c.job} from switch "
+                              f"{c.switch[0]}:{c.switch[1]} ({e}); it is freed after "
+                              f"{IDLE_RECLAIM_S:g} s idle", RuntimeWarning, stacklevel=2)
         close = getattr(self.collective, "close", None)
         if close:
             close()

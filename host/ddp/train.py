@@ -364,10 +364,10 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
            "max_abs_local": state.max_abs_local if state is not None else 0.0}
     if keep_params and rank == 0:
         out["params"] = [p.detach().numpy().copy() for p in model.module.parameters()]
-    if state is not None:
-        state.close()
     queue.put(("done", out))
     dist.barrier()
+    if state is not None:   # after the barrier: every rank is done with the job, so
+        state.close()       # rank 0 may remove it from the switch
     dist.destroy_process_group()
 
 

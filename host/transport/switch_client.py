@@ -64,7 +64,8 @@ _PARTIAL, _OVERFLOW = int(Flags.PARTIAL), int(Flags.OVERFLOW)
 _RETRANSMIT, _LAST = int(Flags.RETRANSMIT), int(Flags.LAST)
 
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
-           "AllreduceTimeout", "AllreduceTooLate", "AllreduceInconsistent", "warm_up"]
+           "AllreduceTimeout", "AllreduceTooLate", "AllreduceInconsistent", "JobFailed",
+           "warm_up"]
 
 
 def warm_up():
@@ -86,6 +87,11 @@ class AllreduceTooLate(AllreduceTimeout):
     slot: this worker fell more than a window behind, or the switch lost the job). The
     call fails instead of applying zeros that no other worker applies; the others'
     results of that call do not include this worker."""
+
+
+class JobFailed(RuntimeError):
+    """An earlier call of this client failed; its job must be installed again (a new
+    session) before the next call."""
 
 
 class AllreduceInconsistent(RuntimeError):
@@ -147,6 +153,9 @@ class SwitchClient:
     #: DATA carries it and only RESULTs with it are taken (0: not known yet, no call)
     session: int = 0
     seq: int = 0                   # next base sequence number
+    #: (session, error name) of the last failed call: calls under that session raise
+    #: JobFailed (a new session is a new install of the job, slots afresh)
+    failed: tuple | None = None
     total: AllreduceStats = field(default_factory=AllreduceStats)
 
     def __post_init__(self):
@@ -244,7 +253,45 @@ class SwitchClient:
         ``out``: where the result goes, a C-contiguous float32 array of the same size (it
         may be ``values`` itself: every chunk is read for its DATA packet before its
         RESULT is written); default: a new array. Returns ``(result, stats)``; ``result``
-        is ``out`` (or the new array) in the input's shape."""
+        is ``out`` (or the new array) in the input's shape.
+
+        A call that fails leaves the job's slots half used and, if the ranks' sizes
+        differed, their sequence numbers apart: every later call of this client raises
+        ``JobFailed`` at once (until the job is installed again under a new session)
+        instead of mixing packets of different calls. A bounded-mode worker whose result
+        is gone for good (``AllreduceTooLate``) also ends the job at the switch, so every
+        other rank's next call raises too instead of carrying on without it (see the
+        README's trust model)."""
+        if self.failed is not None and self.failed[0] == self.session:
+            raise JobFailed(f"job {self.job} worker {self.worker}: an earlier call failed "
+                            f"({self.failed[1]}); the job's slots and sequence numbers no "
+                            f"longer agree across ranks: install the job again (a new "
+                            f"session) before calling again")
+        try:
+            return self._allreduce(values, average, out)
+        except ValueError:
+            raise                     # a bad argument: nothing was sent
+        except AllreduceTooLate as e:
+            self.failed = (self.session, type(e).__name__)
+            self._end_job()
+            raise
+        except (OSError, AllreduceInconsistent) as e:
+            self.failed = (self.session, type(e).__name__)
+            raise
+
+    def _end_job(self):
+        """Bounded mode, this worker is too late for good: remove the job (with its
+        session, so only this run's install goes) so that every other worker's next call
+        fails as this one did, instead of the ranks' replicas going apart. Best effort:
+        without the control key, or with the switch gone, the others fail only when they
+        too fall behind."""
+        from ..switch.server import remove_job
+        try:
+            remove_job(self.switch, self.job, self.session, timeout=0.5)
+        except Exception:  # noqa: BLE001 (no key, no answer: nothing more to do here)
+            pass
+
+    def _allreduce(self, values, average, out):
         t0 = time.perf_counter()
         x = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
         shape = np.shape(values)
@@ -411,8 +458,8 @@ class SwitchClient:
                     f"STATUS request ({e})")
         job = jobs.get(str(self.job))
         if job is None:
-            return (f"; the switch no longer holds job {self.job} (restarted, or the job "
-                    f"was removed)")
+            return (f"; the switch no longer holds job {self.job} (restarted, the job "
+                    f"was removed, or a bounded-mode worker too far behind ended it)")
         if job.get("session") not in (None, f"{self.session:016x}"):
             return (f"; the switch holds job {self.job} under another session (installed "
                     f"again by another run, or restarted and installed again)")
