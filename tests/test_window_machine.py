@@ -80,6 +80,7 @@ class Worker:
         self.seq = 0
         self.outs, self.stats = [], []
         self.failed = None              # (reason, time)
+        self.started = []               # the start time of each call
         self.call = self.win = None
         self.k = -1
 
@@ -93,6 +94,7 @@ class Worker:
                                   session=SESSION)
         self.seq = (self.seq + self.call.P) & 0xFFFFFFFF
         self.win = SendWindow(self.call.P, self.w, self.cfg, self.rtt)
+        self.started.append(now)
         self.sent, self.finished = {}, set()     # p -> [send times]; delivered/abandoned
         self.delivered, self.abandoned = {}, set()   # p -> (count, nelem) of its RESULT
         self.held_hdr = {}
@@ -143,6 +145,7 @@ class Worker:
                 self.sim.abandoned += 1
                 if self.too_late_raises:
                     self.failed = ("too_late", now)
+                    self.sim.end_job(now)   # SwitchClient ends the job: all raise
                     return
             else:
                 assert type(a) is Fail
@@ -187,6 +190,14 @@ class Sim:
         self.abandoned = 0
         self.now = 0.0
         self.max_events = max_events
+        self.ended_at = None
+
+    def end_job(self, now):
+        """A worker too late for good removes the job (SwitchClient._end_job; the
+        authenticated removal is modelled as arriving at once)."""
+        if self.ended_at is None:
+            self.ended_at = now
+            self.model.remove_job(JOB, SESSION)
 
     def route(self, replies, now):
         for dest, data in replies:
@@ -344,13 +355,18 @@ def test_bounded_workers_apply_the_models_results_identically(setup, fates, dead
                        connect_timeout=1e9)
     sim = Sim(n, inputs, E, w, job_window, cfg, fates, too_late_raises=True).run()
     # every worker completes every call, or fails with "too late" (a result it needs is
-    # gone for good: the switch reused the slot before it fetched it); the replicas of
-    # the calls a worker completed are bitwise those of every other worker
+    # gone for good: the switch reused the slot before it fetched it, or the job was
+    # ended); the replicas of the calls a worker completed are bitwise those of every
+    # other worker; once a worker has failed (and ended the job), no call that starts
+    # later completes anywhere: every rank that calls again raises
     for wk in sim.workers:
         if wk.failed is None:
             assert len(wk.outs) == len(sizes)
         else:
             assert wk.failed[0] == "too_late" and wk.abandoned
+        if sim.ended_at is not None:
+            assert all(t <= sim.ended_at for t in wk.started[:len(wk.outs)]), \
+                (wk.i, wk.started, sim.ended_at)
     for k in range(len(sizes)):
         have = [wk for wk in sim.workers if len(wk.outs) > k]
         for wk in have[1:]:
