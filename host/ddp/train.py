@@ -454,6 +454,8 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
     try:
         _collect(queue.get, dead, cfg, result, done, progress, timeout)
         if switch_proc is not None:
+            for p in procs:   # the switch's counters once every rank has closed (rank
+                p.join(timeout=10)   # 0 removes the job after the final barrier)
             from ..switch import query_status
             try:
                 st = query_status(switch)
