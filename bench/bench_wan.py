@@ -50,6 +50,9 @@ def main(argv=()):
     ap = argparse.ArgumentParser(prog="ina bench wan", description=__doc__.split("\n\n")[0])
     ap.add_argument("--lab", default="wan9", choices=["wan9"], help="the lab topology")
     ap.add_argument("--lab-id", type=_lab_id, default="wanb", help="lab id (unique on this machine)")
+    ap.add_argument("--hosts", type=int, default=1, metavar="K",
+                    help="hosts per island (K > 1: the intra-island reduction through "
+                         "the island's edge aggregator, then the island's update once)")
     ap.add_argument("--rate", type=_rate, default="2mbit", help="host links (LAN) rate")
     ap.add_argument("--wan-rate", type=_rate, default="2mbit", help="inter-island link rate")
     ap.add_argument("--delay-scale", type=float, default=1.0,
@@ -83,11 +86,13 @@ def main(argv=()):
     mems = a.memory
     if a.delay_scale < 0 or a.rounds < 2 or a.sweep_rounds < 1 or a.hidden < 1:
         ap.error("need --delay-scale >= 0, --rounds >= 2, --sweep-rounds >= 1, --hidden >= 1")
-    lnet = P.LabNet(9, a.rate, a.wan_rate, a.delay_scale, 256)
+    if not 1 <= a.hosts <= 8:
+        ap.error("--hosts: 1..8 hosts per island")
+    lnet = P.LabNet(9, a.rate, a.wan_rate, a.delay_scale, 256, hosts=a.hosts)
     topo = P.schedule_topology(lnet)
     S = _params(a.hidden) * 4
     jitter = a.jitter_ms / 1e3
-    print(f"wan9 lab: hosts {a.rate / 1e6:g} Mbit/s, WAN {a.wan_rate / 1e6:g} Mbit/s, "
+    print(f"wan9 lab: {a.hosts} host(s) per island, hosts {a.rate / 1e6:g} Mbit/s, WAN {a.wan_rate / 1e6:g} Mbit/s, "
           f"delays x {a.delay_scale:g}; update "
           f"{S} B (MLP 64-{a.hidden}-10), {lnet.elements} elements per packet")
     # -- the optimizer at every M ---------------------------------------------------
@@ -145,7 +150,8 @@ def main(argv=()):
     t_all = time.monotonic()
     # -- the WAN lab: schedules, then Gloo's ring ------------------------------------
     print(f"wan9 lab {a.lab_id}: up, edge aggregators in every island", flush=True)
-    lab = R.wan_lab(a.lab_id, f"{a.rate}bit", f"{a.wan_rate}bit", a.delay_scale)
+    lab = R.wan_lab(a.lab_id, f"{a.rate}bit", f"{a.wan_rate}bit", a.delay_scale,
+                    hosts=a.hosts)
     try:
         res = R.run_schedules(lab, lnet, runs, train)
         gloo = {} if a.no_baselines else R.run_gloo(
@@ -155,7 +161,8 @@ def main(argv=()):
     colo = {}
     if not a.no_baselines:
         print(f"colocated lab {a.lab_id}: zero WAN delay, the same rates", flush=True)
-        lab = R.wan_lab(a.lab_id, f"{a.rate}bit", f"{a.rate}bit", 0.0, edges=False)
+        lab = R.wan_lab(a.lab_id, f"{a.rate}bit", f"{a.rate}bit", 0.0, edges=False,
+                        hosts=a.hosts)
         try:
             colo = R.run_gloo(lab, [{"name": "colocated", "rounds": a.rounds}], train)
         finally:
@@ -181,15 +188,24 @@ def main(argv=()):
                "round_time_error": max(abs(x["ratio"] - 1) for x in s["cycle"]),
                "partial_datagrams": s["partial"], "missing_datagrams": s["missing"],
                "datagrams_per_update": npk, "host_sends_per_update": s["sent_per_update"],
-               "replicator_rx": sum(x["rx"] for x in reps),
+               # the island updates the replicators took (K > 1: not the RESULTs they
+               # fanned out to the hosts, counted apart)
+               "replicator_rx": sum(x["rx"] - x.get("result_rx", 0) for x in reps),
                "replicator_copies": sum(x["copies"] for x in reps),
+               "replicator_result_rx": sum(x.get("result_rx", 0) for x in reps),
+               "replicator_result_copies": sum(x.get("result_copies", 0) for x in reps),
                "final_loss": s["loss"][-1],
                "wall_per_round_s": s["wall_s"][-1] / s["rounds"]}
+        if "intra" in s:
+            row["intra"] = s["intra"]
+            row["wan_cycle"] = s["wan_cycle"]
+            row["wan_round_time_error"] = max(abs(x["ratio"] - 1) for x in s["wan_cycle"])
+            row["hosts_identical"] = s["hosts_identical"]
         if r["kind"] == "train" and target is not None:
             row["time_to_target_s"] = R.time_to_target(s, target)
         rows.append(row)
     fig = {"lab": {"topology": a.lab, "rate_bits": a.rate, "wan_rate_bits": a.wan_rate,
-                   "delay_scale": a.delay_scale, "hosts_per_island": 1,
+                   "delay_scale": a.delay_scale, "hosts_per_island": a.hosts,
                    "update_bytes": S, "elements": lnet.elements, "jitter_ms": a.jitter_ms,
                    "train": train, "rounds": a.rounds},
            "memory_sweep": [{"memory_bytes": m, "best": opt[m][0],
@@ -200,9 +216,17 @@ def main(argv=()):
                                           for lab_ in ("all-to-all", "cliques-3", opt[m][0])}}
                             for m in mems],
            "rows": rows,
+           "hosts_per_island": a.hosts,
            "round_time_error_max": max(r["round_time_error"] for r in rows
                                        if r["kind"] != "control"),
            "wall_s": time.monotonic() - t_all}
+    if a.hosts > 1:
+        sched = [r for r in rows if r["kind"] != "control"]
+        fig["wan_round_time_error_max"] = max(r["wan_round_time_error"] for r in sched)
+        fig["intra_ratio_max"] = max(r["intra"]["ratio"] for r in sched)
+        fig["intra_partial_missing"] = sum(r["intra"]["partial"] + r["intra"]["missing"]
+                                           for r in rows)
+        fig["hosts_identical"] = all(r["hosts_identical"] for r in rows)
     if target is not None:
         ttt = {k: R.time_to_target(v, target) for k, v in base.items()}
         fig["target_loss"] = target
@@ -256,6 +280,12 @@ def _print(fig, rows):
               f"{r['replicator_rx']:6d} {r['replicator_copies']:7d} "
               f"{r.get('time_to_target_s', float('nan')):7.1f}")
     print(f"round time error max: {fig['round_time_error_max']:.1%}")
+    if fig["hosts_per_island"] > 1:
+        print(f"K = {fig['hosts_per_island']}: WAN step alone error max "
+              f"{fig['wan_round_time_error_max']:.1%}; intra-island step measured/predicted "
+              f"max {fig['intra_ratio_max']:.3f}; intra partial+missing "
+              f"{fig['intra_partial_missing']}; hosts of an island identical: "
+              f"{fig['hosts_identical']}")
     for fm in fig["memory_sweep"]:
         print(f"M = {fm['memory_bytes']:9.0f} B: optimizer's choice {fm['best']}, "
               f"the lab's (measured cycles) {fm['measured_best']}")
@@ -290,10 +320,12 @@ def _plots(folder, fig, sums, base, opt, mems, topo, train_small, train_a2a, lne
         ax.axhline(fig["target_loss"], color="gray", ls="--", lw=0.8, label="target")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("training loss (mean over islands)")
-    ax.set_title("wan9 lab: 9 islands, geographic delays")
+    ax.set_title(f"wan9 lab: 9 islands x {fig['hosts_per_island']} host(s), "
+                 "geographic delays")
     ax.legend(fontsize=8)
     f.tight_layout()
-    f.savefig(folder / "wan_loss.png", dpi=110)
+    tag = "wan" if fig["hosts_per_island"] == 1 else f"wan_k{fig['hosts_per_island']}"
+    f.savefig(folder / f"{tag}_loss.png", dpi=110)
     plt.close(f)
     # the memory sweep: predicted (lines over a fine grid) and measured (markers)
     S, jit = fig["lab"]["update_bytes"], fig["lab"]["jitter_ms"] / 1e3
@@ -318,6 +350,6 @@ def _plots(folder, fig, sums, base, opt, mems, topo, train_small, train_a2a, lne
     ax.set_title("memory sweep on the wan9 lab: measured vs the model")
     ax.legend(fontsize=8)
     f.tight_layout()
-    f.savefig(folder / "wan_sweep.png", dpi=110)
+    f.savefig(folder / f"{tag}_sweep.png", dpi=110)
     plt.close(f)
-    print(f"wrote {folder / 'wan_loss.png'} and {folder / 'wan_sweep.png'}")
+    print(f"wrote {folder / f'{tag}_loss.png'} and {folder / f'{tag}_sweep.png'}")
