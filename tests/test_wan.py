@@ -270,3 +270,15 @@ def test_island_mean_divides_by_the_hosts_in_each_chunk():
     m = island_mean(own, res, 256)
     assert np.all(m[:256] == 5.0) and np.all(m[256:512] == 10.0)
     np.testing.assert_array_equal(m[512:], own[512:])
+
+
+def test_a_cost_per_round_favours_fewer_rounds_per_cycle(nine):
+    """K > 1 adds the intra-island step to every round, which the optimizer's round model
+    does not see: re-scored with it, the choice keeps the optimizer's at no cost and
+    moves to all-to-all (one round per cycle, exact average) when a round costs much."""
+    _, _, net, best, cands, _ = nine
+    assert P.best_with_round_cost(cands, 0.0, net.sigma_floor) == best == "cliques-3"
+    assert P.best_with_round_cost(cands, 10.0, net.sigma_floor) == "all-to-all"
+    c = cands["cliques-3"]
+    assert P.cycle_with_round_cost(c, 0.5) == pytest.approx(c.t_cycle + 0.5 *
+                                                            len(c.round_times))

@@ -39,6 +39,7 @@ __all__ = ["WIRE_OVERHEAD", "HOST_PORT", "REPLICATOR_PORT", "EDGE_PORT", "LabNet
            "payload_fraction", "edge_window", "schedule_topology", "net_config",
            "candidates", "pick", "export", "RoundPlan", "island_plan",
            "replicator_table", "result_table", "intra_job", "intra_predicted_s",
+           "cycle_with_round_cost", "best_with_round_cost",
            "schedule_label", "at_line_rate"]
 
 #: bytes of wire per datagram beyond the INA header and elements: UDP, IPv4, Ethernet
@@ -135,6 +136,23 @@ def candidates(topo, net, time_budget_s=30.0, seed=0):
     model = RoundModel(topo, net)
     res = optimize(topo, net, seed=seed, time_budget_s=time_budget_s, model=model)
     return schedule_label(res.best), {schedule_label(c): c for c in res.candidates}, model
+
+
+def cycle_with_round_cost(cand, round_cost: float) -> float:
+    """The cycle time of ``cand`` when every round also costs ``round_cost`` seconds
+    that the optimizer's round model does not see (K > 1: the intra-island step and the
+    second start's guard, once per round, before the WAN exchange)."""
+    return cand.t_cycle + len(cand.round_times) * round_cost
+
+
+def best_with_round_cost(cands: dict, round_cost: float, floor: float) -> str:
+    """The optimizer's objective (consensus contraction per second) over the same
+    candidates, each cycle made longer by ``round_cost`` per round: a fixed cost per round
+    favours schedules with fewer rounds per cycle. ``round_cost = 0``: the optimizer's
+    own choice."""
+    from ina_fabric.host.schedule.model import objective
+    return max(sorted(cands), key=lambda k: objective(
+        cands[k].sigma2, cycle_with_round_cost(cands[k], round_cost), floor))
 
 
 def pick(cands: dict, label: str):
