@@ -203,3 +203,82 @@ def test_three_islands_exchange_through_edge_replicators_and_aggregators():
         for r, s, t in repls:
             t.join(2)
             s.close()
+
+
+# -- K = 2 hosts per island ---------------------------------------------------------------
+
+def test_two_hosts_per_island_plan(nine):
+    """K = 2: host h of island k is 198.18.k.(h+1); the edge's RESULT goes to the
+    island's replicator, which fans it out to both hosts; the intra-island job has both
+    hosts as workers (RESULT to each), an id no edge job of the run has, the edge
+    window from M; its predicted time is P + 1 datagram times at the host link's rate."""
+    _, topo, net, _, cands, model = nine
+    lab = P.LabNet(9, 2_000_000, 2_000_000, 1.0, 256, hosts=2)
+    assert lab.island_hosts(3) == ["198.18.3.1:47000", "198.18.3.2:47000"]
+    for label in ("cliques-3", "all-to-all", "ring-gossip"):
+        doc = P.export(lab, topo, net, P.pick(cands, label), model, job_base=200)
+        assert doc["hosts_per_island"] == 2
+        ids = {g["job"] for r in doc["rounds"] for g in r["groups"]} | {
+            e["id"] for r in doc["rounds"] for g in r["groups"] for e in g["edge_jobs"]}
+        assert doc["intra"]["job"] not in ids and 200 < doc["intra"]["job"] < 300
+        names = [i["name"] for i in doc["islands"]]
+        for k, n in enumerate(names):
+            cfg = P.intra_job(doc, n, 0.5)
+            assert [m.addr for m in cfg.members] == [("198.18.%d.1" % k, P.HOST_PORT),
+                                                     ("198.18.%d.2" % k, P.HOST_PORT)]
+            assert cfg.mcast is None and cfg.window == 4 and cfg.mode == "bounded"
+            assert cfg.session == doc["session"]
+            rt = P.result_table(doc, n)
+            edge_ids = [rp.edge_job.job for rp in P.island_plan(doc, n, 0.5)
+                        if rp.edge_job is not None]
+            assert sorted(rt) == sorted(edge_ids)
+            assert all(d == [("198.18.%d.1" % k, P.HOST_PORT), ("198.18.%d.2" % k,
+                                                                 P.HOST_PORT)]
+                       for d in rt.values())
+            for rp in P.island_plan(doc, n, 0.5):
+                if rp.edge_job is not None:
+                    assert rp.edge_job.mcast == ("198.18.%d.254" % k, P.REPLICATOR_PORT)
+    rate = 2_000_000 / 8 * P.payload_fraction(256)
+    assert P.intra_predicted_s(lab, 76_840) == pytest.approx(77 * 1024 / rate)
+    # K = 1 is unchanged: no intra job, no fan-out, the RESULT to the host
+    one = P.export(P.LabNet(9, 2_000_000, 2_000_000, 1.0, 256), topo, net,
+                   P.pick(cands, "cliques-3"), model)
+    assert "intra" not in one and P.intra_job(one, "Tokyo", 0.5) is None
+    assert P.result_table(one, "Tokyo") == {}
+
+
+def test_replicator_fans_the_edge_result_out_to_every_host_of_the_island():
+    edge, hosts = ("10.0.0.254", 19900), [("10.0.0.1", 47000), ("10.0.0.2", 47000)]
+    r = Replicator({7: [(("10.0.1.254", 19900), 0)]}, hosts, {9: hosts}, edge)
+    res = pack(np.arange(4), type=MsgType.RESULT, job=9, seq=3)
+    out = r.process(res, edge)
+    assert out == [(hosts[0], res), (hosts[1], res)]          # unchanged, one per host
+    assert r.process(res, ("10.0.0.9", 19900)) == []           # not from its edge
+    assert r.process(pack(type=MsgType.RESULT, job=8), edge) == []   # not its edge job
+    d = pack(np.arange(4), job=7, seq=5)                        # the island's update
+    assert len(r.process(d, hosts[0])) == 1
+    c = r.counters
+    assert (c["result_rx"], c["result_copies"], c["drop_unknown_source"],
+            c["drop_unknown_job"], c["rx"], c["copies"]) == (1, 2, 1, 1, 4, 1)
+
+
+def test_island_mean_divides_by_the_hosts_in_each_chunk():
+    from ina_fabric.host.wan.exchange import ExchangeResult, island_mean
+    own = np.arange(600, dtype=float)
+    s = np.full(600, 10.0)
+    res = ExchangeResult(s, np.array([2, 1, 0]), 0, 0, 3, 2, 1, 1)
+    m = island_mean(own, res, 256)
+    assert np.all(m[:256] == 5.0) and np.all(m[256:512] == 10.0)
+    np.testing.assert_array_equal(m[512:], own[512:])
+
+
+def test_a_cost_per_round_favours_fewer_rounds_per_cycle(nine):
+    """K > 1 adds the intra-island step to every round, which the optimizer's round model
+    does not see: re-scored with it, the choice keeps the optimizer's at no cost and
+    moves to all-to-all (one round per cycle, exact average) when a round costs much."""
+    _, _, net, best, cands, _ = nine
+    assert P.best_with_round_cost(cands, 0.0, net.sigma_floor) == best == "cliques-3"
+    assert P.best_with_round_cost(cands, 10.0, net.sigma_floor) == "all-to-all"
+    c = cands["cliques-3"]
+    assert P.cycle_with_round_cost(c, 0.5) == pytest.approx(c.t_cycle + 0.5 *
+                                                            len(c.round_times))

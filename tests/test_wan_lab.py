@@ -135,3 +135,70 @@ def test_small_edge_memory_slows_the_senders_and_nothing_is_lost(lab3):
     assert abs(measured / pred - 1) < 0.15, (measured, pred)
     outs, _, _, pred_line = _exchange(lab, topo, d, 4096, "line", line_rate=True)
     assert sum(o["partial"] + o["missing"] for o in outs) > 0
+
+
+# -- K = 2 hosts per island: the real island processes (torchrun per host) ----------------
+
+@pytest.fixture(scope="module")
+def lab3k2(tmp_path_factory):
+    from ina_fabric.host.lab import down, list_labs
+    from ina_fabric.host.lab.topology import resource
+    from ina_fabric.host.wan.runner import wan_lab
+    d = tmp_path_factory.mktemp("wan3k2")
+    topo = d / "three.toml"
+    topo.write_text('[[island]]\nname = "Tokyo"\n[[island]]\nname = "New York"\n'
+                    '[[island]]\nname = "London"\n')
+    text = resource("ina_fabric.host.lab", "wan9.toml").read_text()
+    (d / "wan3.toml").write_text(text.replace('from = "default"', f'from = "{topo}"')
+                                 .replace('name = "wan9"', 'name = "wan3"'))
+    lab_id = f"k2{os.getpid() % 100000}"[:8]
+    if lab_id in list_labs():
+        down(lab_id)
+    lab = wan_lab(lab_id, "20mbit", "20mbit", 0.2, topology=d / "wan3.toml", hosts=2)
+    yield lab, topo
+    lab.down()
+
+
+def test_two_hosts_per_island_reduce_in_the_island_and_send_once(lab3k2):
+    """Three islands x two hosts, all-to-all, 3 rounds of real training: each round the
+    two hosts' updates are summed by the island's edge (intra job), host 0 sends the
+    island's mean once, the replicator makes the copies and fans the edge's aggregate
+    out to both hosts; both hosts of an island end every round with the same model, and
+    the round time (intra step + guard + the optimizer's round) is within 15%."""
+    from ina_fabric.host.schedule.topology import load_topology
+    from ina_fabric.host.wan.runner import run_schedules, summarize
+    lab, topo_path = lab3k2
+    hidden, rounds = 64, 3
+    nparams = 64 * hidden + hidden + hidden * 10 + 10
+    lnet = P.LabNet(3, 20_000_000, 20_000_000, 0.2, 256, hosts=2)
+    topo = P.schedule_topology(lnet, load_topology(topo_path))
+    net = P.net_config(lnet, nparams * 4, 1 << 20, 0.002)
+    _, cands, model = P.candidates(topo, net, time_budget_s=5)
+    doc = P.export(lnet, topo, net, P.pick(cands, "all-to-all"), model,
+                   job_base=100 * next(_RUNS))
+    pred = doc["rounds"][0]["predicted_s"]
+    train = {"seed": 0, "alpha": 0.5, "hidden": hidden, "lr": 0.1, "local_steps": 2,
+             "batch": 32}
+    res = run_schedules(lab, lnet, [{"name": "k2", "doc": doc, "rounds": rounds,
+                                     "deadline_s": 0.5, "timeout_s": 2 * pred + 2.0}],
+                        train, progress=None, timeout_per_run=120)
+    evs = [e for e in res["events"]["k2"] if e.get("ev") == "round"]
+    assert len(evs) == 3 * 2 * rounds
+    npk = -(-nparams // 256)
+    for e in evs:
+        assert (e["intra_sent"], e["intra_received"], e["intra_partial"],
+                e["intra_missing"]) == (npk, npk, 0, 0)
+        # the island's update leaves it once, from host 0; both hosts get the aggregate
+        assert e["sent"] == (npk if e["host"] == 0 else 0)
+        assert (e["received"], e["partial"], e["missing"]) == (npk, 0, 0)
+    for r in res["replicators"]["k2"]:
+        # updates in: islands' own, once per round; 2 copies each (all-to-all of 3);
+        # the edge's aggregate in once per round, out to both hosts
+        assert (r["rx"] - r["result_rx"], r["copies"]) == (rounds * npk, 2 * rounds * npk)
+        assert (r["result_rx"], r["result_copies"]) == (rounds * npk, 2 * rounds * npk)
+        assert r["drop_unknown_source"] == r["drop_unknown_job"] == 0
+    s = summarize(res["events"]["k2"])
+    assert s["hosts_identical"]
+    assert s["intra"]["partial"] == s["intra"]["missing"] == 0
+    print("K=2 lab:", s["cycle"], s["intra"], s["wan_cycle"])
+    assert all(abs(c["ratio"] - 1) < 0.15 for c in s["cycle"]), s["cycle"]

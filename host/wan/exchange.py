@@ -26,7 +26,7 @@ from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, Flags
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 
 __all__ = ["EXPONENT", "Quantizer", "packets", "ExchangeResult", "exchange", "mix",
-           "paced"]
+           "island_mean", "paced"]
 
 EXPONENT = 4
 
@@ -71,16 +71,18 @@ class Quantizer:
 
 
 def packets(values: np.ndarray, job: int, seq0: int, elements: int, quant: Quantizer,
-            session: int = 0):
+            session: int = 0, worker: int = 0):
     """The update as ``P`` DATA datagrams in one structured array (header + E elements
-    each; the last one zero-padded); ``arr.tobytes()`` of a row is the datagram."""
+    each; the last one zero-padded); ``arr.tobytes()`` of a row is the datagram.
+    ``worker``: the sender's id in ``job`` (0 for the WAN update: the replicator writes
+    each destination's id; host h's id in its island's intra job)."""
     v = np.asarray(values, np.float64).reshape(-1)
     p = -(-v.size // elements)
     dt = np.dtype([("h", HEADER_DTYPE), ("e", ELEM_DTYPE, (elements,))])
     arr = np.zeros(p, dt)
     h = arr["h"]
     h["version"], h["type"], h["exponent"] = VERSION, MsgType.DATA, EXPONENT
-    h["job"], h["worker"], h["nelem"], h["session"] = job, 0, elements, session
+    h["job"], h["worker"], h["nelem"], h["session"] = job, worker, elements, session
     h["seq"] = (seq0 + np.arange(p)) & 0xFFFFFFFF
     flat = np.zeros(p * elements)
     flat[:v.size] = quant.quantize(v)
@@ -103,7 +105,7 @@ class ExchangeResult:
 
 def exchange(sock, values, *, start: float, offset: float, rate: float, send_job,
              send_to, edge_job, seq0: int, elements: int, quant: Quantizer, session: int,
-             timeout: float, clock=time.monotonic) -> ExchangeResult:
+             timeout: float, clock=time.monotonic, worker: int = 0) -> ExchangeResult:
     """Send ``values`` under ``send_job`` to ``send_to`` (the edge replicator) paced at
     ``rate`` payload bytes/s from ``start + offset``, and receive the aggregate of edge
     job ``edge_job`` until every seq is in or ``timeout`` after
@@ -112,7 +114,7 @@ def exchange(sock, values, *, start: float, offset: float, rate: float, send_job
     npk = -(-v.size // elements)
     out = None
     if send_job is not None:
-        arr = packets(v, send_job, seq0, elements, quant, session)
+        arr = packets(v, send_job, seq0, elements, quant, session, worker)
         rows = [arr[i:i + 1].tobytes() for i in range(npk)]
         gap = elements * 4 / rate
     else:
@@ -182,3 +184,13 @@ def mix(own: np.ndarray, res: ExchangeResult, elements: int) -> np.ndarray:
         return own
     c = np.repeat(res.count, elements)[:own.size]
     return (own + res.sum) / (1.0 + c)
+
+
+def island_mean(own: np.ndarray, res: ExchangeResult, elements: int) -> np.ndarray:
+    """The intra-island step's result: the sum of the island's hosts / how many are in it,
+    per chunk (a chunk that never came: ``own``). Every host of the island gets the same
+    RESULTs from its edge, so every host computes the same mean."""
+    if res.sum is None:
+        return own
+    c = np.repeat(res.count, elements)[:own.size]
+    return np.where(c > 0, res.sum / np.maximum(c, 1), own)

@@ -1,7 +1,10 @@
 """One island's training process: what ``torchrun`` starts in each island's host.
 
     torchrun --standalone --nproc-per-node 1 -m ina_fabric.host.wan.island schedule PLAN.json
-    torchrun --nnodes 9 --node-rank k ... -m ina_fabric.host.wan.island gloo PLAN.json
+    torchrun --nnodes 9K --node-rank k ... -m ina_fabric.host.wan.island gloo PLAN.json
+
+One process per host: K per island (``hosts`` in the plan; host h of island k trains on
+shard k*K + h of the 9K shards, as Gloo's rank k*K + h does).
 
 Training (both modes, the same): a 64-H-10 MLP (tanh) in PyTorch on scikit-learn's digits
 (1797 images, nothing downloaded), split over the islands with the seeded Dirichlet label
@@ -13,7 +16,11 @@ then the exchange:
   jobs at the start of each run; wait for the round's start; send the update once to the
   edge replicator at the round's start + its send offset, paced at the group's rate;
   receive the aggregate of its inbound islands from its edge; average (decentralized
-  averaging, ``W[i,j] = 1/(|inbound|+1)``).
+  averaging, ``W[i,j] = 1/(|inbound|+1)``). With K > 1 hosts per island, first the
+  intra-island step: every host sends its update to the island's edge aggregator (the
+  island's intra job), which returns the island's sum to every host; the island's update
+  is then their mean, host 0 sends it once, and every host receives the aggregate (the
+  replicator copies it to each) and mixes the same numbers: the K models stay identical.
 * ``gloo``: ``torch.distributed.all_reduce`` of the parameters across every island's host
   (Gloo's ring over the same links), divided by N.
 
@@ -28,6 +35,7 @@ Every event is a JSON line on stdout: ``{"ev": "round", "run": .., "island": ..,
 CLOCK_MONOTONIC).
 """
 
+import hashlib
 import json
 import os
 import pathlib
@@ -121,56 +129,95 @@ def _barrier(d: pathlib.Path, tag: str, me: str, names, guard_s: float, timeout=
 
 def run_schedule(plan: dict):
     from ina_fabric.host.switch import send_job
-    from .exchange import Quantizer, exchange, mix, paced
-    from .plan import island_plan
+    from .exchange import Quantizer, exchange, island_mean, mix, paced
+    from .plan import intra_job, island_plan
     k, names = plan["island"], plan["names"]
+    K, h = plan.get("hosts", 1), plan.get("host_index", 0)
     me = names[k]
+    # the barrier's parties: one per host (the island's name when K = 1)
+    party = me if K == 1 else f"{me}#h{h}"
+    parties = names if K == 1 else [f"{n}#h{j}" for n in names for j in range(K)]
     host, port = plan["host"].rsplit(":", 1)
     edge_ip, edge_port = plan["edge"].rsplit(":", 1)
     repl_ip, repl_port = plan["replicator"].rsplit(":", 1)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.bind((host, int(port)))
-    trainer = _Trainer(k, len(names), plan["train"])
+    trainer = _Trainer(k * K + h, len(names) * K, plan["train"])
     bdir = pathlib.Path(plan["barrier_dir"])
     quant = Quantizer(len(names))
     E = plan["elements"]
     for run in plan["runs"]:
         doc = json.loads(pathlib.Path(run["schedule"]).read_text())
         rounds = island_plan(doc, me, run["deadline_s"])
-        # install this island's edge jobs (slots start afresh)
-        for rp in rounds:
-            if rp.edge_job is not None:
-                send_job((edge_ip, int(edge_port)), rp.edge_job, timeout=2.0)
+        intra = intra_job(doc, me, run["deadline_s"])
+        intra_pred = doc["intra"]["predicted_s"] if intra is not None else 0.0
+        # install this island's edge jobs (slots start afresh): host 0 does, before the go
+        if h == 0:
+            for cfg in [rp.edge_job for rp in rounds] + [intra]:
+                if cfg is not None:
+                    send_job((edge_ip, int(edge_port)), cfg, timeout=2.0)
         trainer.reset()
         # the orchestrator's go (replicators restarted with this run's table), then all
-        t0 = _barrier(bdir, f"{run['name']}-go", me, names + ["orchestrator"],
+        t0 = _barrier(bdir, f"{run['name']}-go", party, parties + ["orchestrator"],
                       plan["guard_s"])
-        _emit(ev="start", run=run["name"], island=me, t0=t0)
+        _emit(ev="start", run=run["name"], island=me, host=h, t0=t0)
         for r in range(run["rounds"]):
             rp = rounds[r % len(rounds)]
             trainer.local_steps()
             t_ready = time.monotonic()
             own = trainer.flat()
-            seq0 = (r // len(rounds)) * -(-own.size // E)   # the job's c-th use, c = cycle
+            npk = -(-own.size // E)
+            seq0 = (r // len(rounds)) * npk       # the job's c-th use, c = cycle
             with paced():          # the wait for the start too: it must not wake late
-                start = _barrier(bdir, f"{run['name']}-r{r}", me, names, plan["guard_s"])
-                res = exchange(sock, own, start=start, offset=rp.offset_s,
-                               rate=rp.rate or 1.0, send_job=rp.send_job,
+                start = _barrier(bdir, f"{run['name']}-r{r}", party, parties,
+                                 plan["guard_s"])
+                wan_start, intra_res, t_intra = start, None, start
+                if intra is not None:
+                    # the intra-island step: every host's update to the island's edge
+                    # (paced at its link's rate), the island's sum back to every host
+                    intra_res = exchange(sock, own, start=start, offset=0.0,
+                                         rate=plan["host_rate"], send_job=intra.job,
+                                         send_to=(edge_ip, int(edge_port)),
+                                         edge_job=intra.job, seq0=r * npk, elements=E,
+                                         quant=quant, session=doc["session"],
+                                         timeout=run["timeout_s"], worker=h)
+                    own = island_mean(own, intra_res, E)
+                    t_intra = intra_res.t_done
+                    wan_start = _barrier(bdir, f"{run['name']}-r{r}w", party, parties,
+                                         plan["guard_s"])
+                # the island's update leaves once: from host 0
+                res = exchange(sock, own, start=wan_start, offset=rp.offset_s,
+                               rate=rp.rate or 1.0,
+                               send_job=rp.send_job if h == 0 else None,
                                send_to=(repl_ip, int(repl_port)),
                                edge_job=rp.edge_job.job if rp.edge_job is not None else None,
                                seq0=seq0, elements=E, quant=quant, session=doc["session"],
                                timeout=run["timeout_s"])
-            trainer.load(mix(own, res, E))
+            new = mix(own, res, E)
+            trainer.load(new)
             t_mixed = time.monotonic()
             loss, acc = trainer.evaluate()
-            _emit(ev="round", run=run["name"], island=me, round=r, cycle_round=rp.round,
-                  t_ready=t_ready, t_start=start, t_sent=res.t_sent, t_done=res.t_done,
-                  t_mixed=t_mixed, predicted_s=rp.predicted_s,
-                  group_predicted_s=rp.group_predicted_s, offset_s=rp.offset_s,
-                  inbound=len(rp.inbound), sent=res.sent, received=res.received,
-                  partial=res.partial, missing=res.missing, late_s=res.late_s, loss=loss, acc=acc)
-    _emit(ev="done", island=me)
+            ev = dict(ev="round", run=run["name"], island=me, host=h, round=r,
+                      cycle_round=rp.round, t_ready=t_ready, t_start=start,
+                      t_sent=res.t_sent, t_done=res.t_done, t_mixed=t_mixed,
+                      # the round's prediction: the optimizer's, plus with K > 1 the
+                      # intra-island step and the second start's guard
+                      predicted_s=rp.predicted_s + (intra_pred + plan["guard_s"]
+                                                    if intra is not None else 0.0),
+                      wan_predicted_s=rp.predicted_s,
+                      group_predicted_s=rp.group_predicted_s, offset_s=rp.offset_s,
+                      inbound=len(rp.inbound), sent=res.sent, received=res.received,
+                      partial=res.partial, missing=res.missing, late_s=res.late_s,
+                      loss=loss, acc=acc,
+                      digest=hashlib.sha1(new.astype(np.float32).tobytes()).hexdigest()[:16])
+            if intra is not None:
+                ev.update(t_wan_start=wan_start, t_intra_done=t_intra,
+                          intra_predicted_s=intra_pred, intra_sent=intra_res.sent,
+                          intra_received=intra_res.received,
+                          intra_partial=intra_res.partial, intra_missing=intra_res.missing)
+            _emit(**ev)
+    _emit(ev="done", island=me, host=h)
 
 
 def run_gloo(plan: dict):

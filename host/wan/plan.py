@@ -17,11 +17,15 @@ of one set: conservative by a factor of about two.
 
 Addresses in the lab (island k, subnet 198.18.k.0/24):
 
-* ``198.18.k.1:47000``   the island's host: sends its update, receives its aggregate;
+* ``198.18.k.1:47000``   the island's host (K = 1): sends its update, receives its
+  aggregate; with K hosts per island, host h is ``198.18.k.(h+1):47000`` and host 0
+  sends the island's update (the average of its K hosts);
 * ``198.18.k.254:47001`` the edge replicator (the island's endpoint in schedule.json):
   takes the host's update once and makes the copies for the other islands;
 * ``198.18.k.254:19900`` the edge aggregator (``ina switch``): sums what arrives from
-  the other islands' replicators and sends the sum to its own host.
+  the other islands' replicators and sends the sum to its own host (K = 1) or to the
+  replicator, which copies it to each of the K hosts (K > 1); with K > 1 it also holds
+  the island's intra-island job (its K hosts as workers, the RESULT to each of them).
 """
 
 from dataclasses import dataclass
@@ -34,7 +38,9 @@ from ina_fabric.protocol.fields import HEADER_BYTES
 __all__ = ["WIRE_OVERHEAD", "HOST_PORT", "REPLICATOR_PORT", "EDGE_PORT", "LabNet",
            "payload_fraction", "edge_window", "schedule_topology", "net_config",
            "candidates", "pick", "export", "RoundPlan", "island_plan",
-           "replicator_table", "schedule_label", "at_line_rate"]
+           "replicator_table", "result_table", "intra_job", "intra_predicted_s",
+           "cycle_with_round_cost", "best_with_round_cost",
+           "schedule_label", "at_line_rate"]
 
 #: bytes of wire per datagram beyond the INA header and elements: UDP, IPv4, Ethernet
 WIRE_OVERHEAD = 8 + 20 + 14
@@ -64,6 +70,7 @@ class LabNet:
     delay_scale: float = 1.0     # x geographic one-way latency
     elements: int = 256          # int32 per packet
     prefix: str = "198.18"       # island k's subnet: <prefix>.k.0/24 ("127.0" on loopback)
+    hosts: int = 1               # K hosts per island: host h is <prefix>.k.(h+1)
 
     @classmethod
     def from_lab(cls, topo, elements=256):
@@ -71,10 +78,13 @@ class LabNet:
         p = topo.params
         from ina_fabric.host.lab.topology import parse_rate
         return cls(len(topo.switches), parse_rate(p["rate"]), parse_rate(p["wan_rate"]),
-                   float(p["delay_scale"]), elements)
+                   float(p["delay_scale"]), elements, hosts=int(p.get("hosts", 1)))
 
-    def host(self, k) -> str:
-        return f"{self.prefix}.{k}.1:{HOST_PORT}"
+    def host(self, k, h=0) -> str:
+        return f"{self.prefix}.{k}.{h + 1}:{HOST_PORT}"
+
+    def island_hosts(self, k) -> list[str]:
+        return [self.host(k, h) for h in range(self.hosts)]
 
     def replicator(self, k) -> str:
         return f"{self.prefix}.{k}.254:{REPLICATOR_PORT}"
@@ -128,6 +138,23 @@ def candidates(topo, net, time_budget_s=30.0, seed=0):
     return schedule_label(res.best), {schedule_label(c): c for c in res.candidates}, model
 
 
+def cycle_with_round_cost(cand, round_cost: float) -> float:
+    """The cycle time of ``cand`` when every round also costs ``round_cost`` seconds
+    that the optimizer's round model does not see (K > 1: the intra-island step and the
+    second start's guard, once per round, before the WAN exchange)."""
+    return cand.t_cycle + len(cand.round_times) * round_cost
+
+
+def best_with_round_cost(cands: dict, round_cost: float, floor: float) -> str:
+    """The optimizer's objective (consensus contraction per second) over the same
+    candidates, each cycle made longer by ``round_cost`` per round: a fixed cost per round
+    favours schedules with fewer rounds per cycle. ``round_cost = 0``: the optimizer's
+    own choice."""
+    from ina_fabric.host.schedule.model import objective
+    return max(sorted(cands), key=lambda k: objective(
+        cands[k].sigma2, cycle_with_round_cost(cands[k], round_cost), floor))
+
+
 def pick(cands: dict, label: str):
     if label not in cands:
         raise ValueError(f"no schedule {label!r}; have {', '.join(sorted(cands))}")
@@ -139,23 +166,46 @@ def export(lab: LabNet, topo, net, cand, model, note="", job_base=0) -> dict:
     its edge sends the aggregate) and edge aggregator, and each edge job's window from M.
     ``job_base`` is added to every job id (runs one after another never share an id)."""
     from ina_fabric.host.schedule.export import schedule_json
-    doc = schedule_json(topo, net, cand, model, window=edge_window(net.memory_bytes,
-                                                                     lab.elements),
-                        elements=lab.elements, note=note,
-                        result_to=[lab.host(k) for k in range(lab.islands)])
+    w = edge_window(net.memory_bytes, lab.elements)
+    # K = 1: the edge's RESULT goes to the island's host; K > 1: to the island's
+    # replicator, which copies it to each host (the network's fan-out, not a host's)
+    to = [lab.host(k) if lab.hosts == 1 else lab.replicator(k) for k in range(lab.islands)]
+    doc = schedule_json(topo, net, cand, model, window=w, elements=lab.elements, note=note,
+                        result_to=to)
     for k, isl in enumerate(doc["islands"]):
         isl["host"], isl["edge"] = lab.host(k), lab.edge(k)
+        isl["hosts"] = lab.island_hosts(k)
+    ids = [job_base]
     for rnd in doc["rounds"]:
         for g in rnd["groups"]:
             g["job"] += job_base
+            ids.append(g["job"])
             for e in g["edge_jobs"]:
                 e["id"] += job_base
+                ids.append(e["id"])
     doc["label"] = schedule_label(cand)
+    doc["hosts_per_island"] = lab.hosts
+    if lab.hosts > 1:
+        # the intra-island reduction: one job on every island's edge aggregator, its K
+        # hosts as workers, used once per round (the r-th round numbers its datagrams
+        # from r x P); its RESULT (the island's sum) goes back to each of the K hosts
+        doc["intra"] = {"job": max(ids) + 1, "window": w, "elements": lab.elements,
+                        "predicted_s": intra_predicted_s(lab, net.update_bytes)}
     # the run's session id: every edge job of this run is installed with it and every
     # DATA and RESULT carries it (one multicast DATA reaches several edges unchanged)
     from ina_fabric.protocol.jobtable import new_session
     doc["session"] = new_session()
     return doc
+
+
+def intra_predicted_s(lab: LabNet, update_bytes: float) -> float:
+    """The intra-island step's predicted time: every host sends its P datagrams paced at
+    its link's payload rate; the edge's RESULT for a slot leaves as soon as the K-th
+    datagram of the slot is in, and the last one takes one more datagram time down the
+    host link: ``(P + 1) x E*4 / rate`` (the bridge's own latency is microseconds)."""
+    rate = lab.rate_bits / 8 * payload_fraction(lab.elements)
+    npk = -(-int(update_bytes) // (4 * lab.elements))
+    return (npk + 1) * lab.elements * 4 / rate
 
 
 def at_line_rate(doc: dict, rate: float) -> dict:
@@ -214,6 +264,30 @@ def island_plan(doc: dict, island: str, deadline_s: float) -> list[RoundPlan]:
         out.append(RoundPlan(rnd["round"], rnd["predicted_s"], gpred, send_job,
                              offset or 0.0, rate, inbound, edge))
     return out
+
+
+def intra_job(doc: dict, island: str, deadline_s: float):
+    """The intra-island job of ``island`` on its edge aggregator (K > 1; else None): its
+    hosts as workers, bounded with ``deadline_s``, the RESULT to every worker."""
+    if doc.get("hosts_per_island", 1) == 1:
+        return None
+    from ina_fabric.protocol.jobtable import JobConfig
+    isl = next(i for i in doc["islands"] if i["name"] == island)
+    a = doc["intra"]
+    return JobConfig(a["job"], tuple(isl["hosts"]), a["window"], a["elements"], deadline_s,
+                     "bounded", None, doc["session"])
+
+
+def result_table(doc: dict, island: str) -> dict[int, list[tuple[str, int]]]:
+    """K > 1: the edge replicator's RESULT fan-out for ``island``: each of its edge jobs
+    -> the island's hosts (every host gets the one aggregate stream). K = 1: empty (the
+    edge sends to the host itself)."""
+    if doc.get("hosts_per_island", 1) == 1:
+        return {}
+    isl = next(i for i in doc["islands"] if i["name"] == island)
+    hosts = [_addr(h) for h in isl["hosts"]]
+    return {e["id"]: list(hosts) for rnd in doc["rounds"] for g in rnd["groups"]
+            for e in g["edge_jobs"] if e["island"] == island}
 
 
 def replicator_table(doc: dict, island: str) -> dict[int, list[tuple[tuple[str, int], int]]]:

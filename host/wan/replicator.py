@@ -8,6 +8,11 @@ the island's hosts under a job of the table is sent once to every destination, w
 (each receiving edge numbers its inbound streams itself, so one copy cannot carry one id
 for all). Nothing else is changed: job, seq, exponent and elements are the sender's.
 
+With K > 1 hosts per island it also fans the island's aggregate out: a RESULT from the
+island's own edge aggregator under one of the island's edge jobs (``results``: job ->
+[host]) is copied, unchanged, to each of the island's hosts (the edge FPGA's multicast
+of the RESULT; the aggregator itself has one result destination per job).
+
 ``Replicator.process(datagram, source)`` is pure (no sockets, no clock) and returns
 ``[(destination, bytes)]``; ``serve`` is the thin socket loop around it.
 
@@ -26,23 +31,28 @@ from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, field_off
 
 __all__ = ["Replicator", "COUNTERS", "serve", "main"]
 
-COUNTERS = ("rx", "copies", "drop_truncated", "drop_bad_version", "drop_not_data",
-            "drop_unknown_job", "drop_unknown_source")
+COUNTERS = ("rx", "copies", "result_rx", "result_copies", "drop_truncated",
+            "drop_bad_version", "drop_not_data", "drop_unknown_job", "drop_unknown_source")
 _OFF = field_offsets()
 _JOB = slice(_OFF["job"], _OFF["job"] + 2)
 
 
 class Replicator:
     """``table``: job -> [((ip, port), worker)]; ``sources``: the (ip, port) of the
-    island's hosts, the only senders it replicates for."""
+    island's hosts, the only senders it replicates for; ``results``: job -> [(ip, port)]
+    the RESULTs of the island's edge aggregator ``edge`` (the only source taken for
+    them) are copied to."""
 
-    def __init__(self, table: dict, sources):
+    def __init__(self, table: dict, sources, results=None, edge=None):
         self.table = {int(j): [(tuple(d), int(w)) for d, w in dests]
                       for j, dests in table.items()}
         for j, dests in self.table.items():
             if any(not 0 <= w < 255 for _, w in dests):
                 raise ValueError(f"job {j}: worker ids must be 0..254")
         self.sources = {tuple(s) for s in sources}
+        self.results = {int(j): [tuple(d) for d in dests]
+                        for j, dests in (results or {}).items()}
+        self.edge = tuple(edge) if edge else None
         self.counters = Counter({c: 0 for c in COUNTERS})
 
     def process(self, datagram: bytes, source) -> list:
@@ -54,6 +64,17 @@ class Replicator:
         if datagram[_OFF["version"]] != VERSION:
             c["drop_bad_version"] += 1
             return []
+        if datagram[_OFF["type"]] == MsgType.RESULT and self.results:
+            dests = self.results.get(int.from_bytes(datagram[_JOB], "big"))
+            if dests is None:
+                c["drop_unknown_job"] += 1
+                return []
+            if tuple(source) != self.edge:
+                c["drop_unknown_source"] += 1
+                return []
+            c["result_rx"] += 1
+            c["result_copies"] += len(dests)
+            return [(d, datagram) for d in dests]
         if datagram[_OFF["type"]] != MsgType.DATA:
             c["drop_not_data"] += 1
             return []
@@ -102,13 +123,20 @@ def main(argv=None):
     ap.add_argument("--island", required=True, help="this island's name in the schedule")
     ap.add_argument("--hosts", required=True, metavar="IP:PORT[,..]",
                     help="the island's hosts (the only sources replicated)")
+    ap.add_argument("--edge", metavar="IP:PORT",
+                    help="the island's edge aggregator: with K > 1 hosts its RESULTs "
+                         "are copied to every host")
     ap.add_argument("--stats", metavar="FILE", help="counters as JSON at exit")
     args = ap.parse_args(argv)
-    from .plan import replicator_table
+    from .plan import replicator_table, result_table
     with open(args.schedule) as f:
         doc = json.load(f)
+    results = result_table(doc, args.island)
+    if results and not args.edge:
+        ap.error("--edge: needed with more than one host per island")
     model = Replicator(replicator_table(doc, args.island),
-                       [_addr(h) for h in args.hosts.split(",")])
+                       [_addr(h) for h in args.hosts.split(",")], results,
+                       _addr(args.edge) if args.edge else None)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.bind(_addr(args.listen))

@@ -21,10 +21,11 @@ __all__ = ["wan_lab", "run_schedules", "run_gloo", "summarize", "time_to_target"
 
 
 def wan_lab(lab_id: str, rate: str, wan_rate: str, delay_scale: float, queue_ms=200.0,
-            edges=True, topology="wan9") -> Lab:
-    """wan9 (or another islands topology) with one host per island, static ARP, and
-    ``ina switch`` at SCHED_FIFO on every island's bridge (``edges``)."""
-    topo = load(topology, {"hosts": 1, "rate": rate, "wan_rate": wan_rate,
+            edges=True, topology="wan9", hosts=1) -> Lab:
+    """wan9 (or another islands topology) with ``hosts`` hosts per island (i<k>h0 ..,
+    198.18.k.1 ..), static ARP, and ``ina switch`` at SCHED_FIFO on every island's
+    bridge (``edges``)."""
+    topo = load(topology, {"hosts": hosts, "rate": rate, "wan_rate": wan_rate,
                          "delay_scale": delay_scale, "queue_ms": queue_ms, "mtu": 1500})
     lab = Lab(topo, lab_id).up()
     try:
@@ -157,8 +158,8 @@ def _go(barrier_dir, tag):
 def run_schedules(lab: Lab, lnet: LabNet, runs: list[dict], train: dict, *,
                   guard_s=0.03, progress=print, timeout_per_run=900.0) -> dict:
     """``runs``: [{"name", "doc" (schedule.json), "rounds", "deadline_s", "timeout_s"}].
-    One torchrun per island for all of them; returns {run name: [events]} and the
-    replicators' counters per run."""
+    One torchrun per host (``lnet.hosts`` per island) for all of them; returns {run
+    name: [events]} and the replicators' counters per run."""
     names = [lab.topo.labels[s.name] for s in lab.topo.switches]
     bdir = lab.state_dir / "wan-barrier"
     specs = []
@@ -168,17 +169,22 @@ def run_schedules(lab: Lab, lnet: LabNet, runs: list[dict], train: dict, *,
         specs.append({"name": run["name"], "schedule": str(path), "rounds": run["rounds"],
                       "deadline_s": run["deadline_s"], "timeout_s": run["timeout_s"]})
     argvs = []
+    from .plan import payload_fraction
+    host_rate = lnet.rate_bits / 8 * payload_fraction(lnet.elements)
     for k, sw in enumerate(lab.topo.switches):
-        plan = {"island": k, "names": names, "host": lnet.host(k), "edge": lnet.edge(k),
-                "replicator": lnet.replicator(k), "elements": lnet.elements,
-                "train": train, "barrier_dir": str(bdir), "guard_s": guard_s,
-                "runs": specs}
-        pp = lab.state_dir / f"island-{k}.json"
-        pp.write_text(json.dumps(plan))
-        argvs.append((f"{sw.name}h0", [sys.executable, "-m", "torch.distributed.run",
-                                        "--standalone", "--nproc-per-node", "1", "-m",
-                                        "ina_fabric.host.wan.island", "schedule", pp]))
+        for h in range(lnet.hosts):
+            plan = {"island": k, "names": names, "host": lnet.host(k, h),
+                    "hosts": lnet.hosts, "host_index": h, "host_rate": host_rate,
+                    "edge": lnet.edge(k), "replicator": lnet.replicator(k),
+                    "elements": lnet.elements, "train": train, "barrier_dir": str(bdir),
+                    "guard_s": guard_s, "runs": specs}
+            pp = lab.state_dir / f"island-{k}-h{h}.json"
+            pp.write_text(json.dumps(plan))
+            argvs.append((f"{sw.name}h{h}", [sys.executable, "-m", "torch.distributed.run",
+                                              "--standalone", "--nproc-per-node", "1", "-m",
+                                              "ina_fabric.host.wan.island", "schedule", pp]))
     isl = _launch(lab, argvs, "island")
+    nproc = len(argvs)
     out, counters = {}, {}
     try:
         for spec in specs:
@@ -189,13 +195,14 @@ def run_schedules(lab: Lab, lnet: LabNet, runs: list[dict], train: dict, *,
                 lab.start_service(name, sw.name, [
                     sys.executable, "-m", "ina_fabric.host.wan.replicator",
                     "--listen", lnet.replicator(k), "--schedule", spec["schedule"],
-                    "--island", names[k], "--hosts", lnet.host(k),
+                    "--island", names[k], "--hosts", ",".join(lnet.island_hosts(k)),
+                    "--edge", lnet.edge(k),
                     "--stats", lab.state_dir / f"repl-{spec['name']}-{k}.json"], ready=True)
             _go(bdir, f"{spec['name']}-go")
             last = spec["rounds"] - 1
             evs = isl.wait_for(lambda e, s=spec: e.get("ev") == "round" and
                                e["run"] == s["name"] and e["round"] == last,
-                               len(names), timeout_per_run)
+                               nproc, timeout_per_run)
             out[spec["name"]] = [e for e in evs if e.get("run") == spec["name"]]
             for k, sw in enumerate(lab.topo.switches):
                 lab.stop_service(f"repl-{sw.name}")
@@ -207,7 +214,7 @@ def run_schedules(lab: Lab, lnet: LabNet, runs: list[dict], train: dict, *,
                 progress(f"  {spec['name']:28s} {spec['rounds']:3d} rounds, round time "
                          f"measured/predicted {s['ratio_by_round']}, final loss "
                          f"{s['loss'][-1]:.3f}")
-        isl.wait_for(lambda e: e.get("ev") == "done", len(names), 120)
+        isl.wait_for(lambda e: e.get("ev") == "done", nproc, 120)
     finally:
         isl.close()
     return {"events": out, "replicators": counters}
@@ -215,8 +222,9 @@ def run_schedules(lab: Lab, lnet: LabNet, runs: list[dict], train: dict, *,
 
 def run_gloo(lab: Lab, runs: list[dict], train: dict, *, port=29411, progress=print,
              timeout=1800.0) -> dict:
-    """Gloo's ring allreduce of the parameters across one host per island (torchrun
-    ``--nnodes N``, rendezvous on island 0's host, Gloo on each host's eth0)."""
+    """Gloo's ring allreduce of the parameters across every host of every island (torchrun
+    ``--nnodes N``, rendezvous on island 0's host 0, Gloo on each host's eth0; rank
+    k*K + h is host h of island k)."""
     hosts = lab.hosts
     plan = {"train": train, "runs": [{"name": r["name"], "rounds": r["rounds"]}
                                      for r in runs]}
@@ -264,8 +272,39 @@ def summarize(events: list[dict]) -> dict:
            "acc": [float(np.mean([e["acc"] for e in rounds[r]])) for r in rs],
            "partial": int(sum(e.get("partial", 0) for r in rs for e in rounds[r])),
            "missing": int(sum(e.get("missing", 0) for r in rs for e in rounds[r])),
-           "sent_per_update": sorted({e["sent"] for r in rs for e in rounds[r]
-                                      if "sent" in e})}
+           # datagrams each island sent per round (K > 1: host 0's; the others send none)
+           "sent_per_update": sorted({sum(e["sent"] for e in rounds[r]
+                                          if e["island"] == i and "sent" in e)
+                                      for r in rs for i in {e["island"] for e in rounds[r]}
+                                      if any("sent" in e for e in rounds[r])})}
+    if any("digest" in e for r in rs for e in rounds[r]):
+        # every host of an island ends every round with the same model
+        doc["hosts_identical"] = all(
+            len({e["digest"] for e in rounds[r] if e["island"] == i}) == 1
+            for r in rs for i in {e["island"] for e in rounds[r]})
+    if any("t_intra_done" in e for r in rs for e in rounds[r]):
+        # K > 1: the intra-island step (round start to the last host's island sum) and
+        # the WAN step (its own start to the last aggregate) apart, each against its
+        # own prediction
+        intra = [max(e["t_intra_done"] for e in rounds[r]) - max(e["t_start"] for e in
+                                                                   rounds[r]) for r in rs]
+        wan = [max(e["t_done"] for e in rounds[r]) - max(e["t_wan_start"] for e in
+                                                           rounds[r]) for r in rs]
+        ip = rounds[rs[0]][0]["intra_predicted_s"]
+        doc["intra"] = {"predicted_s": ip, "measured_s": float(np.median(intra)),
+                        "measured_max_s": float(max(intra)),
+                        "ratio": float(np.median(intra) / ip),
+                        "partial": int(sum(e["intra_partial"] for r in rs
+                                           for e in rounds[r])),
+                        "missing": int(sum(e["intra_missing"] for r in rs
+                                           for e in rounds[r]))}
+        by = {}
+        for r, c, m in zip(rs, cyc, wan):
+            by.setdefault(c, ([], rounds[r][0]["wan_predicted_s"]))[0].append(m)
+        doc["wan_cycle"] = [{"round": c, "predicted_s": p,
+                             "measured_s": float(np.median(ms)),
+                             "ratio": float(np.median(ms) / p)}
+                            for c, (ms, p) in sorted(by.items())]
     if pred[0] is not None:
         by = {}
         for c, m, p in zip(cyc, meas, pred):
