@@ -50,6 +50,8 @@ LEVELS = {
     "none": {"flows": [], "straggler_ms": 0.0, "straggler_ratio": 1.0},
     "mid": {"flows": [("udp", "b0", "w0", 40, 60, "60mbit")],
             "straggler_ms": 2.0, "straggler_ratio": 3.0},
+    "mild": {"flows": [("udp", "b0", "w0", 150, 350, "9mbit")],
+             "straggler_ms": 0.0, "straggler_ratio": 1.0},
     "high": {"flows": [("tcp", "b0", "w0", 300, 700, None),
                        ("tcp", "b1", "w2", 300, 700, None)],
              "straggler_ms": 5.0, "straggler_ratio": 10.0},

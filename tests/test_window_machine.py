@@ -24,6 +24,7 @@ from ina_fabric.host.transport import quantize as Q
 from ina_fabric.host.transport.switch_client import AllreduceCall
 from ina_fabric.host.transport.window import (SendWindow, WindowConfig, RttEstimator, Send,
                                               Deliver, Abandon, Hold, Fail, MAX_BACKOFF,
+                                              BOUNDED_MAX_BACKOFF,
                                               PEAK_FACTOR)
 from ina_fabric.protocol import HEADER_DTYPE, HEADER_BYTES, ELEM_DTYPE, MsgType
 from ina_fabric.protocol.fields import NO_EXPONENT
@@ -112,7 +113,8 @@ class Worker:
                 times = self.sent.setdefault(a.p, [])
                 if a.retransmit:
                     # a re-send only once the packet's RTO times its backoff has passed
-                    backoff = min(2 ** (len(times) - 1), MAX_BACKOFF)
+                    backoff = min(2 ** (len(times) - 1), BOUNDED_MAX_BACKOFF
+                                  if self.cfg.mode == "bounded" else MAX_BACKOFF)
                     assert times and now - times[-1] >= rto * backoff * (1 - 1e-12), \
                         (a, now, times, rto, backoff)
                     assert a.p not in self.finished
@@ -530,3 +532,27 @@ def test_timeout_floored_at_the_peak_rtt_of_this_and_the_last_call():
     est.new_call()                                     # two calls on: forgotten
     est.sample(0.001)
     assert est.rto(cfg) < PEAK_FACTOR * 0.012
+
+
+@pytest.mark.parametrize("mode", ["reliable", "bounded"])
+def test_bounded_fetches_of_a_lost_result_back_off_at_most_4x(mode):
+    """Bounded mode: a re-send fetches the result the switch stored at the deadline, and
+    the switch keeps it only until the others reuse the slot; so fetches of a lost
+    RESULT come at most 4 rto apart. (Before, they backed off up to 64 rto as in
+    reliable mode, and on the lab a worker behind a congested downlink asked again only
+    after the others had moved on: AllreduceTooLate.) Reliable mode keeps 64."""
+    cfg = WindowConfig(mode, rto=0.02, min_rto=0.01, deadline=0.005, stall_timeout=60.0,
+                       connect_timeout=60.0)
+    win = SendWindow(4, 4, cfg)
+    win.start(0.0)
+    win.on_result(0, 0.01)
+    sends, t = [], 0.01
+    while len(sends) < 12:
+        t = win.next_wakeup()
+        acts = win.on_timer(t)
+        if any(type(a) is not Send for a in acts):
+            break
+        sends += [t for a in acts if a.p == 1]
+    gaps = np.diff(sends) / win.rto()
+    cap = BOUNDED_MAX_BACKOFF if mode == "bounded" else MAX_BACKOFF
+    assert gaps.max() == pytest.approx(cap, rel=0.01), gaps

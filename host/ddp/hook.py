@@ -99,6 +99,14 @@ class InaHookState:
     peers: object = None        # DistPeers(process_group) unless given
     #: this rank installed the job (rank 0, ``configure``): ``close()`` removes it
     installed: bool = False
+    error: BaseException | None = None   # the last bucket's error, if one failed
+
+    def raise_error(self, wrapped: BaseException):
+        """Re-raise the error of a failed bucket (set by ``ina_hook``) in place of
+        ``wrapped``, the form DDP's reducer gives it in ``backward()``."""
+        if self.error is not None:
+            raise self.error from None
+        raise wrapped
 
     def __post_init__(self):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
@@ -323,8 +331,9 @@ def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     def work():
         try:
             fut.set_result(state.reduce(tensor))
-        except Exception as e:  # surfaces in backward() on the training thread
-            fut.set_exception(e)
+        except Exception as e:  # surfaces in backward() on the training thread (DDP's
+            state.error = e     # reducer shows it as "Unable to cast ... to Tensor":
+            fut.set_exception(e)    # raise_error() gives the error itself)
 
     state._pool.submit(work)
     return fut

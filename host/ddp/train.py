@@ -300,7 +300,12 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
                 time.sleep(cfg.straggler_delay(rank, step))
             if last_micro:
                 loss = lossf(model(wl.x_train[idx]), wl.y_train[idx]) / accum
-                loss.backward()
+                try:
+                    loss.backward()
+                except RuntimeError as e:
+                    if state is None:
+                        raise
+                    state.raise_error(e)
             else:
                 with model.no_sync():
                     loss = lossf(model(wl.x_train[idx]), wl.y_train[idx]) / accum

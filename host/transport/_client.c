@@ -33,6 +33,7 @@
 
 #define PEAK_FACTOR 2.0          /* window.py */
 #define MAX_BACKOFF 64
+#define BOUNDED_MAX_BACKOFF 4   /* window.py: a bounded re-send fetches a stored result */
 #define RBATCH 8                 /* 8 x 64 KB still in L2 when dequantized */
 #define RXBUF 65536
 #define SENDQ 64
@@ -163,7 +164,8 @@ static void append(Win *w, int p, int list) {
 static void win_send(Win *w, int p, double now, int retransmit) {
     if (retransmit) {
         int t = w->tries[p] ? w->tries[p] * 2 : 2;
-        w->tries[p] = t > MAX_BACKOFF ? MAX_BACKOFF : t;
+        int cap = w->bounded ? BOUNDED_MAX_BACKOFF : MAX_BACKOFF;
+        w->tries[p] = t > cap ? cap : t;
         unlink_p(w, p);
         append(w, p, 2);
     } else {

@@ -37,7 +37,8 @@ The rules (the same as the socket loop had before they moved here):
   them, well above the smoothed RTT, and a timer below it re-sends packets that were
   never lost). A packet is overdue ``rto * backoff`` after its last send, and its backoff
   doubles with each re-send, up to 64 (a slow peer, not a loss, is the usual reason a
-  result is late);
+  result is late), in bounded mode up to 4 (``BOUNDED_MAX_BACKOFF``: there the re-send
+  fetches a stored result, which the switch keeps only until its slot is reused);
 * a call's first window waits for late peers: in reliable mode, until the first RESULT of
   the call is in, the timeout is at least ``start_wait``. Those results wait for every
   worker to start the call, and workers start calls at different times (the work
@@ -61,9 +62,14 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["SendWindow", "WindowConfig", "RttEstimator", "Send", "Deliver", "Abandon",
-           "Hold", "Fail", "MAX_BACKOFF", "PEAK_FACTOR"]
+           "Hold", "Fail", "MAX_BACKOFF", "BOUNDED_MAX_BACKOFF", "PEAK_FACTOR"]
 
 MAX_BACKOFF = 64
+#: bounded mode: a re-send is a fetch of a result the switch stored when the slot's
+#: deadline closed it (no peer is slow at that point: the slot no longer waits), and the
+#: result stays only until the others' packets reuse the slot 2W sequence numbers on;
+#: a lost RESULT (a congested downlink) must be asked for again soon, not after 64 rto
+BOUNDED_MAX_BACKOFF = 4
 #: the timeout is at least this many times the longest RTT of this call and the last
 PEAK_FACTOR = 2.0
 
@@ -207,7 +213,8 @@ class SendWindow:
 
     def _send(self, p, now, retransmit=False):
         if retransmit:
-            self.tries[p] = min(self.tries.get(p, 1) * 2, MAX_BACKOFF)
+            self.tries[p] = min(self.tries.get(p, 1) * 2,
+                                BOUNDED_MAX_BACKOFF if self.bounded else MAX_BACKOFF)
             self.fresh.pop(p, None)
             self.resent.pop(p, None)
             self.resent[p] = now
