@@ -92,6 +92,7 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
                       max_steps=args.steps, max_epochs=10_000, stop_at_target=False,
                       eval_every=args.eval_every, elements=elements, switch=switch,
                       deadline_ms=args.switch_deadline_ms, time_gloo=True,
+                      window=getattr(args, "window", 64),
                       straggler_ms=lv["straggler_ms"],
                       straggler_p99_over_p50=lv["straggler_ratio"], job=job)
     hosts = lab.hosts[:args.workers]
@@ -165,10 +166,21 @@ def run(args):
                     for b in backends:
                         # a job id per run: the switch holds a job id for its session
                         # a while after the run (issue 17), so the next run takes another
-                        r = _one(lab, b, level, args, logdir, switch, elements,
-                                 job=100 + len(rows))
+                        try:
+                            r = _one(lab, b, level, args, logdir, switch, elements,
+                                     job=100 + len(rows))
+                        except (RuntimeError, TimeoutError) as e:   # raised on its
+                            # ranks (e.g. too late), or did not finish in --flow-seconds
+                            r = _failed(b, level, e)    # a result, counted
+                            r["repeat"] = rep
+                            rows.append(r)
+                            print(f"{level:5s} {b:16s} FAILED: {r['failed'][:300]}",
+                                  flush=True)
+                            continue
                         r["repeat"] = rep
                         rows.append(r)
+                        _results.write(f"{args.name}_runs", json.loads(json.dumps(
+                            {"runs": rows}, default=float)))   # so far, if it stops
                         print(f"{level:5s} {b:16s} tta "
                               f"{r['time_to_accuracy_s'] or float('nan'):6.2f} s  "
                               f"acc {r['final_accuracy']:.3f}  P50 {r['p50_ms'] or 0:6.1f} "
@@ -185,12 +197,23 @@ def run(args):
                        "seed": args.seed, "repeats": args.repeats,
                        "levels": {k: LEVELS[k] for k in levels},
                        "switch_deadline_ms": args.switch_deadline_ms,
+                       "window": getattr(args, "window", 64),
                        "elements": elements},
             "rows": table, "runs": rows, "seconds": time.time() - t0}
     if args.png:
         plot(rows, levels, backends, args.png)
     _results.write(args.name, json.loads(json.dumps(figs, default=float)))
     return 0
+
+
+def _failed(backend, level, error) -> dict:
+    """The row of a run that raised (every rank raises, e.g. AllreduceTooLate): no
+    figures, the error."""
+    return {"backend": backend, "level": level, "lab": True, "failed": str(error)[-600:],
+            "time_to_accuracy_s": None, "final_accuracy": None, "steps": 0,
+            "seconds": None, "p50_ms": None, "p99_ms": None, "calls": 0,
+            "bytes_per_step_per_link": None, "dropped_fraction": None,
+            "replicas_identical": None, "curve": [], "call_ms": []}
 
 
 def summarize(rows, levels, backends):
@@ -222,8 +245,9 @@ def summarize(rows, levels, backends):
                    "final_accuracy": med("final_accuracy"),
                    "gloo_final_accuracy": float(np.median([g["final_accuracy"]
                                                            for g in gl.values()])),
-                   "replicas_identical": all(r["replicas_identical"] for r in rs),
-                   "runs": len(rs)}
+                   "replicas_identical": all(r["replicas_identical"] for r in rs
+                                             if not r.get("failed")),
+                   "runs": len(rs), "failed_runs": sum(1 for r in rs if r.get("failed"))}
             out.append(row)
             f = lambda v, fmt: format(v, fmt) if v is not None else "-"
             print(f"{level:6s} {b:16s} {f(g_ratio, '12.2f')} {f(row['p50_ms'], '7.1f')} "
@@ -233,7 +257,9 @@ def summarize(rows, levels, backends):
                   f"{f(row['time_to_accuracy_s'], '6.2f')} "
                   f"{f(row['tta_speedup_vs_gloo'], '7.2f')}x "
                   f"{f(row['final_accuracy'], '9.3f')} "
-                  f"{'same' if row['replicas_identical'] else 'diverged':>9s}")
+                  f"{'same' if row['replicas_identical'] else 'diverged':>9s}"
+                  + (f"  ({row['failed_runs']} of {len(rs)} runs failed)"
+                     if row["failed_runs"] else ""))
     return out
 
 
@@ -250,7 +276,7 @@ def plot(rows, levels, backends, path):
             for r in rows:
                 if r["level"] == level and r["backend"] == b and r["repeat"] == 0:
                     ax.plot([t for t, _ in r["curve"]], [a for _, a in r["curve"]],
-                            ".-", label=b)
+                            ".-", label=b + (" (failed)" if r.get("failed") else ""))
         ax.set_title(f"tail {level}: Gloo allreduce P99/P50 = {ratio:.2f}")
         ax.set_xlabel("wall time (s)")
         ax.set_ylabel("test accuracy")

@@ -284,6 +284,10 @@ def main(argv=None) -> int:
     lab.add_argument("--queue-ms", type=float, default=20.0, help="tbf queue per link end")
     lab.add_argument("--switch-deadline-ms", type=float, default=20.0,
                      help="ina-bounded: the switch's slot deadline")
+    lab.add_argument("--window", type=int, default=64,
+                     help="ina, ina-bounded: the job's window (the switch keeps 2 x window "
+                          "results: how far behind a bounded worker may fall and still "
+                          "fetch a lost RESULT)")
     lab.add_argument("--skip-calls", type=int, default=5,
                      help="allreduce calls left out of P50/P99 (warmup, calibration)")
     lab.add_argument("--flow-seconds", type=float, default=300.0,
