@@ -24,8 +24,10 @@ def _worker(rank, world, store, port, switch, nbytes, reps):
     client = pg.state.collective
     x = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(rank))
     y = x.clone()
-    dist.all_reduce(y)                       # warm-up, both paths
-    client.allreduce(x.numpy())
+    from ina_fabric.host.ddp.backend import CHECK_SIZES_CALLS
+    for _ in range(CHECK_SIZES_CALLS + 1):   # warm-up, both paths; past the first calls,
+        dist.all_reduce(y)                   # whose sizes the backend checks across ranks
+    client.allreduce(x.numpy())              # (a start-up cost, see the README)
     def backend():
         y.copy_(x)
         dist.barrier()

@@ -20,6 +20,13 @@ def main(out):
     rank, world = dist.get_rank(), dist.get_world_size()
     pg = dist.distributed_c10d._get_default_group()
     gloo = dist.new_group(backend="gloo")
+    try:                                        # sizes differ across ranks: refused
+        dist.all_reduce(torch.ones(1000 + rank))    # on every rank (the first calls are
+        mismatch = None                             # checked), nothing sent
+    except ValueError as e:
+        mismatch = str(e)
+    after = torch.ones(700)                     # and the job is still in step
+    dist.all_reduce(after)
     worst = 0.0
     for it in range(20):                        # a plain all_reduce loop, SUM and AVG
         g = torch.Generator().manual_seed(it * 100 + rank)
@@ -40,13 +47,6 @@ def main(out):
     sums = [float(w.get_future().wait()[0][0]) for w in works]
     for w in works:
         w.wait()
-    try:                                        # sizes differ across ranks: refused
-        dist.all_reduce(torch.ones(1000 + rank))    # on every rank, nothing sent
-        mismatch = None
-    except ValueError as e:
-        mismatch = str(e)
-    after = torch.ones(700)                     # and the job is still in step
-    dist.all_reduce(after)
     gathered = [torch.zeros(3) for _ in range(world)]
     dist.all_gather(gathered, torch.full((3,), float(rank)))
     b = torch.tensor([float(rank)])
