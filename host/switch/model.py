@@ -33,7 +33,8 @@ import numpy as np
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                         GROUP_WORKER, field_offsets)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
-from ina_fabric.protocol.auth import ReplayGuard, seal, unseal, TRAILER_BYTES
+from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
+                                      control_length_ok)
 
 __all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER"]
 
@@ -242,6 +243,9 @@ class SwitchModel:
             page = self.status_datagram(start, budget=n - TRAILER_BYTES)
             return out + [(source, seal(page, self.key, nonce))]
         if mtype == MsgType.CONTROL:
+            if self.key is not None and not control_length_ok(n):
+                c["drop_malformed"] += 1      # no entry fits: not even hashed
+                return out
             opened = self._authentic(datagram)
             if opened is None:
                 return out
