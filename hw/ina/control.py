@@ -1,0 +1,590 @@
+"""The in-band control plane: CONTROL datagrams install, update and remove jobs, under the
+rule ``ina_fabric.protocol.auth`` defines for every switch.
+
+It watches the core's input stream beside the data path (it never holds it up): every
+datagram whose header says version 1 and type CONTROL or STATUS_REQ is its business (the
+header pipeline drops those without a count). For each one it counts, in the reference
+model's order and names:
+
+* STATUS_REQ: ``status_requests``, and ``status_unpadded`` below the 1,200 bytes a
+  request must have. The core does not answer STATUS (its counters are registers).
+* CONTROL, with no key built in: ``drop_malformed`` (no control over the wire).
+* CONTROL whose length cannot hold an entry and the trailer (``auth.control_length_ok``):
+  ``drop_malformed``, before the tag is looked at.
+* CONTROL while the previous one is still being processed: ``drop_control_busy`` (the
+  core's only counter the model lacks besides ``stream_errors``: a sender retries).
+* otherwise the datagram is copied into a buffer and checked: HMAC-SHA256 under the
+  board's key over everything before the tag (:class:`~.sha256.Sha256`, four
+  compressions plus one per 64 bytes); a tag that differs, or a nonce the replay store
+  refuses (the ``REPLAY_SLOTS`` highest nonces taken, in registers), is
+  ``drop_unauthenticated``. Then the entry is parsed and checked as
+  ``jobtable.parse_control`` does (``drop_malformed``), and applied: a removal disables
+  the job's entry; an install writes the entry and its members through the register
+  bus and enables the job, which resets its slots (``control``); a live update
+  (``ENTRY_UPDATE``) of an installed job that changes only the deadline writes the
+  deadline and keeps the slots (``control``). An update of a job that is not installed
+  or that changes anything else, and an install that does not fit the core (window,
+  elements, workers, deadline, or no free job-table entry), are ``control_refused``.
+
+The wire's deadline is in microseconds; the core counts cycles: ``cycles_per_us`` (a
+whole number, the core clock in MHz) converts it. An open slot keeps the deadline it
+opened with; a live update applies to the slots that open after it.
+
+Not done yet: the CONTROL reply (the model answers with a sealed STATUS datagram), and
+STATUS replies.
+
+Ports::
+
+    snoop     In: the core's input beats as they are accepted (``valid``, ``payload``)
+    jobs      In: the job table (to find an entry and compare an update)
+    member    a synchronous read port on the member table (update compare)
+    bus       Out: a register-bus master (``addr``, ``w_stb``, ``w_data``); ``bus_active``
+              while it writes (the core gives it the bus then)
+    events    Out: counter events
+"""
+
+from amaranth.hdl import *
+from amaranth.lib import wiring, data, memory
+from amaranth.lib.wiring import In, Out
+
+from ina_fabric.protocol.auth import (MAX_CONTROL_BYTES, MIN_CONTROL_BYTES, REPLAY_SLOTS,
+                                      TAG_BYTES, NONCE_BYTES, control_length_ok)
+from ina_fabric.protocol.fields import MsgType, VERSION, MAX_WORKERS
+from ina_fabric.protocol.jobtable import ENTRY_UPDATE, MAX_ELEMENTS, MEMBER_DTYPE
+from ina_fabric.protocol.regs import JOB_BASE, JOB_STRIDE, JOB_REGS, MEMBER_BASE, MEMBER_REGS
+
+from .layout import in_layout
+from .params import CoreParams, HEADER_WORDS
+from .regfile import job_layout, member_layout
+from .sha256 import Sha256
+
+__all__ = ["ControlPlane", "CONTROL_EVENTS", "STATUS_MIN_REQUEST", "hmac_blocks"]
+
+#: the counter events the control plane raises (events per cycle): a malformed length
+#: seen at the input and a malformed entry found by the processor may meet in one cycle
+CONTROL_EVENTS = {"status_requests": 1, "status_unpadded": 1, "control": 1,
+                  "control_refused": 1, "drop_unauthenticated": 1, "drop_malformed": 2,
+                  "drop_control_busy": 1}
+
+from ina_fabric.host.switch.model import STATUS_MIN_REQUEST  # noqa: E402  (one definition)
+
+
+def _log2(n):
+    return (n - 1).bit_length()
+
+
+def hmac_blocks(key: bytes):
+    """The two 16-word key blocks of HMAC-SHA256: ``K ^ ipad`` and ``K ^ opad``."""
+    import hashlib
+    if len(key) > 64:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(64, b"\0")
+    ipad = bytes(b ^ 0x36 for b in key)
+    opad = bytes(b ^ 0x5C for b in key)
+    words = lambda b: [int.from_bytes(b[k:k + 4], "big") for k in range(0, 64, 4)]
+    return words(ipad), words(opad)
+
+
+def _reg(name):
+    return next(r for r in JOB_REGS if r.name == name).offset
+
+
+def _mreg(name):
+    return next(r for r in MEMBER_REGS if r.name == name).offset
+
+
+class ControlPlane(wiring.Component):
+    """See the module docstring. ``key``: the control key (bytes), or None for a core
+    that takes no control over the wire."""
+
+    def __init__(self, params: CoreParams, *, key: bytes | None, cycles_per_us: int = 1):
+        self.params = P = params
+        self.key = key
+        self.cycles_per_us = int(cycles_per_us)
+        if self.cycles_per_us != cycles_per_us or self.cycles_per_us < 1:
+            raise ValueError(f"cycles_per_us {cycles_per_us}: the core clock must be a "
+                             "whole number of MHz for in-band control")
+        ws = 1 << _log2(P.workers)
+        super().__init__({
+            "snoop": In(data.StructLayout({"valid": 1, "payload": in_layout(P.lanes)})),
+            "jobs": In(data.ArrayLayout(job_layout(), P.jobs)),
+            "member": In(memory.ReadPort.Signature(
+                addr_width=_log2(P.jobs * ws), shape=member_layout(mac=True))),
+            "bus": Out(data.StructLayout({"addr": 16, "w_stb": 1, "w_data": 32})),
+            "bus_active": Out(1),
+            "events": Out(data.StructLayout(CONTROL_EVENTS)),
+        })
+
+    def elaborate(self, platform):
+        P = self.params
+        L, H = P.lanes, P.header_beats
+        LL = _log2(L)
+        NJ = P.jobs
+        WS = 1 << _log2(P.workers)
+        m = Module()
+        ev = self.events
+        sn = self.snoop
+        pl = sn.payload
+
+        # ---------------------------------------------------------------- classify
+        # a datagram's first beat: version and type (header word 0, lane 0)
+        # (a beat after a ``last`` is a first beat, whether or not it says so)
+        after_last = Signal(init=1)
+        with m.If(sn.valid):
+            m.d.sync += after_last.eq(pl.last)
+        first = sn.valid & (pl.first | after_last)
+        w0 = pl.data[0]
+        ctl_type = (pl.length >= 20) & (w0[24:32] == VERSION)
+        is_ctl = first & ctl_type & (w0[16:24] == MsgType.CONTROL)
+        is_sreq = first & ctl_type & (w0[16:24] == MsgType.STATUS_REQ)
+        m.d.comb += [ev.status_requests.eq(is_sreq),
+                     ev.status_unpadded.eq(is_sreq & (pl.length < STATUS_MIN_REQUEST))]
+        if self.key is None:
+            m.d.comb += ev.drop_malformed[0].eq(is_ctl)
+            m.d.comb += self.member.en.eq(0)
+            return m
+
+        # the lengths a sealed entry may have: one compare each, and the member count
+        lengths = [n for n in range(MIN_CONTROL_BYTES, MAX_CONTROL_BYTES + 1)
+                   if control_length_ok(n)]
+        len_hit = Cat(pl.length == n for n in lengths)
+        len_ok = len_hit.any()
+        k_in = Signal(range(MAX_WORKERS + 1))
+        for i in range(len(lengths)):
+            with m.If(len_hit[i]):
+                m.d.comb += k_in.eq(i)
+
+        # the datagram buffer: beats as they come (header beats, then element beats)
+        max_words = MAX_CONTROL_BYTES // 4
+        depth = H + -(-(max_words - HEADER_WORDS) // L)
+        m.submodules.buf = buf = memory.Memory(shape=data.ArrayLayout(32, L), depth=depth,
+                                               init=[])
+        bw = buf.write_port()
+        br = buf.read_port()
+
+        busy = Signal()
+        capturing = Signal()
+        bidx = Signal(range(depth + 1))
+        nbytes = Signal(16)
+        kmem = Signal(range(MAX_WORKERS + 1))    # members the length says
+        m.d.comb += [bw.addr.eq(bidx), bw.data.eq(pl.data)]
+        m.d.comb += ev.drop_malformed[0].eq(is_ctl & ~len_ok)
+        mal = ev.drop_malformed[1]         # a malformed entry (the processor)
+        c_busy = Signal()
+        m.d.comb += c_busy.eq(is_ctl & len_ok & busy)
+        with m.If(is_ctl & len_ok & ~busy):
+            m.d.sync += [busy.eq(1), capturing.eq(~pl.last), bidx.eq(1), nbytes.eq(pl.length),
+                         kmem.eq(k_in)]
+            m.d.comb += [bw.en.eq(1), bw.addr.eq(0)]
+        with m.Elif(capturing & sn.valid):
+            m.d.comb += bw.en.eq(1)
+            m.d.sync += bidx.eq(bidx + 1)
+            with m.If(pl.last):
+                m.d.sync += capturing.eq(0)
+        m.d.comb += ev.drop_control_busy.eq(c_busy)
+
+        # ---------------------------------------------------------------- word reads
+        # word j of the datagram: header words fill beats 0..H-1, the rest start at beat H
+        widx = Signal(range(max_words + 1))
+        lane = Signal(range(L)) if L > 1 else None
+        if L > 1:
+            is_h = widx < HEADER_WORDS
+            wb = widx - HEADER_WORDS
+            m.d.comb += br.addr.eq(Mux(is_h, widx >> LL, H + (wb >> LL)))
+            m.d.sync += lane.eq(Mux(is_h, widx[:LL], wb[:LL]))
+            word = Array(br.data[k] for k in range(L))[lane]
+        else:
+            m.d.comb += br.addr.eq(widx)
+            word = br.data[0]
+
+        # ---------------------------------------------------------------- SHA-256
+        m.submodules.sha = sha = Sha256()
+        ipad, opad = hmac_blocks(self.key)
+        ipad_a = Array(C(x, 32) for x in ipad)
+        opad_a = Array(C(x, 32) for x in opad)
+        cnt = Signal(range(2048))       # word counter within a phase
+        msg_words = Signal(range(max_words + 1))    # words hashed: all but the tag
+        nblk16 = Signal(range(2048))    # words of the padded message (16 per block)
+        inner = Signal(data.ArrayLayout(32, 8))
+        tag = Signal(data.ArrayLayout(32, 4))
+        nonce = Signal(64)
+        dly = Signal(2)
+
+        # ---------------------------------------------------------------- entry fields
+        e_job = Signal(16)
+        e_n = Signal(8)
+        e_mode = Signal(8)
+        e_window = Signal(16)
+        e_elements = Signal(16)
+        e_deadline = Signal(32)
+        e_mip = Signal(32)
+        e_mport = Signal(16)
+        e_flags = Signal(16)
+        slot = Signal(range(max(2, NJ)))     # the job-table entry used
+        found = Signal()
+        free_ok = Signal()
+        free = Signal(range(max(2, NJ)))
+        # the replay store
+        kept = [Signal(64, name=f"nonce{k}") for k in range(REPLAY_SLOTS)]
+        kvalid = Signal(REPLAY_SLOTS)
+        rs_i = Signal(range(REPLAY_SLOTS + 1))
+        rs_seen = Signal()
+        rs_low = Signal(range(REPLAY_SLOTS))    # the slot to use (empty, else lowest)
+        rs_lowv = Signal(64)
+        rs_empty = Signal()
+        # member loops
+        ma = Signal(range(MAX_WORKERS + 1))
+        mb = Signal(range(MAX_WORKERS + 1))
+        a_ip = Signal(32)
+        a_pm = Signal(32)       # port << 16 | mac[47:32]
+        cyc = Signal(48)        # deadline in cycles (wide: checked below 2^31)
+
+        jt = self.jobs
+        bus = self.bus
+
+        def job_w(name, value, j=None):
+            jj = slot if j is None else j
+            return [bus.addr.eq(JOB_BASE + jj * JOB_STRIDE + _reg(name)), bus.w_data.eq(value),
+                    bus.w_stb.eq(1)]
+
+        def mem_w(name, w, value):
+            return [bus.addr.eq(MEMBER_BASE + (slot << 7) + (w << 2) + _mreg(name)),
+                    bus.w_data.eq(value), bus.w_stb.eq(1)]
+
+        l2w = Signal(5)
+        for b in range(16):
+            with m.If(e_window[b]):
+                m.d.comb += l2w.eq(b)
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(busy & ~capturing):
+                    m.d.sync += [msg_words.eq((nbytes - TAG_BYTES) >> 2), cnt.eq(0)]
+                    # padded blocks of the message after the key block: (m + 9 + 63) // 64
+                    m.d.sync += nblk16.eq(((nbytes - TAG_BYTES + 9 + 63) >> 6) << 4)
+                    m.d.comb += sha.restart.eq(1)
+                    m.next = "IPAD"
+            with m.State("IPAD"):
+                m.d.comb += [sha.i.valid.eq(1), sha.i.payload.eq(ipad_a[cnt[:4]])]
+                with m.If(sha.i.ready):
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(cnt == 15):
+                        m.d.sync += [cnt.eq(0), widx.eq(0), dly.eq(0)]
+                        m.next = "MSG"
+            with m.State("MSG"):
+                # word cnt of the padded message; buffer words are read two cycles ahead
+                m.d.sync += widx.eq(cnt)
+                bits = ((64 + (msg_words << 2)) << 3)
+                val = Mux(cnt < msg_words, word,
+                          Mux(cnt == msg_words, 0x80000000,
+                              Mux(cnt == nblk16 - 1, bits, 0)))
+                with m.If(dly != 2):
+                    m.d.sync += dly.eq(dly + 1)
+                with m.Else():
+                    m.d.comb += [sha.i.valid.eq(1), sha.i.payload.eq(val)]
+                    with m.If(sha.i.ready):
+                        m.d.sync += [cnt.eq(cnt + 1), dly.eq(0)]
+                        with m.If(cnt == nblk16 - 1):
+                            m.d.sync += cnt.eq(0)
+                            m.next = "INNER"
+            with m.State("INNER"):
+                with m.If(~sha.busy):
+                    m.d.sync += inner.eq(sha.digest)
+                    m.d.comb += sha.restart.eq(1)
+                    m.next = "OPAD"
+            with m.State("OPAD"):
+                m.d.comb += [sha.i.valid.eq(1), sha.i.payload.eq(opad_a[cnt[:4]])]
+                with m.If(sha.i.ready):
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(cnt == 15):
+                        m.d.sync += cnt.eq(0)
+                        m.next = "OUTER"
+            with m.State("OUTER"):
+                val = Mux(cnt < 8, Array(inner[k] for k in range(8))[cnt[:3]],
+                          Mux(cnt == 8, 0x80000000, Mux(cnt == 15, (64 + 32) * 8, 0)))
+                m.d.comb += [sha.i.valid.eq(1), sha.i.payload.eq(val)]
+                with m.If(sha.i.ready):
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(cnt == 15):
+                        m.d.sync += [cnt.eq(0), dly.eq(0)]
+                        m.next = "TAG"
+            with m.State("TAG"):
+                # the datagram's tag (4 words) and nonce (2 words) into registers
+                m.d.sync += widx.eq(msg_words - 2 + cnt)
+                with m.If(dly != 2):
+                    m.d.sync += dly.eq(dly + 1)
+                with m.Else():
+                    m.d.sync += [dly.eq(0), cnt.eq(cnt + 1)]
+                    with m.Switch(cnt):
+                        with m.Case(0):
+                            m.d.sync += nonce[32:].eq(word)
+                        with m.Case(1):
+                            m.d.sync += nonce[:32].eq(word)
+                        for k in range(4):
+                            with m.Case(2 + k):
+                                m.d.sync += tag[k].eq(word)
+                    with m.If(cnt == 5):
+                        m.d.sync += cnt.eq(0)
+                        m.next = "CHECK"
+            with m.State("CHECK"):
+                with m.If(~sha.busy):
+                    ok = Cat(sha.digest[k] == tag[k] for k in range(4)).all()
+                    with m.If(ok):
+                        m.d.sync += [rs_i.eq(0), rs_seen.eq(0), rs_empty.eq(0),
+                                     rs_low.eq(0), rs_lowv.eq(C(-1, 64))]
+                        m.next = "REPLAY"
+                    with m.Else():
+                        m.d.comb += ev.drop_unauthenticated.eq(1)
+                        m.next = "DONE"
+            with m.State("REPLAY"):
+                # one slot a cycle: seen? the slot to use: an empty one, else the lowest
+                kv = Array(kept)[rs_i[:_log2(REPLAY_SLOTS)] if REPLAY_SLOTS > 1 else 0]
+                vv = kvalid.bit_select(rs_i, 1)
+                with m.If(rs_i == REPLAY_SLOTS):
+                    refuse = rs_seen | (~rs_empty & (nonce <= rs_lowv))
+                    with m.If(refuse):
+                        m.d.comb += ev.drop_unauthenticated.eq(1)
+                        m.next = "DONE"
+                    with m.Else():
+                        for k in range(REPLAY_SLOTS):
+                            with m.If(rs_low == k):
+                                m.d.sync += [kept[k].eq(nonce), kvalid[k].eq(1)]
+                        m.d.sync += [widx.eq(5), dly.eq(0), cnt.eq(0)]
+                        m.next = "ENTRY"
+                with m.Else():
+                    m.d.sync += rs_i.eq(rs_i + 1)
+                    with m.If(vv & (kv == nonce)):
+                        m.d.sync += rs_seen.eq(1)
+                    with m.If(~rs_empty):
+                        with m.If(~vv):
+                            m.d.sync += [rs_empty.eq(1), rs_low.eq(rs_i)]
+                        with m.Elif(kv < rs_lowv):
+                            m.d.sync += [rs_low.eq(rs_i), rs_lowv.eq(kv)]
+            with m.State("ENTRY"):
+                # the entry's five words (bytes 20..39)
+                m.d.sync += widx.eq(5 + cnt)
+                with m.If(dly != 2):
+                    m.d.sync += dly.eq(dly + 1)
+                with m.Else():
+                    m.d.sync += [dly.eq(0), cnt.eq(cnt + 1)]
+                    with m.Switch(cnt):
+                        with m.Case(0):
+                            m.d.sync += [e_job.eq(word[16:]), e_n.eq(word[8:16]),
+                                         e_mode.eq(word[:8])]
+                        with m.Case(1):
+                            m.d.sync += [e_window.eq(word[16:]), e_elements.eq(word[:16])]
+                        with m.Case(2):
+                            m.d.sync += e_deadline.eq(word)
+                        with m.Case(3):
+                            m.d.sync += e_mip.eq(word)
+                        with m.Case(4):
+                            m.d.sync += [e_mport.eq(word[16:]), e_flags.eq(word[:16])]
+                    with m.If(cnt == 4):
+                        m.d.sync += [cnt.eq(0), ma.eq(0), mb.eq(1)]
+                        m.next = "PARSE"
+            with m.State("PARSE"):
+                # jobtable.parse_control's checks, in its order
+                pow2 = (e_window != 0) & ((e_window & (e_window - 1)) == 0)
+                bad = ((e_flags & ~ENTRY_UPDATE) != 0)
+                remove = (e_n == 0) & (kmem == 0)
+                bad |= (e_n != kmem)
+                bad |= (e_mode >= 2)
+                bad |= ~pow2 | (e_elements == 0) | (e_elements > MAX_ELEMENTS)
+                bad |= (e_deadline == 0) | (e_deadline >= 4294000000)
+                with m.If((e_flags & ~ENTRY_UPDATE) != 0):
+                    m.d.comb += mal.eq(1)
+                    m.next = "DONE"
+                with m.Elif(remove):
+                    m.d.sync += cnt.eq(0)
+                    m.next = "REMOVE"
+                with m.Elif(bad):
+                    m.d.comb += mal.eq(1)
+                    m.next = "DONE"
+                with m.Else():
+                    m.d.sync += [ma.eq(0), dly.eq(0), cnt.eq(0), cyc.eq(0)]
+                    m.next = "MUL"
+            with m.State("MUL"):
+                # the deadline in cycles, by repeated addition (no multiplier on the path)
+                m.d.sync += [cyc.eq(cyc + e_deadline), cnt.eq(cnt + 1)]
+                with m.If(cnt == self.cycles_per_us - 1):
+                    m.d.sync += cnt.eq(0)
+                    m.next = "DUP_A"
+            # duplicate member addresses (ip, port): every pair, read from the buffer
+            def read(addr):
+                """Read buffer word ``addr``: True in the cycle ``word`` holds it."""
+                m.d.sync += widx.eq(addr)
+                with m.If(dly != 2):
+                    m.d.sync += dly.eq(dly + 1)
+                with m.Else():
+                    m.d.sync += dly.eq(0)
+                return dly == 2
+
+            def next_b():
+                with m.If(mb + 1 >= kmem):
+                    m.d.sync += ma.eq(ma + 1)
+                    m.next = "DUP_A"
+                with m.Else():
+                    m.d.sync += mb.eq(mb + 1)
+                    m.next = "DUP_B"
+            with m.State("DUP_A"):
+                with m.If(ma + 1 >= kmem):
+                    m.next = "LOOKUP"
+                with m.Else():
+                    with m.If(read(10 + ma * 3)):
+                        m.d.sync += a_ip.eq(word)
+                        m.next = "DUP_A2"
+            with m.State("DUP_A2"):
+                with m.If(read(11 + ma * 3)):
+                    m.d.sync += [a_pm.eq(word), mb.eq(ma + 1)]
+                    m.next = "DUP_B"
+            with m.State("DUP_B"):
+                with m.If(read(10 + mb * 3)):
+                    with m.If(word != a_ip):
+                        next_b()
+                    with m.Else():
+                        m.next = "DUP_B2"
+            with m.State("DUP_B2"):
+                with m.If(read(11 + mb * 3)):
+                    with m.If(word[16:] == a_pm[16:]):
+                        m.d.comb += mal.eq(1)
+                        m.next = "DONE"
+                    with m.Else():
+                        next_b()
+            with m.State("LOOKUP"):
+                # the installed entry of this job, else the lowest free entry
+                hit = [jt[j].enable & (jt[j].job_id == e_job) for j in range(NJ)]
+                freej = [~jt[j].enable for j in range(NJ)]
+                m.d.sync += [found.eq(Cat(hit).any()), free_ok.eq(Cat(freej).any())]
+                for j in reversed(range(NJ)):
+                    with m.If(freej[j]):
+                        m.d.sync += free.eq(j)
+                for j in reversed(range(NJ)):
+                    with m.If(hit[j]):
+                        m.d.sync += slot.eq(j)
+                m.next = "DECIDE"
+            with m.State("DECIDE"):
+                with m.If(e_flags[0]):
+                    with m.If(~found):
+                        m.d.comb += ev.control_refused.eq(1)
+                        m.next = "DONE"
+                    with m.Else():
+                        js = Array(jt)[slot]
+                        same = ((js.nworkers == e_n) & (js.bounded == e_mode[0])
+                                & (js.log2_window == l2w) & (js.elements == e_elements)
+                                & (js.mcast_en == (e_mip != 0))
+                                & ((e_mip == 0) | ((js.mcast_ip == e_mip)
+                                                   & (js.mcast_port == e_mport))))
+                        with m.If(same):
+                            m.d.sync += [ma.eq(0), cnt.eq(0), dly.eq(0)]
+                            m.next = "UPD_CMP"
+                        with m.Else():
+                            m.d.comb += ev.control_refused.eq(1)
+                            m.next = "DONE"
+                with m.Else():
+                    fits = ((e_window <= P.window) & (e_elements <= P.elements)
+                            & (e_n <= P.workers) & (cyc < (1 << 31)) & (found | free_ok))
+                    with m.If(fits):
+                        with m.If(~found):
+                            m.d.sync += slot.eq(free)
+                        m.d.sync += cnt.eq(0)
+                        m.next = "WRITE"
+                    with m.Else():
+                        m.d.comb += ev.control_refused.eq(1)
+                        m.next = "DONE"
+            with m.State("UPD_CMP"):
+                # member ma of the entry (buffer) against the member table (read port)
+                with m.If(ma == kmem):
+                    m.next = "UPD_WRITE"
+                with m.Else():
+                    m.d.comb += [self.member.en.eq(1),
+                                 self.member.addr.eq(slot * WS + ma[:max(1, _log2(P.workers))]
+                                                     if WS > 1 else slot)]
+                    m.d.sync += [widx.eq(10 + ma * 3), dly.eq(0), cnt.eq(0)]
+                    m.next = "UPD_RD"
+            with m.State("UPD_RD"):
+                mm = self.member.data
+                with m.If(dly != 2):
+                    m.d.sync += dly.eq(dly + 1)
+                with m.Else():
+                    m.d.sync += [dly.eq(0), cnt.eq(cnt + 1)]
+                    with m.Switch(cnt):
+                        with m.Case(0):
+                            m.d.sync += [a_ip.eq(word), widx.eq(11 + ma * 3)]
+                        with m.Case(1):
+                            m.d.sync += [a_pm.eq(word), widx.eq(12 + ma * 3)]
+                        with m.Case(2):
+                            same = ((mm.ip == a_ip) & (mm.port == a_pm[16:])
+                                    & (mm.mac == Cat(word, a_pm[:16])))
+                            with m.If(same):
+                                m.d.sync += ma.eq(ma + 1)
+                                m.next = "UPD_CMP"
+                            with m.Else():
+                                m.d.comb += ev.control_refused.eq(1)
+                                m.next = "DONE"
+            with m.State("UPD_WRITE"):
+                with m.If(cyc >= (1 << 31)):
+                    m.d.comb += ev.control_refused.eq(1)
+                with m.Else():
+                    m.d.comb += job_w("deadline", cyc[:32])
+                    m.d.comb += ev.control.eq(1)
+                m.next = "DONE"
+            with m.State("REMOVE"):
+                # every enabled entry with this job id
+                for j in range(NJ):
+                    with m.If(cnt == j):
+                        with m.If(jt[j].enable & (jt[j].job_id == e_job)):
+                            m.d.comb += job_w("enable", 0, j)
+                m.d.sync += cnt.eq(cnt + 1)
+                with m.If(cnt == NJ - 1):
+                    m.d.comb += ev.control.eq(1)
+                    m.next = "DONE"
+            with m.State("WRITE"):
+                # enable 0, the job's registers, then its members, then enable 1
+                fields = [("enable", 0), ("job_id", e_job), ("nworkers", e_n),
+                          ("bounded", e_mode[0]), ("log2_window", l2w),
+                          ("elements", e_elements), ("deadline", cyc[:32]),
+                          ("mcast_en", e_mip != 0), ("mcast_ip", e_mip),
+                          ("mcast_port", Mux(e_mip != 0, e_mport, 0))]
+                with m.Switch(cnt):
+                    for k, (name, v) in enumerate(fields):
+                        with m.Case(k):
+                            m.d.comb += job_w(name, v)
+                m.d.sync += cnt.eq(cnt + 1)
+                with m.If(cnt == len(fields) - 1):
+                    m.d.sync += [ma.eq(0), cnt.eq(0), dly.eq(0)]
+                    m.next = "MEMBERS"
+            with m.State("MEMBERS"):
+                # member ma: ip, then port and the MAC's top 16 bits, then its low 32
+                with m.If(ma == kmem):
+                    m.d.comb += job_w("enable", 1)
+                    m.next = "WAIT_INIT"
+                with m.Else():
+                    with m.If(read(10 + ma * 3)):
+                        m.d.comb += mem_w("ip", ma, word)
+                        m.next = "MEMBER_PORT"
+            with m.State("MEMBER_PORT"):
+                with m.If(read(11 + ma * 3)):
+                    m.d.comb += mem_w("port", ma, word[16:])
+                    m.d.sync += a_pm.eq(word)
+                    m.next = "MEMBER_MAC"
+            with m.State("MEMBER_MAC"):
+                with m.If(read(12 + ma * 3)):
+                    m.d.comb += mem_w("mac_hi", ma, a_pm[:16])
+                    m.d.sync += a_ip.eq(word)
+                    m.next = "MEMBER_LO"
+            with m.State("MEMBER_LO"):
+                m.d.comb += mem_w("mac_lo", ma, a_ip)
+                m.d.sync += ma.eq(ma + 1)
+                m.next = "MEMBERS"
+            with m.State("WAIT_INIT"):
+                # the enable write lands, the job's slots are reset, enable reads 1
+                m.d.sync += cnt.eq(cnt + 1)
+                with m.If((cnt > 4) & Array(jt[j].enable for j in range(NJ))[slot]):
+                    m.d.comb += ev.control.eq(1)
+                    m.next = "DONE"
+            with m.State("DONE"):
+                m.d.sync += busy.eq(0)
+                m.next = "IDLE"
+
+        m.d.comb += self.bus_active.eq(bus.w_stb)
+        return m
