@@ -55,7 +55,7 @@ from ina_fabric.protocol.regs import JOB_BASE, JOB_STRIDE, JOB_REGS, MEMBER_BASE
 
 from .layout import in_layout
 from .params import CoreParams, HEADER_WORDS
-from .regfile import job_layout, member_layout
+from .regfile import job_layout, member_layout, jobs_at
 from .sha256 import Sha256
 
 __all__ = ["ControlPlane", "CONTROL_EVENTS", "STATUS_MIN_REQUEST", "hmac_blocks"]
@@ -238,6 +238,7 @@ class ControlPlane(wiring.Component):
         a_ip = Signal(32)
         a_pm = Signal(32)       # port << 16 | mac[47:32]
         cyc = Signal(48)        # deadline in cycles (wide: checked below 2^31)
+        mm = Signal(member_layout(mac=True))    # a member-table entry (update compare)
 
         jt = self.jobs
         bus = self.bus
@@ -468,12 +469,14 @@ class ControlPlane(wiring.Component):
                         m.d.comb += ev.control_refused.eq(1)
                         m.next = "DONE"
                     with m.Else():
-                        js = Array(jt)[slot]
-                        same = ((js.nworkers == e_n) & (js.bounded == e_mode[0])
-                                & (js.log2_window == l2w) & (js.elements == e_elements)
-                                & (js.mcast_en == (e_mip != 0))
-                                & ((e_mip == 0) | ((js.mcast_ip == e_mip)
-                                                   & (js.mcast_port == e_mport))))
+                        def js(name):
+                            return jobs_at(jt, name, slot)
+                        same = ((js("nworkers") == e_n) & (js("bounded") == e_mode[0])
+                                & (js("log2_window") == l2w)
+                                & (js("elements") == e_elements)
+                                & (js("mcast_en") == (e_mip != 0))
+                                & ((e_mip == 0) | ((js("mcast_ip") == e_mip)
+                                                   & (js("mcast_port") == e_mport))))
                         with m.If(same):
                             m.d.sync += [ma.eq(0), cnt.eq(0), dly.eq(0)]
                             m.next = "UPD_CMP"
@@ -502,7 +505,9 @@ class ControlPlane(wiring.Component):
                     m.d.sync += [widx.eq(10 + ma * 3), dly.eq(0), cnt.eq(0)]
                     m.next = "UPD_RD"
             with m.State("UPD_RD"):
-                mm = self.member.data
+                # (the member's entry, latched the cycle after its read)
+                with m.If((cnt == 0) & (dly == 0)):
+                    m.d.sync += mm.eq(self.member.data)
                 with m.If(dly != 2):
                     m.d.sync += dly.eq(dly + 1)
                 with m.Else():
@@ -579,7 +584,7 @@ class ControlPlane(wiring.Component):
             with m.State("WAIT_INIT"):
                 # the enable write lands, the job's slots are reset, enable reads 1
                 m.d.sync += cnt.eq(cnt + 1)
-                with m.If((cnt > 4) & Array(jt[j].enable for j in range(NJ))[slot]):
+                with m.If((cnt > 4) & jobs_at(jt, "enable", slot)):
                     m.d.comb += ev.control.eq(1)
                     m.next = "DONE"
             with m.State("DONE"):

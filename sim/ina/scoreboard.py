@@ -8,8 +8,13 @@ was accepted (the bench reads the ``now`` port then). The model runs in the same
 Order. Outputs are compared per slot (job, seq): the same datagrams, to the same
 destinations, in the same order. Across slots the core may interleave differently
 (its deadline scanner fires slots a few cycles after the model's ``tick`` would).
-STATUS replies are not compared: the core counts STATUS_REQ but answers through its
-counter registers instead of a JSON datagram.
+STATUS replies (and the model's sealed replies to CONTROL) are not compared: the core
+counts STATUS_REQ and CONTROL but answers through its counter registers.
+
+Control. ``key`` gives the model the core's control key; ``time_scale`` converts cycles
+to the model's seconds (a CONTROL entry's deadline is in microseconds: a core built with
+``cycles_per_us=1`` runs against ``time_scale=1e-6``); ``max_jobs`` is the core's
+job-table size, so both refuse the same install.
 """
 
 from collections import defaultdict
@@ -36,8 +41,10 @@ def _key(dgram):
 
 
 class Scoreboard:
-    def __init__(self, jobs, src_ip="10.0.0.254"):
-        self.model = SwitchModel(jobs)
+    def __init__(self, jobs, src_ip="10.0.0.254", *, key=None, time_scale=1.0,
+                 max_jobs=None):
+        self.model = SwitchModel(jobs, key=key, **({"max_jobs": max_jobs} if max_jobs else {}))
+        self.time_scale = time_scale
         self.jobs = {j.job: j for j in jobs}
         self.src_ip = int(ipaddress.IPv4Address(src_ip))
         self.expected = defaultdict(list)
@@ -60,11 +67,11 @@ class Scoreboard:
             h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
             self.history[(int(h["job"]), int(h["seq"]))].append(
                 (now, int(h["worker"]), int(h["type"]), len(dgram), source))
-        for dest, out in self.model.process(dgram, tuple(source), float(now)):
+        for dest, out in self.model.process(dgram, tuple(source), now * self.time_scale):
             self._expect(dest, out)
 
     def tick(self, now):
-        for dest, out in self.model.tick(float(now)):
+        for dest, out in self.model.tick(now * self.time_scale):
             self._expect(dest, out)
 
     def _expect(self, dest, out):
@@ -81,7 +88,10 @@ class Scoreboard:
         want = ipv4_header(self.src_ip, side["dst_ip"], len(dgram))
         if side["ip_checksum"] != int.from_bytes(want[10:12], "big"):
             raise ScoreboardError(f"IPv4 checksum {side['ip_checksum']:#06x} wrong")
-        job = self.jobs.get(_key(dgram)[0]) if len(dgram) >= 20 else None
+        job = None
+        if len(dgram) >= 20:    # (a job installed by CONTROL is the model's)
+            js = self.model.jobs.get(_key(dgram)[0])
+            job = js.cfg if js is not None else self.jobs.get(_key(dgram)[0])
         if job is not None:
             if side["mcast"]:
                 ip = side["dst_ip"]

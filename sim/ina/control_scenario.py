@@ -1,0 +1,114 @@
+"""The in-band control scenario: CONTROL datagrams (accepted, refused, unauthenticated,
+replayed, malformed), live update vs install, mixed with DATA that shows what each did
+to the slots. The same datagrams go to the core and the model (sim/ina/scoreboard.py)."""
+
+import dataclasses
+
+from ina_fabric.protocol.auth import seal
+from ina_fabric.protocol.fields import MsgType
+from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.numpy_view import pack
+
+__all__ = ["KEY", "scenario", "busy_pair", "CONTROL_GAP"]
+
+KEY = bytes(range(32))
+#: idle cycles after a CONTROL, so the core has applied it before the next datagram
+#: (the model applies it at once): about 270 cycles per 64 bytes hashed, plus the rest
+CONTROL_GAP = 7000
+ADMIN = ("10.0.0.1", 4000)
+
+
+def _job(job, n, mode="reliable", deadline=0.001, window=2, mcast=None):
+    mem = tuple(f"10.0.{job}.{k + 1}:{5000 + k}@02:00:00:00:{job:02x}:{k + 1:02x}"
+                for k in range(n))
+    return JobConfig(job, mem, window=window, elements=4, deadline=deadline, mode=mode,
+                     mcast=mcast)
+
+
+def _ctl(cfg_bytes, nonce, key=KEY):
+    return seal(pack(None, type=MsgType.CONTROL) + cfg_bytes, key, nonce)
+
+
+def _d(cfg, w, seq):
+    vals = [w + 1, -(w + 1), 1000 * w + seq, seq]
+    return pack(vals, job=cfg.job, worker=w, seq=seq), cfg.members[w].addr
+
+
+def scenario(jobs_max: int):
+    """(traffic [(datagram, source)], gaps, expected model counters)."""
+    a = _job(7, 3)
+    b = _job(9, 2, mode="bounded", deadline=300e-6, mcast=("239.0.0.9", 7009))
+    t, gaps = [], []
+
+    def ctl(dgram):
+        t.append((dgram, ADMIN))
+        gaps.append(0)
+        gaps_after.add(len(t))
+
+    gaps_after = set()
+
+    def data(*pkts):
+        for p in pkts:
+            t.append(p)
+            gaps.append(0)
+
+    nonce = iter(range(1000, 2000))
+    ctl(_ctl(a.to_bytes(), next(nonce)))                           # install: control
+    data(_d(a, 0, 0), _d(a, 1, 0), _d(a, 2, 0))                     # a RESULT
+    data(_d(a, 0, 1), _d(a, 1, 1))                                  # seq 1 open
+    upd = _ctl(dataclasses.replace(a, deadline=0.002).to_bytes(update=True), next(nonce))
+    ctl(upd)                                                        # live update: kept
+    data(_d(a, 2, 1))                                               # completes seq 1
+    ctl(upd)                                                        # replayed
+    ctl(_ctl(a.to_bytes(), next(nonce), key=b"\x01" * 32))          # another key
+    bad = bytearray(_ctl(a.to_bytes(), next(nonce)))
+    bad[24] ^= 0x40
+    ctl(bytes(bad))                                                 # altered
+    ctl(_ctl(dataclasses.replace(a, window=4).to_bytes(update=True), next(nonce)))
+    ctl(_ctl(_job(9, 2).to_bytes(update=True), next(nonce)))        # update, not installed
+    data(_d(a, 0, 2), _d(a, 1, 2))                                  # seq 2 open
+    ctl(_ctl(a.to_bytes(), next(nonce)))                            # re-install: afresh
+    data(_d(a, 2, 2), _d(a, 0, 0), _d(a, 1, 0), _d(a, 2, 0))        # a new run
+    # malformed entries, sealed
+    e = bytearray(a.to_bytes())
+    e[18:20] = b"\x00\x02"                                          # unknown flag
+    ctl(_ctl(bytes(e), next(nonce)))
+    e = bytearray(a.to_bytes())
+    e[3] = 2                                                        # unknown mode
+    ctl(_ctl(bytes(e), next(nonce)))
+    e = bytearray(a.to_bytes())
+    e[4:6] = (3).to_bytes(2, "big")                                 # window 3
+    ctl(_ctl(bytes(e), next(nonce)))
+    e = bytearray(a.to_bytes())
+    e[20 + 24:20 + 30] = e[20 + 12:20 + 18]                         # duplicate member
+    ctl(_ctl(bytes(e), next(nonce)))
+    e = bytearray(a.to_bytes())
+    e[2] = 2                                                        # 2 members, 3 sent
+    ctl(_ctl(bytes(e), next(nonce)))
+    ctl(_ctl(a.to_bytes() + b"\0", next(nonce)))                    # impossible length
+    # a second job fills the table; a third is refused; removal
+    ctl(_ctl(b.to_bytes(), next(nonce)))
+    data(_d(b, 0, 0))                                               # PARTIAL later
+    if jobs_max == 2:
+        ctl(_ctl(_job(11, 2).to_bytes(), next(nonce)))              # table full: refused
+    ctl(_ctl(_job(7, 40 // 10).to_bytes(), next(nonce)))            # job 7 replaced
+    data(_d(_job(7, 4), 3, 0), _d(_job(7, 4), 0, 0))
+    rm = bytearray(pack(None, type=MsgType.CONTROL) + _job(9, 2).to_bytes()[:20])
+    rm[20 + 2] = 0
+    ctl(seal(bytes(rm), KEY, next(nonce)))                          # remove job 9
+    data(_d(b, 1, 1))                                               # unknown job
+    # a STATUS_REQ too short to be answered
+    data((pack(None, type=MsgType.STATUS_REQ), ADMIN))
+    gaps = [g + (CONTROL_GAP if k in gaps_after else 0) for k, g in enumerate(gaps)]
+    # the PARTIAL of job 9's first seq 0 fires in the gap after the CONTROL behind it
+    expect = {"control": 6, "control_refused": 2 + (jobs_max == 2),
+              "drop_unauthenticated": 3, "drop_malformed": 6, "status_requests": 1,
+              "status_unpadded": 1, "drop_unknown_job": 1, "partials": 1}
+    return t, gaps, expect
+
+
+def busy_pair():
+    """Two installs back to back: the core takes the first and drops the second
+    (``drop_control_busy``); the model, which has no such limit, is not asked."""
+    b = _job(9, 2)
+    return [(_ctl(b.to_bytes(), 5000), ADMIN), (_ctl(b.to_bytes(), 5001), ADMIN)]
