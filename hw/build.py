@@ -66,7 +66,7 @@ def toolchain_env() -> dict:
     return env
 
 
-def board_config(board: str, jobs_path=None):
+def board_config(board: str, jobs_path=None, control_key=None):
     """BoardConfig and per-port RGMII settings from constraints/<board>.toml (+ jobs)."""
     from ina_fabric.hw.boards.datapath import BoardConfig
     _, cfile = BOARDS[board]
@@ -78,7 +78,8 @@ def board_config(board: str, jobs_path=None):
         jobs = tuple(load_jobs_toml(jobs_path))
     b = c["board"]
     cfg = BoardConfig(mac=b["mac"], ip=b["ip"], worker_net=b["worker_net"],
-                      clock_hz=c["clocks"]["core_mhz"] * 1e6, jobs=jobs)
+                      clock_hz=c["clocks"]["core_mhz"] * 1e6, jobs=jobs,
+                      control_key=control_key)
     ports = {int(k): int(v["rx_delay_taps"]) for k, v in c["port"].items()}
     return cfg, ports, c
 
@@ -138,6 +139,10 @@ def main(argv=None) -> int:
                         "seed it kept)")
     p.add_argument("--out", "--build-dir", dest="build_dir", metavar="DIR",
                    help="output folder (default: build/<board> under the current directory)")
+    p.add_argument("--no-control", action="store_true",
+                   help="build without in-band control (jobs from the ROM only); by default "
+                        "the bitstream takes CONTROL sealed with this machine's switch key "
+                        "(INA_SWITCH_KEY, INA_SWITCH_KEY_FILE or ~/.config/ina-fabric/switch.key)")
     args = p.parse_args(argv)
 
     os.environ.update(toolchain_env())
@@ -146,7 +151,11 @@ def main(argv=None) -> int:
     # synthesis (hw/ina/synth.py says why it is safe)
     from ina_fabric.hw.ina.synth import ACC_COLLISION_DONT_CARE
     factory, _ = BOARDS[args.board]
-    cfg, ports, c = board_config(args.board, args.jobs)
+    key = None
+    if not args.no_control:
+        from ina_fabric.host.switch.keys import switch_key
+        key = switch_key(create=True)
+    cfg, ports, c = board_config(args.board, args.jobs, key)
     build_dir = pathlib.Path(args.build_dir or BUILD_DIR / args.board)
 
     seeds = [args.seed] if args.seed is not None else \

@@ -34,7 +34,7 @@ from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, N
                                         GROUP_WORKER, field_offsets)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
-                                      control_length_ok)
+                                      control_length_ok, STATUS_MIN_REQUEST)
 
 __all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER"]
 
@@ -51,9 +51,8 @@ COUNTERS = (
 
 _OFF = field_offsets()
 
-#: a STATUS_REQ is padded to at least this many bytes, and a STATUS reply is never
-#: larger than the request that asked for it: the switch is no reflection amplifier
-STATUS_MIN_REQUEST = 1200
+#: (STATUS_MIN_REQUEST: a STATUS_REQ is padded to at least this many bytes, and a STATUS
+#: reply is never larger than the request that asked for it; ina_fabric.protocol.auth)
 #: a STATUS_REQ payload: zero padding, then the first job id wanted (big-endian u32) in
 #: its last four bytes; the reply says where the next page starts ("next_job")
 

@@ -48,7 +48,7 @@ from amaranth.lib import wiring, data, memory
 from amaranth.lib.wiring import In, Out
 
 from ina_fabric.protocol.auth import (MAX_CONTROL_BYTES, MIN_CONTROL_BYTES, REPLAY_SLOTS,
-                                      TAG_BYTES, NONCE_BYTES, control_length_ok)
+                                      TAG_BYTES, control_length_ok, STATUS_MIN_REQUEST)
 from ina_fabric.protocol.fields import MsgType, VERSION, MAX_WORKERS
 from ina_fabric.protocol.jobtable import ENTRY_UPDATE, MAX_ELEMENTS, MEMBER_DTYPE
 from ina_fabric.protocol.regs import JOB_BASE, JOB_STRIDE, JOB_REGS, MEMBER_BASE, MEMBER_REGS
@@ -66,7 +66,6 @@ CONTROL_EVENTS = {"status_requests": 1, "status_unpadded": 1, "control": 1,
                   "control_refused": 1, "drop_unauthenticated": 1, "drop_malformed": 2,
                   "drop_control_busy": 1}
 
-from ina_fabric.host.switch.model import STATUS_MIN_REQUEST  # noqa: E402  (one definition)
 
 
 def _log2(n):

@@ -32,11 +32,15 @@ from .fields import HEADER_BYTES, MAX_WORKERS
 from .jobtable import ENTRY_DTYPE, MEMBER_DTYPE
 
 __all__ = ["NONCE_BYTES", "TAG_BYTES", "TRAILER_BYTES", "REPLAY_SLOTS", "seal",
-           "unseal", "ReplayGuard", "new_nonce", "MAX_CONTROL_BYTES", "control_length_ok"]
+           "unseal", "ReplayGuard", "new_nonce", "MAX_CONTROL_BYTES", "control_length_ok",
+           "STATUS_MIN_REQUEST"]
 
 NONCE_BYTES = 8
 TAG_BYTES = 16
 TRAILER_BYTES = NONCE_BYTES + TAG_BYTES
+#: a STATUS_REQ is padded to at least this many bytes, and a STATUS reply is never
+#: larger than the request that asked for it: a switch is no reflection amplifier
+STATUS_MIN_REQUEST = 1200
 #: how many of the highest nonces taken a switch remembers (the gateware's registers)
 REPLAY_SLOTS = 8
 #: the INA header, a job-table entry with 32 members, and the trailer
