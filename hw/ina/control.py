@@ -43,8 +43,10 @@ Ports::
     events    Out: counter events
 """
 
+import json
+
 from amaranth.hdl import *
-from amaranth.lib import wiring, data, memory
+from amaranth.lib import wiring, data, memory, stream
 from amaranth.lib.wiring import In, Out
 
 from ina_fabric.protocol.auth import (MAX_CONTROL_BYTES, MIN_CONTROL_BYTES, REPLAY_SLOTS,
@@ -53,7 +55,8 @@ from ina_fabric.protocol.fields import MsgType, VERSION, MAX_WORKERS
 from ina_fabric.protocol.jobtable import ENTRY_UPDATE, MAX_ELEMENTS, MEMBER_DTYPE
 from ina_fabric.protocol.regs import JOB_BASE, JOB_STRIDE, JOB_REGS, MEMBER_BASE, MEMBER_REGS
 
-from .layout import in_layout
+from .layout import in_layout, out_layout
+from .replicator import ip_checksum_hw
 from .params import CoreParams, HEADER_WORDS
 from .regfile import job_layout, member_layout, jobs_at
 from .sha256 import Sha256
@@ -84,6 +87,29 @@ def hmac_blocks(key: bytes):
     return words(ipad), words(opad)
 
 
+def reply_templates(P: CoreParams) -> dict:
+    """The JSON of each reply the control plane sends (bytes; ``\\x01`` stands for the
+    job id in decimal): the reference model's texts (``SwitchModel._control``), and the
+    core's own refusal of a job it cannot hold."""
+    def doc(d):
+        return json.dumps(d, sort_keys=True).replace("\\u0001", "\x01").encode()
+    j = "\x01"
+    return {
+        "install": f'{{"job": {j}, "ok": true, "op": "install"}}'.encode(),
+        "update": f'{{"job": {j}, "ok": true, "op": "update"}}'.encode(),
+        "remove": f'{{"job": {j}, "ok": true, "op": "remove"}}'.encode(),
+        "not_installed": doc({"error": f"job {j}: live update of a job that is not "
+                                      f"installed"}),
+        "only_deadline": doc({"error": f"job {j}: a live update may change only the "
+                                      f"deadline; install the job anew to change anything "
+                                      f"else"}),
+        "table_full": doc({"error": f"job {j}: the switch holds {P.jobs} jobs, its limit"}),
+        "no_fit": doc({"error": f"job {j}: does not fit the core (window <= {P.window}, "
+                                f"elements <= {P.elements}, workers <= {P.workers}, "
+                                f"deadline below 2^31 cycles)"}),
+    }
+
+
 def _reg(name):
     return next(r for r in JOB_REGS if r.name == name).offset
 
@@ -111,6 +137,8 @@ class ControlPlane(wiring.Component):
                 addr_width=_log2(P.jobs * ws), shape=member_layout(mac=True))),
             "bus": Out(data.StructLayout({"addr": 16, "w_stb": 1, "w_data": 32})),
             "bus_active": Out(1),
+            "src_ip": In(32),
+            "o": Out(stream.Signature(out_layout(P.lanes))),
             "events": Out(data.StructLayout(CONTROL_EVENTS)),
         })
 
@@ -142,6 +170,7 @@ class ControlPlane(wiring.Component):
             m.d.comb += ev.drop_malformed[0].eq(is_ctl)
             m.d.comb += self.member.en.eq(0)
             return m
+        replies = reply_templates(P)
 
         # the lengths a sealed entry may have: one compare each, and the member count
         lengths = [n for n in range(MIN_CONTROL_BYTES, MAX_CONTROL_BYTES + 1)
@@ -163,6 +192,7 @@ class ControlPlane(wiring.Component):
 
         busy = Signal()
         capturing = Signal()
+        r_ip, r_port, r_mac = Signal(32), Signal(16), Signal(48)   # the request's source
         bidx = Signal(range(depth + 1))
         nbytes = Signal(16)
         kmem = Signal(range(MAX_WORKERS + 1))    # members the length says
@@ -173,7 +203,8 @@ class ControlPlane(wiring.Component):
         m.d.comb += c_busy.eq(is_ctl & len_ok & busy)
         with m.If(is_ctl & len_ok & ~busy):
             m.d.sync += [busy.eq(1), capturing.eq(~pl.last), bidx.eq(1), nbytes.eq(pl.length),
-                         kmem.eq(k_in)]
+                         kmem.eq(k_in), r_ip.eq(pl.src_ip), r_port.eq(pl.src_port),
+                         r_mac.eq(pl.src_mac)]
             m.d.comb += [bw.en.eq(1), bw.addr.eq(0)]
         with m.Elif(capturing & sn.valid):
             m.d.comb += bw.en.eq(1)
@@ -191,10 +222,31 @@ class ControlPlane(wiring.Component):
             wb = widx - HEADER_WORDS
             m.d.comb += br.addr.eq(Mux(is_h, widx >> LL, H + (wb >> LL)))
             m.d.sync += lane.eq(Mux(is_h, widx[:LL], wb[:LL]))
-            word = Array(br.data[k] for k in range(L))[lane]
+            req_word = Array(br.data[k] for k in range(L))[lane]
         else:
             m.d.comb += br.addr.eq(widx)
-            word = br.data[0]
+            req_word = br.data[0]
+        # the reply, assembled a byte at a time into words (header, JSON, nonce, tag)
+        RW = 64
+        m.submodules.rmem = rmem = memory.Memory(shape=32, depth=RW, init=[])
+        rw, rr = rmem.write_port(), rmem.read_port()
+        m.d.comb += rr.addr.eq(widx)
+        src_reply = Signal()        # the hash reads the reply, not the request
+        word = Mux(src_reply, rr.data, req_word)
+        pos = Signal(range(4 * RW + 1))     # reply bytes written
+        acc = Signal(32)                    # the word being filled
+        pstb, pbyte, flush = Signal(), Signal(8), Signal()
+        lane_b = pos[:2]
+        filled = Signal(32)
+        m.d.comb += filled.eq(acc | (pbyte << Mux(lane_b == 0, 24, Mux(lane_b == 1, 16,
+                                                  Mux(lane_b == 2, 8, 0)))))
+        m.d.comb += [rw.addr.eq(pos >> 2), rw.data.eq(Mux(pstb, filled, acc)),
+                     rw.en.eq((pstb & (lane_b == 3)) | flush)]
+        with m.If(pstb):
+            m.d.sync += [pos.eq(pos + 1), acc.eq(Mux(lane_b == 3, 0, filled))]
+
+        def put(byte):
+            m.d.comb += [pstb.eq(1), pbyte.eq(byte)]
 
         # ---------------------------------------------------------------- SHA-256
         m.submodules.sha = sha = Sha256()
@@ -202,7 +254,7 @@ class ControlPlane(wiring.Component):
         ipad_a = Array(C(x, 32) for x in ipad)
         opad_a = Array(C(x, 32) for x in opad)
         cnt = Signal(range(2048))       # word counter within a phase
-        msg_words = Signal(range(max_words + 1))    # words hashed: all but the tag
+        mlen = Signal(range(4 * RW + 1))    # bytes hashed: all but the tag
         nblk16 = Signal(range(2048))    # words of the padded message (16 per block)
         inner = Signal(data.ArrayLayout(32, 8))
         tag = Signal(data.ArrayLayout(32, 4))
@@ -256,12 +308,35 @@ class ControlPlane(wiring.Component):
             with m.If(e_window[b]):
                 m.d.comb += l2w.eq(b)
 
+        # reply templates (reply_templates): one ROM, each ends in 0; 1 marks the job id
+        rom, starts = [], {}
+        for name, text in replies.items():
+            starts[name] = len(rom)
+            rom += list(text) + [0]
+        m.submodules.tpl = tmem = memory.Memory(shape=8, depth=len(rom), init=rom)
+        trd = tmem.read_port(domain="comb")
+        tp = Signal(range(len(rom) + 1))
+        tstart = Signal(range(len(rom) + 1))
+        tpl_ok = Signal()
+        m.d.comb += trd.addr.eq(tp)
+        dv = Signal(17)
+        di = Signal(range(5))
+        dd = Signal(4)
+        dstarted = Signal()
+        ob_data = [Signal(32, name=f"ob_data{k}") for k in range(L)]
+        ob_n = Signal(range(L + 1))
+        ob_first, ob_last, ob_valid = Signal(), Signal(), Signal()
+
+        def reply(name):
+            """Answer with template ``name`` (a sealed STATUS, as the model's)."""
+            m.d.sync += [tstart.eq(starts[name]), cnt.eq(0), pos.eq(0), acc.eq(0),
+                         tpl_ok.eq(0)]
+            m.next = "R_HDR"
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(busy & ~capturing):
-                    m.d.sync += [msg_words.eq((nbytes - TAG_BYTES) >> 2), cnt.eq(0)]
-                    # padded blocks of the message after the key block: (m + 9 + 63) // 64
-                    m.d.sync += nblk16.eq(((nbytes - TAG_BYTES + 9 + 63) >> 6) << 4)
+                    m.d.sync += [mlen.eq(nbytes - TAG_BYTES), cnt.eq(0), src_reply.eq(0)]
                     m.d.comb += sha.restart.eq(1)
                     m.next = "IPAD"
             with m.State("IPAD"):
@@ -270,13 +345,18 @@ class ControlPlane(wiring.Component):
                     m.d.sync += cnt.eq(cnt + 1)
                     with m.If(cnt == 15):
                         m.d.sync += [cnt.eq(0), widx.eq(0), dly.eq(0)]
+                        # padded blocks of the message after the key block: (m + 9 + 63) // 64
+                        m.d.sync += nblk16.eq(((mlen + 9 + 63) >> 6) << 4)
                         m.next = "MSG"
             with m.State("MSG"):
                 # word cnt of the padded message; buffer words are read two cycles ahead
                 m.d.sync += widx.eq(cnt)
-                bits = ((64 + (msg_words << 2)) << 3)
-                val = Mux(cnt < msg_words, word,
-                          Mux(cnt == msg_words, 0x80000000,
+                bits = (64 + mlen) << 3
+                mfull, mrem = mlen >> 2, mlen[:2]
+                pad = Mux(mrem == 0, 0x80000000, Mux(mrem == 1, 0x00800000,
+                          Mux(mrem == 2, 0x00008000, 0x00000080)))
+                val = Mux(cnt < mfull, word,
+                          Mux(cnt == mfull, Mux(mrem == 0, 0, word) | pad,
                               Mux(cnt == nblk16 - 1, bits, 0)))
                 with m.If(dly != 2):
                     m.d.sync += dly.eq(dly + 1)
@@ -307,10 +387,13 @@ class ControlPlane(wiring.Component):
                     m.d.sync += cnt.eq(cnt + 1)
                     with m.If(cnt == 15):
                         m.d.sync += [cnt.eq(0), dly.eq(0)]
-                        m.next = "TAG"
+                        with m.If(src_reply):
+                            m.next = "R_TAG"
+                        with m.Else():
+                            m.next = "TAG"
             with m.State("TAG"):
                 # the datagram's tag (4 words) and nonce (2 words) into registers
-                m.d.sync += widx.eq(msg_words - 2 + cnt)
+                m.d.sync += widx.eq((mlen >> 2) - 2 + cnt)
                 with m.If(dly != 2):
                     m.d.sync += dly.eq(dly + 1)
                 with m.Else():
@@ -466,7 +549,7 @@ class ControlPlane(wiring.Component):
                 with m.If(e_flags[0]):
                     with m.If(~found):
                         m.d.comb += ev.control_refused.eq(1)
-                        m.next = "DONE"
+                        reply("not_installed")
                     with m.Else():
                         def js(name):
                             return jobs_at(jt, name, slot)
@@ -481,18 +564,21 @@ class ControlPlane(wiring.Component):
                             m.next = "UPD_CMP"
                         with m.Else():
                             m.d.comb += ev.control_refused.eq(1)
-                            m.next = "DONE"
+                            reply("only_deadline")
                 with m.Else():
                     fits = ((e_window <= P.window) & (e_elements <= P.elements)
-                            & (e_n <= P.workers) & (cyc < (1 << 31)) & (found | free_ok))
-                    with m.If(fits):
+                            & (e_n <= P.workers) & (cyc < (1 << 31)))
+                    with m.If(~fits):
+                        m.d.comb += ev.control_refused.eq(1)
+                        reply("no_fit")
+                    with m.Elif(~(found | free_ok)):
+                        m.d.comb += ev.control_refused.eq(1)
+                        reply("table_full")
+                    with m.Else():
                         with m.If(~found):
                             m.d.sync += slot.eq(free)
                         m.d.sync += cnt.eq(0)
                         m.next = "WRITE"
-                    with m.Else():
-                        m.d.comb += ev.control_refused.eq(1)
-                        m.next = "DONE"
             with m.State("UPD_CMP"):
                 # member ma of the entry (buffer) against the member table (read port)
                 with m.If(ma == kmem):
@@ -524,14 +610,15 @@ class ControlPlane(wiring.Component):
                                 m.next = "UPD_CMP"
                             with m.Else():
                                 m.d.comb += ev.control_refused.eq(1)
-                                m.next = "DONE"
+                                reply("only_deadline")
             with m.State("UPD_WRITE"):
                 with m.If(cyc >= (1 << 31)):
                     m.d.comb += ev.control_refused.eq(1)
+                    reply("no_fit")
                 with m.Else():
                     m.d.comb += job_w("deadline", cyc[:32])
                     m.d.comb += ev.control.eq(1)
-                m.next = "DONE"
+                    reply("update")
             with m.State("REMOVE"):
                 # every enabled entry with this job id
                 for j in range(NJ):
@@ -541,7 +628,7 @@ class ControlPlane(wiring.Component):
                 m.d.sync += cnt.eq(cnt + 1)
                 with m.If(cnt == NJ - 1):
                     m.d.comb += ev.control.eq(1)
-                    m.next = "DONE"
+                    reply("remove")
             with m.State("WRITE"):
                 # enable 0, the job's registers, then its members, then enable 1
                 fields = [("enable", 0), ("job_id", e_job), ("nworkers", e_n),
@@ -585,10 +672,97 @@ class ControlPlane(wiring.Component):
                 m.d.sync += cnt.eq(cnt + 1)
                 with m.If((cnt > 4) & jobs_at(jt, "enable", slot)):
                     m.d.comb += ev.control.eq(1)
-                    m.next = "DONE"
+                    reply("install")
+            # ---------------------------------------------------------- the reply
+            with m.State("R_HDR"):
+                # the INA header of a STATUS datagram: version, type, then zeros
+                put(Mux(cnt == 0, VERSION, Mux(cnt == 1, MsgType.STATUS, 0)))
+                m.d.sync += cnt.eq(cnt + 1)
+                with m.If(cnt == 19):
+                    m.d.sync += [tp.eq(tstart), cnt.eq(0)]
+                    m.next = "R_TPL"
+            with m.State("R_TPL"):
+                # the template, read a cycle ahead; 1 is the job id, 0 the end
+                with m.If(~tpl_ok):
+                    m.d.sync += tpl_ok.eq(1)
+                with m.Elif(trd.data == 0):
+                    m.d.sync += [cnt.eq(0), tpl_ok.eq(0)]
+                    m.next = "R_NONCE"
+                with m.Elif(trd.data == 1):
+                    m.d.sync += [dv.eq(e_job), di.eq(0), dd.eq(0), dstarted.eq(0),
+                                 tp.eq(tp + 1), tpl_ok.eq(0)]
+                    m.next = "R_DIG"
+                with m.Else():
+                    put(trd.data)
+                    m.d.sync += [tp.eq(tp + 1), tpl_ok.eq(0)]
+            with m.State("R_DIG"):
+                # the job id in decimal: subtract each power of ten, then its digit
+                pw = Array(C(10 ** (4 - k), 17) for k in range(5))[di]
+                with m.If(dv >= pw):
+                    m.d.sync += [dv.eq(dv - pw), dd.eq(dd + 1)]
+                with m.Else():
+                    with m.If((dd != 0) | dstarted | (di == 4)):
+                        put(ord("0") + dd)
+                        m.d.sync += dstarted.eq(1)
+                    m.d.sync += [dd.eq(0), di.eq(di + 1)]
+                    with m.If(di == 4):
+                        m.next = "R_TPL"
+            with m.State("R_NONCE"):
+                put(nonce.word_select((7 - cnt[:3])[:3], 8))
+                m.d.sync += cnt.eq(cnt + 1)
+                with m.If(cnt == 7):
+                    m.next = "R_HASH"
+            with m.State("R_HASH"):
+                # the tag over everything so far, as for a request
+                m.d.comb += [flush.eq(1), sha.restart.eq(1)]
+                m.d.sync += [mlen.eq(pos), cnt.eq(0), src_reply.eq(1)]
+                m.next = "IPAD"
+            with m.State("R_TAG"):
+                with m.If(~sha.busy):
+                    put(Cat(sha.digest[k] for k in reversed(range(4))).word_select((15 - cnt[:4])[:4], 8))
+                    m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(cnt == 15):
+                        m.d.sync += [cnt.eq(0), dly.eq(0), ob_n.eq(0), ob_first.eq(1)]
+                        m.next = "R_FLUSH"
+            with m.State("R_FLUSH"):
+                m.d.comb += flush.eq(1)
+                m.next = "R_OUT"
+            with m.State("R_OUT"):
+                # one word at a time into the output beat, laid out as the core's output
+                # (header words in the first beats, the rest from a fresh beat)
+                nw = (pos + 3) >> 2
+                is_hdr = cnt < HEADER_WORDS
+                lane_o = Mux(is_hdr, cnt[:max(1, LL)] if L > 1 else 0,
+                             (cnt - HEADER_WORDS)[:max(1, LL)] if L > 1 else 0)
+                full = (lane_o == L - 1) | (cnt == HEADER_WORDS - 1) | (cnt == nw - 1)
+                with m.If(read(cnt)):
+                    for k in range(L):
+                        with m.If(lane_o == k):
+                            m.d.sync += ob_data[k].eq(word)
+                    m.d.sync += ob_n.eq(lane_o + 1)
+                    with m.If(full):
+                        m.d.sync += [ob_last.eq(cnt == nw - 1), ob_valid.eq(1)]
+                        m.next = "R_SEND"
+                    with m.Else():
+                        m.d.sync += cnt.eq(cnt + 1)
+            with m.State("R_SEND"):
+                with m.If(self.o.ready):
+                    m.d.sync += [ob_valid.eq(0), ob_first.eq(0), cnt.eq(cnt + 1)]
+                    with m.If(ob_last):
+                        m.next = "DONE"
+                    with m.Else():
+                        m.next = "R_OUT"
             with m.State("DONE"):
-                m.d.sync += busy.eq(0)
+                m.d.sync += [busy.eq(0), src_reply.eq(0)]
                 m.next = "IDLE"
+
+        o = self.o.payload
+        m.d.comb += [self.o.valid.eq(ob_valid), o.first.eq(ob_first), o.last.eq(ob_last),
+                     o.n.eq(ob_n), o.length.eq(pos), o.dst_mac.eq(r_mac), o.dst_ip.eq(r_ip),
+                     o.dst_port.eq(r_port), o.mcast.eq(0),
+                     o.ip_checksum.eq(ip_checksum_hw(self.src_ip, r_ip, pos + 28))]
+        for k in range(L):
+            m.d.comb += o.data[k].eq(ob_data[k])
 
         m.d.comb += self.bus_active.eq(bus.w_stb)
         return m

@@ -107,7 +107,7 @@ class InaCore(wiring.Component):
 
         # register file: the bus, or the control plane in the cycles it writes (the
         # bus's reads show garbage meanwhile; the board reads counters only)
-        m.d.comb += [ctl.snoop.valid.eq(self.i.valid & self.i.ready),
+        m.d.comb += [ctl.snoop.valid.eq(self.i.valid & self.i.ready), ctl.src_ip.eq(rf.src_ip),
                      ctl.snoop.payload.eq(self.i.payload), ctl.jobs.eq(rf.jobs),
                      self.cfg.r_data.eq(rf.bus.r_data)]
         wiring.connect(m, rf.member_ctl, ctl.member)
@@ -146,7 +146,27 @@ class InaCore(wiring.Component):
         wiring.connect(m, rf.member_rd, rep.member)
         wiring.connect(m, ep.acc_rd, rep.acc)
         wiring.connect(m, ep.ovf_rd, rep.ovf)
-        wiring.connect(m, rep.o, wiring.flipped(self.o))
+        # the output: RESULT copies, and between them the control plane's replies (a
+        # packet at a time; the select is a register, so the replicator's path to ``o``
+        # gains one 2:1 multiplexer)
+        sel_ctl = Signal()
+        in_pkt = Signal()
+        src = [rep.o, ctl.o]
+        with m.If(sel_ctl):
+            m.d.comb += [self.o.valid.eq(ctl.o.valid), self.o.payload.eq(ctl.o.payload),
+                         ctl.o.ready.eq(self.o.ready)]
+        with m.Else():
+            m.d.comb += [self.o.valid.eq(rep.o.valid), self.o.payload.eq(rep.o.payload),
+                         rep.o.ready.eq(self.o.ready)]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += in_pkt.eq(~self.o.payload.last)
+        with m.If(~in_pkt & ~(self.o.valid & self.o.ready)):
+            with m.If(sel_ctl & ~ctl.o.valid):
+                m.d.sync += sel_ctl.eq(0)
+            with m.Elif(~sel_ctl & ~rep.o.valid & ctl.o.valid):
+                m.d.sync += sel_ctl.eq(1)
+        with m.If(self.o.valid & self.o.ready & self.o.payload.last & sel_ctl):
+            m.d.sync += sel_ctl.eq(0)
 
         # counters: each one's events from every block that raises it
         parts = {name: [] for name in COUNTER_EVENTS}

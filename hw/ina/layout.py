@@ -54,11 +54,14 @@ def in_layout(lanes: int) -> data.StructLayout:
     length    UDP payload length in bytes (the datagram the model sees); read on ``first``
     src_ip    IPv4 source address of the datagram; read on ``first``
     src_port  UDP source port of the datagram; read on ``first``
+    src_mac   Ethernet source address of the frame; read on ``first`` (the control
+              plane answers CONTROL there)
     """
     return data.StructLayout({
         **_beat_fields(lanes),
         "src_ip": 32,
         "src_port": 16,
+        "src_mac": 48,
     })
 
 

@@ -45,6 +45,8 @@ class Scoreboard:
                  max_jobs=None):
         self.model = SwitchModel(jobs, key=key, **({"max_jobs": max_jobs} if max_jobs else {}))
         self.time_scale = time_scale
+        #: the model's STATUS replies (to CONTROL) are compared with the core's, in order
+        self.compare_replies = key is not None
         self.jobs = {j.job: j for j in jobs}
         self.src_ip = int(ipaddress.IPv4Address(src_ip))
         self.expected = defaultdict(list)
@@ -76,6 +78,8 @@ class Scoreboard:
 
     def _expect(self, dest, out):
         if len(out) >= 2 and out[1] == MsgType.STATUS:
+            if self.compare_replies:
+                self.expected[("reply", 0)].append((tuple(dest), out))
             return
         self.expected[_key(out)].append((tuple(dest), out))
 
@@ -88,6 +92,9 @@ class Scoreboard:
         want = ipv4_header(self.src_ip, side["dst_ip"], len(dgram))
         if side["ip_checksum"] != int.from_bytes(want[10:12], "big"):
             raise ScoreboardError(f"IPv4 checksum {side['ip_checksum']:#06x} wrong")
+        if len(dgram) >= 2 and dgram[1] == MsgType.STATUS:
+            self.got[("reply", 0)].append((dst, dgram))
+            return
         job = None
         if len(dgram) >= 20:    # (a job installed by CONTROL is the model's)
             js = self.model.jobs.get(_key(dgram)[0])
@@ -107,7 +114,7 @@ class Scoreboard:
 
     def check(self):
         """Raise on the first slot whose outputs differ; return a summary."""
-        keys = sorted(set(self.expected) | set(self.got))
+        keys = sorted(set(self.expected) | set(self.got), key=str)
         bad = [k for k in keys if self.expected.get(k, []) != self.got.get(k, [])]
         for k in bad[:1]:
             e, g = self.expected.get(k, []), self.got.get(k, [])
