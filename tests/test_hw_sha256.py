@@ -66,3 +66,21 @@ def test_gateware_sha256_matches_hashlib():
     assert got[1] == bytes.fromhex(
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
     assert _run_blocks(msgs) == [hashlib.sha256(m).digest() for m in msgs]
+
+
+def test_hmac_from_key_blocks_is_hmac_sha256():
+    """The control plane's HMAC: the two key blocks (control.hmac_blocks), the message
+    after the first, the inner digest after the second, as the gateware sequences them."""
+    from ina_fabric.hw.ina.control import hmac_blocks
+    for key in (bytes(range(32)), b"k" * 16, os.urandom(80)):
+        msg = os.urandom(100)
+        ipad, opad = hmac_blocks(key)
+        words = lambda ws: b"".join(w.to_bytes(4, "big") for w in ws)
+        st = compress_py(IV, words(ipad))
+        p = _pad(msg, prefix_bytes=64)
+        for k in range(0, len(p), 64):
+            st = compress_py(st, p[k:k + 64])
+        inner = words(st)
+        st = compress_py(IV, words(opad))
+        st = compress_py(st, _pad(inner, prefix_bytes=64))
+        assert words(st) == hmac.new(key, msg, hashlib.sha256).digest()
