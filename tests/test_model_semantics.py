@@ -342,6 +342,22 @@ def test_status_is_paged_and_never_larger_than_its_request():
     assert seen == set(range(1000)) and pages > 1
 
 
+def test_status_request_sizes_the_gateware_can_buffer():
+    """A STATUS_REQ is answered only at 1,200 to 2,048 bytes in whole words (the rule
+    the gateware follows: it buffers the request while it checks the tag); any other
+    size is status_unpadded, unanswered, sealed or not."""
+    from ina_fabric.protocol.auth import STATUS_MIN_REQUEST, STATUS_MAX_REQUEST
+    m = SwitchModel(key=KEY)
+    src = ("127.0.0.1", 1)
+    hdr = pack(None, type=MsgType.STATUS_REQ)
+    for k, n in enumerate((STATUS_MIN_REQUEST + 1, STATUS_MAX_REQUEST + 4)):
+        assert m.process(seal(hdr + bytes(n - 44), KEY, 10 + k), src, 0.0) == []
+    assert m.counters["status_unpadded"] == 2
+    for k, n in enumerate((STATUS_MIN_REQUEST, STATUS_MAX_REQUEST)):
+        assert len(m.process(seal(hdr + bytes(n - 44), KEY, 20 + k), src, 0.0)) == 1
+    assert m.counters["status_unpadded"] == 2 and m.counters["status_requests"] == 4
+
+
 def test_per_packet_cost_does_not_walk_every_job():
     """Bounded deadlines sit in one heap: with 2000 idle jobs installed, tick touches
     none of them (it walked every job on every packet before)."""

@@ -34,7 +34,8 @@ from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, N
                                         GROUP_WORKER, field_offsets)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
-                                      control_length_ok, STATUS_MIN_REQUEST)
+                                      control_length_ok, STATUS_MIN_REQUEST,
+                                      status_length_ok)
 
 __all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER"]
 
@@ -231,8 +232,8 @@ class SwitchModel:
         mtype = int(h["type"])
         if mtype == MsgType.STATUS_REQ:
             c["status_requests"] += 1
-            if n < STATUS_MIN_REQUEST:
-                c["status_unpadded"] += 1     # no reply: it would be an amplifier
+            if not status_length_ok(n):
+                c["status_unpadded"] += 1     # too short (an amplifier), too long, ragged
                 return out
             opened = self._authentic(datagram)
             if opened is None:

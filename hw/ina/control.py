@@ -50,7 +50,9 @@ from amaranth.lib import wiring, data, memory, stream
 from amaranth.lib.wiring import In, Out
 
 from ina_fabric.protocol.auth import (MAX_CONTROL_BYTES, MIN_CONTROL_BYTES, REPLAY_SLOTS,
-                                      TAG_BYTES, control_length_ok, STATUS_MIN_REQUEST)
+                                      TAG_BYTES, TRAILER_BYTES, control_length_ok,
+                                      STATUS_MIN_REQUEST, STATUS_MAX_REQUEST)
+from ina_fabric.protocol.regs import COUNTER_NAMES
 from ina_fabric.protocol.fields import MsgType, VERSION, MAX_WORKERS
 from ina_fabric.protocol.jobtable import ENTRY_UPDATE, MAX_ELEMENTS, MEMBER_DTYPE
 from ina_fabric.protocol.regs import JOB_BASE, JOB_STRIDE, JOB_REGS, MEMBER_BASE, MEMBER_REGS
@@ -107,7 +109,28 @@ def reply_templates(P: CoreParams) -> dict:
         "no_fit": doc({"error": f"job {j}: does not fit the core (window <= {P.window}, "
                                 f"elements <= {P.elements}, workers <= {P.workers}, "
                                 f"deadline below 2^31 cycles)"}),
+        # a STATUS page: every counter (``\\x02 k``: counter k of COUNTER_NAMES, in
+        # decimal), then the enabled jobs (``\\x03``: one job entry each)
+        "status": ('{"counters": {' + ", ".join(
+            f'"{n}": \x02{chr(COUNTER_NAMES.index(n))}' for n in sorted(COUNTER_NAMES))
+            + '}, "jobs": {\x03}, "next_job": null}').encode("latin-1"),
+        # a job entry (``\\x04`` elements, ``\\x06`` window, ``\\x07`` workers): the
+        # model's keys that the core holds as they are (no deadline_ms, open_slots,
+        # waiting_for)
+        "job_reliable": (f'"{j}": {{"elements": \x04, "mode": "reliable", "window": \x06, '
+                         f'"workers": \x07}}').encode(),
+        "job_bounded": (f'"{j}": {{"elements": \x04, "mode": "bounded", "window": \x06, '
+                        f'"workers": \x07}}').encode(),
     }
+
+
+def status_reply_bound(P: CoreParams, replies=None) -> int:
+    """The longest STATUS reply the core can send (header, JSON, trailer): every counter
+    and job field at its widest, every job enabled."""
+    t = replies or reply_templates(P)
+    body = len(t["status"]) - 2 * len(COUNTER_NAMES) - 1 + 10 * len(COUNTER_NAMES)
+    job = max(len(t["job_reliable"]), len(t["job_bounded"])) - 4 + 5 + 5 + 5 + 2
+    return 20 + body + P.jobs * (job + 2) + TRAILER_BYTES
 
 
 def _reg(name):
@@ -138,6 +161,7 @@ class ControlPlane(wiring.Component):
             "bus": Out(data.StructLayout({"addr": 16, "w_stb": 1, "w_data": 32})),
             "bus_active": Out(1),
             "src_ip": In(32),
+            "counters": In(data.ArrayLayout(32, len(COUNTER_NAMES))),
             "o": Out(stream.Signature(out_layout(P.lanes))),
             "events": Out(data.StructLayout(CONTROL_EVENTS)),
         })
@@ -164,13 +188,19 @@ class ControlPlane(wiring.Component):
         ctl_type = (pl.length >= 20) & (w0[24:32] == VERSION)
         is_ctl = first & ctl_type & (w0[16:24] == MsgType.CONTROL)
         is_sreq = first & ctl_type & (w0[16:24] == MsgType.STATUS_REQ)
+        sreq_ok = ((pl.length >= STATUS_MIN_REQUEST) & (pl.length <= STATUS_MAX_REQUEST)
+                   & (pl.length[:2] == 0))          # auth.status_length_ok
         m.d.comb += [ev.status_requests.eq(is_sreq),
-                     ev.status_unpadded.eq(is_sreq & (pl.length < STATUS_MIN_REQUEST))]
+                     ev.status_unpadded.eq(is_sreq & ~sreq_ok)]
         if self.key is None:
             m.d.comb += ev.drop_malformed[0].eq(is_ctl)
             m.d.comb += self.member.en.eq(0)
             return m
         replies = reply_templates(P)
+        worst = status_reply_bound(P, replies)
+        if worst > STATUS_MIN_REQUEST:
+            raise ValueError(f"a STATUS reply of {P.jobs} jobs may take {worst} bytes, more "
+                             f"than the smallest request ({STATUS_MIN_REQUEST}): fewer jobs")
 
         # the lengths a sealed entry may have: one compare each, and the member count
         lengths = [n for n in range(MIN_CONTROL_BYTES, MAX_CONTROL_BYTES + 1)
@@ -183,7 +213,7 @@ class ControlPlane(wiring.Component):
                 m.d.comb += k_in.eq(i)
 
         # the datagram buffer: beats as they come (header beats, then element beats)
-        max_words = MAX_CONTROL_BYTES // 4
+        max_words = max(MAX_CONTROL_BYTES, STATUS_MAX_REQUEST) // 4
         depth = H + -(-(max_words - HEADER_WORDS) // L)
         m.submodules.buf = buf = memory.Memory(shape=data.ArrayLayout(32, L), depth=depth,
                                                init=[])
@@ -200,8 +230,11 @@ class ControlPlane(wiring.Component):
         m.d.comb += ev.drop_malformed[0].eq(is_ctl & ~len_ok)
         mal = ev.drop_malformed[1]         # a malformed entry (the processor)
         c_busy = Signal()
-        m.d.comb += c_busy.eq(is_ctl & len_ok & busy)
-        with m.If(is_ctl & len_ok & ~busy):
+        take = (is_ctl & len_ok) | (is_sreq & sreq_ok)
+        is_stat = Signal()          # the datagram held is a STATUS_REQ
+        m.d.comb += c_busy.eq(take & busy)
+        with m.If(take & ~busy):
+            m.d.sync += is_stat.eq(is_sreq)
             m.d.sync += [busy.eq(1), capturing.eq(~pl.last), bidx.eq(1), nbytes.eq(pl.length),
                          kmem.eq(k_in), r_ip.eq(pl.src_ip), r_port.eq(pl.src_port),
                          r_mac.eq(pl.src_mac)]
@@ -227,7 +260,7 @@ class ControlPlane(wiring.Component):
             m.d.comb += br.addr.eq(widx)
             req_word = br.data[0]
         # the reply, assembled a byte at a time into words (header, JSON, nonce, tag)
-        RW = 64
+        RW = 512
         m.submodules.rmem = rmem = memory.Memory(shape=32, depth=RW, init=[])
         rw, rr = rmem.write_port(), rmem.read_port()
         m.d.comb += rr.addr.eq(widx)
@@ -319,8 +352,13 @@ class ControlPlane(wiring.Component):
         tstart = Signal(range(len(rom) + 1))
         tpl_ok = Signal()
         m.d.comb += trd.addr.eq(tp)
-        dv = Signal(17)
-        di = Signal(range(5))
+        NC = len(COUNTER_NAMES)
+        dv = Signal(34)
+        di = Signal(range(10))
+        tret = Signal(range(len(rom) + 1))      # where the status template goes on
+        in_job = Signal()                       # a job entry's template runs
+        jent = Signal(range(NJ + 1))
+        jfirst = Signal()
         dd = Signal(4)
         dstarted = Signal()
         ob_data = [Signal(32, name=f"ob_data{k}") for k in range(L)]
@@ -432,8 +470,11 @@ class ControlPlane(wiring.Component):
                         for k in range(REPLAY_SLOTS):
                             with m.If(rs_low == k):
                                 m.d.sync += [kept[k].eq(nonce), kvalid[k].eq(1)]
-                        m.d.sync += [widx.eq(5), dly.eq(0), cnt.eq(0)]
-                        m.next = "ENTRY"
+                        with m.If(is_stat):
+                            reply("status")
+                        with m.Else():
+                            m.d.sync += [widx.eq(5), dly.eq(0), cnt.eq(0)]
+                            m.next = "ENTRY"
                 with m.Else():
                     m.d.sync += rs_i.eq(rs_i + 1)
                     with m.If(vv & (kv == nonce)):
@@ -682,30 +723,81 @@ class ControlPlane(wiring.Component):
                     m.d.sync += [tp.eq(tstart), cnt.eq(0)]
                     m.next = "R_TPL"
             with m.State("R_TPL"):
-                # the template, read a cycle ahead; 1 is the job id, 0 the end
+                # the template, read a cycle ahead: 0 ends it, 1..7 are fields (above)
+                tb = trd.data
                 with m.If(~tpl_ok):
                     m.d.sync += tpl_ok.eq(1)
-                with m.Elif(trd.data == 0):
-                    m.d.sync += [cnt.eq(0), tpl_ok.eq(0)]
-                    m.next = "R_NONCE"
-                with m.Elif(trd.data == 1):
-                    m.d.sync += [dv.eq(e_job), di.eq(0), dd.eq(0), dstarted.eq(0),
-                                 tp.eq(tp + 1), tpl_ok.eq(0)]
-                    m.next = "R_DIG"
                 with m.Else():
-                    put(trd.data)
-                    m.d.sync += [tp.eq(tp + 1), tpl_ok.eq(0)]
+                    m.d.sync += [tpl_ok.eq(0), tp.eq(tp + 1)]
+                    with m.Switch(tb):
+                        with m.Case(0):
+                            with m.If(in_job):
+                                m.d.sync += [in_job.eq(0), tp.eq(tret), jent.eq(jent + 1)]
+                                m.next = "R_JOBS"
+                            with m.Else():
+                                m.d.sync += cnt.eq(0)
+                                m.next = "R_NONCE"
+                        with m.Case(1):
+                            m.d.sync += dv.eq(Mux(in_job, jobs_at(jt, "job_id", jent), e_job))
+                            m.next = "R_DIG"
+                        with m.Case(2):
+                            m.next = "R_CNT"
+                        with m.Case(3):
+                            m.d.sync += [tret.eq(tp + 1), jent.eq(0), jfirst.eq(1)]
+                            m.next = "R_JOBS"
+                        with m.Case(4):
+                            m.d.sync += dv.eq(jobs_at(jt, "elements", jent))
+                            m.next = "R_DIG"
+                        with m.Case(6):
+                            m.d.sync += dv.eq(C(1, 33) << jobs_at(jt, "log2_window", jent))
+                            m.next = "R_DIG"
+                        with m.Case(7):
+                            m.d.sync += dv.eq(jobs_at(jt, "nworkers", jent))
+                            m.next = "R_DIG"
+                        with m.Default():
+                            put(tb)
+                m.d.sync += [di.eq(0), dd.eq(0), dstarted.eq(0)]
+            with m.State("R_CNT"):
+                # the counter index follows the opcode
+                with m.If(~tpl_ok):
+                    m.d.sync += tpl_ok.eq(1)
+                with m.Else():
+                    m.d.sync += [tpl_ok.eq(0), tp.eq(tp + 1),
+                                 dv.eq(Array(self.counters[k] for k in range(NC))[
+                                     trd.data[:max(1, _log2(NC))]])]
+                    m.next = "R_DIG"
+            with m.State("R_JOBS"):
+                # the next enabled entry, with ", " between entries
+                with m.If(jent == NJ):
+                    m.d.sync += tp.eq(tret)
+                    m.next = "R_TPL"
+                with m.Elif(~jobs_at(jt, "enable", jent[:max(1, _log2(NJ))])):
+                    m.d.sync += jent.eq(jent + 1)
+                with m.Elif(~jfirst):
+                    put(ord(","))
+                    m.next = "R_SEP"
+                with m.Else():
+                    m.d.sync += [tp.eq(Mux(jobs_at(jt, "bounded", jent[:max(1, _log2(NJ))]),
+                                           starts["job_bounded"], starts["job_reliable"])),
+                                 in_job.eq(1), jfirst.eq(0)]
+                    m.next = "R_TPL"
+            with m.State("R_SEP"):
+                put(ord(" "))
+                m.d.sync += [tp.eq(Mux(jobs_at(jt, "bounded", jent[:max(1, _log2(NJ))]),
+                                       starts["job_bounded"], starts["job_reliable"])),
+                             in_job.eq(1)]
+                m.next = "R_TPL"
             with m.State("R_DIG"):
-                # the job id in decimal: subtract each power of ten, then its digit
-                pw = Array(C(10 ** (4 - k), 17) for k in range(5))[di]
+                # a number in decimal: subtract each power of ten, then write its digit
+                pw = Array(C(10 ** (9 - k), 34) for k in range(10))[di]
                 with m.If(dv >= pw):
                     m.d.sync += [dv.eq(dv - pw), dd.eq(dd + 1)]
                 with m.Else():
-                    with m.If((dd != 0) | dstarted | (di == 4)):
+                    with m.If((dd != 0) | dstarted | (di == 9)):
                         put(ord("0") + dd)
                         m.d.sync += dstarted.eq(1)
                     m.d.sync += [dd.eq(0), di.eq(di + 1)]
-                    with m.If(di == 4):
+                    with m.If(di == 9):
                         m.next = "R_TPL"
             with m.State("R_NONCE"):
                 put(nonce.word_select((7 - cnt[:3])[:3], 8))

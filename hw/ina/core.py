@@ -108,6 +108,7 @@ class InaCore(wiring.Component):
         # register file: the bus, or the control plane in the cycles it writes (the
         # bus's reads show garbage meanwhile; the board reads counters only)
         m.d.comb += [ctl.snoop.valid.eq(self.i.valid & self.i.ready), ctl.src_ip.eq(rf.src_ip),
+                     ctl.counters.eq(ctr.values),
                      ctl.snoop.payload.eq(self.i.payload), ctl.jobs.eq(rf.jobs),
                      self.cfg.r_data.eq(rf.bus.r_data)]
         wiring.connect(m, rf.member_ctl, ctl.member)

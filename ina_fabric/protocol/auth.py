@@ -33,7 +33,7 @@ from .jobtable import ENTRY_DTYPE, MEMBER_DTYPE
 
 __all__ = ["NONCE_BYTES", "TAG_BYTES", "TRAILER_BYTES", "REPLAY_SLOTS", "seal",
            "unseal", "ReplayGuard", "new_nonce", "MAX_CONTROL_BYTES", "control_length_ok",
-           "STATUS_MIN_REQUEST"]
+           "STATUS_MIN_REQUEST", "STATUS_MAX_REQUEST", "status_length_ok"]
 
 NONCE_BYTES = 8
 TAG_BYTES = 16
@@ -41,6 +41,15 @@ TRAILER_BYTES = NONCE_BYTES + TAG_BYTES
 #: a STATUS_REQ is padded to at least this many bytes, and a STATUS reply is never
 #: larger than the request that asked for it: a switch is no reflection amplifier
 STATUS_MIN_REQUEST = 1200
+#: ... and at most this many (what the gateware buffers while it checks the tag)
+STATUS_MAX_REQUEST = 2048
+
+
+def status_length_ok(n: int) -> bool:
+    """Whether a STATUS_REQ of ``n`` bytes (trailer included) is answered at all: 1,200
+    to 2,048 bytes, whole 32-bit words (a switch counts any other as
+    ``status_unpadded`` and does not look further)."""
+    return STATUS_MIN_REQUEST <= n <= STATUS_MAX_REQUEST and n % 4 == 0
 #: how many of the highest nonces taken a switch remembers (the gateware's registers)
 REPLAY_SLOTS = 8
 #: the INA header, a job-table entry with 32 members, and the trailer

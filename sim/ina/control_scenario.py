@@ -4,7 +4,7 @@ to the slots. The same datagrams go to the core and the model (sim/ina/scoreboar
 
 import dataclasses
 
-from ina_fabric.protocol.auth import seal
+from ina_fabric.protocol.auth import seal, STATUS_MIN_REQUEST, STATUS_MAX_REQUEST
 from ina_fabric.protocol.fields import MsgType
 from ina_fabric.protocol.jobtable import JobConfig
 from ina_fabric.protocol.numpy_view import pack
@@ -15,6 +15,9 @@ KEY = bytes(range(32))
 #: idle cycles after a CONTROL, so the core has applied it before the next datagram
 #: (the model applies it at once): about 270 cycles per 64 bytes hashed, plus the rest
 CONTROL_GAP = 7000
+#: ... and after a STATUS_REQ (1,200 bytes hashed, a page of about 900 bytes written in
+#: decimal and hashed)
+STATUS_GAP = 20000
 ADMIN = ("10.0.0.1", 4000)
 
 
@@ -40,12 +43,12 @@ def scenario(jobs_max: int):
     b = _job(9, 2, mode="bounded", deadline=300e-6, mcast=("239.0.0.9", 7009))
     t, gaps = [], []
 
-    def ctl(dgram):
+    def ctl(dgram, gap=CONTROL_GAP):
         t.append((dgram, ADMIN))
         gaps.append(0)
-        gaps_after.add(len(t))
+        gaps_after[len(t)] = gap
 
-    gaps_after = set()
+    gaps_after = {}
 
     def data(*pkts):
         for p in pkts:
@@ -88,6 +91,11 @@ def scenario(jobs_max: int):
     ctl(_ctl(a.to_bytes() + b"\0", next(nonce)))                    # impossible length
     # a second job fills the table; a third is refused; removal
     ctl(_ctl(b.to_bytes(), next(nonce)))
+    # STATUS: answered (both jobs), another key, too long
+    req = pack(None, type=MsgType.STATUS_REQ) + bytes(STATUS_MIN_REQUEST - 20 - 24)
+    ctl(seal(req, KEY, next(nonce)), STATUS_GAP)
+    ctl(seal(req, b"\x02" * 32, next(nonce)), STATUS_GAP)
+    ctl(seal(req + bytes(STATUS_MAX_REQUEST), KEY, next(nonce)))
     data(_d(b, 0, 0))                                               # PARTIAL later
     if jobs_max == 2:
         ctl(_ctl(_job(11, 2).to_bytes(), next(nonce)))              # table full: refused
@@ -99,11 +107,11 @@ def scenario(jobs_max: int):
     data(_d(b, 1, 1))                                               # unknown job
     # a STATUS_REQ too short to be answered
     data((pack(None, type=MsgType.STATUS_REQ), ADMIN))
-    gaps = [g + (CONTROL_GAP if k in gaps_after else 0) for k, g in enumerate(gaps)]
+    gaps = [g + gaps_after.get(k, 0) for k, g in enumerate(gaps)]
     # the PARTIAL of job 9's first seq 0 fires in the gap after the CONTROL behind it
     expect = {"control": 6, "control_refused": 2 + (jobs_max == 2),
-              "drop_unauthenticated": 3, "drop_malformed": 6, "status_requests": 1,
-              "status_unpadded": 1, "drop_unknown_job": 1, "partials": 1}
+              "drop_unauthenticated": 4, "drop_malformed": 6, "status_requests": 4,
+              "status_unpadded": 2, "drop_unknown_job": 1, "partials": 1}
     return t, gaps, expect
 
 
