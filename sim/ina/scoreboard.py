@@ -133,7 +133,10 @@ class Scoreboard:
         what the core does not keep (see ``status_page_matches``)."""
         if key != ("reply", 0) or len(want) != len(got):
             return want == got
-        return all(w == g or (wd == gd and self.status_page_matches(wb, gb))
+        for (wd, wb), (gd, gb) in zip(want, got):
+            if (wd, wb) != (gd, gb):
+                print(f"reply differs: model {wd} {wb[20:]!r}\n  core {gd} {gb[20:]!r}")
+        return all((wd, wb) == (gd, gb) or (wd == gd and self.status_page_matches(wb, gb))
                    for (wd, wb), (gd, gb) in zip(want, got))
 
     def status_page_matches(self, want: bytes, got: bytes) -> bool:
