@@ -347,7 +347,9 @@ class ControlPlane(wiring.Component):
             starts[name] = len(rom)
             rom += list(text) + [0]
         m.submodules.tpl = tmem = memory.Memory(shape=8, depth=len(rom), init=rom)
-        trd = tmem.read_port(domain="comb")
+        # (synchronous: its data is a register, off the paths behind it; every use
+        # waits a cycle after the address settles, ``tpl_ok``)
+        trd = tmem.read_port()
         tp = Signal(range(len(rom) + 1))
         tstart = Signal(range(len(rom) + 1))
         tpl_ok = Signal()
