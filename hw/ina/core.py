@@ -107,9 +107,13 @@ class InaCore(wiring.Component):
 
         # register file: the bus, or the control plane in the cycles it writes (the
         # bus's reads show garbage meanwhile; the board reads counters only)
-        m.d.comb += [ctl.snoop.valid.eq(self.i.valid & self.i.ready), ctl.src_ip.eq(rf.src_ip),
+        # (the control plane watches the accepted input beats a cycle late: registered, so
+        # its classification does not sit behind the input's block RAM on the board)
+        m.d.sync += [ctl.snoop.valid.eq(self.i.valid & self.i.ready),
+                     ctl.snoop.payload.eq(self.i.payload)]
+        m.d.comb += [ctl.src_ip.eq(rf.src_ip),
                      ctl.counters.eq(ctr.values),
-                     ctl.snoop.payload.eq(self.i.payload), ctl.jobs.eq(rf.jobs),
+                     ctl.jobs.eq(rf.jobs),
                      self.cfg.r_data.eq(rf.bus.r_data)]
         wiring.connect(m, rf.member_ctl, ctl.member)
         with m.If(ctl.bus_active):
