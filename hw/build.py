@@ -139,10 +139,12 @@ def main(argv=None) -> int:
                         "seed it kept)")
     p.add_argument("--out", "--build-dir", dest="build_dir", metavar="DIR",
                    help="output folder (default: build/<board> under the current directory)")
-    p.add_argument("--no-control", action="store_true",
-                   help="build without in-band control (jobs from the ROM only); by default "
-                        "the bitstream takes CONTROL sealed with this machine's switch key "
-                        "(INA_SWITCH_KEY, INA_SWITCH_KEY_FILE or ~/.config/ina-fabric/switch.key)")
+    p.add_argument("--control", action="store_true",
+                   help="build with in-band control: the bitstream takes CONTROL and "
+                        "STATUS_REQ sealed with this machine's switch key (INA_SWITCH_KEY, "
+                        "INA_SWITCH_KEY_FILE or ~/.config/ina-fabric/switch.key); without "
+                        "it, jobs come from the ROM only (the control plane does not yet "
+                        "meet the 75 MHz core clock on the Versa: docs/gateware.md)")
     args = p.parse_args(argv)
 
     os.environ.update(toolchain_env())
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
     from ina_fabric.hw.ina.synth import ACC_COLLISION_DONT_CARE, YOSYS_RETRY_PREPASS
     factory, _ = BOARDS[args.board]
     key = None
-    if not args.no_control:
+    if args.control:
         from ina_fabric.host.switch.keys import switch_key
         key = switch_key(create=True)
     cfg, ports, c = board_config(args.board, args.jobs, key)
