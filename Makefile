@@ -8,10 +8,11 @@ STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 BOARD  ?= versa_ecp5
 
-.PHONY: setup test demo bench sim bitstream program report clean help
+.PHONY: setup test demo demo-rtl bench sim bitstream program report clean help
 
 help:
 	@echo "make demo       train digits on 4 workers through the software switch, vs Gloo"
+	@echo "make demo-rtl   the same training through the gateware in Verilator (RTL in the loop)"
 	@echo "make test       run every test (pytest, cocotb on Icarus)"
 	@echo "make bench      benchmarks; figures to bench/results/*.json"
 	@echo "make sim        cocotb benches alone (WAVES=1 TEST=name for waveforms)"
@@ -22,7 +23,7 @@ setup: $(STAMP)
 
 # setup.py and the C sources: the compiled data path is rebuilt when they change
 $(STAMP): requirements.txt pyproject.toml setup.py $(wildcard host/*/*.c ina_fabric/protocol/*.h)
-	@command -v iverilog >/dev/null && command -v tshark >/dev/null && command -v gcc >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iverilog tshark gcc; }
+	@command -v iverilog >/dev/null && command -v tshark >/dev/null && command -v gcc >/dev/null && command -v verilator >/dev/null && command -v g++ >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iverilog tshark gcc g++ verilator; }
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
@@ -43,6 +44,12 @@ demo: setup
 	  echo "make demo: on loopback (no lab here: $$why)"; \
 	  $(INA) train --workers 4 --plot --out ina-out/demo; \
 	fi
+
+# The same training with every gradient datagram through the INA core (hw/ina) simulated
+# by Verilator, the reference model beside it as a live scoreboard (ina switch --engine
+# rtl); prints the table of make demo and the core's figures and counters.
+demo-rtl: setup
+	$(INA) train --workers 4 --engine rtl --plot --out ina-out/demo-rtl
 
 bench: setup
 	$(INA) bench all

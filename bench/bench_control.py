@@ -2,6 +2,10 @@
 
     ina bench control                          simulation at paper scale + knob trace PNGs
     ina bench control --real                   also real training (digits, 4 workers, throttled)
+    ina bench control --lab                    only the lab comparison: charlm on a 4-host
+                                               lab beside background jobs, progress model
+                                               fitted from real curves, 3 seeds
+                                               (control_real.json, control_real_lab.png)
     ina bench control --plot 'X_{link}.png' where the knob trace PNGs go
 
 Figures are ratios of time to target (other controller / Joint) measured in one run.
@@ -24,8 +28,23 @@ def main(argv=None) -> int:
     ap.add_argument("--real-plot", default=str(_results.RESULTS / "control_real.png"))
     ap.add_argument("--real-trace", default=str(_results.RESULTS / "control_real_trace.png"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lab", action="store_true",
+                    help="run only the lab comparison (needs root; about 40 minutes)")
+    ap.add_argument("--lab-levels", default="light,heavy")
+    ap.add_argument("--lab-seeds", type=int, default=3, help="seeds per level (>= 2)")
+    ap.add_argument("--lab-rate", default="50mbit", help="every host link, each way")
+    ap.add_argument("--lab-id", default="ctl", help="lab id (unique on this machine)")
+    ap.add_argument("--lab-plot", default=str(_results.RESULTS / "control_real_lab.png"))
+    ap.add_argument("--lab-analyze", metavar="RAW_JSON",
+                    help="run nothing: redo the analysis (fit, check, statistics, "
+                         "simulation, plot) of a previous run's control_real_raw.json")
+    ap.add_argument("--lab-fit-from", metavar="RAW_JSON",
+                    help="reuse the fitting runs saved in a previous run's "
+                         "control_real_raw.json instead of running them again")
     args = ap.parse_args(argv)
     _results.RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.lab or args.lab_analyze:
+        return _lab(args, _results)
     figures = sim_comparison(seed=args.seed)
     for link in ("10G", "100G"):
         figures.update(trace_figure(args.plot.format(link=link), link=link, seed=args.seed))
@@ -37,6 +56,49 @@ def main(argv=None) -> int:
         f"{k.split('_')[1]} {k.split('_')[2]} {v:.2f}x" for k, v in figures.items()
         if k.endswith("_decoupled_over_joint") and k.startswith("sim_")))
     _results.write("control", figures)
+    return 0
+
+
+def _lab(args, _results):
+    from ina_fabric.host.control.labexp import lab_experiment
+    from ina_fabric.host.control.labrun import LAB_LEVELS, LabSetup
+    from ina_fabric.host.lab import available
+    levels = tuple(x for x in args.lab_levels.split(",") if x)
+    bad = [x for x in levels if x not in LAB_LEVELS]
+    if bad or not levels:
+        print(f"ina bench control: --lab-levels {args.lab_levels!r}: choose from "
+              f"{', '.join(LAB_LEVELS)}", file=sys.stderr)
+        return 2
+    if args.lab_seeds < 2:
+        print("ina bench control: --lab-seeds must be >= 2 (a confidence interval)",
+              file=sys.stderr)
+        return 2
+    setup = LabSetup(rate=args.lab_rate, lab_id=args.lab_id)
+    if args.lab_analyze:
+        import json
+        from ina_fabric.host.control.labexp import TARGET_LOSS, analyze
+        try:
+            with open(args.lab_analyze) as f:
+                raw = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"ina bench control: --lab-analyze: {e}", file=sys.stderr)
+            return 2
+        raw.setdefault("target_loss", TARGET_LOSS)
+        raw.setdefault("levels", list(levels))
+        raw.setdefault("seeds", sorted({r["seed"] for r in raw["lab_runs"]}))
+        raw.setdefault("setup", {k: v for k, v in setup.__dict__.items() if k != "extra"})
+        figures = analyze(raw, setup, plot=args.lab_plot)
+        _results.write("control_real", figures)
+        return 0
+    why = available()
+    if why:
+        print(f"ina bench control: the lab is not available here: {why}", file=sys.stderr)
+        return 2
+    figures = lab_experiment(setup, levels, tuple(range(args.seed, args.seed + args.lab_seeds)),
+                             plot=args.lab_plot,
+                             raw_path=str(_results.RESULTS / "control_real_raw.json"),
+                             fit_from=args.lab_fit_from)
+    _results.write("control_real", figures)
     return 0
 
 

@@ -22,8 +22,9 @@ import time
 import numpy as np
 
 from ina_fabric.bench._results import write
+from ina_fabric.protocol.fields import HEADER_BYTES as HEADER
 
-HEADER = 20
+SESSION = 0xBE7C4   # the session of the measured job
 
 
 def _cpu_seconds(pid) -> float:
@@ -54,7 +55,8 @@ def _sender(members, target, elements, seconds, max_count, start_evt, q, window=
         rs.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
                       socket.inet_aton(group[0]) + socket.inet_aton("127.0.0.1"))
         rs.settimeout(1.0)
-    bufs = [bytearray(pack(np.arange(elements) % 1000, job=1, worker=w, seq=0, exponent=0))
+    bufs = [bytearray(pack(np.arange(elements) % 1000, job=1, worker=w, seq=0, exponent=0,
+                           session=SESSION))
             for w in range(len(members))]
     off = field_offsets()["seq"]
     put = struct.Struct(">I").pack_into
@@ -122,7 +124,7 @@ def measure_switch(ctx, engine, elements, seconds, max_count, workers):
         members = [("127.0.0.1", p) for p in ports]
         group = (f"239.18.{gport >> 8}.{gport & 255}", gport)
         send_job(addr, JobConfig(1, tuple(f"{h}:{p}" for h, p in members), window=256,
-                                 elements=elements, mcast=group))
+                                 elements=elements, mcast=group, session=SESSION))
         evt, q = ctx.Event(), ctx.Queue()
         snd = ctx.Process(target=_sender, args=(members, addr, elements, seconds,
                                                 max_count, evt, q, 128, group))
@@ -184,7 +186,7 @@ def main(argv=()):
         args.reps, args.seconds = 3, 1.0
     elements = (args.bytes - HEADER) // 4
     if not 1 <= elements <= 16368:
-        ap.error(f"--bytes {args.bytes}: a DATA datagram holds 24 .. 65492 bytes")
+        ap.error(f"--bytes {args.bytes}: a DATA datagram holds {HEADER + 4} .. {HEADER + 4 * 16368} bytes")
     max_count = 5_000_000
     ctx = mp.get_context("fork")
     from ina_fabric.host.switch import fast

@@ -1,4 +1,9 @@
-"""Tail latency: bounded TAR and in-network modes vs Gloo's ring under P99/P50 tails, loss.
+"""Tail latency: bounded TAR and in-network modes vs real Gloo; with --lab rack on a lab.
+
+``--lab rack`` (the headline, see ``bench/_tail_lab.py``): real Gloo and the bounded
+backends on the same rack links, tails from background flows and compute stragglers,
+one row per (backend, tail level) in ``tail.json``. Without ``--lab`` (the older,
+loopback figures with an emulated per-datagram tail; Gloo runs without it):
 
 Three parts, all measured side by side in one run (ratios are the figures):
 
@@ -260,7 +265,36 @@ def main(argv=None) -> int:
                     help=f"comma-separated TTA backends from {','.join(TRAIN_BACKENDS)}")
     ap.add_argument("--workloads", default=None,
                     help="comma-separated (default: digits; --full: digits,transformer)")
+    lab = ap.add_argument_group("on a lab (--lab rack): real Gloo beside the bounded "
+                                "backends under background flows and stragglers")
+    lab.add_argument("--lab", metavar="TOPOLOGY",
+                     help="run on a lab built from TOPOLOGY (rack; root): the headline")
+    lab.add_argument("--levels", default="none,mid,high",
+                     help="tail levels (default: %(default)s)")
+    lab.add_argument("--lab-backends", dest="lab_backends",
+                     default="gloo,tar-udp,tar-udp-repair,ina,ina-bounded",
+                     help="backends on the lab (default: %(default)s)")
+    lab.add_argument("--workload", default="digits", help="digits, transformer, ...")
+    lab.add_argument("--workers", type=int, default=4, help="training hosts")
+    lab.add_argument("--steps", type=int, default=100, help="optimizer steps per run")
+    lab.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
+    lab.add_argument("--repeats", type=int, default=1,
+                     help="runs per (backend, level), interleaved")
+    lab.add_argument("--rate", default="100mbit", help="host link rate")
+    lab.add_argument("--queue-ms", type=float, default=20.0, help="tbf queue per link end")
+    lab.add_argument("--switch-deadline-ms", type=float, default=20.0,
+                     help="ina-bounded: the switch's slot deadline")
+    lab.add_argument("--skip-calls", type=int, default=5,
+                     help="allreduce calls left out of P50/P99 (warmup, calibration)")
+    lab.add_argument("--flow-seconds", type=float, default=300.0,
+                     help="background flows and each run stop after this long")
+    lab.add_argument("--lab-id", default="tail", help="the lab's id")
+    lab.add_argument("--name", default="tail", help="results file name (NAME.json)")
     args = ap.parse_args(argv)
+    if args.lab:
+        from ina_fabric.bench import _tail_lab
+        args.backends = args.lab_backends
+        return _tail_lab.run(args)
     from ina_fabric.bench import _results
     parts = set(args.parts.split(","))
     ratios = [1.0, 1.5, 3.0] if args.full else [1.0, 3.0]

@@ -52,10 +52,19 @@ def free_udp_ports(n: int) -> list[int]:
 
 def _serve(conn, engine):
     from .switch import SwitchServer
-    server = SwitchServer([], "127.0.0.1", 0, engine=engine,
-                          log=lambda m: print(m, file=sys.stderr))
-    conn.send(server.address)
-    server.serve_forever()
+    try:
+        server = SwitchServer([], "127.0.0.1", 0, engine=engine,
+                              log=lambda m: print(m, file=sys.stderr))
+    except Exception as e:      # e.g. the RTL engine cannot be built here
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ok", server.address))
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+    if server.failure:          # an RTL scoreboard disagreement: the exit status says so
+        sys.exit(3)
 
 
 def start_switch_process(ctx, engine="auto"):
@@ -65,7 +74,11 @@ def start_switch_process(ctx, engine="auto"):
     a, b = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(b, engine), daemon=True)
     proc.start()
-    return tuple(a.recv()), proc
+    kind, value = a.recv()
+    if kind == "error":
+        proc.join(timeout=5)
+        raise RuntimeError(f"the {engine} switch did not start: {value}")
+    return tuple(value), proc
 
 
 
@@ -111,13 +124,16 @@ def run_ranks(world, fn, *args, timeout=300.0, start_method="fork"):
 class WorkerSpec:
     """N workers of one job on this host. ``settings``: the job's window, elements,
     deadline and mode (default: the loopback defaults); ``impairment``: the uplink policy
-    each worker gets a fresh copy of (seeded per worker)."""
+    each worker gets a fresh copy of (seeded per worker); ``session``: the session id of
+    a job that a given switch already holds (``ina switch --jobs``: its TOML's
+    ``session``); 0 when the job is installed here (a fresh one per run)."""
     job: int = 1
     nworkers: int = 4
     settings: JobSettings = field(default_factory=lambda: LINK_DEFAULTS["loopback"])
     base_port: int = 0           # 0: ephemeral ports
     impairment: Impairment = field(default_factory=Impairment)
     seed: int = 0
+    session: int = 0
 
 
 def worker_data(seed, worker, it, n):
@@ -142,6 +158,9 @@ def _worker_main(spec, w, switch, conn, group, barrier):
         cmd = conn.recv()
         if cmd is None:
             break
+        if cmd[0] == "session":       # the install's, from the parent
+            client.session = cmd[1]
+            continue
         n, iters = cmd
         from .transport import quantize as Q
         maxerr, worst_ratio, secs = 0.0, 0.0, 0.0
@@ -217,10 +236,18 @@ class LocalCluster:
             addrs.append(f"{addr[0]}:{addr[1]}")
             joined.append(group)
         mcast = self.group if self.group and all(g == self.group for g in joined) else None
-        self.config = JobConfig.from_settings(spec.job, addrs, spec.settings, mcast)
+        if self.switch_proc is None and not spec.session:
+            self.close()
+            raise ValueError(f"job {spec.job} on the switch at {self.switch[0]}:"
+                             f"{self.switch[1]}: give its session id (the `session` of "
+                             f"its [[job]] table, --session)")
+        self.config = JobConfig.from_settings(spec.job, addrs, spec.settings, mcast,
+                                              spec.session or None)
         if self.switch_proc is not None:
             from .switch import send_job
             send_job(self.switch, self.config)
+        for c in self.conns:
+            c.send(("session", self.config.session))
         return self
 
     def allreduce_check(self, n, iters=1):

@@ -14,12 +14,15 @@ from ina_fabric.host.switch import query_status
 from ina_fabric.host.transport import SwitchClient, SwitchUnavailable, Impairment
 from ina_fabric.protocol.jobtable import job_defaults
 
+SESSION = 0x5EED_0F_7E57  # the static job's session id (ina switch --session)
+
 
 def start_switch(sport, base, n, mode="reliable", deadline_ms=5.0, elements=1024):
     proc = subprocess.Popen([sys.executable, "-m", "ina_fabric.host.cli", "switch", "--listen",
                              f"127.0.0.1:{sport}", "--local-workers", str(n), "--base-port",
                              str(base), "--mode", mode, "--deadline-ms", str(deadline_ms),
-                             "--elements", str(elements)], stderr=subprocess.DEVNULL)
+                             "--elements", str(elements), "--session", hex(SESSION)],
+                            stderr=subprocess.DEVNULL)
     for _ in range(100):
         try:
             query_status(("127.0.0.1", sport), timeout=0.1)
@@ -36,7 +39,7 @@ def run(ports, n, size, mode="reliable", deadline_ms=5.0, **impair):
     base = consecutive_free_ports(n)
     proc = start_switch(sport, base, n, mode, deadline_ms)
     try:
-        spec = WorkerSpec(nworkers=n, base_port=base, seed=7,
+        spec = WorkerSpec(nworkers=n, base_port=base, seed=7, session=SESSION,
                           settings=job_defaults("loopback", mode=mode, elements=1024,
                                                 deadline=deadline_ms / 1e3),
                           impairment=Impairment(**impair))
@@ -87,7 +90,7 @@ def test_bounded_reported_loss_equals_injected(ports):
 def test_no_switch_raises_clearly(ports):
     sport, wport = ports(2)
     with SwitchClient(("127.0.0.1", sport), 1, 0, 2, bind=("127.0.0.1", wport),
-                      connect_timeout=0.3) as c:
+                      connect_timeout=0.3, session=1) as c:
         with pytest.raises(SwitchUnavailable, match="no answer from switch"):
             c.allreduce(np.ones(100, np.float32))
 

@@ -22,7 +22,7 @@ def switch(ina_switch):
 @pytest.fixture
 def env(monkeypatch, switch):
     for k in ("INA_FALLBACK", "INA_DTYPES", "INA_STATIC_JOB", "INA_PORT", "INA_JOB",
-              "INA_MODE"):
+              "INA_SESSION", "INA_MODE"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("INA_SWITCH", f"{switch[0]}:{switch[1]}")
     monkeypatch.setenv("INA_ELEMENTS", "1024")
@@ -66,6 +66,7 @@ def test_switch_unreachable_falls_back_to_gloo_when_asked(env, ports):
 def test_static_job_not_installed(env, ports):
     port, = ports(1)
     env.setenv("INA_PORT", str(port))
+    env.setenv("INA_SESSION", "0x77")
     pg = init(static_job=True, connect_timeout=0.5, job=77)
     with pytest.raises(JobNotInstalled, match=r"^INA: job 77 is not installed on switch "):
         dist.all_reduce(torch.ones(10))
@@ -100,7 +101,7 @@ def test_dtypes_convert_or_delegate(env):
 
 
 def test_dtypes_strict_refuses(env):
-    pg = init(job=79, dtypes="strict")
+    pg = init(job=95, dtypes="strict")   # (78 + 1 is a subgroup's job above: taken)
     with pytest.raises(TypeError, match=r"^INA: all_reduce of torch.int64 on cpu refused "
                                         r"\(INA_DTYPES=strict\)"):
         dist.all_reduce(torch.arange(3))

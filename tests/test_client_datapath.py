@@ -67,7 +67,8 @@ def _result(call, p, count, exponent, elems=None):
     nel = call.nelem_of(p)
     e = np.zeros(nel, ">i4") if elems is None else np.asarray(elems, ">i4")
     data = HEADER_STRUCT.pack(VERSION, int(MsgType.RESULT), 0, exponent, call.job, 255,
-                              count, (call.base + p) & 0xFFFFFFFF, nel, 0, 0) + e.tobytes()
+                              count, (call.base + p) & 0xFFFFFFFF, nel, 0, 0,
+                              call.session) + e.tobytes()
     buf = np.frombuffer(bytearray(data), np.uint8)
     return HEADER_STRUCT.unpack_from(buf), buf
 
@@ -131,7 +132,7 @@ def _run_pair(fn, E=64, window=8):
     job = JobConfig(5, members, window=window, elements=E)
     sw = ThreadSwitch(job)
     clients = [SwitchClient(sw.sock.getsockname(), 5, r, 2, window, E,
-                            bind=job.members[r].addr) for r in range(2)]
+                            bind=job.members[r].addr, session=job.session) for r in range(2)]
     res = [None, None]
     ths = [threading.Thread(target=lambda r=r: res.__setitem__(r, fn(clients[r], r)))
            for r in range(2)]
@@ -197,11 +198,11 @@ def test_client_cannot_join_falls_back_with_a_reason():
 
 def test_datagram_sizes_per_link():
     """Loopback: the largest multiple of 16 elements in one UDP datagram; Ethernet: the
-    1,044-byte datagram the FPGA takes; jumbo: fits a 9000-byte MTU."""
+    1,052-byte datagram the FPGA takes; jumbo: fits a 9000-byte MTU."""
     size = {k: HEADER_BYTES + 4 * s.elements for k, s in LINK_DEFAULTS.items()}
     assert size["loopback"] <= 65507 < size["loopback"] + 64
     assert LINK_DEFAULTS["loopback"].elements <= MAX_ELEMENTS
-    assert size["ethernet"] == 1044 and size["ethernet"] + 28 <= 1500
+    assert size["ethernet"] == 1052 and size["ethernet"] + 28 <= 1500
     assert size["jumbo"] + 28 <= 9000 < 2 * size["jumbo"]
 
 

@@ -138,7 +138,8 @@ def _run(engine, inputs, workers=4, calls=2, elements=1000):
     def worker(address, w):
         try:
             with SwitchClient(address, 1, w, workers, 16, elements,
-                              bind=("127.0.0.1", ports[w]), engine=engine) as c:
+                              bind=("127.0.0.1", ports[w]), engine=engine,
+                              session=job.session) as c:
                 assert c._use_c == (engine == "c")
                 for k in range(calls):
                     outs[w].append(c.allreduce(inputs(w, k))[0])
@@ -165,7 +166,7 @@ def test_c_call_errors_as_the_python_loop():
     from ina_fabric.host.transport.switch_client import SwitchUnavailable
     from ina_fabric.host.cluster import free_udp_ports
     dead = ("127.0.0.1", free_udp_ports(1)[0])
-    with SwitchClient(dead, 1, 0, 2, 4, 64, connect_timeout=0.3, engine="c") as c:
+    with SwitchClient(dead, 1, 0, 2, 4, 64, connect_timeout=0.3, engine="c", session=1) as c:
         with pytest.raises(SwitchUnavailable, match="no answer from switch"):
             c.allreduce(np.ones(1000, np.float32))
 
@@ -230,7 +231,7 @@ def test_a_stall_names_the_missing_worker(engine, monkeypatch):
 
     def worker(address, w):          # worker 2 never calls
         with SwitchClient(address, 1, w, 3, 8, 100, bind=("127.0.0.1", ports[w]),
-                          stall_timeout=1.0, engine=engine) as c:
+                          stall_timeout=1.0, engine=engine, session=job.session) as c:
             try:
                 c.allreduce(np.ones(1000, np.float32))
             except AllreduceTimeout as e:
@@ -243,7 +244,8 @@ def test_a_stall_names_the_missing_worker(engine, monkeypatch):
                             "them)"), msg
     # the switch is gone now: the stall says so
     with SwitchClient(address, 1, 0, 3, 8, 100, bind=("127.0.0.1", ports[0]),
-                      stall_timeout=0.5, connect_timeout=0.3, engine=engine) as c:
+                      stall_timeout=0.5, connect_timeout=0.3, engine=engine,
+                      session=job.session) as c:
         c._rtt.answered = True          # as after earlier calls: a stall, not "unavailable"
         with pytest.raises(AllreduceTimeout, match="did not answer a STATUS request"):
             c.allreduce(np.ones(1000, np.float32))

@@ -10,7 +10,7 @@ import pytest
 
 from ina_fabric.sim.common import BUILD, run_cocotb
 
-JOB = {"job": 7, "window": 8, "elements": 8, "members": [
+JOB = {"job": 7, "window": 8, "elements": 8, "session": 0x5EED_B0A7D, "members": [
     "10.0.0.10:5000@02:00:00:00:00:10", "10.0.0.11:5001@02:00:00:00:00:11",
     "10.1.0.20:5002@02:00:00:00:00:20", "10.1.0.21:5003@02:00:00:00:00:21"]}
 #: seqs x 4 workers DATA frames in, as many RESULT frames out. The default (250 seqs,
@@ -24,7 +24,7 @@ def _top():
     from ina_fabric.hw.boards.datapath import BoardConfig, InaDatapath
     from ina_fabric.hw.ina.params import CoreParams
     job = JobConfig(JOB["job"], tuple(JOB["members"]), window=JOB["window"],
-                    elements=JOB["elements"])
+                    elements=JOB["elements"], session=JOB["session"])
     params = CoreParams(workers=4, window=8, elements=8, lanes=1, jobs=2)
     return InaDatapath(BoardConfig(jobs=(job,), params=params, worker_net="10.0.0.0/24"))
 

@@ -47,13 +47,13 @@ def test_header_layout_is_generated_from_fields_in_network_order():
 
 
 def test_header_from_words_matches_bytes():
-    d = pack([5], job=3, worker=2, seq=77)
-    words = [int.from_bytes(d[k:k + 4], "big") for k in range(0, 20, 4)]
-    ws = [Signal(32, name=f"w{k}") for k in range(5)]
+    d = pack([5], job=3, worker=2, seq=77, session=0x0123456789ABCDEF)
+    words = [int.from_bytes(d[k:k + 4], "big") for k in range(0, HEADER_BYTES, 4)]
+    ws = [Signal(32, name=f"w{k}") for k in range(HEADER_BYTES // 4)]
     view = header_from_words(ws)
-    got = _comb_eval(lambda m: (ws, [view.seq, view.job, view.worker, view.nelem]),
-                     [words])
-    assert got == [(77, 3, 2, 1)]
+    got = _comb_eval(lambda m: (ws, [view.seq, view.job, view.worker, view.nelem,
+                                     view.session]), [words])
+    assert got == [(77, 3, 2, 1, 0x0123456789ABCDEF)]
 
 
 def test_stream_layouts_have_the_documented_fields():

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from ina_fabric.host.switch import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
 from ina_fabric.protocol import pack, unpack, MsgType, Flags, HEADER_BYTES
-from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.jobtable import JobConfig, MAX_ELEMENTS
 from ina_fabric.protocol.auth import seal, unseal
 
 N, W, E = 4, 4, 8
@@ -17,15 +17,19 @@ KEY = bytes(range(32))
 ADDR = [("127.0.0.1", 5000 + w) for w in range(N)]
 
 
-def job(mode="reliable", deadline=0.010, n=N, mcast=None):
+SESSION = 0x5E55_1017   # the session of every job here (unless a test says otherwise)
+
+
+def job(mode="reliable", deadline=0.010, n=N, mcast=None, session=SESSION):
     return JobConfig(1, tuple(f"{a}:{p}" for a, p in ADDR[:n]), window=W, elements=E,
-                     deadline=deadline, mode=mode, mcast=mcast)
+                     deadline=deadline, mode=mode, mcast=mcast, session=session)
 
 
-def data(worker, seq, values=None, exponent=0, job_id=1, **kw):
+def data(worker, seq, values=None, exponent=0, job_id=1, session=SESSION, **kw):
     if values is None:
         values = np.full(E, worker + 1)
-    return pack(values, job=job_id, worker=worker, seq=seq, exponent=exponent, **kw)
+    return pack(values, job=job_id, worker=worker, seq=seq, exponent=exponent,
+                session=session, **kw)
 
 
 def send(m, worker, seq, now=0.0, **kw):
@@ -158,8 +162,9 @@ BAD = {
     "drop_bad_version": [b"\x02" + data(0, 0)[1:]],
     "drop_unknown_job": [data(0, 0, job_id=99)],
     "drop_malformed": [data(0, 0) + b"\x00\x00\x00\x00",                     # longer than nelem
-                       pack(np.zeros(E + 1), job=1, worker=0, seq=0),        # too many elements
-                       pack(np.zeros(E), job=1, worker=0, seq=0, type=MsgType.RESULT)],
+                       pack(np.zeros(E + 1), job=1, worker=0, seq=0, session=SESSION),        # too many elements
+                       pack(np.zeros(E), job=1, worker=0, seq=0, type=MsgType.RESULT,
+                            session=SESSION)],
 }
 
 
@@ -186,7 +191,7 @@ def test_mismatched_element_count_in_open_slot_is_dropped():
     m = SwitchModel([job()])
     send(m, 0, 0)
     before = state(m)
-    assert m.process(pack(np.ones(E - 1), job=1, worker=1, seq=0), ADDR[1], 0.0) == []
+    assert m.process(pack(np.ones(E - 1), job=1, worker=1, seq=0, session=SESSION), ADDR[1], 0.0) == []
     assert m.counters["drop_malformed"] == 1 and state(m) == before
 
 
@@ -276,6 +281,44 @@ def test_reinstall_starts_afresh():
     assert not h["flags"] & Flags.RETRANSMIT and list(elems) == [400] * E
 
 
+def test_data_of_another_session_is_dropped_and_results_carry_the_session():
+    """A DATA packet whose session is not its job's (a previous run's, another tenant's,
+    a forger's) never reaches a sum. Before, DATA was trusted on its source address
+    alone: spoofed datagrams with a member's id made every replica receive their sum."""
+    m = SwitchModel([job()])
+    assert send(m, 0, 0, values=np.full(E, 4096), session=SESSION ^ 1) == []
+    assert m.counters["drop_bad_session"] == 1 and m.jobs[1].slots[0][0].bitmap == 0
+    out = []
+    for w in range(N):
+        out += send(m, w, 0, values=np.full(E, 1))
+    h, elems = unpack(out[0][1])
+    assert h["session"] == SESSION and list(elems) == [N] * E
+
+
+def test_a_taken_job_id_is_refused_not_replaced():
+    """An install under another session is refused while the job is active (a second
+    tenant's rank 0 used to replace a running job); the same session re-installs; an
+    idle job may be taken over; updates and removals must carry the job's session."""
+    from ina_fabric.protocol.jobtable import ConfigError
+    from ina_fabric.host.switch.model import IDLE_RECLAIM_S
+    m = SwitchModel()
+    m.add_job(job(), now=0.0)
+    send(m, 0, 0, now=10.0)
+    with pytest.raises(ConfigError, match="taken by another run"):
+        m.add_job(job(session=SESSION + 1), now=11.0)
+    assert m.jobs[1].cfg.session == SESSION and m.jobs[1].slots[0][0].bitmap == 1
+    with pytest.raises(ConfigError, match="another session"):
+        m.update_job(job(deadline=0.5, session=SESSION + 1))
+    with pytest.raises(ConfigError, match="another session"):
+        m.remove_job(1, SESSION + 1)
+    m.add_job(job(), now=12.0)                          # its own run again: afresh
+    assert m.jobs[1].slots[0][0].bitmap == 0
+    m.add_job(job(session=SESSION + 1), now=12.0 + IDLE_RECLAIM_S)   # idle: taken over
+    assert m.jobs[1].cfg.session == SESSION + 1
+    m.remove_job(1, SESSION + 1)
+    assert 1 not in m.jobs
+
+
 def test_control_datagrams_install_update_remove_and_refuse():
     from ina_fabric.host.switch.model import MAX_JOB_BYTES
     import itertools
@@ -297,12 +340,12 @@ def test_control_datagrams_install_update_remove_and_refuse():
     assert control(job("bounded", deadline=0.5), update=True)["op"] == "update"
     assert m.jobs[1].slots[0][0].bitmap == 1            # kept
     assert "only the deadline" in control(job("reliable"), update=True)["error"]
-    big = JobConfig(2, ("127.0.0.1:9",), window=32768, elements=16371)
+    big = JobConfig(2, ("127.0.0.1:9",), window=32768, elements=MAX_ELEMENTS)
     assert "per-job limit" in control(big)["error"]
     assert 2 not in m.jobs and m.counters["control_refused"] == 2
     assert control(job())["op"] == "install"
     assert m.jobs[1].slots[0][0].bitmap == 0            # fresh
-    assert MAX_JOB_BYTES < 2 * 32768 * 16371 * 12
+    assert MAX_JOB_BYTES < 2 * 32768 * MAX_ELEMENTS * 12
 
 
 def test_admission_limits():

@@ -31,13 +31,13 @@ def config(rng, job_id):
     return JobConfig(job_id, tuple(f"{a}:{p}" for a, p in ADDR[:n]),
                      window=int(2 ** rng.integers(0, 4)), elements=int(rng.integers(1, 17)),
                      deadline=float(rng.choice([0.001, 0.005, 0.02])), mode=mode,
-                     mcast=mcast)
+                     mcast=mcast, session=int(rng.integers(1, 2**63)))
 
 
 def garbage(rng, cfg, seq):
     """A datagram either engine must drop (or handle) the same way."""
-    kind = int(rng.integers(0, 8))
-    ok = pack(np.ones(2, np.int64), job=cfg.job, worker=0, seq=seq)
+    kind = int(rng.integers(0, 9))
+    ok = pack(np.ones(2, np.int64), job=cfg.job, worker=0, seq=seq, session=cfg.session)
     if kind == 0:
         return bytes(rng.integers(0, 256, int(rng.integers(0, 60)), dtype=np.uint8))
     if kind == 1:
@@ -49,9 +49,14 @@ def garbage(rng, cfg, seq):
     if kind == 4:
         return pack(np.ones(2, np.int64), job=cfg.job + 100, worker=0, seq=seq)
     if kind == 5:
-        return pack(np.ones(2, np.int64), job=cfg.job, worker=31, seq=seq)
+        return pack(np.ones(2, np.int64), job=cfg.job, worker=31, seq=seq,
+                    session=cfg.session)
     if kind == 6:
-        return pack(np.ones(cfg.elements + 1, np.int64), job=cfg.job, worker=0, seq=seq)
+        return pack(np.ones(cfg.elements + 1, np.int64), job=cfg.job, worker=0, seq=seq,
+                    session=cfg.session)
+    if kind == 7:                                          # another run's (or a forger's)
+        return pack(np.ones(2, np.int64), job=cfg.job, worker=0, seq=seq,
+                    session=cfg.session ^ (1 << int(rng.integers(0, 64))))
     b = bytearray(ok)
     b[1] = MsgType.RESULT                                  # not DATA: the model's path
     return bytes(b)
@@ -110,7 +115,7 @@ def run(seed, events=1500):
             big = rng.random() < 0.05
             vals = rng.integers(-2**31 if big else -1000, 2**31 if big else 1000, nel)
             d = pack(vals, job=j, worker=w, seq=s, exponent=int(rng.integers(-128, 128)),
-                     flags=Flags.RETRANSMIT if q < 0.1 else 0)
+                     flags=Flags.RETRANSMIT if q < 0.1 else 0, session=cfg.session)
             src = ADDR[w]
             outs = [m.process(d, src, now) for m in (ref, eng)]
         assert outs[0] == outs[1], f"seed {seed} step {step}: outputs differ"
@@ -133,10 +138,11 @@ def test_engine_matches_model_on_random_traffic(seed):
 def test_random_traffic_reaches_every_rule():
     """The generator above is strong enough to matter: across the seeds, every DATA rule
     and drop reason fired (so an engine that skipped one would be caught)."""
-    total = sum((run(s, 800) for s in range(12)), start=__import__("collections").Counter())
+    total = sum((run(s, 800) for s in range(16)), start=__import__("collections").Counter())
     for name in ("accepted", "duplicates", "late", "resent", "partials", "overflows",
                  "drop_truncated", "drop_malformed", "drop_unknown_job",
-                 "drop_unknown_source", "drop_stale", "drop_out_of_window"):
+                 "drop_unknown_source", "drop_bad_session", "drop_stale",
+                 "drop_out_of_window"):
         assert total[name] > 0, name
 
 
@@ -145,11 +151,13 @@ def test_removed_job_drops_and_its_deadlines_die():
     cfg = JobConfig(1, tuple(f"{a}:{p}" for a, p in ADDR[:2]), window=2, elements=4,
                     deadline=0.01, mode="bounded")
     for m in (SwitchModel([cfg]), fast.FastSwitchModel([cfg])):
-        m.process(pack(np.ones(4, np.int64), job=1, worker=0, seq=0), ADDR[0], 0.0)
+        m.process(pack(np.ones(4, np.int64), job=1, worker=0, seq=0, session=cfg.session),
+                  ADDR[0], 0.0)
         assert m.next_deadline() == 0.01
         m.remove_job(1)
         assert m.next_deadline() is None and m.tick(1.0) == []
-        m.process(pack(np.ones(4, np.int64), job=1, worker=0, seq=0), ADDR[0], 2.0)
+        m.process(pack(np.ones(4, np.int64), job=1, worker=0, seq=0, session=cfg.session),
+                  ADDR[0], 2.0)
         assert m.counters["drop_unknown_job"] == 1
 
 
@@ -164,20 +172,21 @@ def test_served_engine_sums_over_real_sockets():
         s.bind(("127.0.0.1", 0))
         s.settimeout(2.0)
     members = tuple(f"127.0.0.1:{s.getsockname()[1]}" for s in socks)
-    jobs = [JobConfig(1, members, window=4, elements=8),
-            JobConfig(2, members, window=4, elements=8, mode="bounded", deadline=0.05)]
+    jobs = [JobConfig(1, members, window=4, elements=8, session=11),
+            JobConfig(2, members, window=4, elements=8, mode="bounded", deadline=0.05,
+                      session=22)]
     server = SwitchServer(jobs, "127.0.0.1", 0, key=None, engine="fast")
     t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
     t.start()
     try:
         for w, s in enumerate(socks):
-            s.sendto(pack(np.full(8, w + 1, np.int64), job=1, worker=w, seq=0),
+            s.sendto(pack(np.full(8, w + 1, np.int64), job=1, worker=w, seq=0, session=11),
                      server.address)
         for s in socks:
             d = s.recv(65536)
             assert d[1] == MsgType.RESULT and np.frombuffer(d[HEADER_BYTES:], ">i4").tolist() == [6] * 8
         t0 = time.monotonic()
-        socks[0].sendto(pack(np.full(8, 5, np.int64), job=2, worker=0, seq=0),
+        socks[0].sendto(pack(np.full(8, 5, np.int64), job=2, worker=0, seq=0, session=22),
                         server.address)
         d = socks[1].recv(65536)
         waited = time.monotonic() - t0
@@ -220,3 +229,17 @@ def test_without_the_extension_the_switch_falls_back_and_says_why(tmp_path):
     assert "refused: the compiled switch engine is not built" in r.stdout, r.stderr
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "not built" in r.stderr and "Traceback" not in r.stderr
+
+
+@needs_engine
+def test_engine_keeps_the_job_active_for_the_taken_id_rule():
+    """The compiled DATA path counts as activity: an install under another session is
+    refused while the engine took DATA recently (the model alone never sees that DATA)."""
+    from ina_fabric.protocol.jobtable import ConfigError
+    cfg = JobConfig(1, tuple(f"{a}:{p}" for a, p in ADDR[:2]), window=2, elements=4,
+                    session=5)
+    m = fast.FastSwitchModel()
+    m.add_job(cfg, now=0.0)
+    m.process(pack(np.ones(4, np.int64), job=1, worker=0, seq=0, session=5), ADDR[0], 100.0)
+    with pytest.raises(ConfigError, match="taken"):
+        m.add_job(JobConfig(1, cfg.members, window=2, elements=4, session=6), now=101.0)

@@ -16,12 +16,15 @@ from ina_fabric.host.switch import query_status
 
 INA = [sys.executable, "-m", "ina_fabric.host.cli"]
 
+SESSION = 0x5EED   # the session of the job `ina switch --workers` holds here
+
 
 @pytest.fixture
 def switch(ports):
     sport, wport = ports(2)
     proc = subprocess.Popen(INA + ["switch", "--listen", f"127.0.0.1:{sport}",
-                                   "--workers", f"127.0.0.1:{wport}", "--elements", "16"],
+                                   "--workers", f"127.0.0.1:{wport}", "--elements", "16",
+                                   "--session", str(SESSION)],
                             stderr=subprocess.PIPE, text=True)
     addr = ("127.0.0.1", sport)
     for _ in range(100):
@@ -44,7 +47,9 @@ def test_every_kind_of_bad_datagram_is_counted(switch):
         "drop_truncated": [b"", b"\x01\x01", pack(np.ones(4), job=1)[:-3]],
         "drop_bad_version": [pack(np.ones(4), job=1, version=9)],
         "drop_unknown_job": [pack(np.ones(4), job=42)],
-        "drop_malformed": [pack(np.ones(4), job=1) + b"xx", pack(np.ones(17), job=1),
+        "drop_bad_session": [pack(np.ones(4), job=1, session=SESSION + 1)],
+        "drop_malformed": [pack(np.ones(4), job=1, session=SESSION) + b"xx",
+                           pack(np.ones(17), job=1, session=SESSION),
                            os.urandom(3) + b"\x09" + os.urandom(40)],
     }
     bad["drop_malformed"][-1] = b"\x01\x07" + bad["drop_malformed"][-1][2:]  # unknown type
@@ -52,7 +57,7 @@ def test_every_kind_of_bad_datagram_is_counted(switch):
         for d in dgrams:
             s.sendto(d, addr)
     other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    other.sendto(pack(np.ones(4), job=1, worker=0), addr)  # unconfigured source
+    other.sendto(pack(np.ones(4), job=1, worker=0, session=SESSION), addr)  # not a member
     time.sleep(0.3)
     c = query_status(addr)["counters"]
     for reason, dgrams in bad.items():
@@ -60,7 +65,7 @@ def test_every_kind_of_bad_datagram_is_counted(switch):
     assert c["drop_unknown_source"] == 1
     # still serving: a good packet from the only worker completes its slot
     s.settimeout(2)
-    s.sendto(pack(np.arange(16), job=1, worker=0, seq=0), addr)
+    s.sendto(pack(np.arange(16), job=1, worker=0, seq=0, session=SESSION), addr)
     reply, _ = s.recvfrom(4096)
     assert reply[1] == MsgType.RESULT and len(reply) == HEADER_BYTES + 64
     assert proc.poll() is None
@@ -99,7 +104,8 @@ def test_cli_errors_are_one_line(tmp_path):
             (["allreduce", "--size", "-5"], "bad size"),
             (["switch", "--config", str(big)], "window = 'big' is not an integer"),
             (["switch", "--listen", "127.0.0.1:99999"], "port 0..65535"),
-            (["allreduce", "--switch", "127.0.0.1:9", "--workers", "2", "--size", "64K"],
+            (["allreduce", "--switch", "127.0.0.1:9", "--session", "1", "--workers", "2",
+              "--size", "64K"],
              "no answer from switch"),
             (["train", "--elements", "20000", "--workers", "2", "--backends", "ina"],
              "elements 20000 not in"),
@@ -195,7 +201,8 @@ def test_bounded_deadline_fires_without_other_traffic(ports):
     s.bind(("127.0.0.1", w0))
     s.settimeout(2.0)
     try:
-        s.sendto(pack(np.ones(4), job=3, worker=0, seq=0), server.address)
+        s.sendto(pack(np.ones(4), job=3, worker=0, seq=0, session=job.session),
+                 server.address)
         data, _ = s.recvfrom(65536)      # before the fix: nothing within 2 s
         hdr, elems = unpack(data)
         assert hdr["type"] == MsgType.RESULT and list(elems) == [1, 1, 1, 1]

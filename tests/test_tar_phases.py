@@ -64,7 +64,9 @@ class Ref:
 
     def __init__(self, need, deadline, early, skew, tail_percent):
         self.need, self.D, self.early, self.skew = need, deadline, early, skew
-        self.nearly = [k - int(k * tail_percent / 100.0) for k in need]
+        # all but the tail-marked chunks (at least one may be missing from k >= 2)
+        self.nearly = [k if k <= 1 else len(set(range(k)) - tail_chunks(k, tail_percent))
+                       for k in need]
         self.log = [[] for _ in need]     # per sender: (time, tail) of accepted arrivals
 
     def end(self, t0):
@@ -217,3 +219,72 @@ def test_early_timeout_cuts_the_last_percentile():
     assert not ph.due(0.0049) and ph.due(0.005)
     ph.end_scatter(0.005)
     assert ph.on_scatter(1, 98, False, 0.006) == LATE
+
+
+def test_early_timeout_fires_for_a_five_datagram_phase():
+    """Issue 18: with a fixed 2% allowance a sender of fewer than 50 datagrams had no
+    early timeout (the phase waited for the deadline). Now one datagram of five may be
+    missing: the tail-marked last one in, four of five in, the phase ends ``early``
+    later."""
+    ph = TarPhases(0, [5, 0], 1.0, 1.0, 0.003, 0.003, 2.0)
+    ph.start(0.0)
+    for c in (0, 1, 2):
+        assert ph.on_scatter(1, c, False, 0.001) == ACCEPT
+    assert ph.end() == 1.001                     # three of five: the deadline
+    assert ph.on_scatter(1, 4, True, 0.002) == ACCEPT    # the tail one; chunk 3 is lost
+    assert ph.end() == 0.002 + 0.003 and ph.scatter.early
+    ph.end_scatter(0.005)
+    assert not ph.got[1, 3]
+
+
+def test_early_timeout_waits_for_the_tail_marked_datagram():
+    ph = TarPhases(0, [5, 0], 1.0, 1.0, 0.003, 0.003, 2.0)
+    ph.start(0.0)
+    for c in (0, 1, 2, 3):                       # four of five, but not the tail one
+        ph.on_scatter(1, c, False, 0.001)
+    assert ph.end() == 1.001 and not ph.scatter.early
+
+
+def test_ranks_agree_on_the_median_of_the_carried_estimates():
+    """Three ranks with their own scatter deadlines 10, 40 and 20 ms: each one's
+    datagrams carry its estimate, and every rank that heard the others uses the median,
+    20 ms, whatever its own was; a missing sender then gets 20 ms from its first
+    datagram on every rank."""
+    own = [0.010, 0.040, 0.020]
+    phases = [TarPhases(r, [2, 2, 2], own[r], 1.0, 0.001, 0.001, 2.0) for r in range(3)]
+    for r, ph in enumerate(phases):
+        ph.start(0.0)
+        assert ph.scatter.deadline == own[r]    # before it hears anyone: its own
+        for s in range(3):
+            if s != r:
+                ph.on_scatter(s, 0, False, 0.001, proposal=own[s])
+        assert ph.scatter.deadline == 0.020
+        assert ph.end() == 0.001 + 0.020
+    # one far-off estimate does not move the median beyond the others
+    ph = TarPhases(0, [1] * 5, 0.010, 1.0, 0.001, 0.001, 2.0)
+    ph.start(0.0)
+    for s, p in zip((1, 2, 3, 4), (0.011, 0.012, 5.0, 0.009)):
+        ph.on_scatter(s, 0, False, 0.0, proposal=p)
+    assert ph.scatter.deadline == 0.011
+
+
+def test_straggler_hold_bound():
+    """A straggler heard only 2.5 deadlines after the phase start would hold the phase
+    until its own deadline (3.5); one never heard from until deadline + skew. With
+    ``hold=3`` neither holds it past 3 deadlines, and the phase says it was ``held``."""
+    D = 0.010
+    free = TarPhases(0, [4, 0, 0], D, D, 0.001, 0.001, 2.0)
+    held = TarPhases(0, [4, 0, 0], D, D, 0.001, 0.001, 2.0, hold=3.0)
+    for ph in (free, held):
+        ph.start(0.0)
+        for c in range(4):
+            ph.on_scatter(1, c, c == 3, 0.001)           # rank 1 on time, complete
+    # rank 2 never heard: D + skew (2 x both deadlines) unbound, 3 D with the bound
+    assert free.end() == 0.05 and held.end() == 0.03 and held.scatter.held
+    for ph in (free, held):
+        ph.on_scatter(2, 0, False, 2.5 * D)            # the straggler starts, late
+    assert free.end() == 2.5 * D + D and not free.scatter.held
+    assert held.end() == 3 * D and held.scatter.held and not held.scatter.early
+    assert not held.due(0.0299) and held.due(0.03)
+    held.end_scatter(0.03)
+    assert held.counts().tolist() == [3, 2, 2, 2]   # the rest of rank 2 counted missing

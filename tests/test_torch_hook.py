@@ -72,7 +72,8 @@ def test_static_job_on_a_switch_loaded_beforehand(ports):
     base = consecutive_free_ports(2)
     proc = subprocess.Popen([sys.executable, "-m", "ina_fabric.host.cli", "switch", "--listen",
                              f"127.0.0.1:{sport}", "--local-workers", "2", "--base-port",
-                             str(base), "--elements", "256"], stderr=subprocess.DEVNULL)
+                             str(base), "--elements", "256", "--session", "0x5e551"],
+                            stderr=subprocess.DEVNULL)
     try:
         for _ in range(100):
             try:
@@ -82,6 +83,7 @@ def test_static_job_on_a_switch_loaded_beforehand(ports):
                 time.sleep(0.1)
         res = run_training(TrainConfig(backend="ina", workers=2, switch=f"127.0.0.1:{sport}",
                                        static_job=True, worker_base_port=base,
+                                       session=0x5E551,
                                        elements=256, max_steps=3, stop_at_target=False))
         counters = query_status(("127.0.0.1", sport))["counters"]
     finally:

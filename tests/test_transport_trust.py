@@ -14,8 +14,9 @@ import pytest
 from ina_fabric.host.cluster import free_udp_ports
 from ina_fabric.host.switch import SwitchModel
 from ina_fabric.host.transport import SwitchClient
-from ina_fabric.host.transport.switch_client import AllreduceInconsistent
+from ina_fabric.host.transport.switch_client import AllreduceInconsistent, AllreduceTooLate
 from ina_fabric.protocol import unpack, MsgType, HEADER_BYTES
+from ina_fabric.protocol.fields import field_offsets
 from ina_fabric.protocol.jobtable import JobConfig
 
 
@@ -62,7 +63,7 @@ class FakeNetworkSwitch:
 def _client(sw, job, worker, **kw):
     return SwitchClient(sw.address, job.job, worker, job.n, job.window, job.elements,
                         job.mode, bind=job.members[worker].addr, deadline=job.deadline,
-                        **kw)
+                        session=job.session, **kw)
 
 
 def _ports(n):
@@ -80,15 +81,18 @@ def test_spoofed_and_malformed_results_are_ignored():
         forged = bytearray(result)
         forged[HEADER_BYTES:] = np.full(len(elems), 2 ** 30, ">i4").tobytes()
         oversized = result[:HEADER_BYTES] + bytes(result[HEADER_BYTES:]) * 3 + b"\0" * 4
+        other_run = bytearray(forged)
+        other_run[field_offsets()["session"]] ^= 0x80
         return [(rogue, bytes(forged)),          # right seq, from another port
-                (sw, oversized)]                 # from the switch, wrong length
+                (sw, oversized),                 # from the switch, wrong length
+                (sw, bytes(other_run))]          # from the switch, another session
     sw = FakeNetworkSwitch(job, inject)
     try:
         with _client(sw, job, 0) as c:
             x = np.linspace(-1, 1, 200, dtype=np.float32)
             y, st = c.allreduce(x)
         assert np.abs(y - x).max() < 1e-3          # the worker's own sum (N = 1)
-        assert st.foreign_ignored >= 2 * st.results
+        assert st.foreign_ignored >= 3 * st.results
     finally:
         sw.close()
 
@@ -106,4 +110,55 @@ def test_reliable_worker_refuses_a_partial_result():
             with pytest.raises(AllreduceInconsistent, match="PARTIAL"):
                 c.allreduce(np.ones(8, np.float32))
     finally:
+        sw.close()
+
+
+@pytest.mark.parametrize("engine", ["python", "c"])
+@pytest.mark.parametrize("after", ["restart", "another_run"])
+def test_bounded_workers_raise_when_the_switch_loses_their_job(engine, after):
+    """The switch restarts (its job table is empty) or another run installs the job id
+    under its own session: every bounded worker raises AllreduceTooLate within its
+    give-up time. Before, bounded ranks zero-filled every slot with no error."""
+    from ina_fabric.host.transport import fastcall
+    if engine == "c" and not fastcall.available():
+        pytest.skip(fastcall.WHY_NOT)
+    w0, w1 = _ports(2)
+    job = JobConfig(6, (f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"), window=4, elements=8,
+                    deadline=0.2, mode="bounded")
+    sw = FakeNetworkSwitch(job)
+    errors, outs = {}, {}
+    clients = [_client(sw, job, w, engine=engine) for w in range(2)]
+
+    def call(w):
+        try:
+            outs[w] = clients[w].allreduce(np.full(64, w + 1.0, np.float32))[0]
+        except Exception as e:  # noqa: BLE001 (checked below)
+            errors[w] = e
+
+    def both():
+        ts = [threading.Thread(target=call, args=(w,)) for w in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+    try:
+        both()
+        assert not errors and np.array_equal(outs[0], outs[1])    # (partial under load)
+        if after == "restart":
+            sw.model = SwitchModel()
+        else:
+            import dataclasses
+            sw.model = SwitchModel([dataclasses.replace(job, session=job.session ^ 1)])
+        outs.clear()
+        t0 = time.monotonic()
+        both()
+        took = time.monotonic() - t0
+        assert sorted(errors) == [0, 1] and not outs, (errors, outs)
+        for e in errors.values():
+            assert isinstance(e, AllreduceTooLate), e
+            assert "no longer has it" in str(e)
+        assert took < 10 * clients[0].giveup + 5
+    finally:
+        for c in clients:
+            c.close()
         sw.close()

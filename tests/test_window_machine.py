@@ -31,6 +31,7 @@ from ina_fabric.protocol.jobtable import JobConfig
 from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_COUNT, H_NELEM
 
 JOB = 3
+SESSION = 0xC0FFEE    # the job's session id
 SWITCH = ("10.0.0.1", 19900)
 ONE_WAY = 0.0005           # delay of a datagram the schedule says nothing about
 
@@ -69,8 +70,11 @@ class Net:
 class Worker:
     """One worker making ``len(inputs)`` calls, with the checks the properties need."""
 
-    def __init__(self, i, n, inputs, E, w, cfg, sim):
+    def __init__(self, i, n, inputs, E, w, cfg, sim, too_late_raises=False):
         self.i, self.n, self.inputs, self.E, self.w, self.cfg = i, n, inputs, E, w, cfg
+        # SwitchClient's rule: a result gone for good fails the call (AllreduceTooLate);
+        # without it, the call level alone: zeros for that chunk
+        self.too_late_raises = too_late_raises
         self.sim = sim
         self.rtt = RttEstimator()       # kept across calls, as SwitchClient keeps it
         self.seq = 0
@@ -85,7 +89,8 @@ class Worker:
             self.call = self.win = None
             return
         x = self.inputs[self.k]
-        self.call = AllreduceCall(x, JOB, self.i, self.n, self.E, self.seq, self.w)
+        self.call = AllreduceCall(x, JOB, self.i, self.n, self.E, self.seq, self.w,
+                                  session=SESSION)
         self.seq = (self.seq + self.call.P) & 0xFFFFFFFF
         self.win = SendWindow(self.call.P, self.w, self.cfg, self.rtt)
         self.sent, self.finished = {}, set()     # p -> [send times]; delivered/abandoned
@@ -136,6 +141,9 @@ class Worker:
                 self.abandoned.add(a.p)
                 self.finished.add(a.p)
                 self.sim.abandoned += 1
+                if self.too_late_raises:
+                    self.failed = ("too_late", now)
+                    return
             else:
                 assert type(a) is Fail
                 self.failed = (a.reason, now)
@@ -167,12 +175,14 @@ class Worker:
 
 class Sim:
     def __init__(self, n, inputs, E, w, job_window, cfg, fates, cut_at=math.inf,
-                 max_events=200000):
+                 max_events=200000, too_late_raises=False):
         self.net = Net(fates, cut_at)
         self.model = SwitchModel([JobConfig(JOB, tuple(f"{a}:{p}" for a, p in map(addr, range(n))),
                                             window=job_window, elements=E,
-                                            deadline=cfg.deadline, mode=cfg.mode)])
-        self.workers = [Worker(i, n, inputs[i], E, w, cfg, self) for i in range(n)]
+                                            deadline=cfg.deadline, mode=cfg.mode,
+                                            session=SESSION)])
+        self.workers = [Worker(i, n, inputs[i], E, w, cfg, self, too_late_raises)
+                        for i in range(n)]
         self.group_results = {}       # seq -> the RESULT the model sent to the group
         self.abandoned = 0
         self.now = 0.0
@@ -332,20 +342,23 @@ def test_bounded_workers_apply_the_models_results_identically(setup, fates, dead
     n, E, job_window, w, sizes, inputs = setup
     cfg = WindowConfig("bounded", rto=0.02, min_rto=0.01, deadline=deadline,
                        connect_timeout=1e9)
-    sim = Sim(n, inputs, E, w, job_window, cfg, fates).run()
+    sim = Sim(n, inputs, E, w, job_window, cfg, fates, too_late_raises=True).run()
+    # every worker completes every call, or fails with "too late" (a result it needs is
+    # gone for good: the switch reused the slot before it fetched it); the replicas of
+    # the calls a worker completed are bitwise those of every other worker
     for wk in sim.workers:
-        assert wk.failed is None and len(wk.outs) == len(sizes)
-    if sim.abandoned:
-        # a result gone for good (slot reused before a lagging worker fetched it): that
-        # worker applies zeros (test_bounded_abandon_counts_zeros); replicas can differ
-        # (test_bounded_replicas_stay_identical_after_an_abandoned_exponent, xfail)
-        return
+        if wk.failed is None:
+            assert len(wk.outs) == len(sizes)
+        else:
+            assert wk.failed[0] == "too_late" and wk.abandoned
     for k in range(len(sizes)):
-        ref = sim.workers[0]
-        for wk in sim.workers[1:]:
-            np.testing.assert_array_equal(wk.outs[k], ref.outs[k])
+        have = [wk for wk in sim.workers if len(wk.outs) > k]
+        for wk in have[1:]:
+            np.testing.assert_array_equal(wk.outs[k], have[0].outs[k])
             for f in ("entries_lost", "partial_slots", "overflow_slots", "results"):
-                assert getattr(wk.stats[k], f) == getattr(ref.stats[k], f), f
+                assert getattr(wk.stats[k], f) == getattr(have[0].stats[k], f), f
+    if sim.workers[0].failed:
+        return
     # and the results are the model's: decode its group RESULTs apart from the client
     S = Q.scale_bits(n)
     base = 0
@@ -431,24 +444,22 @@ def test_karn_no_sample_from_a_retransmitted_packet():
     assert win.on_result(0, 0.04) == []                 # a duplicate
 
 
-@pytest.mark.xfail(strict=True, reason="known: bounded mode, a worker that abandons an "
-                   "exponent packet (p < K) decodes chunk p as zeros while the others "
-                   "decode the same stored RESULT of p + w; found by the property above")
-def test_bounded_replicas_stay_identical_after_an_abandoned_exponent():
+def test_bounded_worker_that_lost_its_result_raises_instead_of_diverging():
     """Two workers, one element per packet, job window 1, 2 ms deadline: worker 0's first
     DATA and its RESULT are lost; the slot closes with worker 1 alone and is reused
-    (window 1) before worker 0's re-send, so worker 0 abandons packet 0 (the exponent of
-    chunk 0) and decodes chunk 0's RESULT as zeros, while worker 1 applies the rescaled
-    partial sum. Both count the chunk lost; their values differ."""
+    (window 1) before worker 0's re-send, so the result worker 0 needs is gone. Before,
+    worker 0 decoded chunk 0 as zeros while worker 1 applied the rescaled partial sum:
+    replicas diverged silently (a strict xfail). Now worker 0 fails its call ("too late",
+    SwitchClient raises AllreduceTooLate) and never applies its own zeros."""
     x = [[np.array([0.00012573, -0.0001321], np.float32)],
          [np.array([0.00064042, 0.0001049], np.float32)]]
     cfg = WindowConfig("bounded", rto=0.02, min_rto=0.01, deadline=0.002,
                        connect_timeout=1e9)
-    sim = Sim(2, x, 1, 1, 1, cfg, [(0, 0.0), (1, 0.0), (0, 0.0)]).run()
+    sim = Sim(2, x, 1, 1, 1, cfg, [(0, 0.0), (1, 0.0), (0, 0.0)],
+              too_late_raises=True).run()
     a, b = sim.workers
-    assert a.abandoned == {0} and not b.abandoned
-    assert a.stats[0].entries_lost == b.stats[0].entries_lost
-    np.testing.assert_array_equal(a.outs[0], b.outs[0])
+    assert a.abandoned == {0} and a.failed[0] == "too_late" and a.outs == []
+    assert b.failed is None and len(b.outs) == 1 and b.stats[0].partial_slots
 
 
 def test_stall_fails_at_the_first_timer_past_stall_timeout():

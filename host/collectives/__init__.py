@@ -24,7 +24,7 @@ from ina_fabric.protocol.jobtable import job_defaults
 
 from .base import Collective, DirStore, HadamardCollective
 from .deadline import DeadlinePolicy, SwitchDeadline
-from .hadamard import RandomizedHadamard, fwht
+from .hadamard import RandomizedHadamard, fwht, DEFAULT_BLOCK
 from .tar import Mesh, TarUdp, TarTcp, RingTcp
 from .consistency import ReplicaGuard, drift
 
@@ -43,16 +43,19 @@ class CollectiveOptions:
     ``elements``: elements per datagram (TAR) or per packet (switch kinds).
     ``deadline``: a fixed deadline in seconds for the bounded kinds, or None for the
     adaptive policy (``calibration`` calls, then ``early_fraction``). ``hadamard`` wraps
-    the collective in the randomized Hadamard transform seeded by ``seed``.
-    ``fill``/``resolve``: see ``TarUdp``."""
+    the collective in the randomized Hadamard transform seeded by ``seed``, one transform
+    per ``hadamard_block`` entries (None: the whole bucket padded to a power of two).
+    ``fill``/``resolve``/``hold`` (the straggler bound, in deadlines): see ``TarUdp``."""
     elements: int = 1024
     deadline: float | None = None
     calibration: int = 5
     early_fraction: float = 0.25
     hadamard: bool = False
+    hadamard_block: int | None = DEFAULT_BLOCK
     seed: int = 0
     fill: str = "local"
     resolve: str = "local"
+    hold: float | None = 3.0
 
 
 @dataclass(frozen=True)
@@ -67,14 +70,15 @@ class SwitchTarget:
 
 def make_collective(kind, rank, world, store=None, options: CollectiveOptions | None = None,
                     *, impairment=None, switch: SwitchTarget | None = None, prefix=None,
-                    **changes):
+                    bind="127.0.0.1", **changes):
     """One rank's collective of ``kind`` (see ``KINDS``).
 
     ``options``: a :class:`CollectiveOptions` (``changes`` are applied to it, e.g.
     ``elements=512``). ``impairment``: a ``host.transport.impair.Impairment`` applied to
     this rank's sends (UDP datagrams; for the TCP kinds, per-segment delays and
     retransmission penalties; for the switch kinds, the uplink). ``switch``: a
-    :class:`SwitchTarget`, needed by the switch kinds."""
+    :class:`SwitchTarget`, needed by the switch kinds. ``bind``: the local address of the
+    TAR/ring mesh (a lab host's own address; loopback by default)."""
     if kind not in KINDS:
         raise ValueError(f"collective {kind!r}: expected one of {', '.join(KINDS)}")
     o = dataclasses.replace(options or CollectiveOptions(), **changes)
@@ -93,7 +97,7 @@ def make_collective(kind, rank, world, store=None, options: CollectiveOptions | 
         c = GlooCollective()
     elif kind in ("ring-tcp", "tar-tcp", "tar-udp"):
         tcp_imp = impairment if kind != "tar-udp" else None
-        mesh = Mesh(rank, world, store, prefix=prefix,
+        mesh = Mesh(rank, world, store, host=bind, prefix=prefix,
                     impairment=impairment if kind == "tar-udp" else None,
                     tcp_impairment=tcp_imp, seg_bytes=4 * o.elements)
         if kind == "ring-tcp":
@@ -102,7 +106,7 @@ def make_collective(kind, rank, world, store=None, options: CollectiveOptions | 
             c = TarTcp(mesh, own_mesh=True)
         else:
             c = TarUdp(mesh, o.elements, policy(), policy(), fill=o.fill, own_mesh=True,
-                       resolve=o.resolve)
+                       resolve=o.resolve, hold=o.hold)
     else:
         from .adapters import switch_collective
         if switch is None:
@@ -115,7 +119,7 @@ def make_collective(kind, rank, world, store=None, options: CollectiveOptions | 
                               job=switch.job, settings=settings, policy=sp,
                               impairment=impairment, prefix=prefix)
     if o.hadamard:
-        c = HadamardCollective(c, seed=o.seed)
+        c = HadamardCollective(c, seed=o.seed, block=o.hadamard_block)
     return c
 
 

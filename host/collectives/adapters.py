@@ -148,8 +148,8 @@ def switch_collective(rank, world, store, switch_addr, control=None, *, job=1,
         members = tuple(store.get(f"{prefix}/addr/{i}").decode() for i in range(world))
         cfg = JobConfig.from_settings(job, members, s)
         send_job(tuple(switch_addr), cfg)
-        store.set(f"{prefix}/ready", "1")
-    store.get(f"{prefix}/ready")
+        store.set(f"{prefix}/ready", str(cfg.session))
+    client.session = int(store.get(f"{prefix}/ready"))     # the install's session id
     return SwitchCollective(client, policy, control)
 
 

@@ -11,6 +11,9 @@ seed), the rest from the environment (inherited by the forked workers):
   allreduce call (time, lost fraction, deadlines) when training ends;
 * ``INA_LIVE_SWITCH``: ``ip:port,ip:port`` of a ``LiveSwitch`` (data, control) for the
   adaptive in-network bounded mode (``switch_bounded``).
+
+The TAR/ring mesh binds to the address that reaches torchrun's ``MASTER_ADDR`` (a lab
+host's own address under ``ina train --lab``), or to loopback.
 """
 
 import json
@@ -73,8 +76,13 @@ def _make(kind, rank, world, cfg, **kw):
         (h, p), (ch, cp) = (a.rsplit(":", 1) for a in live.split(","))
         switch = SwitchTarget((h, int(p)), (ch, int(cp)), job=cfg.job, window=cfg.window)
         opts["elements"] = int(env.get("INA_TAR_ELEMENTS", cfg.elements))
+    bind = "127.0.0.1"
+    master = env.get("MASTER_ADDR")
+    if master and not master.startswith("127.") and master != "localhost":
+        from ..ddp.hook import local_address_towards
+        bind = local_address_towards((master, 1))
     c = make_collective(kind, rank, world, None, impairment=cfg.uplink(rank), switch=switch,
-                        **opts)
+                        bind=bind, **opts)
     return RecordingCollective(c, env.get("INA_TAR_LOG"))
 
 

@@ -8,8 +8,9 @@ may be shorter or empty, so any bucket size works). Two rounds instead of a ring
 2. broadcast: every owner sends its reduced shard to every other rank.
 
 ``TarUdp`` (bounded): each shard travels as UDP datagrams of ``elements`` float32 entries
-with a 24-byte header (``TAR_HEADER``: call, sender, chunk, element offset, count) so a
-datagram is placed wherever and whenever it arrives. Each phase ends when all its data is
+with a 28-byte header (``TAR_HEADER``: call, sender, chunk, element offset, count, and the
+sender's own deadline estimate for the phase) so a datagram is placed wherever and whenever
+it arrives, and the receivers agree on the median of the estimates. Each phase ends when all its data is
 in, or at its deadline, or early (see ``tar_phases``; per sender, the deadline runs from
 its first datagram, so a rank that starts late is not cut off): the last ``tail_percent``
 of each sender's datagrams carry a TAIL flag, and once a tail datagram and all but the last
@@ -26,7 +27,9 @@ broadcast deadline (see ``TarUdp._resolve``). Two loss figures:
 missing) and ``dropped_fraction`` (the share of the ``n * N`` contributions missing, a
 missing broadcast entry counting ``N``), which tracks the datagram loss rate. Duplicates are
 ignored, datagrams of an older call are counted late, datagrams of a newer call (a faster
-rank already started it) are kept for it.
+rank already started it) are kept for it. ``hold`` bounds how long a straggler (a rank
+that starts its call late) can hold a phase: ``hold`` deadlines after the phase start, its
+data is counted missing.
 
 Deadlines come from a ``DeadlinePolicy`` (one per phase): during its calibration rounds
 the call runs as TAR over TCP and the measured phase times feed the policy.
@@ -61,8 +64,14 @@ __all__ = ["Mesh", "TarUdp", "TarTcp", "RingTcp", "TAR_HEADER", "MAGIC", "Kind",
            "DirStore"]
 
 MAGIC = 0x7A52
-TAR_HEADER = struct.Struct("<HBBIHHIII")   # magic kind flags call sender count chunk offset nelem
-HB = TAR_HEADER.size                       # 24 bytes
+# magic kind flags call sender count chunk offset nelem estimate (the sender's own deadline
+# for this phase, microseconds: the receivers agree on the median of these)
+TAR_HEADER = struct.Struct("<HBBIHHIIII")
+HB = TAR_HEADER.size                       # 28 bytes
+_HDR_DTYPE = np.dtype([("magic", "<u2"), ("kind", "u1"), ("flags", "u1"), ("call", "<u4"),
+                       ("sender", "<u2"), ("count", "<u2"), ("chunk", "<u4"),
+                       ("offset", "<u4"), ("nelem", "<u4"), ("estimate", "<u4")])
+assert _HDR_DTYPE.itemsize == HB
 
 
 class Kind:
@@ -77,14 +86,16 @@ class Flag:
 _MSG = struct.Struct("<II")   # TCP framing: payload length, tag
 
 
-def _recv_exact(sock, n, buf=None):
+def _recv_exact(sock, n, buf=None, who="TAR mesh"):
+    """Exactly ``n`` bytes from a TCP socket (into ``buf`` if given); ConnectionError
+    naming ``who`` when the peer closes first."""
     buf = bytearray(n) if buf is None else buf
     mv = memoryview(buf)
     got = 0
     while got < n:
         k = sock.recv_into(mv[got:], n - got)
         if k == 0:
-            raise ConnectionError("TAR mesh: peer closed the connection")
+            raise ConnectionError(f"{who}: peer closed the connection")
         got += k
     return buf
 
@@ -415,7 +426,7 @@ class TarUdp(Collective):
 
     def __init__(self, mesh: Mesh, elements=1024, scatter_policy=None, bcast_policy=None,
                  tail_percent=2.0, fill="local", own_mesh=False, max_stash=200000,
-                 resolve="local"):
+                 resolve="local", hold=3.0):
         if fill not in ("local", "zero"):
             raise ValueError(f"fill {fill!r}: expected 'local' or 'zero'")
         if resolve not in ("local", "agree", "repair"):
@@ -429,6 +440,9 @@ class TarUdp(Collective):
         self.sp = scatter_policy or DeadlinePolicy()
         self.bp = bcast_policy or DeadlinePolicy()
         self.tail_percent = tail_percent
+        if hold is not None and hold < 1:
+            raise ValueError(f"hold {hold}: the straggler bound is >= 1 deadline (or None)")
+        self.hold = hold
         self.fill = fill
         self.tcp = TarTcp(mesh)
         self.call = 0
@@ -453,8 +467,17 @@ class TarUdp(Collective):
             st.update(calibrating=True, call=call, mode="tcp")
             return out.reshape(x0.shape), st
         out, st = self._bounded(v, call, self.sp.deadline(), self.bp.deadline())
-        self.sp.observe(st["scatter_time"], st["scatter_lost_fraction"], st["scatter_timed_out"])
-        self.bp.observe(st["bcast_time"], st["bcast_lost_fraction"], st["bcast_timed_out"])
+        # A phase that timed out saw either late data (a deadline too short: the policy
+        # gets the censored duration and may grow) or lost data (dropped in a queue:
+        # waiting longer would not have brought it). Datagrams of older calls arriving
+        # now are the evidence of lateness; without them the policy gets the time the
+        # data that came took, and no growth: with real drops (tbf queues under
+        # background flows) the deadline otherwise inflated 16-fold, to seconds.
+        late = st["late"] > 0
+        for pol, ph in ((self.sp, "scatter"), (self.bp, "bcast")):
+            timed_out = st[f"{ph}_timed_out"]
+            d = st[f"{ph}_time"] if (late or not timed_out) else st[f"{ph}_arrived_time"]
+            pol.observe(d, st[f"{ph}_lost_fraction"], timed_out and late)
         return out.reshape(x0.shape), st
 
     def close(self):
@@ -462,7 +485,7 @@ class TarUdp(Collective):
             self.mesh.close()
 
     # -- the bounded mechanism -----------------------------------------------------------
-    def _packets(self, data, kind, call, counts, base_offset):
+    def _packets(self, data, kind, call, counts, base_offset, estimate=0.0):
         """All datagrams of one shard as one uint8 matrix (one row per chunk) + lengths."""
         E, nel_total = self.E, data.size
         nch = -(-nel_total // E)
@@ -474,9 +497,8 @@ class TarUdp(Collective):
         if nch:
             nel[-1] = nel_total - (nch - 1) * E
         tail = max(1, math.ceil(nch * self.tail_percent / 100.0))
-        hdr = np.zeros(nch, np.dtype([("magic", "<u2"), ("kind", "u1"), ("flags", "u1"),
-                                       ("call", "<u4"), ("sender", "<u2"), ("count", "<u2"),
-                                       ("chunk", "<u4"), ("offset", "<u4"), ("nelem", "<u4")]))
+        hdr = np.zeros(nch, _HDR_DTYPE)
+        hdr["estimate"] = min(int(estimate * 1e6), 0xFFFFFFFF)
         hdr["magic"], hdr["kind"], hdr["call"], hdr["sender"] = MAGIC, kind, call, self.rank
         hdr["count"] = counts
         hdr["chunk"] = np.arange(nch)
@@ -495,6 +517,7 @@ class TarUdp(Collective):
                 if k < len(rows):
                     items.append((rows[k, :lens[k]], addr))
         self.mesh.send_batch(items)
+        self._bytes += sum(int(lens.sum()) for _, _, lens in per_dest)
         return len(items)
 
     def _resolve(self, bgot, bcount, out, nch, lo, hi):
@@ -553,13 +576,14 @@ class TarUdp(Collective):
         t0 = time.perf_counter()
         E, N, r = self.E, self.world, self.rank
         n = v.size
+        self._bytes = 0
         lo, hi = shard_bounds(n, N)
         nch = -(-(hi - lo) // E)
         peers = [o for o in range(N) if o != r]
         addrs = self.mesh.udp_addrs
         # the phase decisions (pure, tar_phases.TarPhases); the data here
         ph = TarPhases(r, nch, s_deadline, b_deadline, self.sp.early_timeout(),
-                       self.bp.early_timeout(), self.tail_percent)
+                       self.bp.early_timeout(), self.tail_percent, self.hold)
         got, bgot = ph.got, ph.bgot
         acc = v[lo[r]:hi[r]].copy()
         bcount = [np.full(nch[o], N, np.int64) for o in range(N)]
@@ -572,7 +596,7 @@ class TarUdp(Collective):
             if nbytes < HB:
                 st["bad"] += 1
                 return
-            magic, kind, flags, pcall, sender, count, chunk, offset, nelem = \
+            magic, kind, flags, pcall, sender, count, chunk, offset, nelem, est = \
                 TAR_HEADER.unpack_from(buf)
             if (magic != MAGIC or nbytes != HB + 4 * nelem or sender >= N or sender == r
                     or offset + nelem > n or nelem > E):
@@ -590,7 +614,8 @@ class TarUdp(Collective):
                 if chunk >= nch[r] or offset != lo[r] + chunk * E:
                     st["bad"] += 1
                     return
-                verdict = ph.on_scatter(sender, chunk, flags & Flag.TAIL, clock())
+                verdict = ph.on_scatter(sender, chunk, flags & Flag.TAIL, clock(),
+                                        est * 1e-6 if est else None)
                 if verdict == ACCEPT:
                     a = chunk * E
                     acc[a:a + nelem] += data
@@ -600,7 +625,8 @@ class TarUdp(Collective):
                 if chunk >= nch[sender] or offset != lo[sender] + chunk * E:
                     st["bad"] += 1
                     return
-                if ph.on_bcast(sender, chunk, flags & Flag.TAIL, clock()) == ACCEPT:
+                if ph.on_bcast(sender, chunk, flags & Flag.TAIL, clock(),
+                               est * 1e-6 if est else None) == ACCEPT:
                     out[offset:offset + nelem] = data
                     bcount[sender][chunk] = count
                 else:
@@ -612,7 +638,8 @@ class TarUdp(Collective):
         per_dest = []
         for o in peers:
             if nch[o]:
-                rows, lens = self._packets(v[lo[o]:hi[o]], Kind.SCATTER, call, N, lo[o])
+                rows, lens = self._packets(v[lo[o]:hi[o]], Kind.SCATTER, call, N, lo[o],
+                                           s_deadline)
                 per_dest.append((addrs[o], rows, lens))
         ph.start(clock())
         sent = self._send_interleaved(per_dest)
@@ -656,7 +683,8 @@ class TarUdp(Collective):
                 bcount[r] = cnt.astype(np.int64)
                 out[lo[r]:hi[r]] = acc
                 if nch[r] and peers:
-                    rows, lens = self._packets(acc, Kind.BCAST, call, cnt, lo[r])
+                    rows, lens = self._packets(acc, Kind.BCAST, call, cnt, lo[r],
+                                               b_deadline)
                     ph.start_bcast(clock())
                     sent += self._send_interleaved([(addrs[o], rows, lens) for o in peers])
                 else:
@@ -715,13 +743,18 @@ class TarUdp(Collective):
             "dropped_fraction": (dropped_contrib + N * missing_entries) / (n * N) if n else 0.0,
             "missing": missing,
             "packets_sent": sent, "packets_expected": s_expected + b_expected,
+            "bytes_sent": self._bytes,
             "packets_lost": s_lost_pk + b_lost_pk,
             "scatter_packets_lost": s_lost_pk, "bcast_packets_lost": b_lost_pk,
             "scatter_entries_lost": s_lost_entries,
             "scatter_lost_fraction": s_lost_entries / s_contrib if s_contrib else 0.0,
             "bcast_lost_fraction": missing_entries / b_total if b_total else 0.0,
             "scatter_time": s_time, "bcast_time": b_time,
-            "scatter_deadline": s_deadline, "bcast_deadline": b_deadline,
+            "scatter_arrived_time": ph.scatter.arrived(),
+            "bcast_arrived_time": ph.bcast.arrived(),
+            "scatter_deadline": ph.scatter.deadline, "bcast_deadline": ph.bcast.deadline,
+            "scatter_own_deadline": s_deadline, "bcast_own_deadline": b_deadline,
+            "scatter_held": ph.scatter.held, "bcast_held": ph.bcast.held,
             "scatter_timed_out": s_timed_out, "bcast_timed_out": b_timed_out,
             "scatter_early": s_early, "bcast_early": b_early,
             "late": st["late"], "duplicates": st["dup"], "bad": st["bad"],

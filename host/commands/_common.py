@@ -98,6 +98,20 @@ def add_base_port_argument(p):
                    help="worker w binds PORT+w (0: ephemeral ports, so runs never collide)")
 
 
+def session_arg(text) -> int:
+    """argparse type of a session id (decimal or 0x-hex, 1..2^64-1)."""
+    import argparse
+    from ina_fabric.protocol.jobtable import ConfigError, parse_session
+    try:
+        return parse_session(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_session_argument(p, what):
+    p.add_argument("--session", type=session_arg, default=None, metavar="ID", help=what)
+
+
 def add_output_arguments(p, verb: str, plot=True):
     p.add_argument("--out", metavar="DIR", type=pathlib.Path, default=OUT_DIR / verb,
                    help="folder for what this command writes (under the current directory)")

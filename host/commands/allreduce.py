@@ -14,7 +14,8 @@ HELP = "allreduce through a switch with N local workers; prints throughput and s
 
 def add_arguments(p):
     from ._common import (add_base_port_argument, add_impairment_arguments,
-                          add_job_arguments, add_switch_argument, size_arg)
+                          add_job_arguments, add_switch_argument, size_arg,
+                          add_session_argument)
     p.add_argument("--workers", type=int, default=4, help="local worker processes (1..32)")
     p.add_argument("--size", type=size_arg, default="4M",
                    help="bytes of float32 per worker and call (4M = 1,048,576 floats)")
@@ -25,6 +26,8 @@ def add_arguments(p):
                            "have the job configured) instead of starting a local one")
     p.add_argument("--job", type=int, default=1, help="job id")
     add_base_port_argument(p)
+    add_session_argument(p, "with --switch: the session id of the job it holds (what "
+                            "`ina switch` printed, or its [[job]] table's session)")
     p.add_argument("--seed", type=int, default=0, help="data and impairment seed")
 
 
@@ -42,6 +45,7 @@ def run(args):
     try:
         spec = WorkerSpec(job=args.job, nworkers=args.workers, settings=job_settings(args),
                           base_port=args.base_port, seed=args.seed,
+                          session=args.session or 0,
                           impairment=Impairment(loss=args.loss, duplicate=args.duplicate,
                                                 reorder=args.reorder))
         switch = f"{args.switch[0]}:{args.switch[1]}" if args.switch else None

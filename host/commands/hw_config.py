@@ -11,6 +11,11 @@ The entry bytes are the ones the software switch loads (ina_fabric/protocol/jobt
 ``regs`` form also checks that each job fits the core (window a power of two within the
 core's window, elements and workers within the core's) and converts the deadline to
 core clock cycles.
+
+Each job carries its run's session id (the TOML's ``session``, else a fresh one per
+invocation, printed to stderr): the workers must be given the same one (``ina train
+--static-job --session ID``, INA_SESSION), or the core drops their DATA as
+``drop_bad_session``.
 """
 
 HELP = "emit the job-table bytes (or register writes) that configure the FPGA core"
@@ -55,7 +60,7 @@ def render(jobs, fmt, *, clock_mhz=125.0, core_window=8, core_elements=64,
         raise ValueError(f"{len(jobs)} jobs but the core has {core_jobs} job-table entries")
     lines = []
     for k, j in enumerate(jobs):
-        lines.append(f"# job {j.job} -> entry {k}")
+        lines.append(f"# job {j.job} -> entry {k}, session 0x{j.session:016x}")
         for addr, val in config_writes(j, k, clock_hz=clock_mhz * 1e6, window_max=core_window,
                                        elements_max=core_elements, workers_max=core_workers):
             lines.append(f"0x{addr:04x} 0x{val:08x}")
@@ -68,6 +73,9 @@ def run(args):
     from ina_fabric.protocol.jobtable import ConfigError, load_jobs_toml
     try:
         jobs = load_jobs_toml(args.config)
+        for j in jobs:
+            print(f"job {j.job}: session 0x{j.session:016x} (give it to the workers: "
+                  f"--session / INA_SESSION)", file=sys.stderr)
         out = render(jobs, args.format, clock_mhz=args.clock_mhz,
                      core_window=args.core_window, core_elements=args.core_elements,
                      core_workers=args.core_workers, core_jobs=args.core_jobs)

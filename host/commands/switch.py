@@ -10,7 +10,10 @@ from flags:
     ina switch --config jobs.toml
     ina switch --job 1 --workers 127.0.0.1:20000,127.0.0.1:20001 --mode bounded --deadline-ms 5
     ina switch --job 1 --local-workers 4 --base-port 20000      (4 workers on this host)
+        [--session 0x5eed]   (the run's session id, which the workers must carry; default:
+                              a fresh one, printed)
     ina switch --status [--switch 127.0.0.1:19900]               (counters of a running switch, JSON)
+    ina switch --engine rtl                    (the gateware in Verilator, the model as scoreboard)
 
 jobs.toml:
     [[job]]
@@ -20,6 +23,7 @@ jobs.toml:
     elements = 256          # per packet; 64 or 256 on Ethernet, more on loopback
     deadline_ms = 5.0       # bounded mode
     mode = "reliable"       # or "bounded"
+    session = "0x5eed..."   # the run's session id (default: a fresh one per start)
     # multicast = "239.1.1.1:20000"   # one copy to an IP multicast group
 """
 
@@ -32,14 +36,18 @@ HELP = "run the software switch (reference model over UDP), or query a running o
 
 
 def add_arguments(p):
-    from ._common import add_base_port_argument, add_job_arguments, parse_address
+    from ._common import (add_base_port_argument, add_job_arguments, parse_address,
+                          add_session_argument)
     p.add_argument("--listen", default=f"0.0.0.0:{INA_UDP_PORT}", metavar="IP:PORT",
                    type=parse_address, help="address to serve on")
     p.add_argument("--config", metavar="TOML", help="job table file loaded at start")
-    p.add_argument("--engine", choices=("auto", "fast", "model"), default="auto",
+    p.add_argument("--engine", choices=("auto", "fast", "model", "rtl"), default="auto",
                    help="fast: the compiled DATA path (recvmmsg batches); model: the "
-                        "Python reference model, one datagram at a time; auto: fast "
-                        "where it is built")
+                        "Python reference model, one datagram at a time; rtl: the "
+                        "gateware (hw/ina) simulated by Verilator, with the model beside "
+                        "it as a live scoreboard that stops the switch at the first "
+                        "disagreement (core: $INA_RTL_PARAMS, JSON, over "
+                        "host/switch/rtl.py RTL_PARAMS); auto: fast where it is built")
     p.add_argument("--key-file", metavar="FILE",
                    help="control key (CONTROL and STATUS are taken only when sealed with "
                         "it); default: $INA_SWITCH_KEY, else $INA_SWITCH_KEY_FILE, else "
@@ -51,6 +59,8 @@ def add_arguments(p):
     g.add_argument("--local-workers", type=int, metavar="N",
                    help="N workers on 127.0.0.1, ports base-port .. base-port+N-1")
     add_base_port_argument(p)
+    add_session_argument(g, "the job's session id, which every DATA of its workers must "
+                            "carry (default: a fresh one, printed at start)")
     add_job_arguments(p, "ethernet")
     q = p.add_argument_group("querying a running switch")
     q.add_argument("--status", action="store_true",
@@ -77,7 +87,8 @@ def jobs_from_args(args):
             members = [m.strip() for m in args.workers.split(",") if m.strip()]
         else:
             return []
-        return [JobConfig.from_settings(args.job, members, job_settings(args))]
+        return [JobConfig.from_settings(args.job, members, job_settings(args),
+                                        session=args.session)]
     except ConfigError as e:
         raise CliError(str(e)) from None
 
@@ -85,6 +96,7 @@ def jobs_from_args(args):
 def run(args):
     from ..cli import CliError
     from ..switch import SwitchServer, query_status, fast
+    from ina_fabric.protocol.jobtable import ConfigError
     import os
     from ..switch.keys import switch_key, KeyMissing, default_key_path
     try:
@@ -105,6 +117,12 @@ def run(args):
                               log=lambda m: print(m, file=sys.stderr))
     except fast.EngineUnavailable as e:
         raise CliError(str(e)) from None
+    except ConfigError as e:       # a job that does not fit the core
+        raise CliError(str(e)) from None
+    except (RuntimeError, ValueError) as e:   # the RTL engine: no Verilator, a bad
+        if args.engine != "rtl":             # INA_RTL_PARAMS, a failed build
+            raise
+        raise CliError(f"--engine rtl: {e}") from None
     except OSError as e:
         raise CliError(f"cannot listen on {args.listen[0]}:{args.listen[1]}: {e}") from None
     host, port = server.address
@@ -113,7 +131,8 @@ def run(args):
               "ina allreduce --switch)", file=sys.stderr)
     for j in jobs:
         print(f"job {j.job}: {j.n} workers, window {j.window}, {j.elements} elements/packet, "
-              f"{j.mode}" + (f", deadline {j.deadline * 1e3:g} ms" if j.mode == "bounded" else ""),
+              f"{j.mode}" + (f", deadline {j.deadline * 1e3:g} ms" if j.mode == "bounded" else "")
+              + f", session 0x{j.session:016x}",
               file=sys.stderr)
     print(f"ina switch listening on {host}:{port} ({server.engine} engine; Ctrl-C to "
           f"stop); control key: "
@@ -125,4 +144,10 @@ def run(args):
         server.close()
         c = {k: v for k, v in server.model.counters.items() if v}
         print(f"ina switch stopped; counters: {json.dumps(c, sort_keys=True)}", file=sys.stderr)
+        if server.engine == "rtl":
+            rtl = {k: v for k, v in server.model.rtl_stats().items() if k != "counters"}
+            print(f"rtl: {json.dumps(rtl, sort_keys=True)}", file=sys.stderr)
+    if server.failure:
+        print(f"ina switch: {server.failure}", file=sys.stderr)
+        return 1
     return 0

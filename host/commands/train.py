@@ -5,6 +5,8 @@ switch (started here) or a switch you name, and the same run on Gloo as the base
     ina train --backends ina,ina-bounded,gloo --loss 0.02 --plot
     ina train --workload transformer --max-epochs 3
     ina train --switch 198.18.0.10:19900         aggregate on an FPGA board
+    ina train --engine rtl --backends ina        through the gateware in Verilator, the
+                                                 model beside it as a live scoreboard
     ina train --lab rack --lab-set rate=100mbit  one torchrun per host namespace of a
                                                  rack lab (root; see docs/lab.md)
 
@@ -46,9 +48,17 @@ def add_arguments(p):
     p.add_argument("--lab-set", action="append", default=[], metavar="NAME=VALUE",
                    help="a lab topology parameter (repeatable; default hosts = --workers, "
                         "mtu = 9000)")
+    p.add_argument("--engine", choices=("auto", "fast", "model", "rtl"), default="auto",
+                   help="the switch started here (as `ina switch --engine`): rtl runs the "
+                        "gateware (hw/ina) in Verilator with the reference model as a live "
+                        "scoreboard, and defaults the job to the core's window and "
+                        "elements per packet")
     p.add_argument("--static-job", action="store_true",
                    help="the switch already holds the job (an FPGA loaded with `ina "
                         "hw-config`): send no CONTROL, bind worker r to --base-port + r")
+    from ._common import add_session_argument
+    add_session_argument(p, "with --static-job: the session id of the job the switch "
+                            "holds (the `session` of its [[job]] table)")
     p.add_argument("--base-port", "--worker-base-port", dest="base_port", type=int,
                    default=0, metavar="PORT",
                    help="worker r binds PORT+r (0: ephemeral ports)")
@@ -56,7 +66,9 @@ def add_arguments(p):
     g.add_argument("--elements", type=int,
                    help=f"elements per packet (default: {lo.elements} on loopback, "
                         f"{eth.elements} with --switch, which fits a 1500-byte Ethernet MTU)")
-    g.add_argument("--window", type=int, default=lo.window, help="slots in flight per job")
+    g.add_argument("--window", type=int,
+                   help=f"slots in flight per job (default: {lo.window}; with --engine rtl "
+                        f"the core's window)")
     g.add_argument("--deadline-ms", type=float, default=lo.deadline_ms,
                    help="bounded-mode deadline")
     add_impairment_arguments(p)
@@ -105,14 +117,33 @@ def _train(args, switch, link, lab):
     runs = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not runs:
         raise CliError("--backends is empty")
+    from ina_fabric.protocol.jobtable import LINK_DEFAULTS
+    lo_window = LINK_DEFAULTS["loopback"].window
+    rtl = {}
+    if args.engine != "auto" and switch:
+        raise CliError("--engine chooses the switch started here; not with --switch/--lab")
+    if args.engine == "rtl":
+        from ..switch.rtl import rtl_params, why_not
+        why = why_not()
+        if why:
+            raise CliError(f"--engine rtl: {why}")
+        try:
+            P = rtl_params()
+        except ValueError as e:
+            raise CliError(f"--engine rtl: {e}") from None
+        rtl = {"window": P.window, "elements": P.elements}
     results = {}
     for backend in runs:
         cfg = TrainConfig(workload=args.workload, workers=args.workers, backend=backend,
                           target=args.target, max_epochs=args.max_epochs, seed=args.seed,
                           lr=args.lr, batch=args.batch, accum_steps=args.accum_steps,
-                          switch=switch, window=args.window,
+                          switch=switch, switch_engine=args.engine,
+                          window=(args.window if args.window is not None
+                                  else rtl.get("window", lo_window)),
                           static_job=args.static_job, worker_base_port=args.base_port,
-                          elements=args.elements or job_defaults(link).elements,
+                          session=args.session or 0,
+                          elements=args.elements or rtl.get("elements")
+                          or job_defaults(link).elements,
                           deadline_ms=args.deadline_ms,
                           loss=args.loss if backend.startswith("ina") else 0.0,
                           duplicate=args.duplicate if backend.startswith("ina") else 0.0,
@@ -188,10 +219,25 @@ def _report(results, args):
               f"{s.get('partial_slots', '-'):>8} {s.get('entries_lost', '-'):>8} {same:>9s}")
         if r.fallbacks:
             print(f"  ({name}: the switch did not answer; {r.fallbacks} ranks fell back to Gloo)")
+    for name, r in results.items():
+        _report_rtl(name, r.switch_rtl)
     print("time-to-acc: wall time from the first step to the first epoch whose test "
           "accuracy reached the target; vs gloo: this run's time / Gloo's (time-to-acc, and "
           "wall time per optimizer step, which is there even when a run missed the target); "
           "stats are rank 0's (lost = entries that came from fewer than N workers)")
+
+
+def _report_rtl(name, rtl):
+    """The RTL engine's figures and the core's counters (read from its registers)."""
+    if not rtl:
+        return
+    print(f"{name}: through the RTL core (Verilator): {rtl['cycles']:,} cycles, "
+          f"{rtl['datagrams_in']:,} datagrams in, {rtl['datagrams_out']:,} out; "
+          f"{rtl['cycles_per_packet']} cycles/packet (ideal {rtl['ideal_cycles_per_packet']}, "
+          f"{rtl['stall_cycles']} stall cycles); {rtl['cycles_per_second'] or 0:,} cycles/s "
+          f"simulated; scoreboard disagreements: {rtl['disagreements']}")
+    counters = rtl.get("counters") or {}
+    print("  core counters: " + ", ".join(f"{k} {v:,}" for k, v in counters.items() if v))
 
 
 def _plot(results, args, path):

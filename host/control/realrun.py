@@ -48,6 +48,12 @@ class RealSpec:
     b_noise_prior: float = 64.0
     log_path: str | None = None           # controller's per-interval log (JSON)
     script: list | None = None            # [(from step, bits, accum)]: fixed knobs, no control
+    # False: no token bucket; the links themselves limit (a lab run, ``labrun``)
+    throttle: bool = True
+    epoch_file: str | None = None         # rank 0 writes the training clock's start here
+    # a fitted ``progress.ProgressModel`` (as a dict): the noise scale then comes from it at
+    # the current (smoothed) training loss instead of the online estimator
+    progress: dict | None = None
 
     def trace(self):
         return background_trace(self.capacity, BackgroundJob(self.bg_bytes, self.bg_compute),
@@ -67,7 +73,12 @@ def _spec() -> RealSpec:
 def collective(rank, world, cfg):
     from .compress import CompressedCollective
     spec = _spec()
-    return CompressedCollective(rank, world, bits=32, rate_fn=spec.trace(), seed=cfg.seed)
+    bits = 32
+    if spec.script and min(spec.script)[0] == 0:
+        bits = int(min(spec.script)[1])     # scripted from the first step on
+    return CompressedCollective(rank, world, bits=bits,
+                                rate_fn=spec.trace() if spec.throttle else None,
+                                seed=cfg.seed, epoch_file=spec.epoch_file)
 
 
 class RealController:
@@ -81,6 +92,11 @@ class RealController:
         self.knobs = self.ctl.current
         self.log = []
         self.sync = Ewma(0.7)
+        self.train_loss = Ewma(0.8)
+        self.progress = None
+        if spec.progress:
+            from .progress import ProgressModel
+            self.progress = ProgressModel.from_dict(spec.progress)
 
     def _base(self, info, elements):
         w = self.cfg.workers
@@ -115,7 +131,10 @@ class RealController:
             tel.noise.record(b, m["small_sq"] / dsteps, b * w, m["big_sq"] / dsteps)
         if m["rq_n"]:
             tel.quant.record_all({q: r / m["rq_n"] for q, r in m["rq_sum"].items()})
-        model = CostModel(tel.params().with_(latency=self.sync.value))
+        extra = {"latency": self.sync.value}
+        if self.progress is not None and info.get("loss") is not None:
+            extra["b_noise"] = self.progress.b_noise_at_loss(self.train_loss.update(info["loss"]))
+        model = CostModel(tel.params().with_(**extra))
         self.knobs = self.ctl.decide(model)
         if self.spec.script:
             for start, bits, acc in sorted(self.spec.script):

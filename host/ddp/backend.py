@@ -23,7 +23,8 @@ the job. Options come from ``InaOptions`` (``pg_options=InaOptions(...)``) or th
 environment, which overrides them, as for the hook: INA_SWITCH (ip:port, required),
 INA_JOB, INA_MODE (reliable|bounded), INA_ELEMENTS, INA_WINDOW, INA_DEADLINE_MS,
 INA_FALLBACK (raise|gloo), INA_DTYPES (convert|strict), INA_STATIC_JOB (1: the job is in
-the switch's table already, as on the FPGA; rank r binds INA_PORT + r), INA_STAGE_BYTES.
+the switch's table already, as on the FPGA; rank r binds INA_PORT + r; INA_SESSION gives
+the session id of that job), INA_STAGE_BYTES.
 
 Errors, one line each: no switch answers (raised at init unless INA_FALLBACK=gloo, which
 warns and runs every all_reduce on Gloo), job not installed (JobNotInstalled), world size

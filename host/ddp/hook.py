@@ -95,6 +95,7 @@ class InaHookState:
     bytes_sent: int = 0
     max_abs_local: float = 0.0   # largest |gradient| this rank contributed (error bounds)
     extra_stats: dict = field(default_factory=dict)   # summed numeric stats of other collectives
+    call_seconds: list = field(default_factory=list)  # wall time of every allreduce call
     peers: object = None        # DistPeers(process_group) unless given
 
     def __post_init__(self):
@@ -111,7 +112,7 @@ class InaHookState:
     def from_env(cls, process_group=None, switch=None, job=None, mode=None, window=None,
                  elements=None, deadline=None, configure=True, impairment=None,
                  connect_timeout=2.0, bind_port=None, peers=None, job_offset=0,
-                 **fields):
+                 session=None, **fields):
         """Build the state for this rank of a torchrun job.
 
         Environment (each overrides the argument; unset, the Ethernet defaults of
@@ -126,7 +127,9 @@ class InaHookState:
         ``INA_PORT + rank`` (or ``bind_port + rank``) so the addresses match that table,
         and no STATUS probe is sent; a dead switch shows at the first bucket instead).
 
-        ``peers``: how the ranks talk before the switch is in use (default
+        ``session`` (or INA_SESSION): with ``configure=False``, the session id of the job
+        the switch holds (with ``configure``, rank 0 draws a fresh one and every rank
+        takes it). ``peers``: how the ranks talk before the switch is in use (default
         ``DistPeers(process_group)``); ``job_offset`` is added to the job id (a
         subgroup's job); ``fields``: other fields of the state (``average``,
         ``fallback_to_gloo``; INA_FALLBACK=gloo|raise overrides the latter)."""
@@ -158,16 +161,28 @@ class InaHookState:
                               bind=(local_address_towards(addr), base + rank if base else 0),
                               deadline=deadline, group=group,
                               connect_timeout=connect_timeout, impairment=impairment)
-        import json    # a text per rank: its address, and the group it joined (or null)
-        members = [(m, tuple(g) if g else None) for m, g in map(json.loads, peers.gather(
-            json.dumps([f"{client.address[0]}:{client.address[1]}", client.group])))]
+        import json    # a text per rank: its address, the group it joined (or null) and a
+        # session id; rank 0's is the run's (a fresh one; a static job's is INA_SESSION)
+        from ina_fabric.protocol.jobtable import new_session, parse_session
+        if configure:
+            session = new_session()
+        elif "INA_SESSION" in env or session:
+            session = parse_session(env.get("INA_SESSION", session))
+        else:
+            client.close()
+            raise ValueError("a job the switch already holds (no CONTROL): give its session "
+                             "id in INA_SESSION (the `session` of its [[job]] table)")
+        gathered = [json.loads(t) for t in peers.gather(json.dumps(
+            [f"{client.address[0]}:{client.address[1]}", client.group, str(session)]))]
+        members = [(m, tuple(g) if g else None) for m, g, _ in gathered]
+        client.session = int(gathered[0][2])
         ok = 1
         if configure and rank == 0:
             from ina_fabric.protocol.jobtable import JobConfig
             from ..switch import send_job
             mcast = group if all(g == group for _, g in members) else None
             cfg = JobConfig(job, tuple(m for m, _ in members), window, elements, deadline,
-                            mode, mcast)
+                            mode, mcast, client.session)
             try:
                 send_job(addr, cfg, timeout=connect_timeout)
             except OSError:
@@ -241,7 +256,9 @@ class InaHookState:
         t = time.perf_counter()
         out, st = self.collective.allreduce(arr, out=arr) if in_place else \
             self.collective.allreduce(arr)
-        self.comm_seconds += time.perf_counter() - t
+        dt = time.perf_counter() - t
+        self.comm_seconds += dt
+        self.call_seconds.append(dt)
         if isinstance(st, AllreduceStats):
             self.stats.add(st)
         elif isinstance(st, dict):  # other collectives: sum what is numeric

@@ -27,7 +27,17 @@ import time
 
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS
 
-__all__ = ["TrainConfig", "TrainResult", "run_training", "load_factory"]
+__all__ = ["TrainConfig", "TrainResult", "run_training", "load_factory", "LR_SCALING",
+           "scaled_lr"]
+
+# exponent of the batch ratio in the learning-rate rule
+LR_SCALING = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
+
+
+def scaled_lr(base: float, accum: int, rule: str) -> float:
+    """The learning rate at accumulation ``accum`` when ``base`` is the one for a=1 (same
+    micro-batch and workers, so the batch ratio is ``accum``)."""
+    return base * accum ** LR_SCALING[rule]
 
 _LOOPBACK = LINK_DEFAULTS["loopback"]
 
@@ -47,12 +57,14 @@ class TrainConfig:
     momentum: float = 0.9
     # transport / switch
     switch: str | None = None         # external switch (FPGA or remote ina switch)
+    switch_engine: str = "auto"       # the switch started here: auto, fast, model, rtl
     job: int = 1
     elements: int = _LOOPBACK.elements   # per packet (LINK_DEFAULTS: loopback)
     window: int = _LOOPBACK.window
     deadline_ms: float = _LOOPBACK.deadline_ms
     static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
     worker_base_port: int = 0         # with static_job: worker r binds this + r
+    session: int = 0                  # with static_job: the session id of the job it holds
     # uplink impairment (userspace, per worker, seeded)
     loss: float = 0.0
     duplicate: float = 0.0
@@ -63,7 +75,34 @@ class TrainConfig:
     control_interval: int = 10
     stop_at_target: bool = True
     eval_every: int = 0               # optimizer steps between evaluations (0: each epoch)
+    eval_every_samples: int = 0       # or: global training samples between evaluations
+    # test loss to stop at (default: the workload's target_loss when it has one and
+    # ``target`` is not set); an evaluation then also reports the test loss
+    target_loss: float | None = None
+    # learning rate when accumulation sets the global batch B = a b N: ``lr`` is the rate
+    # at a=1 and a run at a uses lr * a^p: "none" p=0 (keep it), "sqrt" p=1/2 (Adam:
+    # Malladi et al. 2022), "linear" p=1 (SGD: Goyal et al. 2017)
+    lr_scaling: str = "none"
     threads: int = 1                  # torch threads per worker
+    # compute stragglers: before each optimizer step's last forward pass, every rank in
+    # ``straggler_ranks`` ("all", or comma-separated ranks) sleeps a lognormal draw with
+    # this median and P99/P50, seeded by (seed, step, rank): the same on every backend
+    straggler_ms: float = 0.0
+    straggler_p99_over_p50: float = 3.0
+    straggler_ranks: str = "all"
+    time_gloo: bool = False           # gloo: a timing comm hook records each allreduce
+
+    def straggler_delay(self, rank: int, step: int) -> float:
+        """Seconds rank ``rank`` sleeps before step ``step`` (0 when not a straggler)."""
+        if self.straggler_ms <= 0:
+            return 0.0
+        if self.straggler_ranks != "all" and \
+                rank not in {int(r) for r in self.straggler_ranks.split(",")}:
+            return 0.0
+        import numpy as np
+        sigma = np.log(max(self.straggler_p99_over_p50, 1.0)) / 2.3263478740408408
+        z = np.random.default_rng([self.seed, step, rank, 0x57A6]).standard_normal()
+        return self.straggler_ms / 1e3 * float(np.exp(sigma * z))
 
     def uplink(self, rank: int):
         """This rank's uplink ``Impairment`` (seeded per rank): the one place the
@@ -76,17 +115,46 @@ class TrainConfig:
     def validate(self):
         if not 1 <= self.workers <= 32:
             raise ValueError(f"workers={self.workers}: need 1..32")
+        if self.straggler_ms < 0 or self.straggler_p99_over_p50 < 1:
+            raise ValueError("straggler_ms >= 0 and straggler_p99_over_p50 >= 1")
+        if self.straggler_ranks != "all":
+            try:
+                bad = [r for r in self.straggler_ranks.split(",")
+                       if not 0 <= int(r) < self.workers]
+            except ValueError:
+                bad = [self.straggler_ranks]
+            if bad:
+                raise ValueError(f"straggler_ranks {self.straggler_ranks!r}: 'all' or "
+                                 f"comma-separated ranks below {self.workers}")
         if self.accum_steps < 1:
             raise ValueError(f"accum_steps={self.accum_steps}: need >= 1")
+        if self.lr_scaling not in LR_SCALING:
+            raise ValueError(f"lr_scaling={self.lr_scaling!r}: one of {', '.join(LR_SCALING)}")
         if self.backend not in ("gloo", "ina", "ina-bounded") and ":" not in self.backend:
             raise ValueError(f"backend {self.backend!r}: gloo, ina, ina-bounded or "
                              "module:factory")
         from .workloads import WORKLOADS
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; have {', '.join(WORKLOADS)}")
+        if self.switch_engine not in ("auto", "fast", "model", "rtl"):
+            raise ValueError(f"switch_engine {self.switch_engine!r}: auto, fast, model "
+                             "or rtl")
+        if self.switch_engine != "auto" and self.switch:
+            raise ValueError("switch_engine chooses the switch started here; with switch "
+                             "(an external one) it does not apply")
+        if self.switch_engine == "rtl" and self.backend.startswith("ina"):
+            from ..switch.rtl import rtl_params
+            P = rtl_params()
+            if self.window > P.window or self.elements > P.elements:
+                raise ValueError(f"the RTL core takes a window of at most {P.window} and "
+                                 f"at most {P.elements} elements per packet (have "
+                                 f"{self.window}, {self.elements})")
         if self.static_job and not (self.switch and self.worker_base_port):
             raise ValueError("static_job needs switch and worker_base_port (the ports in "
                              "the switch's job table)")
+        if self.static_job and not self.session:
+            raise ValueError("static_job needs the session id of the job the switch holds "
+                             "(--session: the `session` of its [[job]] table)")
         if self.switch is not None:
             host, sep, port = self.switch.rpartition(":")
             if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -111,10 +179,17 @@ class TrainResult:
     stats: dict = field(default_factory=dict)     # rank 0's aggregation statistics
     param_hashes: list = field(default_factory=list)
     switch_counters: dict = field(default_factory=dict)
+    switch_rtl: dict = field(default_factory=dict)    # the RTL engine's figures
     fallbacks: int = 0
     knobs: list = field(default_factory=list)     # (seconds, step, accum, precision)
+    # with a target loss: (training seconds, step, samples, test loss); training seconds
+    # leave out the time spent evaluating
+    loss_curve: list = field(default_factory=list)
+    time_to_loss: float | None = None
+    samples_to_loss: int | None = None
     params: list = field(default_factory=list)    # rank 0's final parameters (if asked)
     max_abs_grad: float = 0.0                     # largest local |gradient| of any rank
+    call_seconds: list = field(default_factory=list)  # rank 0: each allreduce call's time
 
 
 def load_factory(path: str):
@@ -158,6 +233,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     lr = cfg.lr or wl.lr
     batch = cfg.batch or wl.batch
     target = cfg.target if cfg.target is not None else wl.target
+    target_loss = cfg.target_loss if cfg.target_loss is not None else \
+        (wl.target_loss if cfg.target is None else None)
     model = DDP(wl.model)
     state = None
     if cfg.backend in ("ina", "ina-bounded"):
@@ -167,27 +244,37 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             mode="bounded" if cfg.backend == "ina-bounded" else "reliable",
             window=cfg.window, elements=cfg.elements, deadline=cfg.deadline_ms / 1e3,
             impairment=imp, configure=not cfg.static_job,
-            bind_port=cfg.worker_base_port or None)
+            bind_port=cfg.worker_base_port or None, session=cfg.session or None)
     elif cfg.backend != "gloo":
         collective = load_factory(cfg.backend)(rank, world, cfg)
         state = InaHookState(collective, None)
+    gloo_times = []
     if state is not None:
         model.register_comm_hook(state, ina_hook)
+    elif cfg.time_gloo:
+        model.register_comm_hook(gloo_times, _timed_gloo_hook)
+    lr0 = scaled_lr(lr, cfg.accum_steps, cfg.lr_scaling)
     if wl.optimizer == "adam":
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        opt = torch.optim.Adam(model.parameters(), lr=lr0)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum)
+        opt = torch.optim.SGD(model.parameters(), lr=lr0, momentum=cfg.momentum)
     lossf = torch.nn.CrossEntropyLoss()
     controller = load_factory(cfg.controller)(cfg) if (cfg.controller and rank == 0) else None
     accum, precision = cfg.accum_steps, 32
     n_train = len(wl.y_train)
 
+    eval_s = [0.0]
+
     def evaluate():
+        te = time.perf_counter()
         model.eval()
         with torch.no_grad():
-            acc = (model.module(wl.x_test).argmax(1) == wl.y_test).float().mean().item()
+            out = model.module(wl.x_test)
+            acc = (out.argmax(1) == wl.y_test).float().mean().item()
+            test_loss = lossf(out, wl.y_test).item()
         model.train()
-        return acc
+        eval_s[0] += time.perf_counter() - te
+        return acc, test_loss
 
     if state is not None:
         from ..transport.quantize import warm_up
@@ -198,6 +285,9 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     micro = 0   # micro-steps into the current accumulation; carries across epochs
     compute_s = 0.0
     last_eval_step = 0
+    samples = 0
+    last_eval_samples = 0
+    evals = (evaluate, target, target_loss, eval_s)
     while not stop:
         g = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)
         perm = torch.randperm(n_train, generator=g)
@@ -206,6 +296,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             idx = shard[start:start + batch]
             tc = time.perf_counter()
             last_micro = micro + 1 >= accum
+            if last_micro and cfg.straggler_ms > 0:
+                time.sleep(cfg.straggler_delay(rank, step))
             if last_micro:
                 loss = lossf(model(wl.x_train[idx]), wl.y_train[idx]) / accum
                 loss.backward()
@@ -219,6 +311,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
                 continue
             opt.step()
             opt.zero_grad(set_to_none=True)
+            samples += accum * batch * world
             micro = 0
             step += 1
             if cfg.controller and step % cfg.control_interval == 0:
@@ -234,6 +327,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
                     knobs = [controller.on_step(info) or {}]
                 dist.broadcast_object_list(knobs, src=0)
                 accum = max(1, int(knobs[0].get("accum_steps", accum)))
+                for group in opt.param_groups:
+                    group["lr"] = scaled_lr(lr, accum, cfg.lr_scaling)
                 precision = int(knobs[0].get("precision_bits", precision))
                 if state is not None and hasattr(state.collective, "set_precision"):
                     state.collective.set_precision(precision)
@@ -242,23 +337,30 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             if cfg.max_steps and step >= cfg.max_steps:
                 stop = True
                 break
-            if cfg.eval_every and step - last_eval_step >= cfg.eval_every:
+            if cfg.eval_every_samples and \
+                    samples - last_eval_samples >= cfg.eval_every_samples:
+                last_eval_samples = samples
+                stop = _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg)
+                if stop:
+                    break
+            elif cfg.eval_every and step - last_eval_step >= cfg.eval_every:
                 last_eval_step = step
-                stop = _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg)
+                stop = _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg)
                 if stop:
                     break
         epoch += 1
-        if not stop and not cfg.eval_every:
-            stop = _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg)
+        if not stop and not (cfg.eval_every or cfg.eval_every_samples):
+            stop = _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg)
         if epoch >= cfg.max_epochs:
             stop = True
     seconds = time.perf_counter() - t0
-    final = evaluate()
+    final, _ = evaluate()
     out = {"rank": rank, "hash": _params_hash(model.module), "steps": step,
            "seconds": seconds, "final": final,
            "stats": ({**state.extra_stats, **state.stats.as_dict()}
                      if state is not None else {}),
            "fallbacks": int(state is not None and not state.use_switch),
+           "call_seconds": state.call_seconds if state is not None else gloo_times,
            "max_abs_local": state.max_abs_local if state is not None else 0.0}
     if keep_params and rank == 0:
         out["params"] = [p.detach().numpy().copy() for p in model.module.parameters()]
@@ -269,14 +371,41 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     dist.destroy_process_group()
 
 
-def _eval_and_decide(evaluate, rank, queue, t0, epoch, step, target, cfg):
+def _timed_gloo_hook(times, bucket):
+    """Gloo's own allreduce (as DDP's default, averaged), timed from the bucket being
+    ready to the sum being in: what ``call_seconds`` holds for the other backends."""
+    import torch.distributed as dist
+    t = time.perf_counter()
+    buf = bucket.buffer()
+    buf.div_(dist.get_world_size())
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+
+    def done(f):
+        times.append(time.perf_counter() - t)
+        return f.value()[0]
+    return fut.then(done)
+
+
+def _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg):
     import torch
     import torch.distributed as dist
-    acc = evaluate()
+    evaluate, target, target_loss, eval_s = evals
     flag = torch.tensor([0], dtype=torch.int32)
     if rank == 0:
-        queue.put(("eval", (time.perf_counter() - t0, epoch, step, acc)))
-        flag[0] = int(cfg.stop_at_target and acc >= target)
+        acc, test_loss = evaluate()
+        now = time.perf_counter() - t0
+        queue.put(("eval", (now, epoch, step, acc)))
+        if target_loss is not None:
+            reached = test_loss <= target_loss
+            queue.put(("loss", (now - eval_s[0], step, samples, test_loss, reached)))
+        else:
+            reached = acc >= target
+        flag[0] = int(cfg.stop_at_target and reached)
+    if not cfg.stop_at_target:
+        # nothing to decide: no broadcast, so an evaluation is not a synchronisation
+        # point that every backend pays over Gloo (under background TCP on the lab one
+        # such broadcast took as long as an allreduce)
+        return False
     dist.broadcast(flag, src=0)
     return bool(flag.item())
 
@@ -304,7 +433,7 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
             switch = (host, int(port))
         else:
             from ..cluster import start_switch_process
-            switch, switch_proc = start_switch_process(ctx)
+            switch, switch_proc = start_switch_process(ctx, engine=cfg.switch_engine)
     from ..cluster import free_tcp_port
     port = free_tcp_port()
     procs = [ctx.Process(target=_worker, args=(r, asdict(cfg), port, switch, queue,
@@ -317,6 +446,9 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
 
     def dead():
         bad = [p for p in procs if p.exitcode not in (None, 0)]
+        if switch_proc is not None and switch_proc.exitcode is not None:
+            return (f"the {cfg.switch_engine} switch exited with status "
+                    f"{switch_proc.exitcode} (its reason is on stderr above)")
         return f"worker exited with status {bad[0].exitcode}" if bad else None
 
     try:
@@ -324,8 +456,9 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         if switch_proc is not None:
             from ..switch import query_status
             try:
-                result.switch_counters = {k: v for k, v in
-                                          query_status(switch)["counters"].items() if v}
+                st = query_status(switch)
+                result.switch_counters = {k: v for k, v in st["counters"].items() if v}
+                result.switch_rtl = st.get("rtl", {})
             except OSError:
                 pass
     except BaseException:
@@ -367,9 +500,15 @@ def _collect(get, dead, cfg, result, done, progress, timeout):
             t, _, _, acc = payload
             target = cfg.target
             if target is None:
-                target = {"digits": 0.95, "transformer": 0.75}.get(cfg.workload, 1.0)
+                target = {"digits": 0.95, "transformer": 0.75,
+                          "transformer-large": 0.75}.get(cfg.workload, 1.0)
             if result.time_to_accuracy is None and acc >= target:
                 result.time_to_accuracy = t
+        elif kind == "loss":
+            t, step, samples, loss, reached = payload
+            result.loss_curve.append((t, step, samples, loss))
+            if result.time_to_loss is None and reached:
+                result.time_to_loss, result.samples_to_loss = t, samples
         elif kind == "knobs":
             result.knobs.append(tuple(payload))
         elif kind == "done":
@@ -389,6 +528,7 @@ def _finish(result, done):
     result.fallbacks = sum(d["fallbacks"] for d in done)
     result.params = r0.get("params", [])
     result.max_abs_grad = max(d["max_abs_local"] for d in done)
+    result.call_seconds = list(r0.get("call_seconds", []))
     return result
 
 

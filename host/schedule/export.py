@@ -26,7 +26,10 @@ def _addr(topo, i, port_base=47000):
     return a if a else f"10.{100 + i // 250}.{i % 250}.1:{port_base}"
 
 
-def schedule_json(topo, net, cand, model, *, window=8, elements=64, note="") -> dict:
+def schedule_json(topo, net, cand, model, *, window=8, elements=64, note="",
+                  result_to=None) -> dict:
+    """``result_to``: per island, where its edge sends the aggregate (``ip:port`` of its
+    host); default: the island's own address."""
     rounds, job = [], 1
     for r, rnd in enumerate(cand.schedule.rounds):
         plans = {p.islands: p for p in model.plan(rnd)}
@@ -48,7 +51,8 @@ def schedule_json(topo, net, cand, model, *, window=8, elements=64, note="") -> 
                     edge.append({"island": topo.names[i], "id": job,
                                  "workers": [_addr(topo, j) for j in rnd.inbound[i]],
                                  # the edge FPGA's RESULT goes to its own host
-                                 "multicast": _addr(topo, i),
+                                 "multicast": (result_to[i] if result_to
+                                               else _addr(topo, i)),
                                  "window": window, "elements": elements,
                                  "buffer_bytes": round(p.buffer.get(i, 0.0)),
                                  "skew_ms": 1e3 * p.skew.get(i, 0.0)})

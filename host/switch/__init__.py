@@ -2,7 +2,7 @@
 aggregator semantics) and its UDP server (``server``, what ``ina switch`` runs)."""
 
 from .model import SwitchModel, COUNTERS, INT32_MIN, INT32_MAX, GROUP_WORKER
-from .server import SwitchServer, query_status, send_job, JobRefused
+from .server import SwitchServer, query_status, send_job, remove_job, JobRefused
 
 __all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER",
-           "SwitchServer", "query_status", "send_job", "JobRefused"]
+           "SwitchServer", "query_status", "send_job", "remove_job", "JobRefused"]

@@ -47,14 +47,14 @@
 enum {
     C_RX, C_RX_DATA, C_ACCEPTED, C_DUPLICATES, C_LATE, C_RESULTS, C_PARTIALS,
     C_OVERFLOWS, C_RESENT, C_DROP_TRUNCATED, C_DROP_MALFORMED, C_DROP_UNKNOWN_JOB,
-    C_DROP_UNKNOWN_SOURCE, C_DROP_STALE, C_DROP_OUT_OF_WINDOW,
+    C_DROP_UNKNOWN_SOURCE, C_DROP_BAD_SESSION, C_DROP_STALE, C_DROP_OUT_OF_WINDOW,
     /* the engine's own (not model counters) */
     C_SEND_ERRORS, C_RX_BATCHES, C_TX_BATCHES, NCOUNTERS
 };
 static const char *COUNTER_NAMES[NCOUNTERS] = {
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials",
     "overflows", "resent", "drop_truncated", "drop_malformed", "drop_unknown_job",
-    "drop_unknown_source", "drop_stale", "drop_out_of_window",
+    "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
     "send_errors", "rx_batches", "tx_batches",
 };
 
@@ -79,6 +79,8 @@ typedef struct {
     int id, n, bounded, ngroup, nopen;
     uint32_t window, elements;
     double deadline;
+    uint64_t session;            /* the run's session id: DATA must carry it, RESULTs do */
+    double active;               /* install or last accepted DATA (ids held by sessions) */
     Addr members[MAX_MEMBERS];
     Addr group[MAX_MEMBERS];
     Slot *slots;                 /* 2W, index seq mod 2W */
@@ -396,6 +398,7 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     wr32(r + L->seq, s->tag);
     wr16(r + L->nelem, s->nelem);
     wr32(r + L->bitmap, s->bitmap);
+    ina_wr64(r + L->session, j->session);
     s->result_len = L->header + 4 * s->nelem;
     s->complete = 1;
     s->has_result = 1;
@@ -435,6 +438,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if (body != 4 * (size_t)nelem) { c[C_DROP_MALFORMED]++; return 0; }
     Job *j = e->jobs[rd16(d + L->job)];
     if (!j) { c[C_DROP_UNKNOWN_JOB]++; return 0; }
+    if (ina_rd64(d + L->session) != j->session) { c[C_DROP_BAD_SESSION]++; return 0; }
     uint32_t worker = d[L->worker];
     if ((int)worker >= j->n || j->members[worker].ip != src.ip ||
             j->members[worker].port != src.port) {
@@ -476,6 +480,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if (s->bitmap & bit) { c[C_DUPLICATES]++; return 0; }
     if (nelem != s->nelem) { c[C_DROP_MALFORMED]++; return 0; }
     c[C_ACCEPTED]++;
+    j->active = now;
     s->bitmap |= bit;
     int ex = (int8_t)d[L->exponent];
     if (ex > s->exponent) s->exponent = ex;
@@ -575,14 +580,16 @@ static int parse_addrs(PyObject *seq, Addr *out, int *n, const char *what) {
     return 0;
 }
 
-/* add_job(id, members, window, elements, bounded, deadline, group): install afresh */
+/* add_job(id, members, window, elements, bounded, deadline, group, session, now):
+ * install afresh */
 static PyObject *Engine_add_job(Engine *e, PyObject *args) {
     int id, bounded, n, ngroup;
     unsigned int window, elements;
-    double deadline;
+    unsigned long long session;
+    double deadline, now;
     PyObject *members, *group;
-    if (!PyArg_ParseTuple(args, "iOIIpdO", &id, &members, &window, &elements, &bounded,
-                          &deadline, &group))
+    if (!PyArg_ParseTuple(args, "iOIIpdOKd", &id, &members, &window, &elements, &bounded,
+                          &deadline, &group, &session, &now))
         return NULL;
     if (id < 0 || id > 65535 || window == 0 || (window & (window - 1)) || elements == 0 ||
             elements > 65535) {
@@ -599,6 +606,7 @@ static PyObject *Engine_add_job(Engine *e, PyObject *args) {
     }
     j->id = id; j->n = n; j->ngroup = ngroup; j->bounded = bounded;
     j->window = window; j->elements = elements; j->deadline = deadline;
+    j->session = session; j->active = now;
     size_t w2 = 2 * (size_t)window, rlen = ((size_t)e->L.header + 4 * elements + 63) & ~63u;
     j->slots = calloc(w2, sizeof(Slot));
     j->accmem = malloc(w2 * elements * sizeof(int64_t));
@@ -688,6 +696,15 @@ static PyObject *Engine_oldest_open_bitmap(Engine *e, PyObject *args) {
     }
     if (!best) Py_RETURN_NONE;
     return PyLong_FromUnsignedLong(best->bitmap);
+}
+
+/* active(id): when the job was installed or last accepted DATA, or None */
+static PyObject *Engine_active(Engine *e, PyObject *args) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
+    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    if (!j) Py_RETURN_NONE;
+    return PyFloat_FromDouble(j->active);
 }
 
 static PyObject *Engine_open_slots(Engine *e, PyObject *args) {
@@ -866,7 +883,10 @@ static PyObject *Engine_serve(Engine *e, PyObject *args) {
 
 static PyMethodDef Engine_methods[] = {
     {"add_job", (PyCFunction)Engine_add_job, METH_VARARGS,
-     "add_job(id, members, window, elements, bounded, deadline, group): install afresh"},
+     "add_job(id, members, window, elements, bounded, deadline, group, session, now): "
+     "install afresh"},
+    {"active", (PyCFunction)Engine_active, METH_VARARGS,
+     "active(id): when the job was installed or last accepted DATA, or None"},
     {"remove_job", (PyCFunction)Engine_remove_job, METH_VARARGS, "remove_job(id)"},
     {"retune", (PyCFunction)Engine_retune, METH_VARARGS,
      "retune(id, bounded, deadline): change the mode/deadline, keeping the slots"},

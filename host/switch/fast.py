@@ -71,14 +71,18 @@ class FastSwitchModel(SwitchModel):
         super().__init__(jobs, **kw)
 
     # -- the job table: the model's, mirrored into the engine ------------------------
-    def add_job(self, cfg):
-        super().add_job(cfg)
+    def add_job(self, cfg, now=None):
+        js = self.jobs.get(cfg.job)
+        if js is not None:          # the engine knows when the job last took DATA
+            js.active = max(js.active, self.engine.active(cfg.job) or 0.0)
+        super().add_job(cfg, now)
         self.engine.add_job(cfg.job, [(ip_int(m.ip), m.port) for m in cfg.members],
                             cfg.window, cfg.elements, cfg.mode == "bounded", cfg.deadline,
-                            [(ip_int(ip), port) for ip, port in self.jobs[cfg.job].group])
+                            [(ip_int(ip), port) for ip, port in self.jobs[cfg.job].group],
+                            cfg.session, self.jobs[cfg.job].active)
 
-    def remove_job(self, job: int):
-        super().remove_job(job)
+    def remove_job(self, job: int, session: int = 0):
+        super().remove_job(job, session)
         self.engine.remove_job(job)
 
     def start_at(self, job: int, seq: int):

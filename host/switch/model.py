@@ -47,7 +47,7 @@ COUNTERS = (
     "resent", "status_requests", "status_unpadded", "control", "control_refused",
     "drop_unauthenticated",
     "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
-    "drop_unknown_source", "drop_stale", "drop_out_of_window",
+    "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
 )
 
 _OFF = field_offsets()
@@ -63,6 +63,10 @@ _OFF = field_offsets()
 MAX_JOBS = 4096
 MAX_JOB_BYTES = 64 << 20
 MAX_TOTAL_BYTES = 1 << 30
+#: a job id is held by its session: an install under another session is refused while
+#: the job has had DATA (or its install) within this many seconds; an idle one (a run
+#: that crashed without removing its job) may be taken over
+IDLE_RECLAIM_S = 60.0
 
 
 def job_bytes(cfg) -> int:
@@ -87,8 +91,9 @@ class _Slot:
 
 
 class _JobState:
-    def __init__(self, cfg):
+    def __init__(self, cfg, now=0.0):
         self.cfg = cfg
+        self.active = now     # last install or accepted DATA (job ids held by sessions)
         w = cfg.window
         self.slots = [[_Slot((i + s * w - 2 * w) & SEQ_MASK) for i in range(w)]
                       for s in range(2)]
@@ -114,11 +119,20 @@ class SwitchModel:
         for cfg in jobs:
             self.add_job(cfg)
 
-    def add_job(self, cfg):
-        """Install a job: its slots start afresh, also when it replaces an installed job
-        with the same id (a new run never sees the previous run's slots or results).
-        Raises ConfigError when the admission limits refuse it."""
+    def add_job(self, cfg, now=None):
+        """Install a job: its slots start afresh, also when it is installed again (a new
+        run never sees the previous run's slots or results). Raises ConfigError when the
+        admission limits refuse it, or (an install over the wire, at time ``now``) when
+        the id is held by another session that was active within ``IDLE_RECLAIM_S``:
+        a second tenant never replaces a running job. Without ``now`` (the switch's own
+        process installing) the job is replaced."""
         from ina_fabric.protocol.jobtable import ConfigError
+        held = self.jobs.get(cfg.job)
+        if now is not None and held is not None and held.cfg.session != cfg.session \
+                and now - held.active < IDLE_RECLAIM_S:
+            raise ConfigError(f"job {cfg.job} is taken by another run (active "
+                              f"{now - held.active:.0f} s ago); remove it first or use "
+                              f"another job id")
         need = job_bytes(cfg)
         if need > self.max_job_bytes:
             raise ConfigError(f"job {cfg.job}: {need} B of slot memory (2 x window "
@@ -133,7 +147,7 @@ class SwitchModel:
             raise ConfigError(f"job {cfg.job}: {need} B of slot memory, but only "
                               f"{self.max_total_bytes - used} B of {self.max_total_bytes} "
                               f"B are free")
-        self.jobs[cfg.job] = _JobState(cfg)
+        self.jobs[cfg.job] = _JobState(cfg, 0.0 if now is None else now)
 
     def update_job(self, cfg):
         """A live update of an installed job: only the deadline may change, and the
@@ -142,6 +156,8 @@ class SwitchModel:
         js = self.jobs.get(cfg.job)
         if js is None:
             raise ConfigError(f"job {cfg.job}: live update of a job that is not installed")
+        if js.cfg.session != cfg.session:
+            raise ConfigError(f"job {cfg.job}: live update from another session")
         if (js.cfg.members, js.cfg.window, js.cfg.elements, js.cfg.mode, js.cfg.mcast) != (
                 cfg.members, cfg.window, cfg.elements, cfg.mode, cfg.mcast):
             raise ConfigError(f"job {cfg.job}: a live update may change only the deadline; "
@@ -164,7 +180,13 @@ class SwitchModel:
                 heapq.heappush(self._deadlines,
                                (slot.opened_at + cfg.deadline, cfg.job, seq, slot.opened_at))
 
-    def remove_job(self, job: int):
+    def remove_job(self, job: int, session: int = 0):
+        """Remove job ``job`` (when ``session`` is given, only while the job holds it:
+        a run removes its own job, never its successor's)."""
+        from ina_fabric.protocol.jobtable import ConfigError
+        js = self.jobs.get(job)
+        if js is not None and session and js.cfg.session != session:
+            raise ConfigError(f"job {job}: held by another session; not removed")
         self.jobs.pop(job, None)
 
     def start_at(self, job: int, seq: int):
@@ -251,7 +273,7 @@ class SwitchModel:
                 return out
             inner, nonce = opened
             return out + [(dest, seal(reply, self.key, nonce))
-                          for dest, reply in self._control(inner, source)]
+                          for dest, reply in self._control(inner, source, now)]
         if mtype != MsgType.DATA:
             c["drop_malformed"] += 1
             return out
@@ -268,6 +290,9 @@ class SwitchModel:
             c["drop_unknown_job"] += 1
             return out
         cfg = js.cfg
+        if int(h["session"]) != cfg.session:
+            c["drop_bad_session"] += 1
+            return out
         worker = int(h["worker"])
         if worker >= cfg.n or cfg.members[worker].addr != tuple(source):
             c["drop_unknown_source"] += 1
@@ -311,6 +336,7 @@ class SwitchModel:
             c["drop_malformed"] += 1
             return out
         c["accepted"] += 1
+        js.active = now
         if nelem:
             slot.acc += np.frombuffer(datagram, ELEM_DTYPE, count=nelem, offset=HEADER_BYTES)
         slot.bitmap |= bit
@@ -336,7 +362,7 @@ class SwitchModel:
             return None
         return opened
 
-    def _control(self, datagram, source):
+    def _control(self, datagram, source, now):
         """CONTROL: the payload is one job-table entry (``jobtable.parse_control``):
         install (slots afresh), live update (deadline only) or removal. The reply is a
         short STATUS: ``{"ok": true, "job": id}``, or ``{"error": why}`` when the entry
@@ -350,16 +376,16 @@ class SwitchModel:
             return []
         try:
             if op == "remove":
-                self.remove_job(value)
+                self.remove_job(*value)
             elif op == "update":
                 self.update_job(value)
             else:
-                self.add_job(value)
+                self.add_job(value, now)
         except ConfigError as e:
             self._counts["control_refused"] += 1
             return [(source, self._status_bytes({"error": str(e)}))]
         self._counts["control"] += 1
-        job = value if op == "remove" else value.job
+        job = value[0] if op == "remove" else value.job
         return [(source, self._status_bytes({"ok": True, "op": op, "job": job}))]
 
     # -- results ---------------------------------------------------------------------
@@ -377,7 +403,7 @@ class SwitchModel:
         hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.RESULT, flags
         hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, js.cfg.job, GROUP_WORKER
         hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
-        hdr["bitmap"] = slot.bitmap
+        hdr["bitmap"], hdr["session"] = slot.bitmap, js.cfg.session
         slot.result = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
         slot.complete = True
         slot.acc = None
@@ -395,7 +421,8 @@ class SwitchModel:
     def _job_status(self, js) -> dict:
         return {"workers": js.cfg.n, "window": js.cfg.window, "elements": js.cfg.elements,
                 "mode": js.cfg.mode, "deadline_ms": js.cfg.deadline * 1e3,
-                "open_slots": len(js.open), "waiting_for": self._waiting_for(js)}
+                "open_slots": len(js.open), "waiting_for": self._waiting_for(js),
+                "session": f"{js.cfg.session:016x}"}
 
     @staticmethod
     def _missing(n, bitmap):

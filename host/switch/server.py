@@ -8,6 +8,9 @@ One thread, one socket, two engines with the same semantics:
   are not DATA (CONTROL, STATUS_REQ, garbage) come back here for the model's Python code.
 * ``model``: the reference ``SwitchModel`` itself, one datagram at a time (also what an
   impaired switch runs, since impairment wraps the Python socket).
+* ``rtl``: ``RtlSwitchModel`` (``rtl.py``): the gateware (``hw/ina``) in Verilator, the
+  model beside it as a live scoreboard; the datagrams waiting in the socket go into the
+  core back to back, and the first disagreement stops the server (``RtlDisagreement``).
 
 SIGINT and SIGTERM stop it cleanly and print the counters. A malformed datagram is a
 counted drop, never a crash.
@@ -32,7 +35,7 @@ _DEFAULT = object()
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 
-__all__ = ["SwitchServer", "query_status", "send_job", "JobRefused"]
+__all__ = ["SwitchServer", "query_status", "send_job", "remove_job", "JobRefused"]
 
 
 class SwitchServer:
@@ -41,14 +44,14 @@ class SwitchServer:
 
     def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None,
                  key=_DEFAULT, engine="auto"):
-        """``engine``: "fast", "model", or "auto" (fast where it is built and no
+        """``engine``: "fast", "model", "rtl", or "auto" (fast where it is built and no
         impairment is asked for, else the model, saying why through ``log``)."""
         if key is _DEFAULT:
             key = switch_key(create=True)
         impaired = impairment is not None and impairment.active
-        if engine not in ("auto", "fast", "model"):
-            raise ValueError(f"engine {engine!r}: expected auto, fast or model")
-        if engine == "fast" and impaired:
+        if engine not in ("auto", "fast", "model", "rtl"):
+            raise ValueError(f"engine {engine!r}: expected auto, fast, model or rtl")
+        if engine in ("fast", "rtl") and impaired:
             raise ValueError("an impaired switch runs the model engine (impairment wraps "
                              "the Python socket); use engine='model' or 'auto'")
         if engine == "auto":
@@ -56,8 +59,14 @@ class SwitchServer:
             if not fast.available() and log:
                 log(f"ina switch: serving with the Python model: {fast.WHY_NOT}")
         self.engine = engine
-        self.model = (fast.FastSwitchModel if engine == "fast" else SwitchModel)(jobs,
-                                                                                 key=key)
+        if engine == "rtl":
+            from .rtl import RtlSwitchModel
+            self.model = RtlSwitchModel(jobs, key=key, log=log)
+        else:
+            self.model = (fast.FastSwitchModel if engine == "fast" else SwitchModel)(
+                jobs, key=key)
+        #: why the server stopped by itself (an RTL scoreboard disagreement), or None
+        self.failure = None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         # No SO_REUSEADDR: the port is this switch's alone (with it, a second switch or
         # any local process could bind the same port and take the traffic).
@@ -88,6 +97,8 @@ class SwitchServer:
         self.running = True
         if self.engine == "fast":
             return self._serve_fast()
+        if self.engine == "rtl":
+            return self._serve_rtl()
         model, sock, out = self.model, self.sock, self.out
         buf = bytearray(65536)
         clock = time.monotonic
@@ -147,6 +158,42 @@ class SwitchServer:
                 for dest, reply in replies:
                     self._send(sock, reply, dest)
 
+    def _serve_rtl(self, batch=256):
+        """The datagrams waiting in the socket (up to ``batch``) go into the core back to
+        back; a disagreement with the scoreboard stops the server (``failure``)."""
+        from .rtl import RtlDisagreement
+        model, sock = self.model, self.sock
+        clock = time.monotonic
+        bufs = [bytearray(65536) for _ in range(batch)]
+        while self.running:
+            nd = model.next_deadline()
+            wait = 0.2 if nd is None else max(0.0, min(nd - clock(), 0.2))
+            items = []
+            sock.settimeout(wait if wait > 0 else 0.0)
+            try:
+                while len(items) < batch:
+                    n, src = sock.recvfrom_into(bufs[len(items)])
+                    items.append((bytes(bufs[len(items)][:n]), src))
+                    sock.settimeout(0.0)
+            except (socket.timeout, BlockingIOError):
+                pass
+            except OSError:
+                if not self.running:
+                    break
+                self.errors += 1
+            try:
+                replies = model.process_batch(items, clock()) if items else \
+                    model.tick(clock())
+            except Exception as e:   # the core and the model may no longer be in step
+                self.failure = str(e) if isinstance(e, RtlDisagreement) else \
+                    f"ina switch (rtl): internal error: {e!r}"
+                if self.log:
+                    self.log(self.failure)
+                self.running = False
+                break
+            for dest, data in replies:
+                self._send(sock, data, dest)
+
     def _send(self, out, data, dest):
         try:
             out.sendto(data, dest)
@@ -158,6 +205,8 @@ class SwitchServer:
 
     def close(self):
         self.out.close() if self.out is not self.sock else self.sock.close()
+        if hasattr(self.model, "close"):
+            self.model.close()
 
 
 def _request(addr, datagram, timeout, key):
@@ -207,7 +256,10 @@ def query_status(addr, timeout=1.0, key=None, max_pages=10_000) -> dict:
         if doc.get("next_job") is None:
             break
         start = int(doc["next_job"])
-    return {"counters": doc.get("counters", {}), "jobs": jobs}
+    out = {"counters": doc.get("counters", {}), "jobs": jobs}
+    if "rtl" in doc:     # the RTL engine's figures (cycles, cycles per packet, ...)
+        out["rtl"] = doc["rtl"]
+    return out
 
 
 def send_job(addr, cfg, timeout=1.0, update=False, key=None) -> dict:
@@ -215,6 +267,17 @@ def send_job(addr, cfg, timeout=1.0, update=False, key=None) -> dict:
     slots start afresh. ``update=True``: a live update (only the deadline may change;
     the slots are kept). Raises JobRefused with the switch's reason."""
     reply = _request(addr, _header(MsgType.CONTROL) + cfg.to_bytes(update=update), timeout,
+                     key)
+    if "error" in reply:
+        raise JobRefused(reply["error"])
+    return reply
+
+
+def remove_job(addr, job: int, session: int = 0, timeout=1.0, key=None) -> dict:
+    """Remove job ``job`` from a running switch (only while it holds ``session``, when
+    given: a run removes its own job, never a successor's). Raises JobRefused."""
+    from ina_fabric.protocol.jobtable import removal_entry
+    reply = _request(addr, _header(MsgType.CONTROL) + removal_entry(job, session), timeout,
                      key)
     if "error" in reply:
         raise JobRefused(reply["error"])

@@ -39,7 +39,7 @@
 
 enum { A_SEND = 1, A_DELIVER, A_ABANDON, A_HOLD, A_FAIL };
 enum { FAIL_UNAVAILABLE = 0, FAIL_STALLED = 1 };
-enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT };
+enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE };
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
        S_CLIPPED, S_ABANDONED, S_FOREIGN, NSTATS };
 enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK };
@@ -294,6 +294,7 @@ typedef struct {
     int64_t n;
     int E, K, P, W, job, worker, nworkers, sbits;
     uint32_t base;
+    uint64_t session;            /* the run's: every DATA carries it, RESULTs must */
     uint8_t *ring;
     size_t stride;
     int *slot_p;
@@ -472,6 +473,7 @@ static size_t build(Call *c, int p, int retransmit) {
         ina_wr32(b + L->seq, c->base + (uint32_t)p);
         ina_wr16(b + L->nelem, nel);
         ina_wr32(b + L->bitmap, 1u << c->worker);
+        ina_wr64(b + L->session, c->session);
     }
     c->stats[S_SENT]++;
     if (retransmit) {
@@ -489,6 +491,7 @@ static int result_index(const Call *c, const uint8_t *d, size_t n) {
     int nel = ina_rd16(d + L->nelem), w = d[L->worker];
     if (d[L->type] != L->t_result || d[L->version] != L->v_version ||
             (int)ina_rd16(d + L->job) != c->job || p >= (uint32_t)c->P ||
+            ina_rd64(d + L->session) != c->session ||
             nel != nelem_of(c, (int)p) || 4 * (size_t)nel != n - L->header ||
             d[L->count] > c->nworkers || (w != c->worker && w != L->group_worker))
         return -1;
@@ -592,7 +595,10 @@ static int perform(Win *w, Call *c, SendQ *q, const uint8_t *d, size_t n) {
         switch (a.kind) {
         case A_SEND: queue_send(q, c, a.p, a.flag); break;
         case A_DELIVER: apply(c, a.p, d); break;
-        case A_ABANDON: abandon(c, a.p); break;
+        case A_ABANDON:           /* the result is gone for good: the call fails */
+            abandon(c, a.p);
+            w->nact = 0;
+            return RC_TOO_LATE;
         case A_HOLD:
             if (!c->heldbuf[a.p]) {
                 c->heldbuf[a.p] = malloc(n);
@@ -702,16 +708,18 @@ static int get_buf(PyObject *o, Py_buffer *b, int writable, Py_ssize_t itemsize,
 }
 
 /* run_call(layout, fds, switch_ip, switch_port, x, out, ring, local_exp, job, worker,
- *          nworkers, elements, base, window, cfg, rtt, stats) -> (code, remaining)
+ *          nworkers, elements, base, window, cfg, rtt, stats, session) -> (code, remaining)
  * code: 0 done, 1 switch unavailable, 2 stalled, 3 PARTIAL in a reliable call,
+ * 4 a result gone for good (bounded: too late),
  * -errno: a socket error. rtt (float64[5]) and stats (int64[10]) are updated in place. */
 static PyObject *run_call(PyObject *self, PyObject *args) {
     PyObject *layout, *fdt, *ox, *oout, *oring, *oexp, *ocfg, *ortt, *ostats;
     unsigned long sw_ip, base;
+    unsigned long long session;
     int sw_port, job, worker, nworkers, E, W;
-    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOO", &layout, &fdt, &sw_ip, &sw_port, &ox,
+    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK", &layout, &fdt, &sw_ip, &sw_port, &ox,
                           &oout, &oring, &oexp, &job, &worker, &nworkers, &E, &base, &W,
-                          &ocfg, &ortt, &ostats))
+                          &ocfg, &ortt, &ostats, &session))
         return NULL;
     Call c;
     memset(&c, 0, sizeof c);
@@ -734,6 +742,7 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     c.x = bx.buf; c.out = bout.buf; c.n = n; c.E = E; c.W = W;
     c.K = (int)((n + E - 1) / E); c.P = c.K + W;
     c.job = job; c.worker = worker; c.nworkers = nworkers; c.base = (uint32_t)base;
+    c.session = session;
     c.sbits = 30;
     for (int k = 1; k < nworkers; k *= 2) c.sbits--;   /* quantize.scale_bits */
     c.ring = bring.buf; c.stride = c.L.header + 4 * (size_t)E;

@@ -34,7 +34,7 @@ _RTT = ("srtt", "rttvar", "answered", "peak", "last_peak")
 _KINDS = {1: lambda p, f: Send(p, bool(f)), 2: lambda p, f: Deliver(p),
           3: lambda p, f: Abandon(p), 4: lambda p, f: Hold(p),
           5: lambda p, f: Fail(("unavailable", "stalled")[p])}
-UNAVAILABLE, STALLED, INCONSISTENT = 1, 2, 3
+UNAVAILABLE, STALLED, INCONSISTENT, TOO_LATE = 1, 2, 3, 4
 
 
 def available() -> bool:
@@ -144,7 +144,8 @@ class CallFailed(Exception):
 
 
 def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers,
-             elements, base, window, cfg: WindowConfig, rtt: RttEstimator, stats):
+             elements, base, window, cfg: WindowConfig, rtt: RttEstimator, stats,
+             session=0):
     """One call through the C loop; ``stats`` (an ``AllreduceStats``) and ``rtt`` are
     updated. Raises CallFailed."""
     import socket
@@ -154,7 +155,8 @@ def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers
     try:
         code, remaining = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
                                            local_exp, job, worker, nworkers, elements,
-                                           base, window, config_tuple(cfg), arr, counts)
+                                           base, window, config_tuple(cfg), arr, counts,
+                                           session)
     finally:
         rtt_from_array(rtt, arr)
         for name, v in zip(STATS, counts.tolist()):

@@ -19,6 +19,8 @@ import time
 
 import numpy as np
 
+from ina_fabric.protocol.fields import HEADER_BYTES
+
 __all__ = ["Impairment", "ImpairedSocket", "Z99"]
 
 Z99 = 2.3263478740408408  # standard normal quantile at 0.99
@@ -114,7 +116,7 @@ class ImpairedSocket:
         imp = self.impairment
         copies, hold = imp.decide(1)
         if imp.log_drops and copies[0] == 0:
-            imp.dropped.append(bytes(data[:20]))
+            imp.dropped.append(bytes(data[:HEADER_BYTES]))
         for k in range(int(copies[0])):
             delay = float(hold[k, 0])
             if delay <= 0 or self._thread is None:

@@ -50,7 +50,7 @@ import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                         GROUP_WORKER)
-from ina_fabric.protocol.struct_view import HEADER_STRUCT
+from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_SESSION
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS, MAX_ELEMENTS
 from ina_fabric.protocol.fields import c_layout
 from . import quantize as Q
@@ -64,7 +64,7 @@ _PARTIAL, _OVERFLOW = int(Flags.PARTIAL), int(Flags.OVERFLOW)
 _RETRANSMIT, _LAST = int(Flags.RETRANSMIT), int(Flags.LAST)
 
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
-           "AllreduceTimeout", "AllreduceInconsistent", "warm_up"]
+           "AllreduceTimeout", "AllreduceTooLate", "AllreduceInconsistent", "warm_up"]
 
 
 def warm_up():
@@ -79,6 +79,13 @@ class SwitchUnavailable(ConnectionError):
 
 class AllreduceTimeout(TimeoutError):
     """A reliable allreduce made no progress for ``stall_timeout`` seconds."""
+
+
+class AllreduceTooLate(AllreduceTimeout):
+    """Bounded mode: a result this worker needs is gone for good (the switch reused its
+    slot: this worker fell more than a window behind, or the switch lost the job). The
+    call fails instead of applying zeros that no other worker applies; the others'
+    results of that call do not include this worker."""
 
 
 class AllreduceInconsistent(RuntimeError):
@@ -136,6 +143,9 @@ class SwitchClient:
     impairment: object = None      # host.transport.impair.Impairment on the uplink
     group: tuple[str, int] | None = None   # multicast group of the job's RESULTs
     engine: str = "auto"           # the call loop: "c" (fastcall), "python", or "auto"
+    #: the run's session id: the ``session`` of the job's install (``JobConfig``); every
+    #: DATA carries it and only RESULTs with it are taken (0: not known yet, no call)
+    session: int = 0
     seq: int = 0                   # next base sequence number
     total: AllreduceStats = field(default_factory=AllreduceStats)
 
@@ -247,6 +257,9 @@ class SwitchClient:
                     and out.size == x.size):
                 raise ValueError(f"allreduce out=: need a writable C-contiguous float32 "
                                  f"array of {x.size} elements")
+        if not 0 < self.session < 1 << 64:
+            raise ValueError(f"job {self.job}: the client has no session id (give it the "
+                             f"session of the job's install, JobConfig.session)")
         W = self.call_window(-(-x.size // self.elements))
         if self._use_c:
             st = self._call_c(x, res.reshape(-1), W)
@@ -256,7 +269,8 @@ class SwitchClient:
                 res /= self.nworkers
             return res, st
         call = AllreduceCall(x, self.job, self.worker, self.nworkers, self.elements,
-                             self.seq, W, out=res.reshape(-1), ring=self._ring)
+                             self.seq, W, out=res.reshape(-1), ring=self._ring,
+                             session=self.session)
         self.seq = (self.seq + call.P) & 0xFFFFFFFF
         win = SendWindow(call.P, W, WindowConfig.of(self), self._rtt)
         sock, switch, rx = self.sock, self.switch, self._rx
@@ -276,6 +290,7 @@ class SwitchClient:
                     call.apply(h, rx, a.p)
                 elif kind is Abandon:
                     call.abandon(a.p)
+                    raise self._too_late(a.p, call.P)
                 elif kind is Hold:
                     call.hold(a.p, h, rx, nbytes)
                 elif a.reason == "unavailable":
@@ -351,7 +366,7 @@ class SwitchClient:
         try:
             fastcall.run_call(_LAYOUT, fds, self.switch, x, out, self._ring, le, self.job,
                               self.worker, self.nworkers, E, base, W,
-                              WindowConfig.of(self), self._rtt, st)
+                              WindowConfig.of(self), self._rtt, st, self.session)
         except fastcall.CallFailed as e:
             if e.code == fastcall.UNAVAILABLE:
                 raise SwitchUnavailable(
@@ -359,6 +374,8 @@ class SwitchClient:
                     f"{self.job} within {self.connect_timeout}s") from None
             if e.code == fastcall.STALLED:
                 raise self._stalled(e.remaining, K + W) from None
+            if e.code == fastcall.TOO_LATE:
+                raise self._too_late(None, K + W) from None
             if e.code == fastcall.INCONSISTENT:
                 raise AllreduceInconsistent(
                     f"job {self.job} worker {self.worker}: the switch answered a "
@@ -370,24 +387,39 @@ class SwitchClient:
     def _stalled(self, remaining, packets) -> "AllreduceTimeout":
         """The stall error, saying who stalls the job when the switch can tell: the
         workers its oldest open slot still lacks (every stalled rank names the same
-        ones), that it no longer holds the job, or that it does not answer at all."""
+        ones), that it no longer holds the job (or holds another run's), or that it
+        does not answer at all."""
         msg = (f"job {self.job} worker {self.worker}: no progress for {self.stall_timeout}s "
                f"({remaining} of {packets} packets outstanding)")
+        return AllreduceTimeout(msg + self._switch_says(waiting=True))
+
+    def _too_late(self, p, packets) -> "AllreduceTooLate":
+        what = "a result" if p is None else f"the result of packet {p} of {packets}"
+        msg = (f"job {self.job} worker {self.worker}: bounded mode, {what} did not come "
+               f"within {self.giveup:g}s and the switch no longer has it (this worker fell "
+               f"more than a window behind the others, or the switch lost the job); the "
+               f"call fails instead of applying zeros no other worker applies")
+        return AllreduceTooLate(msg + self._switch_says(waiting=False))
+
+    def _switch_says(self, waiting) -> str:
+        """What the switch's STATUS tells about this job, as the end of an error."""
         from ..switch.server import query_status
         try:
             jobs = query_status(self.switch, timeout=0.5).get("jobs", {})
-        except Exception as e:  # noqa: BLE001 (no answer, no key: say so, raise the stall)
-            return AllreduceTimeout(f"{msg}; the switch at {self.switch[0]}:{self.switch[1]} "
-                                    f"did not answer a STATUS request ({e})")
+        except Exception as e:  # noqa: BLE001 (no answer, no key: say so)
+            return (f"; the switch at {self.switch[0]}:{self.switch[1]} did not answer a "
+                    f"STATUS request ({e})")
         job = jobs.get(str(self.job))
         if job is None:
-            return AllreduceTimeout(f"{msg}; the switch no longer holds job {self.job} "
-                                    f"(restarted, or the job was removed)")
-        if job.get("waiting_for"):
-            return AllreduceTimeout(f"{msg}; waiting for worker(s) "
-                                    f"{', '.join(map(str, job['waiting_for']))} (the "
-                                    f"switch's oldest open slot lacks them)")
-        return AllreduceTimeout(msg)
+            return (f"; the switch no longer holds job {self.job} (restarted, or the job "
+                    f"was removed)")
+        if job.get("session") not in (None, f"{self.session:016x}"):
+            return (f"; the switch holds job {self.job} under another session (installed "
+                    f"again by another run, or restarted and installed again)")
+        if waiting and job.get("waiting_for"):
+            return (f"; waiting for worker(s) {', '.join(map(str, job['waiting_for']))} "
+                    f"(the switch's oldest open slot lacks them)")
+        return ""
 
     def call_window(self, chunks: int) -> int:
         """The window of one call: a power of two that divides the job's window (so
@@ -416,12 +448,13 @@ class AllreduceCall:
     come in as ``HEADER_STRUCT.unpack_from`` tuples, their datagrams as uint8 arrays."""
 
     def __init__(self, x, job, worker, nworkers, elements, base, window, out=None,
-                 ring=None):
+                 ring=None, session=0):
         n, E = x.size, elements
         self.x, self.n, self.E, self.W = x, n, E, window
         self.K = K = (n + E - 1) // E
         self.P = K + window
         self.job, self.worker, self.nworkers, self.base = job, worker, nworkers, base
+        self.session = session
         self.sbits = Q.scale_bits(nworkers)
         self.stats = AllreduceStats(calls=1, elements=n)
         self.out = np.empty(n, np.float32) if out is None else out
@@ -449,7 +482,7 @@ class AllreduceCall:
                                 _LAST if p == self.P - 1 else 0,
                                 self.local_exp[p] if p < K else NO_EXPONENT, self.job,
                                 self.worker, 0, (self.base + p) & 0xFFFFFFFF, nel, 0,
-                                1 << self.worker)
+                                1 << self.worker, self.session)
         return HEADER_BYTES + 4 * nel
 
     def packet(self, p, retransmit=False):
@@ -477,12 +510,13 @@ class AllreduceCall:
     def result_index(self, h, nbytes):
         """The packet index of a RESULT of this call (header ``h``, a ``HEADER_STRUCT``
         tuple, of a datagram ``nbytes`` long), or None for anything else: every field is
-        checked before use (type, version, job, seq in this call, the element count this
-        packet has, the length, the count of contributors, the worker field)."""
+        checked before use (type, version, job, session, seq in this call, the element
+        count this packet has, the length, the count of contributors, the worker field)."""
         p = (h[7] - self.base) & 0xFFFFFFFF
         if (h[1] == _RESULT and h[0] == VERSION and h[4] == self.job and p < self.P
                 and h[8] == self.nelem_of(p) and 4 * h[8] == nbytes - HEADER_BYTES
-                and h[6] <= self.nworkers and (h[5] == self.worker or h[5] == GROUP_WORKER)):
+                and h[6] <= self.nworkers and (h[5] == self.worker or h[5] == GROUP_WORKER)
+                and h[H_SESSION] == self.session):
             return p
         return None
 

@@ -54,7 +54,9 @@ from ina_fabric.protocol.auth import (MAX_CONTROL_BYTES, MIN_CONTROL_BYTES, REPL
                                       STATUS_MIN_REQUEST, STATUS_MAX_REQUEST)
 from ina_fabric.protocol.regs import COUNTER_NAMES
 from ina_fabric.protocol.fields import MsgType, VERSION, MAX_WORKERS
-from ina_fabric.protocol.jobtable import ENTRY_UPDATE, MAX_ELEMENTS, MEMBER_DTYPE
+from ina_fabric.protocol.jobtable import ENTRY_UPDATE, MAX_ELEMENTS, ENTRY_DTYPE, MEMBER_DTYPE
+from ina_fabric.protocol.fields import HEADER_BYTES
+from ina_fabric.host.switch.model import IDLE_RECLAIM_S
 from ina_fabric.protocol.regs import JOB_BASE, JOB_STRIDE, JOB_REGS, MEMBER_BASE, MEMBER_REGS
 
 from .layout import in_layout, out_layout
@@ -63,7 +65,35 @@ from .params import CoreParams, HEADER_WORDS
 from .regfile import job_layout, member_layout, jobs_at
 from .sha256 import Sha256
 
-__all__ = ["ControlPlane", "CONTROL_EVENTS", "STATUS_MIN_REQUEST", "hmac_blocks"]
+__all__ = ["ControlPlane", "CONTROL_EVENTS", "STATUS_MIN_REQUEST", "hmac_blocks",
+           "ENTRY_AT", "MEMBERS_AT", "MEMBER_WORDS"]
+
+#: where a CONTROL's entry and its members start (32-bit words into the datagram), all
+#: from the generated header and the job-table dtypes
+ENTRY_WORDS = ENTRY_DTYPE.itemsize // 4
+MEMBER_WORDS = MEMBER_DTYPE.itemsize // 4
+ENTRY_AT = HEADER_WORDS
+MEMBERS_AT = HEADER_WORDS + ENTRY_WORDS
+assert ENTRY_DTYPE.itemsize % 4 == 0 and MEMBER_DTYPE.itemsize % 4 == 0
+assert 4 * HEADER_WORDS == HEADER_BYTES
+# a member is read as three words: ip; port and the MAC's top 16 bits; the MAC's low 32
+assert [MEMBER_DTYPE.fields[n][1] for n in ("ip", "port", "mac")] == [0, 4, 6]
+assert MEMBER_WORDS == 3
+
+
+def _entry_pieces(name):
+    """Field ``name`` of the entry as pieces ``(word, word_lo, word_hi, field_lo)``: bits
+    word_lo..word_hi of entry word ``word`` are the field's bits from field_lo on."""
+    dt, off = ENTRY_DTYPE.fields[name][:2]
+    size = dt.itemsize
+    out = []
+    b = off
+    while b < off + size:
+        w, e = b // 4, min(off + size, (b // 4 + 1) * 4)
+        lo, hi = 32 - 8 * (e - 4 * w), 32 - 8 * (b - 4 * w)
+        out.append((w, lo, hi, 8 * (off + size - e)))
+        b = e
+    return out
 
 #: the counter events the control plane raises (events per cycle): a malformed length
 #: seen at the input and a malformed entry found by the processor may meet in one cycle
@@ -105,6 +135,12 @@ def reply_templates(P: CoreParams) -> dict:
         "only_deadline": doc({"error": f"job {j}: a live update may change only the "
                                       f"deadline; install the job anew to change anything "
                                       f"else"}),
+        # (``\\x05``: the seconds since the held job was active, as the model's ``.0f``)
+        "taken": doc({"error": f"job {j} is taken by another run (active \x05 s ago); "
+                               f"remove it first or use another job id"}).replace(
+                                   b"\\u0005", b"\x05"),
+        "other_session": doc({"error": f"job {j}: live update from another session"}),
+        "not_removed": doc({"error": f"job {j}: held by another session; not removed"}),
         "table_full": doc({"error": f"job {j}: the switch holds {P.jobs} jobs, its limit"}),
         "no_fit": doc({"error": f"job {j}: does not fit the core (window <= {P.window}, "
                                 f"elements <= {P.elements}, workers <= {P.workers}, "
@@ -114,13 +150,13 @@ def reply_templates(P: CoreParams) -> dict:
         "status": ('{"counters": {' + ", ".join(
             f'"{n}": \x02{chr(COUNTER_NAMES.index(n))}' for n in sorted(COUNTER_NAMES))
             + '}, "jobs": {\x03}, "next_job": null}').encode("latin-1"),
-        # a job entry (``\\x04`` elements, ``\\x06`` window, ``\\x07`` workers): the
-        # model's keys that the core holds as they are (no deadline_ms, open_slots,
-        # waiting_for)
-        "job_reliable": (f'"{j}": {{"elements": \x04, "mode": "reliable", "window": \x06, '
-                         f'"workers": \x07}}').encode(),
-        "job_bounded": (f'"{j}": {{"elements": \x04, "mode": "bounded", "window": \x06, '
-                        f'"workers": \x07}}').encode(),
+        # a job entry (``\\x04`` elements, ``\\x06`` window, ``\\x07`` workers,
+        # ``\\x08`` the session in 16 hex digits): the model's keys that the core holds
+        # as they are (no deadline_ms, open_slots, waiting_for)
+        "job_reliable": (f'"{j}": {{"elements": \x04, "mode": "reliable", '
+                         f'"session": "\x08", "window": \x06, "workers": \x07}}').encode(),
+        "job_bounded": (f'"{j}": {{"elements": \x04, "mode": "bounded", '
+                        f'"session": "\x08", "window": \x06, "workers": \x07}}').encode(),
     }
 
 
@@ -129,8 +165,8 @@ def status_reply_bound(P: CoreParams, replies=None) -> int:
     and job field at its widest, every job enabled."""
     t = replies or reply_templates(P)
     body = len(t["status"]) - 2 * len(COUNTER_NAMES) - 1 + 10 * len(COUNTER_NAMES)
-    job = max(len(t["job_reliable"]), len(t["job_bounded"])) - 4 + 5 + 5 + 5 + 2
-    return 20 + body + P.jobs * (job + 2) + TRAILER_BYTES
+    job = max(len(t["job_reliable"]), len(t["job_bounded"])) - 5 + 5 + 5 + 5 + 2 + 16
+    return HEADER_BYTES + body + P.jobs * (job + 2) + TRAILER_BYTES
 
 
 def _reg(name):
@@ -145,10 +181,15 @@ class ControlPlane(wiring.Component):
     """See the module docstring. ``key``: the control key (bytes), or None for a core
     that takes no control over the wire."""
 
-    def __init__(self, params: CoreParams, *, key: bytes | None, cycles_per_us: int = 1):
+    def __init__(self, params: CoreParams, *, key: bytes | None, cycles_per_us: int = 1,
+                 idle_reclaim_s: float = IDLE_RECLAIM_S):
         self.params = P = params
         self.key = key
         self.cycles_per_us = int(cycles_per_us)
+        #: a job held by one session is refused to another while it was active (installed,
+        #: or DATA accepted) within this many cycles (the model's IDLE_RECLAIM_S)
+        self.clock_hz = self.cycles_per_us * 10 ** 6
+        self.reclaim_cycles = round(idle_reclaim_s * self.clock_hz)
         if self.cycles_per_us != cycles_per_us or self.cycles_per_us < 1:
             raise ValueError(f"cycles_per_us {cycles_per_us}: the core clock must be a "
                              "whole number of MHz for in-band control")
@@ -156,6 +197,7 @@ class ControlPlane(wiring.Component):
         super().__init__({
             "snoop": In(data.StructLayout({"valid": 1, "payload": in_layout(P.lanes)})),
             "jobs": In(data.ArrayLayout(job_layout(), P.jobs)),
+            "accepted": In(P.jobs),
             "member": In(memory.ReadPort.Signature(
                 addr_width=_log2(P.jobs * ws), shape=member_layout(mac=True))),
             "bus": Out(data.StructLayout({"addr": 16, "w_stb": 1, "w_data": 32})),
@@ -185,7 +227,7 @@ class ControlPlane(wiring.Component):
             m.d.sync += after_last.eq(pl.last)
         first = sn.valid & (pl.first | after_last)
         w0 = pl.data[0]
-        ctl_type = (pl.length >= 20) & (w0[24:32] == VERSION)
+        ctl_type = (pl.length >= HEADER_BYTES) & (w0[24:32] == VERSION)
         is_ctl = first & ctl_type & (w0[16:24] == MsgType.CONTROL)
         is_sreq = first & ctl_type & (w0[16:24] == MsgType.STATUS_REQ)
         sreq_ok = ((pl.length >= STATUS_MIN_REQUEST) & (pl.length <= STATUS_MAX_REQUEST)
@@ -265,7 +307,9 @@ class ControlPlane(wiring.Component):
         rw, rr = rmem.write_port(), rmem.read_port()
         m.d.comb += rr.addr.eq(widx)
         src_reply = Signal()        # the hash reads the reply, not the request
-        word = Mux(src_reply, rr.data, req_word)
+        # (registered: the block RAMs' outputs reach no decision in the cycle they come)
+        word = Signal(32)
+        m.d.sync += word.eq(Mux(src_reply, rr.data, req_word))
         pos = Signal(range(4 * RW + 1))     # reply bytes written
         acc = Signal(32)                    # the word being filled
         pstb, pbyte, flush = Signal(), Signal(8), Signal()
@@ -293,6 +337,7 @@ class ControlPlane(wiring.Component):
         tag = Signal(data.ArrayLayout(32, 4))
         nonce = Signal(64)
         dly = Signal(2)
+        RD = 3      # cycles from setting ``widx`` to ``word`` holding that word
 
         # ---------------------------------------------------------------- entry fields
         e_job = Signal(16)
@@ -304,6 +349,27 @@ class ControlPlane(wiring.Component):
         e_mip = Signal(32)
         e_mport = Signal(16)
         e_flags = Signal(16)
+        e_session = Signal(64)
+        efield = {"job": e_job, "nworkers": e_n, "mode": e_mode, "window": e_window,
+                  "elements": e_elements, "deadline_us": e_deadline, "mcast_ip": e_mip,
+                  "mcast_port": e_mport, "flags": e_flags, "session": e_session}
+        assert set(efield) == set(ENTRY_DTYPE.names)
+        is_rm = Signal()            # the entry removes its job
+        sess_same = Signal(max(2, NJ))   # per entry: holds the entry's session
+        age = Signal(range(self.reclaim_cycles + 1))    # the found job's idle cycles
+        # per job: cycles since it was last active (enabled, or DATA accepted), saturating
+        # at the reclaim time; a job is held by its session while below it
+        REC = self.reclaim_cycles
+        idle = [Signal(range(REC + 1), name=f"idle{j}", init=REC) for j in range(NJ)]
+        en_prev = Signal(NJ)
+        young = Signal(max(2, NJ))
+        for j in range(NJ):
+            m.d.sync += en_prev[j].eq(self.jobs[j].enable)
+            with m.If(self.accepted[j] | (self.jobs[j].enable & ~en_prev[j])):
+                m.d.sync += idle[j].eq(0)
+            with m.Elif(idle[j] != REC):
+                m.d.sync += idle[j].eq(idle[j] + 1)
+            m.d.comb += young[j].eq(idle[j] != REC)
         slot = Signal(range(max(2, NJ)))     # the job-table entry used
         found = Signal()
         free_ok = Signal()
@@ -363,6 +429,11 @@ class ControlPlane(wiring.Component):
         jfirst = Signal()
         dd = Signal(4)
         dstarted = Signal()
+        dsec = Signal()         # R_DIG writes seconds: dv is cycles (+ half a second)
+        hv = Signal(64)         # R_HEX: the session being written
+        hx = Signal(4)
+        SEC_PW = [min(10 ** (9 - k) * self.clock_hz, (1 << 34) - 1) for k in range(10)]
+        assert self.reclaim_cycles + self.clock_hz // 2 < (1 << 34) - 1
         ob_data = [Signal(32, name=f"ob_data{k}") for k in range(L)]
         ob_n = Signal(range(L + 1))
         ob_first, ob_last, ob_valid = Signal(), Signal(), Signal()
@@ -398,7 +469,7 @@ class ControlPlane(wiring.Component):
                 val = Mux(cnt < mfull, word,
                           Mux(cnt == mfull, Mux(mrem == 0, 0, word) | pad,
                               Mux(cnt == nblk16 - 1, bits, 0)))
-                with m.If(dly != 2):
+                with m.If(dly != RD):
                     m.d.sync += dly.eq(dly + 1)
                 with m.Else():
                     m.d.comb += [sha.i.valid.eq(1), sha.i.payload.eq(val)]
@@ -434,7 +505,7 @@ class ControlPlane(wiring.Component):
             with m.State("TAG"):
                 # the datagram's tag (4 words) and nonce (2 words) into registers
                 m.d.sync += widx.eq((mlen >> 2) - 2 + cnt)
-                with m.If(dly != 2):
+                with m.If(dly != RD):
                     m.d.sync += dly.eq(dly + 1)
                 with m.Else():
                     m.d.sync += [dly.eq(0), cnt.eq(cnt + 1)]
@@ -475,7 +546,7 @@ class ControlPlane(wiring.Component):
                         with m.If(is_stat):
                             reply("status")
                         with m.Else():
-                            m.d.sync += [widx.eq(5), dly.eq(0), cnt.eq(0)]
+                            m.d.sync += [widx.eq(ENTRY_AT), dly.eq(0), cnt.eq(0)]
                             m.next = "ENTRY"
                 with m.Else():
                     m.d.sync += rs_i.eq(rs_i + 1)
@@ -487,25 +558,20 @@ class ControlPlane(wiring.Component):
                         with m.Elif(kv < rs_lowv):
                             m.d.sync += [rs_low.eq(rs_i), rs_lowv.eq(kv)]
             with m.State("ENTRY"):
-                # the entry's five words (bytes 20..39)
-                m.d.sync += widx.eq(5 + cnt)
-                with m.If(dly != 2):
+                # the entry's words (ENTRY_DTYPE, after the header), field by field
+                m.d.sync += widx.eq(ENTRY_AT + cnt)
+                with m.If(dly != RD):
                     m.d.sync += dly.eq(dly + 1)
                 with m.Else():
                     m.d.sync += [dly.eq(0), cnt.eq(cnt + 1)]
                     with m.Switch(cnt):
-                        with m.Case(0):
-                            m.d.sync += [e_job.eq(word[16:]), e_n.eq(word[8:16]),
-                                         e_mode.eq(word[:8])]
-                        with m.Case(1):
-                            m.d.sync += [e_window.eq(word[16:]), e_elements.eq(word[:16])]
-                        with m.Case(2):
-                            m.d.sync += e_deadline.eq(word)
-                        with m.Case(3):
-                            m.d.sync += e_mip.eq(word)
-                        with m.Case(4):
-                            m.d.sync += [e_mport.eq(word[16:]), e_flags.eq(word[:16])]
-                    with m.If(cnt == 4):
+                        for k in range(ENTRY_WORDS):
+                            with m.Case(k):
+                                for name, sig in efield.items():
+                                    for w, lo, hi, flo in _entry_pieces(name):
+                                        if w == k:
+                                            m.d.sync += sig[flo:flo + hi - lo].eq(word[lo:hi])
+                    with m.If(cnt == ENTRY_WORDS - 1):
                         m.d.sync += [cnt.eq(0), ma.eq(0), mb.eq(1)]
                         m.next = "PARSE"
             with m.State("PARSE"):
@@ -517,17 +583,18 @@ class ControlPlane(wiring.Component):
                 bad |= (e_mode >= 2)
                 bad |= ~pow2 | (e_elements == 0) | (e_elements > MAX_ELEMENTS)
                 bad |= (e_deadline == 0) | (e_deadline >= 4294000000)
+                bad |= (e_session == 0)
                 with m.If((e_flags & ~ENTRY_UPDATE) != 0):
                     m.d.comb += mal.eq(1)
                     m.next = "DONE"
                 with m.Elif(remove):
-                    m.d.sync += cnt.eq(0)
-                    m.next = "REMOVE"
+                    m.d.sync += [cnt.eq(0), is_rm.eq(1)]
+                    m.next = "LOOKUP"
                 with m.Elif(bad):
                     m.d.comb += mal.eq(1)
                     m.next = "DONE"
                 with m.Else():
-                    m.d.sync += [ma.eq(0), dly.eq(0), cnt.eq(0), cyc.eq(0)]
+                    m.d.sync += [ma.eq(0), dly.eq(0), cnt.eq(0), cyc.eq(0), is_rm.eq(0)]
                     m.next = "MUL"
             with m.State("MUL"):
                 # the deadline in cycles, by repeated addition (no multiplier on the path)
@@ -539,11 +606,11 @@ class ControlPlane(wiring.Component):
             def read(addr):
                 """Read buffer word ``addr``: True in the cycle ``word`` holds it."""
                 m.d.sync += widx.eq(addr)
-                with m.If(dly != 2):
+                with m.If(dly != RD):
                     m.d.sync += dly.eq(dly + 1)
                 with m.Else():
                     m.d.sync += dly.eq(0)
-                return dly == 2
+                return dly == RD
 
             def next_b():
                 with m.If(mb + 1 >= kmem):
@@ -556,21 +623,21 @@ class ControlPlane(wiring.Component):
                 with m.If(ma + 1 >= kmem):
                     m.next = "LOOKUP"
                 with m.Else():
-                    with m.If(read(10 + ma * 3)):
+                    with m.If(read(MEMBERS_AT + ma * MEMBER_WORDS)):
                         m.d.sync += a_ip.eq(word)
                         m.next = "DUP_A2"
             with m.State("DUP_A2"):
-                with m.If(read(11 + ma * 3)):
+                with m.If(read(MEMBERS_AT + 1 + ma * MEMBER_WORDS)):
                     m.d.sync += [a_pm.eq(word), mb.eq(ma + 1)]
                     m.next = "DUP_B"
             with m.State("DUP_B"):
-                with m.If(read(10 + mb * 3)):
+                with m.If(read(MEMBERS_AT + mb * MEMBER_WORDS)):
                     with m.If(word != a_ip):
                         next_b()
                     with m.Else():
                         m.next = "DUP_B2"
             with m.State("DUP_B2"):
-                with m.If(read(11 + mb * 3)):
+                with m.If(read(MEMBERS_AT + 1 + mb * MEMBER_WORDS)):
                     with m.If(word[16:] == a_pm[16:]):
                         m.d.comb += mal.eq(1)
                         m.next = "DONE"
@@ -581,6 +648,11 @@ class ControlPlane(wiring.Component):
                 hit = [jt[j].enable & (jt[j].job_id == e_job) for j in range(NJ)]
                 freej = [~jt[j].enable for j in range(NJ)]
                 m.d.sync += [found.eq(Cat(hit).any()), free_ok.eq(Cat(freej).any())]
+                m.d.sync += [sess_same[j].eq(Cat(jt[j].session_lo, jt[j].session_hi)
+                                             == e_session) for j in range(NJ)]
+                for j in range(NJ):
+                    with m.If(hit[j]):
+                        m.d.sync += age.eq(idle[j])
                 for j in reversed(range(NJ)):
                     with m.If(freej[j]):
                         m.d.sync += free.eq(j)
@@ -589,10 +661,22 @@ class ControlPlane(wiring.Component):
                         m.d.sync += slot.eq(j)
                 m.next = "DECIDE"
             with m.State("DECIDE"):
-                with m.If(e_flags[0]):
+                held_other = found & ~sess_same.bit_select(slot, 1)
+                with m.If(is_rm):
+                    # (session 0 removes whatever session the job holds)
+                    with m.If(held_other & (e_session != 0)):
+                        m.d.comb += ev.control_refused.eq(1)
+                        reply("not_removed")
+                    with m.Else():
+                        m.d.sync += cnt.eq(0)
+                        m.next = "REMOVE"
+                with m.Elif(e_flags[0]):
                     with m.If(~found):
                         m.d.comb += ev.control_refused.eq(1)
                         reply("not_installed")
+                    with m.Elif(held_other):
+                        m.d.comb += ev.control_refused.eq(1)
+                        reply("other_session")
                     with m.Else():
                         def js(name):
                             return jobs_at(jt, name, slot)
@@ -611,7 +695,10 @@ class ControlPlane(wiring.Component):
                 with m.Else():
                     fits = ((e_window <= P.window) & (e_elements <= P.elements)
                             & (e_n <= P.workers) & (cyc < (1 << 31)))
-                    with m.If(~fits):
+                    with m.If(held_other & young.bit_select(slot, 1)):
+                        m.d.comb += ev.control_refused.eq(1)
+                        reply("taken")
+                    with m.Elif(~fits):
                         m.d.comb += ev.control_refused.eq(1)
                         reply("no_fit")
                     with m.Elif(~(found | free_ok)):
@@ -630,21 +717,21 @@ class ControlPlane(wiring.Component):
                     m.d.comb += [self.member.en.eq(1),
                                  self.member.addr.eq(slot * WS + ma[:max(1, _log2(P.workers))]
                                                      if WS > 1 else slot)]
-                    m.d.sync += [widx.eq(10 + ma * 3), dly.eq(0), cnt.eq(0)]
+                    m.d.sync += [widx.eq(MEMBERS_AT + ma * MEMBER_WORDS), dly.eq(0), cnt.eq(0)]
                     m.next = "UPD_RD"
             with m.State("UPD_RD"):
                 # (the member's entry, latched the cycle after its read)
                 with m.If((cnt == 0) & (dly == 0)):
                     m.d.sync += mm.eq(self.member.data)
-                with m.If(dly != 2):
+                with m.If(dly != RD):
                     m.d.sync += dly.eq(dly + 1)
                 with m.Else():
                     m.d.sync += [dly.eq(0), cnt.eq(cnt + 1)]
                     with m.Switch(cnt):
                         with m.Case(0):
-                            m.d.sync += [a_ip.eq(word), widx.eq(11 + ma * 3)]
+                            m.d.sync += [a_ip.eq(word), widx.eq(MEMBERS_AT + 1 + ma * MEMBER_WORDS)]
                         with m.Case(1):
-                            m.d.sync += [a_pm.eq(word), widx.eq(12 + ma * 3)]
+                            m.d.sync += [a_pm.eq(word), widx.eq(MEMBERS_AT + 2 + ma * MEMBER_WORDS)]
                         with m.Case(2):
                             same = ((mm.ip == a_ip) & (mm.port == a_pm[16:])
                                     & (mm.mac == Cat(word, a_pm[:16])))
@@ -678,7 +765,8 @@ class ControlPlane(wiring.Component):
                           ("bounded", e_mode[0]), ("log2_window", l2w),
                           ("elements", e_elements), ("deadline", cyc[:32]),
                           ("mcast_en", e_mip != 0), ("mcast_ip", e_mip),
-                          ("mcast_port", Mux(e_mip != 0, e_mport, 0))]
+                          ("mcast_port", Mux(e_mip != 0, e_mport, 0)),
+                          ("session_hi", e_session[32:]), ("session_lo", e_session[:32])]
                 with m.Switch(cnt):
                     for k, (name, v) in enumerate(fields):
                         with m.Case(k):
@@ -693,16 +781,16 @@ class ControlPlane(wiring.Component):
                     m.d.comb += job_w("enable", 1)
                     m.next = "WAIT_INIT"
                 with m.Else():
-                    with m.If(read(10 + ma * 3)):
+                    with m.If(read(MEMBERS_AT + ma * MEMBER_WORDS)):
                         m.d.comb += mem_w("ip", ma, word)
                         m.next = "MEMBER_PORT"
             with m.State("MEMBER_PORT"):
-                with m.If(read(11 + ma * 3)):
+                with m.If(read(MEMBERS_AT + 1 + ma * MEMBER_WORDS)):
                     m.d.comb += mem_w("port", ma, word[16:])
                     m.d.sync += a_pm.eq(word)
                     m.next = "MEMBER_MAC"
             with m.State("MEMBER_MAC"):
-                with m.If(read(12 + ma * 3)):
+                with m.If(read(MEMBERS_AT + 2 + ma * MEMBER_WORDS)):
                     m.d.comb += mem_w("mac_hi", ma, a_pm[:16])
                     m.d.sync += a_ip.eq(word)
                     m.next = "MEMBER_LO"
@@ -721,7 +809,7 @@ class ControlPlane(wiring.Component):
                 # the INA header of a STATUS datagram: version, type, then zeros
                 put(Mux(cnt == 0, VERSION, Mux(cnt == 1, MsgType.STATUS, 0)))
                 m.d.sync += cnt.eq(cnt + 1)
-                with m.If(cnt == 19):
+                with m.If(cnt == HEADER_BYTES - 1):
                     m.d.sync += [tp.eq(tstart), cnt.eq(0)]
                     m.next = "R_TPL"
             with m.State("R_TPL"):
@@ -756,6 +844,14 @@ class ControlPlane(wiring.Component):
                         with m.Case(7):
                             m.d.sync += dv.eq(jobs_at(jt, "nworkers", jent))
                             m.next = "R_DIG"
+                        with m.Case(5):
+                            m.d.sync += [dv.eq(age + self.clock_hz // 2), dsec.eq(1)]
+                            m.next = "R_DIG"
+                        with m.Case(8):
+                            m.d.sync += [hv.eq(Cat(jobs_at(jt, "session_lo", jent),
+                                                   jobs_at(jt, "session_hi", jent))),
+                                         hx.eq(0)]
+                            m.next = "R_HEX"
                         with m.Default():
                             put(tb)
                 m.d.sync += [di.eq(0), dd.eq(0), dstarted.eq(0)]
@@ -791,7 +887,8 @@ class ControlPlane(wiring.Component):
                 m.next = "R_TPL"
             with m.State("R_DIG"):
                 # a number in decimal: subtract each power of ten, then write its digit
-                pw = Array(C(10 ** (9 - k), 34) for k in range(10))[di]
+                pw = Mux(dsec, Array(C(x, 34) for x in SEC_PW)[di],
+                         Array(C(10 ** (9 - k), 34) for k in range(10))[di])
                 with m.If(dv >= pw):
                     m.d.sync += [dv.eq(dv - pw), dd.eq(dd + 1)]
                 with m.Else():
@@ -800,7 +897,15 @@ class ControlPlane(wiring.Component):
                         m.d.sync += dstarted.eq(1)
                     m.d.sync += [dd.eq(0), di.eq(di + 1)]
                     with m.If(di == 9):
+                        m.d.sync += dsec.eq(0)
                         m.next = "R_TPL"
+            with m.State("R_HEX"):
+                # the session in 16 lowercase hex digits, as the model's f"{s:016x}"
+                nib = hv[60:]
+                put(Mux(nib < 10, ord("0") + nib, ord("a") - 10 + nib))
+                m.d.sync += [hv.eq(hv << 4), hx.eq(hx + 1)]
+                with m.If(hx == 15):
+                    m.next = "R_TPL"
             with m.State("R_NONCE"):
                 put(nonce.word_select((7 - cnt[:3])[:3], 8))
                 m.d.sync += cnt.eq(cnt + 1)

@@ -12,9 +12,9 @@ Instantiate::
 
 Stream payload (hw/ina/layout.py). Each beat carries ``L`` big-endian 32-bit words of the
 UDP payload in ``data`` (lane 0 first on the wire) and ``n``, the number of valid words in
-the beat. ``first``/``last`` mark the datagram's first and last beat. The 5 header words
-fill the first ``ceil(5/L)`` beats and the elements begin on a new beat (header beats
-after word 4 are padding: ``n`` tells how many words are real). Input beats also carry
+the beat. ``first``/``last`` mark the datagram's first and last beat. The 7 header words
+fill the first ``ceil(7/L)`` beats and the elements begin on a new beat (header beats
+after word 6 are padding: ``n`` tells how many words are real). Input beats also carry
 ``length`` (UDP payload bytes), ``src_ip`` and ``src_port``, read on ``first``; the input
 must carry exactly ``ceil(length/4)`` words. Output beats carry the destination
 (``dst_mac``, ``dst_ip``, ``dst_port``), ``length`` and the IPv4 header ``ip_checksum``
@@ -111,6 +111,7 @@ class InaCore(wiring.Component):
         # its classification does not sit behind the input's block RAM on the board)
         m.d.sync += [ctl.snoop.valid.eq(self.i.valid & self.i.ready),
                      ctl.snoop.payload.eq(self.i.payload)]
+        m.d.sync += ctl.accepted.eq(hp.accepted)
         m.d.comb += [ctl.src_ip.eq(rf.src_ip),
                      ctl.counters.eq(ctr.values),
                      ctl.jobs.eq(rf.jobs),

@@ -52,6 +52,8 @@ from ina_fabric.protocol.fields import MsgType
 from .element import beat_layout, packet_layout
 from .input_fifo import entry_layout
 from .layout import HeaderLayout, Reason, OpKind, AccMode, request_layout
+from ina_fabric.protocol.fields import HEADER_BYTES
+
 from .params import CoreParams, HEADER_WORDS, QUEUE_SLACK
 from .regfile import job_layout, member_layout, jobs_at
 
@@ -68,7 +70,7 @@ HEADER_EVENTS = {
     "rx": 1, "rx_data": 1, "accepted": 1, "duplicates": 2, "late": 1, "results": 2,
     "partials": 1, "resent": 1, "drop_truncated": 1, "drop_malformed": 3,
     "drop_bad_version": 1, "drop_unknown_job": 1, "drop_unknown_source": 1,
-    "drop_stale": 1, "drop_out_of_window": 1,
+    "drop_bad_session": 1, "drop_stale": 1, "drop_out_of_window": 1,
 }
 
 
@@ -183,6 +185,7 @@ class HeaderPipeline(wiring.Component):
             "elem_start": Out(1),
             "elem_packet": Out(packet_layout(P)),
             "events": Out(data.StructLayout(HEADER_EVENTS)),
+            "accepted": Out(P.jobs),    # job j's DATA accepted (the control plane's idle)
         })
 
     def elaborate(self, platform):
@@ -253,6 +256,11 @@ class HeaderPipeline(wiring.Component):
         JOB_BIT = hdr_job.offset % 32
         assert JOB_BIT + hdr_job.width <= 32
         job_hit = [Signal(name=f"job{j}_hit") for j in range(NJ)]
+        # the header's session (two words): every job's compare, registered at the pop in
+        # 16-bit quarters as the job match is, so P0 only ANDs four bits
+        SESS_LO = HEADER_WORDS - 1 - HeaderLayout["session"].offset // 32
+        assert HeaderLayout["session"].offset % 32 == 0 and HeaderLayout["session"].width == 64
+        sess_hit = [Signal(4, name=f"job{j}_sess_hit") for j in range(NJ)]
         job_hit_hi = [Signal(name=f"job{j}_hit_hi") for j in range(NJ)]
         # the header's seq word, and every job's record index for it (set bit, then the
         # slot's index), also registered at the pop: P0 reads the metadata at them
@@ -261,7 +269,7 @@ class HeaderPipeline(wiring.Component):
         wbit = [Signal(33, name=f"job{j}_wbit") for j in range(NJ)]     # W
         hrec = [Signal(LWM + 1, name=f"job{j}_hrec") for j in range(NJ)]
         ts_reg = Signal(32)
-        body_reg, len_short = Signal(signed(18)), Signal()   # UDP length - 20, < 20
+        body_reg, len_short = Signal(signed(18)), Signal()   # UDP length - header, < header
         sip_reg, sport_reg = Signal(32), Signal(16)
         collecting = Signal()
         in_hdr = b.first | in_hdr_r
@@ -296,6 +304,14 @@ class HeaderPipeline(wiring.Component):
                                  for j in range(NJ)]
                     m.d.sync += [job_hit_hi[j].eq(field[hw_:] == jobs[j].job_id[hw_:hdr_job.width])
                                  for j in range(NJ)]
+                if k in (SESS_LO - 1, SESS_LO):
+                    reg = "session_hi" if k == SESS_LO - 1 else "session_lo"
+                    q = 2 if k == SESS_LO - 1 else 0
+                    word = b.data[k % L]
+                    for j in range(NJ):
+                        ref = getattr(jobs[j], reg)
+                        m.d.sync += [sess_hit[j][q].eq(word[:16] == ref[:16]),
+                                     sess_hit[j][q + 1].eq(word[16:] == ref[16:])]
                 if k == SEQ_WORD:
                     # a job's window is at most the core's (config_writes refuses
                     # others), so only the low LWM + 1 bits of seq hold its set bit
@@ -303,8 +319,8 @@ class HeaderPipeline(wiring.Component):
                     for j in range(NJ):
                         m.d.sync += hrec[j].eq(record_of(sq, wbit[j], LWM))
         with m.If(b.first & ~collecting):
-            m.d.sync += [ts_reg.eq(b.ts), body_reg.eq(b.length - 20),
-                         len_short.eq(b.length < 20), sip_reg.eq(b.src_ip),
+            m.d.sync += [ts_reg.eq(b.ts), body_reg.eq(b.length - HEADER_BYTES),
+                         len_short.eq(b.length < HEADER_BYTES), sip_reg.eq(b.src_ip),
                          sport_reg.eq(b.src_port)]
         m.d.sync += [dl[0].valid.eq(pop), dl[0].elem.eq(~in_hdr),
                      dl[0].first.eq(b.first), dl[0].e.eq(posmh[:16]), dl[0].data.eq(b.data)]
@@ -342,6 +358,7 @@ class HeaderPipeline(wiring.Component):
         seqm = by_job(seqms, signed(34))   # seq - 2W: the tag a reusable record must have
         bad_worker = by_job([hdr.worker >= jobs[j].nworkers for j in range(NJ)], 1)
         big_nelem = by_job([hdr.nelem > jobs[j].elements for j in range(NJ)], 1)
+        bad_session = by_job([~sess_hit[j].all() for j in range(NJ)], 1)
 
         # the checks, in the model's priority order; P1a turns them into one reason
         body = body_reg
@@ -351,7 +368,8 @@ class HeaderPipeline(wiring.Component):
                   (Reason.CONTROL, (hdr.type == MsgType.STATUS_REQ) | (hdr.type == MsgType.CONTROL)),
                   (Reason.MALFORMED, hdr.type != MsgType.DATA),
                   (Reason.TRUNCATED, body < nelem4), (Reason.MALFORMED, body != nelem4),
-                  (Reason.UNKNOWN_JOB, unkjob), (Reason.UNKNOWN_SOURCE, bad_worker),
+                  (Reason.UNKNOWN_JOB, unkjob), (Reason.BAD_SESSION, bad_session),
+                  (Reason.UNKNOWN_SOURCE, bad_worker),
                   (Reason.BIG_NELEM, big_nelem))
         checks = Cat(c for _, c in CHECKS)
 
@@ -742,6 +760,7 @@ class HeaderPipeline(wiring.Component):
         inc["drop_malformed"] += [is_pkt & (reason2 == Reason.MALFORMED), v2 & c.bignelem,
                                   v2 & malf3]
         inc["drop_unknown_job"].append(is_pkt & (reason2 == Reason.UNKNOWN_JOB))
+        inc["drop_bad_session"].append(is_pkt & (reason2 == Reason.BAD_SESSION))
         inc["drop_unknown_source"].append(v2 & c.unksrc)
         inc["drop_stale"].append(v2 & c.stale)
         inc["drop_out_of_window"].append(v2 & c.oow)
@@ -749,6 +768,7 @@ class HeaderPipeline(wiring.Component):
         inc["late"].append(resend & ~isdup)
         inc["resent"].append(resend)
         inc["accepted"].append(v2 & accept)
+        m.d.comb += [self.accepted[j].eq(v2 & accept & (p2_job == j)) for j in range(NJ)]
         inc["results"] += [expired, v2 & completes]
         inc["partials"].append(expired)
 

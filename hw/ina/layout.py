@@ -2,14 +2,14 @@
 
 :func:`header_layout` is generated from ``ina_fabric.protocol.fields.HEADER_FIELDS``; no offset
 is written here. A ``data.StructLayout`` puts its first field at bit 0, while the wire is
-big-endian, so the fields are laid out in *reverse* wire order: the 160-bit value of the
+big-endian, so the fields are laid out in *reverse* wire order: the 224-bit value of the
 layout equals ``int.from_bytes(header_bytes, "big")``.
 
 Words and lanes. The core's streams carry the UDP payload as big-endian 32-bit words,
 ``L`` words (lanes) per beat; lane 0 is the earliest word on the wire, and a word's bits
-31..24 are its first byte. The 5 header words fill the first ``ceil(5/L)`` beats (lanes
-past word 4 are padding), and the elements start on a fresh beat. So the header value
-is ``Cat(word4, word3, word2, word1, word0)`` (see :func:`header_from_words`).
+31..24 are its first byte. The 7 header words fill the first ``ceil(7/L)`` beats (lanes
+past word 6 are padding), and the elements start on a fresh beat. So the header value
+is ``Cat(word6, ..., word1, word0)`` (see :func:`header_from_words`).
 """
 
 from amaranth.hdl import Cat, Const, unsigned, signed
@@ -69,7 +69,7 @@ def out_layout(lanes: int) -> data.StructLayout:
     """Payload of the core's output stream (one beat of one RESULT copy).
 
     data, n, first, last   as :func:`in_layout` (a RESULT is laid out the same way)
-    length       UDP payload length in bytes (20 + 4 * nelem)
+    length       UDP payload length in bytes (header + 4 * nelem)
     dst_mac      destination MAC (member MAC, or 01:00:5e + low 23 bits of the group IP)
     dst_ip       destination IPv4 address (member or multicast group)
     dst_port     destination UDP port
@@ -89,13 +89,13 @@ def out_layout(lanes: int) -> data.StructLayout:
 
 
 def header_from_words(words):
-    """A HeaderLayout view of five 32-bit words in wire order."""
+    """A HeaderLayout view of the header's 32-bit words in wire order."""
     assert len(words) == HEADER_WORDS
     return data.View(HeaderLayout, Cat(*reversed(list(words))))
 
 
 def header_words(value):
-    """The five wire-order 32-bit words of a header value (a View or a Value)."""
+    """The wire-order 32-bit words of a header value (a View or a Value)."""
     v = value.as_value() if hasattr(value, "as_value") else value
     return [v[32 * (HEADER_WORDS - 1 - i):32 * (HEADER_WORDS - i)] for i in range(HEADER_WORDS)]
 
@@ -105,7 +105,7 @@ def header_int(header_bytes: bytes) -> int:
     return int.from_bytes(header_bytes[:HEADER_BYTES], "big")
 
 
-class Reason(enum.Enum, shape=3):
+class Reason(enum.Enum, shape=4):
     """Why the header pipeline drops a packet before the slot rules (P0's checks; when
     several apply, the lowest-numbered one wins, the reference model's order)."""
     OK = 0
@@ -116,6 +116,7 @@ class Reason(enum.Enum, shape=3):
     UNKNOWN_JOB = 5
     UNKNOWN_SOURCE = 6      # worker out of the job's range (the member compare is in P1a)
     BIG_NELEM = 7           # more elements than the job allows
+    BAD_SESSION = 8         # not the job's session (checked after the job, before the source)
 
 
 class OpKind(enum.Enum, shape=2):

@@ -9,8 +9,11 @@ import math
 
 __all__ = ["CoreParams", "HEADER_WORDS", "QUEUE_SLACK"]
 
-#: the INA header is 20 bytes = 5 words of 32 bits (host/protocol/fields.py)
-HEADER_WORDS = 5
+from ina_fabric.protocol.fields import HEADER_BYTES
+
+#: the INA header in 32-bit words (28 bytes = 7 words; ina_fabric/protocol/fields.py)
+HEADER_WORDS = HEADER_BYTES // 4
+assert HEADER_WORDS * 4 == HEADER_BYTES
 #: operations (each up to two requests) the core's pipeline can still add after the
 #: request queue says stop: the beat being popped, P0, P1a, P1b, P2, P3, and the one
 #: popped while the registered stop catches up

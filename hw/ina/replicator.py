@@ -19,7 +19,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, stream, data, memory
 from amaranth.lib.wiring import In, Out
 
-from ina_fabric.protocol.fields import GROUP_WORKER
+from ina_fabric.protocol.fields import GROUP_WORKER, HEADER_BYTES
 
 from .layout import HeaderLayout, header_words, out_layout, request_layout, busy_layout
 from .params import CoreParams, HEADER_WORDS
@@ -215,12 +215,13 @@ class Replicator(wiring.Component):
             oh.exponent.eq(cur.exponent), oh.job.eq(jf("job_id", cur.job)),
             oh.worker.eq(Mux(cur.unicast, cur.worker, GROUP_WORKER)), oh.count.eq(cur.count),
             oh.seq.eq(cur.seq), oh.nelem.eq(cur.nelem), oh.bitmap.eq(cur.bitmap),
+            oh.session.eq(Cat(jf("session_lo", cur.job), jf("session_hi", cur.job))),
         ]
         owords = header_words(oh)
         op = o.payload
         ob_e = Signal(16)
         m.d.comb += ob_e.eq(o_beat - H)
-        length = 20 + cur.nelem * 4
+        length = HEADER_BYTES + cur.nelem * 4
         use_mcast = ~cur.unicast & cur_mcast
         md = self.member.data
         dst_ip = Mux(use_mcast, jf("mcast_ip", cur.job), md.ip)

@@ -4,8 +4,16 @@ Every other view of the header (numpy dtype, scapy layer, Wireshark dissector, A
 ``data.StructLayout``) is generated from :data:`HEADER_FIELDS`. No field offset is
 written anywhere else.
 
-A datagram is a UDP payload: the 20-byte header below, then ``nelem`` big-endian int32
+A datagram is a UDP payload: the 28-byte header below, then ``nelem`` big-endian int32
 elements (``nelem * 4`` bytes, nothing more, nothing less).
+
+Every DATA and RESULT carries its run's ``session``: a random 64-bit id that the job's
+installer draws for each run and installs with the job (``jobtable.JobConfig.session``).
+A switch drops DATA whose session is not its job's (``drop_bad_session``), and a worker
+takes only RESULTs with its own session, so a packet of a previous run, of another tenant
+that reuses the job id, or of an off-path forger who cannot see the traffic, never
+reaches a sum. (It is a capability, not a MAC: whoever sees the link sees it. See the
+README's "Trust model".)
 """
 
 from dataclasses import dataclass, field
@@ -74,10 +82,12 @@ HEADER_FIELDS: tuple[Field, ...] = (
     Field("nelem", 16, doc="number of int32 elements after the header"),
     Field("reserved", 16, doc="zero"),
     Field("bitmap", 32, doc="contributor bitmap, bit w = worker w"),
+    Field("session", 64, doc="the run's session id (random, drawn at install); "
+                             "0 outside DATA and RESULT"),
 )
 
 HEADER_BYTES = sum(f.nbytes for f in HEADER_FIELDS)
-assert HEADER_BYTES == 20
+assert HEADER_BYTES == 28
 
 
 def field_offsets() -> dict[str, int]:

@@ -15,7 +15,7 @@
 
 typedef struct {
     int header, version, type, flags, exponent, job, worker, count, seq, nelem,
-        reserved, bitmap;
+        reserved, bitmap, session;
     int v_version, t_data, t_result, f_partial, f_overflow, f_retransmit, f_last,
         no_exponent, group_worker, nonfinite;
 } InaLayout;
@@ -24,9 +24,16 @@ static inline uint32_t ina_rd16(const uint8_t *p) { return ((uint32_t)p[0] << 8)
 static inline uint32_t ina_rd32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
+static inline uint64_t ina_rd64(const uint8_t *p) {
+    return ((uint64_t)ina_rd32(p) << 32) | ina_rd32(p + 4);
+}
 static inline void ina_wr16(uint8_t *p, uint32_t v) { p[0] = v >> 8; p[1] = v; }
 static inline void ina_wr32(uint8_t *p, uint32_t v) {
     p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+static inline void ina_wr64(uint8_t *p, uint64_t v) {
+    ina_wr32(p, (uint32_t)(v >> 32));
+    ina_wr32(p + 4, (uint32_t)v);
 }
 
 /* one big-endian int32 element of a datagram, in and out (unaligned; the element loops
@@ -61,6 +68,7 @@ static int ina_layout_from_dict(PyObject *d, InaLayout *L) {
         {"exponent", &L->exponent, 1}, {"job", &L->job, 2}, {"worker", &L->worker, 1},
         {"count", &L->count, 1}, {"seq", &L->seq, 4}, {"nelem", &L->nelem, 2},
         {"reserved", &L->reserved, 2}, {"bitmap", &L->bitmap, 4},
+        {"session", &L->session, 8},
     };
     if (!PyDict_Check(d)) {
         PyErr_SetString(PyExc_TypeError, "layout must be a dict");

@@ -7,30 +7,37 @@ once, here, by two numpy dtypes.
 
 from dataclasses import dataclass, field
 import ipaddress
+import secrets
 import tomllib
 
 import numpy as np
 
-from .fields import MAX_WORKERS
+from .fields import MAX_WORKERS, HEADER_BYTES
 
 __all__ = ["JobConfig", "JobSettings", "LINK_DEFAULTS", "job_defaults", "loopback_group",
            "MAX_ELEMENTS", "Member",
            "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE", "load_jobs_toml", "MODES",
-           "ENTRY_UPDATE", "parse_control"]
+           "ENTRY_UPDATE", "parse_control", "new_session", "parse_session",
+           "removal_entry"]
 
 MODES = ("reliable", "bounded")
-MAX_ELEMENTS = (65507 - 20) // 4   # largest UDP payload, less the INA header
+MAX_ELEMENTS = (65507 - HEADER_BYTES) // 4   # largest UDP payload, less the INA header
 
 ENTRY_DTYPE = np.dtype([
     ("job", ">u2"), ("nworkers", "u1"), ("mode", "u1"), ("window", ">u2"),
     ("elements", ">u2"), ("deadline_us", ">u4"), ("mcast_ip", ">u4"),
-    ("mcast_port", ">u2"), ("flags", ">u2"),
+    ("mcast_port", ">u2"), ("flags", ">u2"), ("session", ">u8"),
 ])
 #: entry flag: a live update of an installed job. Only the deadline may differ from the
 #: installed entry, and the slots are kept; without it, an entry is an install, which
 #: always starts the job's slots afresh (a second run never sees the first one's state).
 ENTRY_UPDATE = 0x0001
 MEMBER_DTYPE = np.dtype([("ip", ">u4"), ("port", ">u2"), ("mac", "u1", (6,))])
+
+
+def new_session() -> int:
+    """A fresh session id: 64 random bits (never 0, which no job holds)."""
+    return secrets.randbits(64) or 1
 
 
 class ConfigError(ValueError):
@@ -56,10 +63,10 @@ class JobSettings:
 
 #: Defaults per link kind, chosen by the datagram each link carries best:
 #:
-#: - ``ethernet``: 256 elements, 1,044-byte datagrams: they fit a 1500-byte MTU and the
+#: - ``ethernet``: 256 elements, 1,052-byte datagrams: they fit a 1500-byte MTU and the
 #:   FPGA's element memory;
-#: - ``jumbo``: 2,048 elements, 8,212-byte datagrams, for links with a 9000-byte MTU;
-#: - ``loopback``: 16,368 elements, 65,492-byte datagrams, just under the largest UDP
+#: - ``jumbo``: 2,048 elements, 8,220-byte datagrams, for links with a 9000-byte MTU;
+#: - ``loopback``: 16,368 elements, 65,500-byte datagrams, just under the largest UDP
 #:   payload (65,507): on one host the per-datagram cost dominates, not the MTU, so the
 #:   fewer datagrams the better (16,368 = the largest multiple of 16 that fits).
 LINK_DEFAULTS = {
@@ -138,6 +145,9 @@ class JobConfig:
     deadline: float = _D.deadline    # seconds; used in bounded mode
     mode: str = _D.mode
     mcast: tuple[str, int] | None = None   # IP multicast group instead of unicast copies
+    #: the run's session id, carried by every DATA and RESULT of the job; a fresh one per
+    #: JobConfig unless given (every rank of a run must use the installer's)
+    session: int = field(default_factory=new_session)
 
     def __post_init__(self):
         object.__setattr__(self, "members", tuple(
@@ -161,6 +171,8 @@ class JobConfig:
             raise ConfigError(f"job {self.job}: deadline {self.deadline}s must be > 0")
         if self.mode not in MODES:
             raise ConfigError(f"job {self.job}: mode {self.mode!r} not in {MODES}")
+        if not 0 < self.session < 1 << 64:
+            raise ConfigError(f"job {self.job}: session {self.session} not in 1..2^64-1")
 
     @property
     def n(self) -> int:
@@ -172,9 +184,9 @@ class JobConfig:
 
     @classmethod
     def from_settings(cls, job: int, members, settings: JobSettings,
-                      mcast=None) -> "JobConfig":
+                      mcast=None, session=None) -> "JobConfig":
         return cls(job, tuple(members), settings.window, settings.elements,
-                   settings.deadline, settings.mode, mcast)
+                   settings.deadline, settings.mode, mcast, session or new_session())
 
     def to_bytes(self, update: bool = False) -> bytes:
         """The entry; ``update=True`` marks it a live update (ENTRY_UPDATE)."""
@@ -183,6 +195,7 @@ class JobConfig:
         e["job"], e["nworkers"], e["mode"] = self.job, self.n, MODES.index(self.mode)
         e["window"], e["elements"] = self.window, self.elements
         e["deadline_us"] = round(self.deadline * 1e6)
+        e["session"] = self.session
         if self.mcast:
             e["mcast_ip"] = int(ipaddress.IPv4Address(self.mcast[0]))
             e["mcast_port"] = self.mcast[1]
@@ -209,12 +222,13 @@ class JobConfig:
         if e["mcast_ip"]:
             mcast = (str(ipaddress.IPv4Address(int(e["mcast_ip"]))), int(e["mcast_port"]))
         return cls(int(e["job"]), members, int(e["window"]), int(e["elements"]),
-                   int(e["deadline_us"]) / 1e6, MODES[int(e["mode"])], mcast)
+                   int(e["deadline_us"]) / 1e6, MODES[int(e["mode"])], mcast,
+                   int(e["session"]))
 
 
 def parse_control(payload: bytes):
-    """A CONTROL payload as ``(op, value)``: ``("remove", job_id)`` for an entry with zero
-    workers, ``("update", JobConfig)`` for one flagged ENTRY_UPDATE, ``("install",
+    """A CONTROL payload as ``(op, value)``: ``("remove", (job_id, session))`` for an entry with
+    zero workers (session 0: whatever session the job has), ``("update", JobConfig)`` for one flagged ENTRY_UPDATE, ``("install",
     JobConfig)`` otherwise. Raises ConfigError for anything malformed."""
     if len(payload) < ENTRY_DTYPE.itemsize:
         raise ConfigError("job entry truncated")
@@ -224,9 +238,37 @@ def parse_control(payload: bytes):
     if e["nworkers"] == 0:
         if len(payload) != ENTRY_DTYPE.itemsize:
             raise ConfigError("job removal entry with members")
-        return "remove", int(e["job"])
+        return "remove", (int(e["job"]), int(e["session"]))
     cfg = JobConfig.from_bytes(payload)
     return ("update" if int(e["flags"]) & ENTRY_UPDATE else "install"), cfg
+
+
+def parse_session(text) -> int:
+    """A session id from an int or a string (decimal or 0x-hex); ConfigError if bad."""
+    try:
+        v = text if isinstance(text, int) and not isinstance(text, bool) else int(str(text), 0)
+    except ValueError:
+        v = -1
+    if not 0 < v < 1 << 64:
+        raise ConfigError(f"session {text!r}: expected a number in 1..2^64-1 (e.g. 0x1f2e...)")
+    return v
+
+
+def _session_of(t, path):
+    if "session" not in t:
+        return None
+    try:
+        return parse_session(t["session"])
+    except ConfigError as e:
+        raise ConfigError(f"{path}: job {t.get('id')!r}: {e}") from None
+
+
+def removal_entry(job: int, session: int = 0) -> bytes:
+    """The CONTROL payload that removes job ``job`` (only while it holds ``session``;
+    0: whatever it holds)."""
+    e = np.zeros((), ENTRY_DTYPE)
+    e["job"], e["session"] = job, session
+    return e.tobytes()
 
 
 def load_jobs_toml(path) -> list[JobConfig]:
@@ -237,7 +279,8 @@ def load_jobs_toml(path) -> list[JobConfig]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"{path}: {e}") from None
     jobs = []
-    known = {"id", "workers", "window", "elements", "deadline_ms", "mode", "multicast"}
+    known = {"id", "workers", "window", "elements", "deadline_ms", "mode", "multicast",
+             "session"}
     for t in doc.get("job", []):
         unknown = set(t) - known
         if unknown:
@@ -262,7 +305,8 @@ def load_jobs_toml(path) -> list[JobConfig]:
                               num("window", int, _D.window),
                               num("elements", int, _D.elements),
                               num("deadline_ms", float, _D.deadline_ms) / 1e3,
-                              t.get("mode", _D.mode), mcast))
+                              t.get("mode", _D.mode), mcast,
+                              _session_of(t, path) or new_session()))
     if not jobs:
         raise ConfigError(f"{path}: no [[job]] tables")
     if len({j.job for j in jobs}) != len(jobs):

@@ -46,8 +46,8 @@ COUNTER_NAMES = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
     "resent", "status_requests",
     "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
-    "drop_unknown_source", "drop_stale", "drop_out_of_window", "stream_errors",
-    "status_unpadded", "control", "control_refused", "drop_unauthenticated",
+    "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
+    "stream_errors", "status_unpadded", "control", "control_refused", "drop_unauthenticated",
     "drop_control_busy",
 )
 
@@ -64,6 +64,8 @@ JOB_REGS = (
     Reg("mcast_port", 8, 16, "rw", "UDP port of the multicast group"),
     Reg("enable", 9, 1, "rw", "write 1: queue a reset of the job's slots, then enable it "
         "(reads 1 once done); 0: disable (cancels a queued or running reset)"),
+    Reg("session_hi", 10, 32, "rw", "the run's session id, top 32 bits (DATA must carry it)"),
+    Reg("session_lo", 11, 32, "rw", "the run's session id, low 32 bits"),
 )
 
 MEMBER_BASE = 0x1000
@@ -115,6 +117,7 @@ def config_writes(cfg, job_index: int, *, clock_hz: float, window_max: int,
         "deadline": deadline_cycles, "mcast_en": int(cfg.mcast is not None),
         "mcast_ip": int(ipaddress.IPv4Address(cfg.mcast[0])) if cfg.mcast else 0,
         "mcast_port": cfg.mcast[1] if cfg.mcast else 0,
+        "session_hi": cfg.session >> 32, "session_lo": cfg.session & 0xFFFFFFFF,
     }
     out += [(job_reg_addr(job_index, k), v) for k, v in vals.items()]
     for i, m in enumerate(cfg.members):

@@ -1,7 +1,8 @@
 """scapy view of the wire format: an ``INA`` layer bound to the INA UDP port."""
 
 from scapy.fields import (ByteEnumField, ByteField, FieldListField, FlagsField, IntField,
-                          ShortField, SignedByteField, SignedIntField, XIntField)
+                          ShortField, SignedByteField, SignedIntField, XIntField,
+                          XLongField)
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
 
@@ -18,6 +19,8 @@ def _scapy_field(f):
         return FlagsField(f.name, 0, f.bits, [m.name for m in sorted(f.flags, key=int)])
     if f.name == "bitmap":
         return XIntField(f.name, 0)
+    if f.name == "session":
+        return XLongField(f.name, 0)
     table = {(8, False): ByteField, (8, True): SignedByteField,
              (16, False): ShortField, (32, False): IntField}
     return table[(f.bits, f.signed)](f.name, VERSION if f.name == "version" else 0)

@@ -11,7 +11,7 @@ from .fields import HEADER_FIELDS, HEADER_BYTES
 
 __all__ = ["HEADER_STRUCT"] + [f"H_{f.name.upper()}" for f in HEADER_FIELDS]
 
-_CODE = {8: "b", 16: "h", 32: "i"}
+_CODE = {8: "b", 16: "h", 32: "i", 64: "q"}
 
 HEADER_STRUCT = struct.Struct(">" + "".join(
     _CODE[f.bits] if f.signed else _CODE[f.bits].upper() for f in HEADER_FIELDS))

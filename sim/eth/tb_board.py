@@ -32,7 +32,7 @@ BOARD_IP = os.environ.get("BOARD_IP", "10.0.0.2")
 def job_from_env() -> JobConfig:
     d = json.loads(os.environ["BOARD_TEST_JOB"])
     return JobConfig(d["job"], tuple(d["members"]), window=d["window"],
-                     elements=d["elements"], mode="reliable")
+                     elements=d["elements"], mode="reliable", session=d["session"])
 
 
 def port_of(ip: str) -> int:
@@ -89,7 +89,7 @@ class BoardTB(TB):
 
     def data_frame(self, w, seq, elems, exponent=0):
         m = self.job.members[w]
-        dgram = pack(elems, job=self.job.job, seq=seq, worker=w, exponent=exponent)
+        dgram = pack(elems, job=self.job.job, session=self.job.session, seq=seq, worker=w, exponent=exponent)
         pkt = Ether(dst=BOARD_MAC, src=m.mac) / IP(src=m.ip, dst=BOARD_IP) / \
             UDP(sport=m.port, dport=INA_UDP_PORT) / dgram
         return dgram, (m.ip, m.port), pkt

@@ -1,6 +1,6 @@
 """Datagram <-> stream beats for the INA core (plain Python, no simulator needed).
 
-A datagram's words are big-endian 32-bit; the 5 header words fill ceil(5/L) beats, then
+A datagram's words are big-endian 32-bit; the 7 header words fill ceil(7/L) beats, then
 the elements start on a new beat (hw/ina/layout.py). Payloads are packed into the flat
 integer a simulator sees on ``i__payload`` / ``o__payload`` from the Amaranth layouts.
 """

@@ -5,8 +5,8 @@ to the slots. The same datagrams go to the core and the model (sim/ina/scoreboar
 import dataclasses
 
 from ina_fabric.protocol.auth import seal, STATUS_MIN_REQUEST, STATUS_MAX_REQUEST
-from ina_fabric.protocol.fields import MsgType
-from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.fields import MsgType, HEADER_BYTES
+from ina_fabric.protocol.jobtable import JobConfig, ENTRY_DTYPE, MEMBER_DTYPE, removal_entry
 from ina_fabric.protocol.numpy_view import pack
 
 __all__ = ["KEY", "scenario", "busy_pair", "CONTROL_GAP"]
@@ -21,11 +21,15 @@ STATUS_GAP = 20000
 ADMIN = ("10.0.0.1", 4000)
 
 
-def _job(job, n, mode="reliable", deadline=0.001, window=2, mcast=None):
+#: the sessions of the scenario's runs (fixed, so that a run is repeatable)
+S1, S2, S3 = 0x1122334455667788, 0xFEDCBA9876543210, 0x00000000000000A5
+
+
+def _job(job, n, mode="reliable", deadline=0.001, window=2, mcast=None, session=S1):
     mem = tuple(f"10.0.{job}.{k + 1}:{5000 + k}@02:00:00:00:{job:02x}:{k + 1:02x}"
                 for k in range(n))
     return JobConfig(job, mem, window=window, elements=4, deadline=deadline, mode=mode,
-                     mcast=mcast)
+                     mcast=mcast, session=session)
 
 
 def _ctl(cfg_bytes, nonce, key=KEY):
@@ -34,7 +38,7 @@ def _ctl(cfg_bytes, nonce, key=KEY):
 
 def _d(cfg, w, seq):
     vals = [w + 1, -(w + 1), 1000 * w + seq, seq]
-    return pack(vals, job=cfg.job, worker=w, seq=seq), cfg.members[w].addr
+    return pack(vals, job=cfg.job, worker=w, seq=seq, session=cfg.session), cfg.members[w].addr
 
 
 def scenario(jobs_max: int):
@@ -83,7 +87,8 @@ def scenario(jobs_max: int):
     e[4:6] = (3).to_bytes(2, "big")                                 # window 3
     ctl(_ctl(bytes(e), next(nonce)))
     e = bytearray(a.to_bytes())
-    e[20 + 24:20 + 30] = e[20 + 12:20 + 18]                         # duplicate member
+    E, M = ENTRY_DTYPE.itemsize, MEMBER_DTYPE.itemsize
+    e[E + 2 * M:E + 2 * M + 6] = e[E + M:E + M + 6]                 # duplicate member
     ctl(_ctl(bytes(e), next(nonce)))
     e = bytearray(a.to_bytes())
     e[2] = 2                                                        # 2 members, 3 sent
@@ -92,26 +97,38 @@ def scenario(jobs_max: int):
     # a second job fills the table; a third is refused; removal
     ctl(_ctl(b.to_bytes(), next(nonce)))
     # STATUS: answered (both jobs), another key, too long
-    req = pack(None, type=MsgType.STATUS_REQ) + bytes(STATUS_MIN_REQUEST - 20 - 24)
+    req = pack(None, type=MsgType.STATUS_REQ) + bytes(STATUS_MIN_REQUEST - HEADER_BYTES - 24)
     ctl(seal(req, KEY, next(nonce)), STATUS_GAP)
     ctl(seal(req, b"\x02" * 32, next(nonce)), STATUS_GAP)
     ctl(seal(req + bytes(STATUS_MAX_REQUEST), KEY, next(nonce)))
     data(_d(b, 0, 0))                                               # PARTIAL later
     if jobs_max == 2:
         ctl(_ctl(_job(11, 2).to_bytes(), next(nonce)))              # table full: refused
-    ctl(_ctl(_job(7, 40 // 10).to_bytes(), next(nonce)))            # job 7 replaced
-    data(_d(_job(7, 4), 3, 0), _d(_job(7, 4), 0, 0))
-    rm = bytearray(pack(None, type=MsgType.CONTROL) + _job(9, 2).to_bytes()[:20])
-    rm[20 + 2] = 0
-    ctl(seal(bytes(rm), KEY, next(nonce)))                          # remove job 9
+    # sessions: job 7 is held by S1 (active): another run's install, update and removal
+    # are refused, its DATA dropped; S1's own install of 4 workers replaces it
+    a2 = _job(7, 4, session=S2)
+    ctl(_ctl(a2.to_bytes(), next(nonce)))                           # taken: refused
+    ctl(_ctl(dataclasses.replace(a, session=S2, deadline=0.003).to_bytes(update=True),
+             next(nonce)))                                          # update: refused
+    ctl(_ctl(removal_entry(7, S2), next(nonce)))                    # removal: refused
+    data(_d(a2, 0, 3))                                              # drop_bad_session
+    a4 = _job(7, 4)
+    ctl(_ctl(a4.to_bytes(), next(nonce)))                           # job 7 replaced
+    data(_d(a4, 3, 0), _d(a4, 0, 0))
+    ctl(_ctl(removal_entry(9, S1), next(nonce)))                    # remove job 9 (its own)
     data(_d(b, 1, 1))                                               # unknown job
+    b3 = _job(9, 2, session=S3)
+    ctl(_ctl(b3.to_bytes(), next(nonce)))                           # id 9 free: S3 takes it
+    ctl(seal(req, KEY, next(nonce)), STATUS_GAP)                    # STATUS: sessions
+    ctl(_ctl(removal_entry(9), next(nonce)))                        # session 0: any
     # a STATUS_REQ too short to be answered
     data((pack(None, type=MsgType.STATUS_REQ), ADMIN))
     gaps = [g + gaps_after.get(k, 0) for k, g in enumerate(gaps)]
     # the PARTIAL of job 9's first seq 0 fires in the gap after the CONTROL behind it
-    expect = {"control": 6, "control_refused": 2 + (jobs_max == 2),
-              "drop_unauthenticated": 4, "drop_malformed": 6, "status_requests": 4,
-              "status_unpadded": 2, "drop_unknown_job": 1, "partials": 1}
+    expect = {"control": 8, "control_refused": 5 + (jobs_max == 2),
+              "drop_unauthenticated": 4, "drop_malformed": 6, "status_requests": 5,
+              "status_unpadded": 2, "drop_unknown_job": 1, "partials": 1,
+              "drop_bad_session": 1}
     return t, gaps, expect
 
 

@@ -38,7 +38,7 @@ import os
 
 import numpy as np
 
-from ina_fabric.protocol.fields import MsgType, Flags, field_offsets
+from ina_fabric.protocol.fields import MsgType, Flags, field_offsets, HEADER_BYTES
 from ina_fabric.protocol.jobtable import JobConfig
 from ina_fabric.protocol.numpy_view import pack, HEADER_DTYPE
 from ina_fabric.hw.ina.header import DEC_LAT
@@ -91,7 +91,7 @@ class Coverage:
 RULE_COUNTERS = ("accepted", "results", "partials", "duplicates", "late", "resent",
                  "overflows", "status_requests", "drop_truncated", "drop_malformed",
                  "drop_bad_version", "drop_unknown_job", "drop_unknown_source",
-                 "drop_stale", "drop_out_of_window")
+                 "drop_bad_session", "drop_stale", "drop_out_of_window")
 
 
 class CovScoreboard(Scoreboard):
@@ -145,10 +145,10 @@ class CovScoreboard(Scoreboard):
         cov, m = self.cov, self.model
         self._near_deadline(dgram, now)
         self.tick(now)          # deadline results first, each triggered by its deadline
-        if len(dgram) >= 20 and dgram[1] == MsgType.DATA:
+        if len(dgram) >= HEADER_BYTES and dgram[1] == MsgType.DATA:
             h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
             js = m.jobs.get(int(h["job"]))
-            if js is not None and len(dgram) == 20 + 4 * int(h["nelem"]):
+            if js is not None and len(dgram) == HEADER_BYTES + 4 * int(h["nelem"]):
                 seq, w = int(h["seq"]), js.cfg.window
                 slot = js.slots[(seq // w) % 2][seq % w]
                 if seq == (slot.tag + 2 * w) & MASK and slot.complete:
@@ -160,10 +160,10 @@ class CovScoreboard(Scoreboard):
                     if abs(d - 2**31) <= 2 * w + 2:
                         cov.hit(("stale" if 0 < d < 2**31 else "out of window")
                                 + " within 2W of the 2^31 boundary")
-        if len(dgram) >= 20:
+        if len(dgram) >= HEADER_BYTES:
             h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
             self.history[(int(h["job"]), int(h["seq"]))].append(
-                (now, int(h["worker"]), int(h["type"]), len(dgram), source, dgram[:20].hex()))
+                (now, int(h["worker"]), int(h["type"]), len(dgram), source, dgram[:HEADER_BYTES].hex()))
         before = dict(m.counters)
         self._cur = [None, "packet"]    # the time: the packet's last beat
         self._emitted = []
@@ -180,7 +180,7 @@ class CovScoreboard(Scoreboard):
     def _near_deadline(self, dgram, now):
         """Before the model ticks: a DATA packet for an open slot of a bounded job at
         (or one cycle before) the slot's deadline."""
-        if len(dgram) < 20 or dgram[1] != MsgType.DATA:
+        if len(dgram) < HEADER_BYTES or dgram[1] != MsgType.DATA:
             return
         h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
         js = self.model.jobs.get(int(h["job"]))
@@ -206,7 +206,7 @@ class CovScoreboard(Scoreboard):
 
     def output(self, dgram, side):
         super().output(dgram, side)
-        key = _key(dgram) if len(dgram) >= 20 else (-1, -1)
+        key = _key(dgram) if len(dgram) >= HEADER_BYTES else (-1, -1)
         self.got_time.setdefault(key, []).append(self._out_first)
 
     def check_model_only(self):
@@ -343,9 +343,11 @@ def cov_jobs(P, bounded_index, deadline_cycles, seed):
         if j == bounded_index:
             jobs.append(JobConfig(jid, mem, window=w, elements=P.elements,
                                   deadline=float(deadline_cycles), mode="bounded",
-                                  mcast=("239.2.0.%d" % (j + 1), 7100 + j)))
+                                  mcast=("239.2.0.%d" % (j + 1), 7100 + j),
+                                  session=0xC0DE_0000_0000 + jid))
         else:
-            jobs.append(JobConfig(jid, mem, window=w, elements=P.elements, mode="reliable"))
+            jobs.append(JobConfig(jid, mem, window=w, elements=P.elements, mode="reliable",
+                                  session=0xC0DE_0000_0000 + jid))
     return jobs
 
 
@@ -374,13 +376,13 @@ def cov_traffic(jobs, P, n_seq, seed, bases):
                     lo, hi = ovf_beat * P.lanes, min(nelem, (ovf_beat + 1) * P.lanes)
                     vals[lo:hi] = sign * (2**31 - 1 - int(rng.integers(0, 3)))
                 vals = vals.astype(np.int32)
-                d = pack(vals, job=cfg.job, worker=w, seq=seq, exponent=exp)
+                d = pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp)
                 key = k + rng.random() * 0.4 * W
                 if rng.random() < 0.06:
                     if bounded and rng.random() < 0.5:
                         continue                          # lost for good: PARTIAL
                     key += W * (0.6 + 0.8 * rng.random()) if bounded else 0.8 * W
-                    d = pack(vals, job=cfg.job, worker=w, seq=seq, exponent=exp,
+                    d = pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp,
                              flags=Flags.RETRANSMIT)
                 add(key, d, src)
                 if rng.random() < 0.03:
@@ -389,17 +391,19 @@ def cov_traffic(jobs, P, n_seq, seed, bases):
                     add(key + W * (0.6 + 0.8 * rng.random()), d, src)     # late repeat
                 # every kind of bad datagram at least once per job (then at random)
                 forced = k == n_seq // 2 and w == 0
-                for kind in (range(12) if forced else
-                             [int(rng.integers(0, 12))] if rng.random() < 0.08 else []):
+                for kind in (range(13) if forced else
+                             [int(rng.integers(0, 13))] if rng.random() < 0.08 else []):
                     if kind == 9:
                         add(key + rng.random(), d, ("10.9.9.9", src[1]))
                     elif kind == 10:
-                        b = bytearray(d[:20]); b[1] = MsgType.STATUS_REQ
+                        b = bytearray(d[:HEADER_BYTES]); b[1] = MsgType.STATUS_REQ
                         add(key + rng.random(), bytes(b), src)
                     elif kind == 11:    # about 2^31 away: stale or out of window
                         far = (seq + 2**31 + int(rng.integers(-2 * W - 1, 2 * W + 2))) & MASK
                         b = bytearray(d); b[8:12] = far.to_bytes(4, "big")
                         add(key + rng.random(), bytes(b), src)
+                    elif kind == 12:    # another run's session
+                        add(key + rng.random(), _bad(rng, 11, cfg, seq, d), src)
                     elif kind == 7:     # ahead of the window
                         b = bytearray(d); b[8:12] = ((seq + 5 * W) & MASK).to_bytes(4, "big")
                         add(key + rng.random(), bytes(b), src)
@@ -421,8 +425,8 @@ def deadline_sweep(cfg, P, seq0, deltas):
     seq = seq0
     for dl in deltas:
         vals = list(range(1, cfg.elements + 1))
-        a = pack(vals, job=cfg.job, worker=0, seq=seq)
-        b = pack(vals, job=cfg.job, worker=1, seq=seq)
+        a = pack(vals, job=cfg.job, session=cfg.session, worker=0, seq=seq)
+        b = pack(vals, job=cfg.job, session=cfg.session, worker=1, seq=seq)
         t += [(a, cfg.members[0].addr), (b, cfg.members[1].addr)]
         # the previous pair's slot must be out of the way: wait past its deadline
         # (the wait varies, so the scanner's visit falls at another point each time)
@@ -444,7 +448,7 @@ def reuse_sweep(cfg, P, gaps_range):
         for s, gap0 in ((a, 30), (a + 2 * W, g)):
             for w in range(cfg.n):
                 vals = [w + 1] * cfg.elements
-                t.append((pack(vals, job=cfg.job, worker=w, seq=s), cfg.members[w].addr))
+                t.append((pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=s), cfg.members[w].addr))
                 gaps.append(gap0 if w == 0 else 0)
     return t, gaps
 
@@ -452,7 +456,7 @@ def reuse_sweep(cfg, P, gaps_range):
 def expire_all(cfg, P, seq0):
     """Worker 0 opens 2W consecutive seqs (one per record; ``seq0``: the seq after the
     last one the job used); nobody completes them: the scanner must fire each record."""
-    t = [(pack([7] * cfg.elements, job=cfg.job, worker=0, seq=seq0 + k),
+    t = [(pack([7] * cfg.elements, job=cfg.job, session=cfg.session, worker=0, seq=seq0 + k),
           cfg.members[0].addr) for k in range(2 * cfg.window)]
     return t, [0] * len(t)
 
@@ -469,5 +473,5 @@ def overflow_beats(cfg, P, tags):
             vals = [1] * cfg.elements
             for k in range(b * P.lanes, min(cfg.elements, (b + 1) * P.lanes)):
                 vals[k] = 2**31 - 1
-            t.append((pack(vals, job=cfg.job, worker=w, seq=seq), cfg.members[w].addr))
+            t.append((pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq), cfg.members[w].addr))
     return t

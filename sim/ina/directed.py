@@ -3,7 +3,7 @@
 model counters). The scoreboard checks the core against the model on each; the
 expected counters check that the scenario really exercises its row."""
 
-from ina_fabric.protocol.fields import MsgType
+from ina_fabric.protocol.fields import MsgType, HEADER_BYTES
 from ina_fabric.protocol.jobtable import JobConfig
 from ina_fabric.protocol.numpy_view import pack
 
@@ -16,12 +16,12 @@ def _job(job=7, n=3, window=2, mode="reliable", deadline=1.0, mcast=None, elemen
     mem = tuple(f"10.0.{job}.{k + 1}:{5000 + k}@02:00:00:00:{job:02x}:{k + 1:02x}"
                 for k in range(n))
     return JobConfig(job, mem, window=window, elements=elements, deadline=deadline,
-                     mode=mode, mcast=mcast)
+                     mode=mode, mcast=mcast, session=0xD1EC_7ED0_0000 + job)
 
 
 def _d(cfg, w, seq, vals=None, exp=0, **kw):
     vals = vals if vals is not None else [w + 1, -(w + 1), 1000 * w, seq & 0xFFFF]
-    return pack(vals, job=cfg.job, worker=w, seq=seq, exponent=exp, **kw), cfg.members[w].addr
+    return pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp, **kw), cfg.members[w].addr
 
 
 def _plain(traffic, expect, jobs, gaps=None):
@@ -83,7 +83,7 @@ def bad_inputs():
     t = [(good[:12], src), (good[:-4], src), (good + b"\0\0\0\0", src), (good + b"\0", src)]
     b = bytearray(good); b[0] = 3; t.append((bytes(b), src))
     b = bytearray(good); b[1] = MsgType.CONTROL; t.append((bytes(b), src))
-    b = bytearray(good); b[1] = MsgType.STATUS_REQ; t.append((bytes(b[:20]), src))
+    b = bytearray(good); b[1] = MsgType.STATUS_REQ; t.append((bytes(b[:HEADER_BYTES]), src))
     b = bytearray(good); b[4:6] = b"\x04\xd2"; t.append((bytes(b), src))
     b = bytearray(good); b[6] = 5; t.append((bytes(b), src))
     t.append((good, ("10.9.9.9", 5000)))
@@ -132,7 +132,8 @@ SCENARIOS = {f.__name__: f for f in (
 def b2b_jobs(P, n=4, mcast=True):
     mem = tuple(f"10.1.0.{k + 1}:{5000 + k}@02:00:00:01:00:{k + 1:02x}" for k in range(n))
     return [JobConfig(3, mem, window=P.window, elements=P.elements, mode="reliable",
-                      mcast=("239.3.3.3", 7003) if mcast else None)]
+                      mcast=("239.3.3.3", 7003) if mcast else None,
+                      session=0xB2B0_0000_0003)]
 
 
 def b2b_traffic(jobs, n_seq):

@@ -260,6 +260,7 @@ class CoreTB:
                     if first_cycle is None:
                         first_cycle = now
                 last_cycle = now
+                idle = 0        # the drain counts from the last input or output
                 bi += 1
                 if bi == len(beats) and on_last is not None:
                     on_last(now)

@@ -23,7 +23,7 @@ import ipaddress
 import numpy as np
 
 from ina_fabric.host.switch.model import SwitchModel
-from ina_fabric.protocol.fields import MsgType
+from ina_fabric.protocol.fields import MsgType, HEADER_BYTES
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 from ina_fabric.hw.ina.replicator import ipv4_header
 from ina_fabric.hw.ina.regs import COUNTER_NAMES
@@ -65,7 +65,7 @@ class Scoreboard:
 
     def packet(self, dgram, source, now):
         self.n_in += 1
-        if len(dgram) >= 20:
+        if len(dgram) >= HEADER_BYTES:
             h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
             self.history[(int(h["job"]), int(h["seq"]))].append(
                 (now, int(h["worker"]), int(h["type"]), len(dgram), source))
@@ -96,7 +96,7 @@ class Scoreboard:
             self.got[("reply", 0)].append((dst, dgram))
             return
         job = None
-        if len(dgram) >= 20:    # (a job installed by CONTROL is the model's)
+        if len(dgram) >= HEADER_BYTES:    # (a job installed by CONTROL is the model's)
             js = self.model.jobs.get(_key(dgram)[0])
             job = js.cfg if js is not None else self.jobs.get(_key(dgram)[0])
         if job is not None:
@@ -110,7 +110,7 @@ class Scoreboard:
                 mac = int(mem.mac.replace(":", ""), 16)
             if side["dst_mac"] != mac:
                 raise ScoreboardError(f"dst MAC {side['dst_mac']:012x} != {mac:012x}")
-        self.got[_key(dgram) if len(dgram) >= 20 else (-1, -1)].append((dst, dgram))
+        self.got[_key(dgram) if len(dgram) >= HEADER_BYTES else (-1, -1)].append((dst, dgram))
 
     def check(self):
         """Raise on the first slot whose outputs differ; return a summary."""
@@ -135,7 +135,7 @@ class Scoreboard:
             return want == got
         for (wd, wb), (gd, gb) in zip(want, got):
             if (wd, wb) != (gd, gb):
-                print(f"reply differs: model {wd} {wb[20:]!r}\n  core {gd} {gb[20:]!r}")
+                print(f"reply differs: model {wd} {wb[HEADER_BYTES:]!r}\n  core {gd} {gb[HEADER_BYTES:]!r}")
         return all((wd, wb) == (gd, gb) or (wd == gd and self.status_page_matches(wb, gb))
                    for (wd, wb), (gd, gb) in zip(want, got))
 
@@ -150,7 +150,7 @@ class Scoreboard:
         if g is None or w[1] != g[1]:
             return False
         try:
-            wj, gj = json.loads(w[0][20:]), json.loads(g[0][20:])
+            wj, gj = json.loads(w[0][HEADER_BYTES:]), json.loads(g[0][HEADER_BYTES:])
         except ValueError:
             return False
         if "counters" not in wj or gj.get("next_job", 0) is not None:
@@ -159,7 +159,7 @@ class Scoreboard:
         if len(common) < len(wj["counters"]) or any(
                 wj["counters"][n] != gj["counters"][n] for n in common):
             return False
-        keys = ("elements", "mode", "window", "workers")
+        keys = ("elements", "mode", "session", "window", "workers")
         return {j: {k: v[k] for k in keys} for j, v in wj["jobs"].items()} == gj["jobs"]
 
     def check_counters(self, hw: dict):

@@ -13,6 +13,7 @@ from .harness import CoreTB
 from .scoreboard import Scoreboard
 from .traffic import generate, make_jobs, Mix
 from . import directed
+from ina_fabric.hw.ina.params import HEADER_WORDS
 
 
 def _env(name, default):
@@ -93,7 +94,8 @@ async def test_back_to_back(dut):
     sb.check()
     sb.check_counters(await tb.counters())
     P = tb.P
-    beats = sum(-(-(len(d) // 4 - 5) // P.lanes) + P.header_beats for d, _ in traffic)
+    beats = sum(-(-(len(d) // 4 - HEADER_WORDS) // P.lanes) + P.header_beats
+                for d, _ in traffic)
     cycles = last - first + 1
     dut._log.info(f"back-to-back: {len(traffic)} packets, {cycles} cycles, "
                   f"{beats} beats (ideal), {cycles / len(traffic):.3f} cycles/packet")

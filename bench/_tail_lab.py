@@ -1,0 +1,259 @@
+"""``ina bench tail --lab rack``: bounded-time reductions against real Gloo on the lab's
+links, under tails that the network and the compute produce.
+
+One rack lab (``--workers`` training hosts h0.., two more hosts for background traffic),
+and per *tail level*:
+
+* background flows (``host.lab.traffic``) from the extra hosts into the training hosts'
+  downlinks: real tbf queues that every protocol crossing those links meets;
+* compute stragglers: before each step every rank sleeps a lognormal draw (median,
+  P99/P50), seeded by (seed, step, rank): the same schedule on every backend.
+
+Every backend trains the same workload for the same number of steps (no early stop, so
+final accuracies compare at equal steps), one ``torchrun`` per host namespace; Gloo with a
+timing hook, so its per-call allreduce time (bucket ready to sum in, as every backend's)
+gives the measured P99/P50 of the level. Per (backend, level), one row: ``backend``,
+``level``, ``gloo_p99_over_p50`` (measured in that level's Gloo run), ``p50_ms``/``p99_ms``
+(this backend's allreduce calls on rank 0), ``bytes_per_step_per_link`` (tbf byte
+counters of the training hosts' uplinks over the run, per step, mean over hosts),
+``time_to_accuracy_s``, ``tta_speedup_vs_gloo``, ``final_accuracy``,
+``dropped_fraction`` (mean per call), ``replicas_identical`` and ``lab: true``.
+The flows start fresh with each run, so each backend meets the same on/off schedule from
+its own start (torchrun's start-up, a few seconds, falls in it too).
+"""
+
+import json
+import os
+import pathlib
+import tempfile
+import time
+
+import numpy as np
+
+LAB_BACKENDS = {
+    "gloo": "gloo",
+    "tar-udp": "ina_fabric.host.collectives.plugin:tar_udp",
+    "tar-udp-repair": "ina_fabric.host.collectives.plugin:tar_udp_repair",
+    "tar-udp-hadamard": "ina_fabric.host.collectives.plugin:tar_udp_hadamard",
+    "tar-tcp": "ina_fabric.host.collectives.plugin:tar_tcp",
+    "ina": "ina",
+    "ina-bounded": "ina-bounded",
+}
+
+# Tail levels: background flows (kind, src, dst, on_ms, off_ms, udp rate) and stragglers
+# (median ms, P99/P50). "b0", "b1" are the background hosts, "w0".. the training hosts.
+# On our shared 2-core machines Gloo's P99/P50 is about 2.5 with no load at all (CPU
+# contention between the ranks and other jobs); "mid" and "high" were chosen from
+# gloo-only runs (`--lab-backends gloo --levels ...`): "stragglers" alone gave 5.0,
+# "flows" alone 6.8-8.6 (digits, 100 Mbit, 150 steps).
+LEVELS = {
+    "none": {"flows": [], "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    "mid": {"flows": [("udp", "b0", "w0", 40, 60, "60mbit")],
+            "straggler_ms": 2.0, "straggler_ratio": 3.0},
+    "high": {"flows": [("tcp", "b0", "w0", 300, 700, None),
+                       ("tcp", "b1", "w2", 300, 700, None)],
+             "straggler_ms": 5.0, "straggler_ratio": 10.0},
+    "stragglers": {"flows": [], "straggler_ms": 5.0, "straggler_ratio": 20.0},
+    "flows": {"flows": [("tcp", "b0", "w0", 300, 700, None),
+                        ("tcp", "b1", "w2", 300, 700, None)],
+              "straggler_ms": 0.0, "straggler_ratio": 1.0},
+}
+
+
+def _host(name, workers):
+    return f"h{int(name[1:])}" if name[0] == "w" else f"h{workers + int(name[1:])}"
+
+
+def _flows(level, workers, seconds):
+    from ina_fabric.host.lab.traffic import Flow
+    out = []
+    for kind, src, dst, on, off, rate in LEVELS[level]["flows"]:
+        out.append(Flow(kind, _host(src, workers), _host(dst, workers), seconds=seconds,
+                        on_ms=on, off_ms=off, rate=rate or "10mbit"))
+    return out
+
+
+def _uplink_bytes(lab, hosts):
+    from ina_fabric.host.lab.status import link_counters
+    c = link_counters(lab)
+    return {h: c[h]["up"].get("bytes", 0) for h in hosts}
+
+
+def _one(lab, backend, level, args, logdir, switch, elements, job=7):
+    from ina_fabric.host.ddp.train import TrainConfig, run_training_lab
+    from ina_fabric.host.lab import traffic
+    lv = LEVELS[level]
+    os.environ["INA_TAR_LOG"] = logdir
+    os.environ["INA_TAR_ELEMENTS"] = str(elements)
+    cfg = TrainConfig(workload=args.workload, workers=args.workers,
+                      backend=LAB_BACKENDS[backend], seed=args.seed,
+                      max_steps=args.steps, max_epochs=10_000, stop_at_target=False,
+                      eval_every=args.eval_every, elements=elements, switch=switch,
+                      deadline_ms=args.switch_deadline_ms, time_gloo=True,
+                      straggler_ms=lv["straggler_ms"],
+                      straggler_p99_over_p50=lv["straggler_ratio"], job=job)
+    hosts = lab.hosts[:args.workers]
+    names = traffic.start(lab, _flows(level, args.workers, args.flow_seconds))
+    try:
+        b0 = _uplink_bytes(lab, hosts)
+        res = run_training_lab(cfg, lab, timeout=args.flow_seconds)
+        b1 = _uplink_bytes(lab, hosts)
+    finally:
+        for n in names:
+            lab.stop_service(n)
+    recs = []
+    p = pathlib.Path(logdir) / "rank0.json"
+    if p.exists():
+        recs = [r for r in json.loads(p.read_text())["records"] if not r.get("calibrating")]
+        p.unlink()
+    calls = np.asarray(res.call_seconds[args.skip_calls:], float)
+    if recs:
+        dropped = float(np.mean([r.get("dropped_fraction", r.get("lost_fraction", 0.0))
+                                 for r in recs]))
+    elif backend == "ina-bounded" and res.stats.get("elements"):
+        # the switch reports entries of partial results; at least one of N is missing
+        dropped = res.stats["entries_lost"] / res.stats["elements"] / args.workers
+    else:
+        dropped = 0.0
+    steps = max(res.steps, 1)
+    return {
+        "backend": backend, "level": level, "lab": True,
+        "time_to_accuracy_s": res.time_to_accuracy,
+        "final_accuracy": res.final_accuracy, "steps": res.steps,
+        "seconds": res.seconds,
+        "p50_ms": 1e3 * float(np.median(calls)) if calls.size else None,
+        "p99_ms": 1e3 * float(np.percentile(calls, 99)) if calls.size else None,
+        "calls": int(calls.size),
+        "bytes_per_step_per_link": float(np.mean([b1[h] - b0[h] for h in hosts])) / steps,
+        "dropped_fraction": dropped,
+        "replicas_identical": len(set(res.param_hashes)) == 1,
+        "curve": [(t, acc) for t, _, _, acc in res.curve],
+        "call_ms": [round(1e3 * c, 3) for c in res.call_seconds],
+    }
+
+
+def run(args):
+    from ina_fabric.host.lab import available, training_lab
+    from ina_fabric.bench import _results
+    why = available()
+    if why:
+        print(f"ina bench tail --lab: {why}")
+        return 2
+    levels = args.levels.split(",")
+    backends = args.backends.split(",")
+    bad = [x for x in levels if x not in LEVELS] + [b for b in backends
+                                                     if b not in LAB_BACKENDS]
+    if bad:
+        print(f"ina bench tail --lab: unknown level or backend {bad[0]!r} (levels: "
+              f"{', '.join(LEVELS)}; backends: {', '.join(LAB_BACKENDS)})")
+        return 2
+    if "gloo" not in backends:
+        backends.insert(0, "gloo")
+    sets = {"rate": args.rate, "queue_ms": args.queue_ms}
+    t0 = time.time()
+    lab, switch, elements = training_lab(args.lab, args.workers + 2, sets, args.lab_id)
+    print(f"lab {lab.id}: {args.workers} training hosts + 2 background hosts at "
+          f"{args.rate}, queue {args.queue_ms} ms, {elements} elements per datagram",
+          flush=True)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="ina-tail-lab-") as logdir:
+            for level in levels:
+                for rep in range(args.repeats):
+                    for b in backends:
+                        # a job id per run: the switch holds a job id for its session
+                        # a while after the run (issue 17), so the next run takes another
+                        r = _one(lab, b, level, args, logdir, switch, elements,
+                                 job=100 + len(rows))
+                        r["repeat"] = rep
+                        rows.append(r)
+                        print(f"{level:5s} {b:16s} tta "
+                              f"{r['time_to_accuracy_s'] or float('nan'):6.2f} s  "
+                              f"acc {r['final_accuracy']:.3f}  P50 {r['p50_ms'] or 0:6.1f} "
+                              f"ms  P99 {r['p99_ms'] or 0:6.1f} ms  dropped "
+                              f"{100 * r['dropped_fraction']:.2f}%  "
+                              f"{r['bytes_per_step_per_link'] / 1e3:.0f} kB/step/link",
+                              flush=True)
+    finally:
+        lab.down()
+    table = summarize(rows, levels, backends)
+    figs = {"config": {"lab": args.lab, "rate": args.rate, "queue_ms": args.queue_ms,
+                       "workers": args.workers, "workload": args.workload,
+                       "steps": args.steps, "eval_every": args.eval_every,
+                       "seed": args.seed, "repeats": args.repeats,
+                       "levels": {k: LEVELS[k] for k in levels},
+                       "switch_deadline_ms": args.switch_deadline_ms,
+                       "elements": elements},
+            "rows": table, "runs": rows, "seconds": time.time() - t0}
+    if args.png:
+        plot(rows, levels, backends, args.png)
+    _results.write(args.name, json.loads(json.dumps(figs, default=float)))
+    return 0
+
+
+def summarize(rows, levels, backends):
+    """One row per (backend, level): medians over repeats; ratios to Gloo's run of the
+    same level and repeat."""
+    out = []
+    print(f"\n{'level':6s} {'backend':16s} {'gloo P99/P50':>12s} {'P50 ms':>7s} "
+          f"{'P99 ms':>7s} {'kB/step/link':>12s} {'dropped':>8s} {'TTA s':>6s} "
+          f"{'vs gloo':>8s} {'final acc':>9s} {'replicas':>9s}")
+    for level in levels:
+        gl = {r["repeat"]: r for r in rows if r["level"] == level and r["backend"] == "gloo"}
+        ratio = [g["p99_ms"] / g["p50_ms"] for g in gl.values() if g["p50_ms"]]
+        g_ratio = float(np.median(ratio)) if ratio else None
+        for b in backends:
+            rs = [r for r in rows if r["level"] == level and r["backend"] == b]
+            sp = [gl[r["repeat"]]["time_to_accuracy_s"] / r["time_to_accuracy_s"]
+                  for r in rs if r["time_to_accuracy_s"]
+                  and gl[r["repeat"]]["time_to_accuracy_s"]]
+            ttas = [r["time_to_accuracy_s"] for r in rs if r["time_to_accuracy_s"]]
+            med = lambda k: float(np.median([r[k] for r in rs if r[k] is not None])) \
+                if any(r[k] is not None for r in rs) else None
+            row = {"backend": b, "level": level, "lab": True, "gloo_p99_over_p50": g_ratio,
+                   "p50_ms": med("p50_ms"), "p99_ms": med("p99_ms"),
+                   "bytes_per_step_per_link": med("bytes_per_step_per_link"),
+                   "dropped_fraction": med("dropped_fraction"),
+                   "time_to_accuracy_s": float(np.median(ttas)) if ttas else None,
+                   "tta_speedup_vs_gloo": float(np.median(sp)) if sp else None,
+                   "tta_speedup_min_max": [min(sp), max(sp)] if sp else None,
+                   "final_accuracy": med("final_accuracy"),
+                   "gloo_final_accuracy": float(np.median([g["final_accuracy"]
+                                                           for g in gl.values()])),
+                   "replicas_identical": all(r["replicas_identical"] for r in rs),
+                   "runs": len(rs)}
+            out.append(row)
+            f = lambda v, fmt: format(v, fmt) if v is not None else "-"
+            print(f"{level:6s} {b:16s} {f(g_ratio, '12.2f')} {f(row['p50_ms'], '7.1f')} "
+                  f"{f(row['p99_ms'], '7.1f')} "
+                  f"{f(row['bytes_per_step_per_link'] and row['bytes_per_step_per_link'] / 1e3, '12.0f')} "
+                  f"{100 * (row['dropped_fraction'] or 0):7.2f}% "
+                  f"{f(row['time_to_accuracy_s'], '6.2f')} "
+                  f"{f(row['tta_speedup_vs_gloo'], '7.2f')}x "
+                  f"{f(row['final_accuracy'], '9.3f')} "
+                  f"{'same' if row['replicas_identical'] else 'diverged':>9s}")
+    return out
+
+
+def plot(rows, levels, backends, path):
+    """One panel per tail level: test accuracy against wall time, every backend."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False)
+    for ax, level in zip(axes[0], levels):
+        g = [r for r in rows if r["level"] == level and r["backend"] == "gloo"]
+        ratio = (g[0]["p99_ms"] / g[0]["p50_ms"]) if g and g[0]["p50_ms"] else float("nan")
+        for b in backends:
+            for r in rows:
+                if r["level"] == level and r["backend"] == b and r["repeat"] == 0:
+                    ax.plot([t for t, _ in r["curve"]], [a for _, a in r["curve"]],
+                            ".-", label=b)
+        ax.set_title(f"tail {level}: Gloo allreduce P99/P50 = {ratio:.2f}")
+        ax.set_xlabel("wall time (s)")
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")

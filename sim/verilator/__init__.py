@@ -1,0 +1,1 @@
+"""The INA core in Verilator, behind a C ABI (``build``, ``core``)."""
