@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from ina_fabric.host.switch import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
 from ina_fabric.protocol import pack, unpack, MsgType, Flags, HEADER_BYTES
 from ina_fabric.protocol.jobtable import JobConfig, MAX_ELEMENTS
-from ina_fabric.protocol.auth import seal, unseal
+from ina_fabric.protocol.auth import seal, unseal, TRAILER_BYTES
 
 N, W, E = 4, 4, 8
 KEY = bytes(range(32))
@@ -394,10 +394,10 @@ def test_status_request_sizes_the_gateware_can_buffer():
     src = ("127.0.0.1", 1)
     hdr = pack(None, type=MsgType.STATUS_REQ)
     for k, n in enumerate((STATUS_MIN_REQUEST + 1, STATUS_MAX_REQUEST + 4)):
-        assert m.process(seal(hdr + bytes(n - 44), KEY, 10 + k), src, 0.0) == []
+        assert m.process(seal(hdr + bytes(n - HEADER_BYTES - TRAILER_BYTES), KEY, 10 + k), src, 0.0) == []
     assert m.counters["status_unpadded"] == 2
     for k, n in enumerate((STATUS_MIN_REQUEST, STATUS_MAX_REQUEST)):
-        assert len(m.process(seal(hdr + bytes(n - 44), KEY, 20 + k), src, 0.0)) == 1
+        assert len(m.process(seal(hdr + bytes(n - HEADER_BYTES - TRAILER_BYTES), KEY, 20 + k), src, 0.0)) == 1
     assert m.counters["status_unpadded"] == 2 and m.counters["status_requests"] == 4
 
 
