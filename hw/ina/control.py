@@ -312,7 +312,11 @@ class ControlPlane(wiring.Component):
         m.d.sync += word.eq(Mux(src_reply, rr.data, req_word))
         pos = Signal(range(4 * RW + 1))     # reply bytes written
         acc = Signal(32)                    # the word being filled
-        pstb, pbyte, flush = Signal(), Signal(8), Signal()
+        # (a byte put by the FSM is written a cycle later, from registers: the FSM's
+        # decisions do not reach the reply's word assembly in one cycle)
+        pstb_c, pbyte_c, flush = Signal(), Signal(8), Signal()
+        pstb, pbyte = Signal(), Signal(8)
+        m.d.sync += [pstb.eq(pstb_c), pbyte.eq(pbyte_c)]
         lane_b = pos[:2]
         filled = Signal(32)
         m.d.comb += filled.eq(acc | (pbyte << Mux(lane_b == 0, 24, Mux(lane_b == 1, 16,
@@ -323,7 +327,7 @@ class ControlPlane(wiring.Component):
             m.d.sync += [pos.eq(pos + 1), acc.eq(Mux(lane_b == 3, 0, filled))]
 
         def put(byte):
-            m.d.comb += [pstb.eq(1), pbyte.eq(byte)]
+            m.d.comb += [pstb_c.eq(1), pbyte_c.eq(byte)]
 
         # ---------------------------------------------------------------- SHA-256
         m.submodules.sha = sha = Sha256()
@@ -418,7 +422,10 @@ class ControlPlane(wiring.Component):
         trd = tmem.read_port()
         tp = Signal(range(len(rom) + 1))
         tstart = Signal(range(len(rom) + 1))
-        tpl_ok = Signal()
+        tpl_ok = Signal(2)      # cycles since ``tp`` moved: the byte is in ``tb`` at 2
+        tb = Signal(8)
+        m.d.sync += tb.eq(trd.data)
+        pw = Signal(34)         # R_DIG: the power of ten (of seconds) for digit ``di``
         m.d.comb += trd.addr.eq(tp)
         NC = len(COUNTER_NAMES)
         dv = Signal(34)
@@ -813,10 +820,10 @@ class ControlPlane(wiring.Component):
                     m.d.sync += [tp.eq(tstart), cnt.eq(0)]
                     m.next = "R_TPL"
             with m.State("R_TPL"):
-                # the template, read a cycle ahead: 0 ends it, 1..7 are fields (above)
-                tb = trd.data
-                with m.If(~tpl_ok):
-                    m.d.sync += tpl_ok.eq(1)
+                # the template, read two cycles ahead: 0 ends it, 1..8 are fields (above)
+                m.d.sync += pw.eq(10 ** 9)      # (the seconds' opcode sets its own)
+                with m.If(tpl_ok != 2):
+                    m.d.sync += tpl_ok.eq(tpl_ok + 1)
                 with m.Else():
                     m.d.sync += [tpl_ok.eq(0), tp.eq(tp + 1)]
                     with m.Switch(tb):
@@ -845,7 +852,8 @@ class ControlPlane(wiring.Component):
                             m.d.sync += dv.eq(jobs_at(jt, "nworkers", jent))
                             m.next = "R_DIG"
                         with m.Case(5):
-                            m.d.sync += [dv.eq(age + self.clock_hz // 2), dsec.eq(1)]
+                            m.d.sync += [dv.eq(age + self.clock_hz // 2), dsec.eq(1),
+                                         pw.eq(SEC_PW[0])]
                             m.next = "R_DIG"
                         with m.Case(8):
                             m.d.sync += [hv.eq(Cat(jobs_at(jt, "session_lo", jent),
@@ -857,12 +865,12 @@ class ControlPlane(wiring.Component):
                 m.d.sync += [di.eq(0), dd.eq(0), dstarted.eq(0)]
             with m.State("R_CNT"):
                 # the counter index follows the opcode
-                with m.If(~tpl_ok):
-                    m.d.sync += tpl_ok.eq(1)
+                with m.If(tpl_ok != 2):
+                    m.d.sync += tpl_ok.eq(tpl_ok + 1)
                 with m.Else():
                     m.d.sync += [tpl_ok.eq(0), tp.eq(tp + 1),
                                  dv.eq(Array(self.counters[k] for k in range(NC))[
-                                     trd.data[:max(1, _log2(NC))]])]
+                                     tb[:max(1, _log2(NC))]])]
                     m.next = "R_DIG"
             with m.State("R_JOBS"):
                 # the next enabled entry, with ", " between entries
@@ -887,11 +895,13 @@ class ControlPlane(wiring.Component):
                 m.next = "R_TPL"
             with m.State("R_DIG"):
                 # a number in decimal: subtract each power of ten, then write its digit
-                pw = Mux(dsec, Array(C(x, 34) for x in SEC_PW)[di],
-                         Array(C(10 ** (9 - k), 34) for k in range(10))[di])
+                # (``pw`` is a register, set for the next digit as this one ends)
                 with m.If(dv >= pw):
                     m.d.sync += [dv.eq(dv - pw), dd.eq(dd + 1)]
                 with m.Else():
+                    m.d.sync += pw.eq(Mux(dsec, Array(C(x, 34) for x in SEC_PW[1:] + [1])[di],
+                                          Array(C(10 ** max(0, 8 - k), 34)
+                                                for k in range(10))[di]))
                     with m.If((dd != 0) | dstarted | (di == 9)):
                         put(ord("0") + dd)
                         m.d.sync += dstarted.eq(1)
@@ -910,7 +920,10 @@ class ControlPlane(wiring.Component):
                 put(nonce.word_select((7 - cnt[:3])[:3], 8))
                 m.d.sync += cnt.eq(cnt + 1)
                 with m.If(cnt == 7):
-                    m.next = "R_HASH"
+                    m.next = "R_LAST"
+            with m.State("R_LAST"):
+                # (the last nonce byte is written this cycle: ``pos`` is final after it)
+                m.next = "R_HASH"
             with m.State("R_HASH"):
                 # the tag over everything so far, as for a request
                 m.d.comb += [flush.eq(1), sha.restart.eq(1)]
@@ -955,11 +968,23 @@ class ControlPlane(wiring.Component):
                 m.d.sync += [busy.eq(0), src_reply.eq(0)]
                 m.next = "IDLE"
 
+        # the reply's IPv4 header checksum (ip_checksum_hw's sum, in three registered
+        # steps: its inputs are still while a reply is read out, which takes longer)
+        from .replicator import IP_FLAGS_DF, IP_TTL_PROTO
+        ck_a, ck_b, ck_s = Signal(18), Signal(17), Signal(20)
+        cks = Signal(16)
+        m.d.sync += [ck_a.eq(Const(0x4500 + IP_FLAGS_DF + IP_TTL_PROTO, 17)
+                             + self.src_ip[16:] + self.src_ip[:16]),
+                     ck_b.eq(r_ip[16:] + r_ip[:16]),
+                     ck_s.eq(ck_a + ck_b + (pos + 28))]
+        ck1 = ck_s[:16] + ck_s[16:]
+        ck2 = ck1[:16] + ck1[16:]
+        m.d.sync += cks.eq(~ck2[:16])
         o = self.o.payload
         m.d.comb += [self.o.valid.eq(ob_valid), o.first.eq(ob_first), o.last.eq(ob_last),
                      o.n.eq(ob_n), o.length.eq(pos), o.dst_mac.eq(r_mac), o.dst_ip.eq(r_ip),
                      o.dst_port.eq(r_port), o.mcast.eq(0),
-                     o.ip_checksum.eq(ip_checksum_hw(self.src_ip, r_ip, pos + 28))]
+                     o.ip_checksum.eq(cks)]
         for k in range(L):
             m.d.comb += o.data[k].eq(ob_data[k])
 
