@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     factory, _ = BOARDS[args.board]
     key = None
     if args.control:
-        from ina_fabric.host.switch.keys import switch_key
+        from ina_fabric.protocol.keys import switch_key
         key = switch_key(create=True)
     cfg, ports, c = board_config(args.board, args.jobs, key)
     build_dir = pathlib.Path(args.build_dir or BUILD_DIR / args.board)

@@ -33,6 +33,7 @@ import numpy as np
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                         GROUP_WORKER, field_offsets)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
+from ina_fabric.protocol.jobtable import IDLE_RECLAIM_S
 from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
                                       control_length_ok, STATUS_MIN_REQUEST,
                                       status_length_ok)
@@ -63,10 +64,8 @@ _OFF = field_offsets()
 MAX_JOBS = 4096
 MAX_JOB_BYTES = 64 << 20
 MAX_TOTAL_BYTES = 1 << 30
-#: a job id is held by its session: an install under another session is refused while
-#: the job has had DATA (or its install) within this many seconds; an idle one (a run
-#: that crashed without removing its job) may be taken over
-IDLE_RECLAIM_S = 60.0
+#: (IDLE_RECLAIM_S: a job id is held by its session while active within it;
+#: ina_fabric.protocol.jobtable, where the gateware reads it too)
 
 
 def job_bytes(cfg) -> int:

@@ -56,7 +56,7 @@ from ina_fabric.protocol.regs import COUNTER_NAMES
 from ina_fabric.protocol.fields import MsgType, VERSION, MAX_WORKERS
 from ina_fabric.protocol.jobtable import ENTRY_UPDATE, MAX_ELEMENTS, ENTRY_DTYPE, MEMBER_DTYPE
 from ina_fabric.protocol.fields import HEADER_BYTES
-from ina_fabric.host.switch.model import IDLE_RECLAIM_S
+from ina_fabric.protocol.jobtable import IDLE_RECLAIM_S
 from ina_fabric.protocol.regs import JOB_BASE, JOB_STRIDE, JOB_REGS, MEMBER_BASE, MEMBER_REGS
 
 from .layout import in_layout, out_layout

@@ -20,7 +20,7 @@ only what fits its buffer, and every switch checks the same.
 
 The key is 32 random bytes, shared by the switch and whoever configures it (the host
 side finds it through ``INA_SWITCH_KEY`` / ``INA_SWITCH_KEY_FILE``; see
-``ina_fabric.host.switch.keys``). HMAC-SHA256 is in the Python standard library; a
+``ina_fabric.protocol.keys``). HMAC-SHA256 is in the Python standard library; a
 gateware control path would take the same bytes (issue: in-band control).
 """
 
