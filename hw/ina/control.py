@@ -341,6 +341,8 @@ class ControlPlane(wiring.Component):
         tag = Signal(data.ArrayLayout(32, 4))
         nonce = Signal(64)
         dly = Signal(2)
+        tag_ok = Signal()
+        m.d.sync += tag_ok.eq(Cat(sha.digest[k] == tag[k] for k in range(4)).all())
         RD = 3      # cycles from setting ``widx`` to ``word`` holding that word
 
         # ---------------------------------------------------------------- entry fields
@@ -528,9 +530,12 @@ class ControlPlane(wiring.Component):
                         m.d.sync += cnt.eq(0)
                         m.next = "CHECK"
             with m.State("CHECK"):
-                with m.If(~sha.busy):
-                    ok = Cat(sha.digest[k] == tag[k] for k in range(4)).all()
-                    with m.If(ok):
+                # (the tag compare is registered: decided a cycle after the digest is)
+                with m.If(~sha.busy & (dly == 0)):
+                    m.d.sync += dly.eq(1)
+                with m.Elif(~sha.busy):
+                    m.d.sync += dly.eq(0)
+                    with m.If(tag_ok):
                         m.d.sync += [rs_i.eq(0), rs_seen.eq(0), rs_empty.eq(0),
                                      rs_low.eq(0), rs_lowv.eq(C(-1, 64))]
                         m.next = "REPLAY"
