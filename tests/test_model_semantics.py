@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from ina_fabric.host.switch import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
 from ina_fabric.protocol import pack, unpack, MsgType, Flags, HEADER_BYTES
 from ina_fabric.protocol.jobtable import JobConfig, MAX_ELEMENTS
-from ina_fabric.protocol.auth import seal, unseal
+from ina_fabric.protocol.auth import seal, unseal, TRAILER_BYTES
 
 N, W, E = 4, 4, 8
 KEY = bytes(range(32))
@@ -385,6 +385,22 @@ def test_status_is_paged_and_never_larger_than_its_request():
     assert seen == set(range(1000)) and pages > 1
 
 
+def test_status_request_sizes_the_gateware_can_buffer():
+    """A STATUS_REQ is answered only at 1,200 to 2,048 bytes in whole words (the rule
+    the gateware follows: it buffers the request while it checks the tag); any other
+    size is status_unpadded, unanswered, sealed or not."""
+    from ina_fabric.protocol.auth import STATUS_MIN_REQUEST, STATUS_MAX_REQUEST
+    m = SwitchModel(key=KEY)
+    src = ("127.0.0.1", 1)
+    hdr = pack(None, type=MsgType.STATUS_REQ)
+    for k, n in enumerate((STATUS_MIN_REQUEST + 1, STATUS_MAX_REQUEST + 4)):
+        assert m.process(seal(hdr + bytes(n - HEADER_BYTES - TRAILER_BYTES), KEY, 10 + k), src, 0.0) == []
+    assert m.counters["status_unpadded"] == 2
+    for k, n in enumerate((STATUS_MIN_REQUEST, STATUS_MAX_REQUEST)):
+        assert len(m.process(seal(hdr + bytes(n - HEADER_BYTES - TRAILER_BYTES), KEY, 20 + k), src, 0.0)) == 1
+    assert m.counters["status_unpadded"] == 2 and m.counters["status_requests"] == 4
+
+
 def test_per_packet_cost_does_not_walk_every_job():
     """Bounded deadlines sit in one heap: with 2000 idle jobs installed, tick touches
     none of them (it walked every job on every packet before)."""
@@ -424,11 +440,31 @@ def test_control_needs_the_key_and_a_fresh_nonce():
     assert keyless.counters["drop_malformed"] == 1 and not keyless.jobs
 
 
-def test_replay_guard_window():
+def test_replay_guard_keeps_the_highest_nonces():
+    """The rule the gateware follows too: the REPLAY_SLOTS highest nonces are kept; a
+    nonce is taken once, and once the store is full only above its lowest."""
     from ina_fabric.protocol.auth import ReplayGuard
-    g = ReplayGuard(window_ns=100)
+    g = ReplayGuard(slots=3)
     assert g.take(1000) and not g.take(1000)
-    assert g.take(950) and not g.take(900) and g.take(1001)
+    assert g.take(950) and g.take(900) and not g.take(950)     # full: 900, 950, 1000
+    assert not g.take(899) and g.take(901)                     # 900 goes
+    assert not g.take(900) and not g.take(901) and g.take(5000)
+    assert sorted(g.kept) == [950, 1000, 5000]
+
+
+def test_control_of_impossible_length_is_malformed_before_the_tag():
+    """A CONTROL that cannot hold an entry and the trailer is malformed whether or not
+    it is sealed (the gateware checks its length before hashing it)."""
+    from ina_fabric.protocol.auth import MAX_CONTROL_BYTES, control_length_ok
+    m = SwitchModel(key=KEY)
+    ctl = pack(None, type=MsgType.CONTROL) + job().to_bytes()
+    src = ("127.0.0.1", 1)
+    assert control_length_ok(len(seal(ctl, KEY, 1)))
+    assert m.process(seal(ctl + b"\0", KEY, 1), src, 0.0) == []
+    assert m.process(ctl[:30], src, 0.0) == []
+    assert m.process(seal(ctl + bytes(MAX_CONTROL_BYTES), KEY, 2), src, 0.0) == []
+    assert m.counters["drop_malformed"] == 3 and m.counters["drop_unauthenticated"] == 0
+    assert len(m.process(seal(ctl, KEY, 3), src, 0.0)) == 1 and 1 in m.jobs
 
 
 def test_sequence_numbers_wrap_at_2_32():

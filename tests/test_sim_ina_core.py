@@ -5,6 +5,7 @@ Each test builds the core for one parameter set in its own build/sim/<name> dire
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -15,9 +16,10 @@ from ina_fabric.sim.common import run_cocotb
 pytestmark = pytest.mark.xdist_group("sim_ina")
 
 
-def _run(params, name, testcase, planted_bug=None, **env):
+def _run(params, name, testcase, planted_bug=None, control_key=None, **env):
     env = {"INA_PARAMS": json.dumps(dataclasses.asdict(params)), **env}
-    run_cocotb(InaCore(params, planted_bug=planted_bug), toplevel="ina_core",
+    run_cocotb(InaCore(params, planted_bug=planted_bug, control_key=control_key),
+               toplevel="ina_core",
                test_module="ina_fabric.sim.ina.tb_core", name=name, testcase=testcase, env=env)
 
 
@@ -39,6 +41,19 @@ def test_sim_ina_directed_and_back_to_back_L8():
 def test_sim_ina_random_10k():
     _run(P_RND, "ina_random", "test_random", INA_NSEQ=RANDOM_SEQS, INA_SEED=1,
          INA_E=P_RND.elements, INA_MIN_PACKETS=10000, INA_DEADLINE=100)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("params", [
+    P_L1, pytest.param(P_L8, marks=pytest.mark.skipif(
+        not os.environ.get("INA_SIM_FULL"), reason="long tier: INA_SIM_FULL=1"))],
+    ids=["L1", "L8"])
+def test_sim_ina_control(params):
+    """In-band CONTROL: accepted, refused, unauthenticated (another key, altered,
+    replayed), malformed, live update (slots kept) vs install (slots afresh), removal,
+    a full job table; every output and counter as the model's (sim/ina/control_scenario)."""
+    from ina_fabric.sim.ina.control_scenario import KEY
+    _run(params, f"ina_control_L{params.lanes}", "test_control", control_key=KEY)
 
 
 @pytest.mark.parametrize("bug,scenario", [("wrapping_adder", "overflow"),

@@ -33,7 +33,10 @@ import numpy as np
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                         GROUP_WORKER, field_offsets)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
-from ina_fabric.protocol.auth import ReplayGuard, seal, unseal, TRAILER_BYTES
+from ina_fabric.protocol.jobtable import IDLE_RECLAIM_S
+from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
+                                      control_length_ok, STATUS_MIN_REQUEST,
+                                      status_length_ok)
 
 __all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER"]
 
@@ -50,9 +53,8 @@ COUNTERS = (
 
 _OFF = field_offsets()
 
-#: a STATUS_REQ is padded to at least this many bytes, and a STATUS reply is never
-#: larger than the request that asked for it: the switch is no reflection amplifier
-STATUS_MIN_REQUEST = 1200
+#: (STATUS_MIN_REQUEST: a STATUS_REQ is padded to at least this many bytes, and a STATUS
+#: reply is never larger than the request that asked for it; ina_fabric.protocol.auth)
 #: a STATUS_REQ payload: zero padding, then the first job id wanted (big-endian u32) in
 #: its last four bytes; the reply says where the next page starts ("next_job")
 
@@ -62,10 +64,8 @@ STATUS_MIN_REQUEST = 1200
 MAX_JOBS = 4096
 MAX_JOB_BYTES = 64 << 20
 MAX_TOTAL_BYTES = 1 << 30
-#: a job id is held by its session: an install under another session is refused while
-#: the job has had DATA (or its install) within this many seconds; an idle one (a run
-#: that crashed without removing its job) may be taken over
-IDLE_RECLAIM_S = 60.0
+#: (IDLE_RECLAIM_S: a job id is held by its session while active within it;
+#: ina_fabric.protocol.jobtable, where the gateware reads it too)
 
 
 def job_bytes(cfg) -> int:
@@ -253,8 +253,8 @@ class SwitchModel:
         mtype = int(h["type"])
         if mtype == MsgType.STATUS_REQ:
             c["status_requests"] += 1
-            if n < STATUS_MIN_REQUEST:
-                c["status_unpadded"] += 1     # no reply: it would be an amplifier
+            if not status_length_ok(n):
+                c["status_unpadded"] += 1     # too short (an amplifier), too long, ragged
                 return out
             opened = self._authentic(datagram)
             if opened is None:
@@ -264,6 +264,9 @@ class SwitchModel:
             page = self.status_datagram(start, budget=n - TRAILER_BYTES)
             return out + [(source, seal(page, self.key, nonce))]
         if mtype == MsgType.CONTROL:
+            if self.key is not None and not control_length_ok(n):
+                c["drop_malformed"] += 1      # no entry fits: not even hashed
+                return out
             opened = self._authentic(datagram)
             if opened is None:
                 return out

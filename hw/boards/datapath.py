@@ -39,6 +39,8 @@ class BoardConfig:
     worker_net     the subnet behind port 0 (CIDR); other destinations go to port 1
     clock_hz       clock of the ``core`` domain (deadlines are counted in its cycles)
     jobs           ina_fabric.protocol.jobtable.JobConfig entries loaded at reset
+    control_key    the key CONTROL datagrams must be sealed with (``protocol.auth``),
+                   built into the bitstream; None: jobs come from the ROM only
     """
     mac: str = "02:1a:00:00:00:01"
     ip: str = "10.0.0.2"
@@ -46,6 +48,7 @@ class BoardConfig:
     clock_hz: float = 125e6
     jobs: tuple = ()
     params: CoreParams = field(default_factory=CoreParams)
+    control_key: bytes | None = field(default=None, repr=False)
 
     @property
     def mac_int(self) -> int:
@@ -144,7 +147,9 @@ class InaDatapath(wiring.Component):
         # quasi-static status read port (cfg_addr/cfg_data) and cfg_done cross through
         # FFSynchronizers (hold cfg_addr >= 2 core + 3 sync cycles before reading).
         core_dom = DomainRenamer("core")
-        m.submodules.core = core = core_dom(InaCore(b.params))
+        m.submodules.core = core = core_dom(InaCore(
+            b.params, control_key=b.control_key,
+            cycles_per_us=round(b.clock_hz / 1e6) if b.control_key else 1))
         m.submodules.cfg = cfg = core_dom(ConfigLoader(b.writes(), gap=2 * b.params.window + 8))
         wiring.connect(m, cfg.bus, core.cfg)
         m.submodules.addr_sync = FFSynchronizer(self.cfg_addr, cfg.addr, o_domain="core")

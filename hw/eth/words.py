@@ -49,6 +49,7 @@ class BytesToWords(wiring.Component):
                     o.data[0].eq(word << Cat(C(0, 3), ~k)),
                     o.n.eq(1), o.first.eq(first), o.last.eq(p.last),
                     o.length.eq(p.length), o.src_ip.eq(p.src_ip), o.src_port.eq(p.src_port),
+                    o.src_mac.eq(p.src_mac),
                     first.eq(p.last), k.eq(0),
                 ]
         return m

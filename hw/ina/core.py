@@ -39,7 +39,8 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, stream
 from amaranth.lib.wiring import In, Out
 
-from .counters import Counters
+from .control import ControlPlane, CONTROL_EVENTS
+from .counters import Counters, COUNTER_EVENTS
 from .element import ElementPath
 from .header import DEC_LAT, HEADER_EVENTS, HeaderPipeline
 from .input_fifo import InputFifo
@@ -63,12 +64,19 @@ PLANTED_BUGS = {
 class InaCore(wiring.Component):
     """Aggregator + replicator. See the module docstring for ports and payloads."""
 
-    def __init__(self, params: CoreParams = CoreParams(), *, planted_bug: str | None = None):
+    def __init__(self, params: CoreParams = CoreParams(), *, planted_bug: str | None = None,
+                 control_key: bytes | None = None, cycles_per_us: int = 1):
+        """``control_key``: the key CONTROL datagrams must be sealed with
+        (``ina_fabric.protocol.auth``); None: no control over the wire (CONTROL is
+        malformed). ``cycles_per_us``: core cycles per microsecond (a CONTROL entry's
+        deadline is in microseconds)."""
         if planted_bug is not None and planted_bug not in PLANTED_BUGS:
             raise ValueError(f"planted_bug {planted_bug!r} not in {sorted(PLANTED_BUGS)}")
         self.params = params
         #: for tests that show a planted bug is caught: None or a key of PLANTED_BUGS
         self.planted_bug = planted_bug
+        self.control_key = control_key
+        self.cycles_per_us = cycles_per_us
         super().__init__({
             "i": In(stream.Signature(in_layout(params.lanes))),
             "o": Out(stream.Signature(out_layout(params.lanes))),
@@ -94,9 +102,27 @@ class InaCore(wiring.Component):
         m.submodules.ififo = fifo = InputFifo(P.lanes, commit_delay=DEC_LAT)
         m.submodules.elem = ep = ElementPath(P, wrapping_adder=(bug == "wrapping_adder"))
         m.submodules.replicator = rep = Replicator(P)
+        m.submodules.control = ctl = ControlPlane(P, key=self.control_key,
+                                                  cycles_per_us=self.cycles_per_us)
 
-        # register file
-        wiring.connect(m, wiring.flipped(self.cfg), rf.bus)
+        # register file: the bus, or the control plane in the cycles it writes (the
+        # bus's reads show garbage meanwhile; the board reads counters only)
+        # (the control plane watches the accepted input beats a cycle late: registered, so
+        # its classification does not sit behind the input's block RAM on the board)
+        m.d.sync += [ctl.snoop.valid.eq(self.i.valid & self.i.ready),
+                     ctl.snoop.payload.eq(self.i.payload)]
+        m.d.sync += ctl.accepted.eq(hp.accepted)
+        m.d.comb += [ctl.src_ip.eq(rf.src_ip),
+                     ctl.counters.eq(ctr.values),
+                     ctl.jobs.eq(rf.jobs),
+                     self.cfg.r_data.eq(rf.bus.r_data)]
+        wiring.connect(m, rf.member_ctl, ctl.member)
+        with m.If(ctl.bus_active):
+            m.d.comb += [rf.bus.addr.eq(ctl.bus.addr), rf.bus.w_stb.eq(1),
+                         rf.bus.w_data.eq(ctl.bus.w_data)]
+        with m.Else():
+            m.d.comb += [rf.bus.addr.eq(self.cfg.addr), rf.bus.w_stb.eq(self.cfg.w_stb),
+                         rf.bus.w_data.eq(self.cfg.w_data)]
         m.d.comb += [rf.now.eq(now), rf.counters.eq(ctr.values)]
         m.d.comb += [hp.jobs.eq(rf.jobs), hp.enable_stb.eq(rf.enable_stb),
                      hp.enable_value.eq(rf.enable_value), rf.enable_set.eq(hp.enable_set)]
@@ -126,11 +152,38 @@ class InaCore(wiring.Component):
         wiring.connect(m, rf.member_rd, rep.member)
         wiring.connect(m, ep.acc_rd, rep.acc)
         wiring.connect(m, ep.ovf_rd, rep.ovf)
-        wiring.connect(m, rep.o, wiring.flipped(self.o))
+        # the output: RESULT copies, and between them the control plane's replies (a
+        # packet at a time; the select is a register, so the replicator's path to ``o``
+        # gains one 2:1 multiplexer)
+        sel_ctl = Signal()
+        in_pkt = Signal()
+        src = [rep.o, ctl.o]
+        with m.If(sel_ctl):
+            m.d.comb += [self.o.valid.eq(ctl.o.valid), self.o.payload.eq(ctl.o.payload),
+                         ctl.o.ready.eq(self.o.ready)]
+        with m.Else():
+            m.d.comb += [self.o.valid.eq(rep.o.valid), self.o.payload.eq(rep.o.payload),
+                         rep.o.ready.eq(self.o.ready)]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += in_pkt.eq(~self.o.payload.last)
+        with m.If(~in_pkt & ~(self.o.valid & self.o.ready)):
+            with m.If(sel_ctl & ~ctl.o.valid):
+                m.d.sync += sel_ctl.eq(0)
+            with m.Elif(~sel_ctl & ~rep.o.valid & ctl.o.valid):
+                m.d.sync += sel_ctl.eq(1)
+        with m.If(self.o.valid & self.o.ready & self.o.payload.last & sel_ctl):
+            m.d.sync += sel_ctl.eq(0)
 
-        # counters
+        # counters: each one's events from every block that raises it
+        parts = {name: [] for name in COUNTER_EVENTS}
         for name in HEADER_EVENTS:
-            m.d.comb += getattr(ctr.inc, name).eq(getattr(hp.events, name))
-        m.d.comb += [ctr.inc.overflows.eq(rep.overflow),
-                     ctr.inc.stream_errors.eq(ep.stream_errors)]
+            parts[name].append(getattr(hp.events, name))
+        for name in CONTROL_EVENTS:
+            parts[name].append(getattr(ctl.events, name))
+        parts["overflows"].append(rep.overflow)
+        parts["stream_errors"].append(ep.stream_errors)
+        for name, bits in parts.items():
+            v = Cat(*bits)
+            assert len(v) == COUNTER_EVENTS[name], name
+            m.d.comb += getattr(ctr.inc, name).eq(v)
         return m

@@ -13,8 +13,10 @@ __all__ = ["COUNTER_EVENTS", "Counters"]
 COUNTER_EVENTS = {
     "rx": 1, "rx_data": 1, "accepted": 1, "duplicates": 2, "late": 1, "results": 2,
     "partials": 1, "overflows": 1, "resent": 1, "status_requests": 1, "drop_truncated": 1,
-    "drop_malformed": 3, "drop_bad_version": 1, "drop_unknown_job": 1,
-    "drop_unknown_source": 1, "drop_bad_session": 1, "drop_stale": 1, "drop_out_of_window": 1, "stream_errors": 2,
+    "drop_malformed": 5, "drop_bad_version": 1, "drop_unknown_job": 1,
+    "drop_unknown_source": 1, "drop_bad_session": 1, "drop_stale": 1, "drop_out_of_window": 1,
+    "stream_errors": 2, "status_unpadded": 1, "control": 1, "control_refused": 1,
+    "drop_unauthenticated": 1, "drop_control_busy": 1,
 }
 assert tuple(COUNTER_EVENTS) == COUNTER_NAMES
 
@@ -24,7 +26,8 @@ class Counters(wiring.Component):
 
     inc      per counter, one bit per event that happened this cycle (the header
              pipeline raises most; ``overflows`` comes from the replicator,
-             ``stream_errors`` from the element path)
+             ``stream_errors`` from the element path, the STATUS_REQ and CONTROL
+             counters from the control plane)
     values   the counters, in :data:`COUNTER_NAMES` order (for the register file)
 
     The events of a cycle are summed into a registered step first, so a counter lags
@@ -39,7 +42,7 @@ class Counters(wiring.Component):
         for k, name in enumerate(COUNTER_NAMES):
             cnt = Signal(32, name=f"cnt_{name}")
             events = getattr(self.inc, name)
-            step = Signal(2, name=f"inc_{name}")
+            step = Signal(range(len(events) + 1), name=f"inc_{name}")
             m.d.sync += step.eq(sum(events[n] for n in range(len(events))))
             m.d.sync += cnt.eq(cnt + step)
             m.d.comb += self.values[k].eq(cnt)

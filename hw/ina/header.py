@@ -47,7 +47,8 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, memory
 from amaranth.lib.wiring import In, Out
 
-from .counters import COUNTER_EVENTS
+from ina_fabric.protocol.fields import MsgType
+
 from .element import beat_layout, packet_layout
 from .input_fifo import entry_layout
 from .layout import HeaderLayout, Reason, OpKind, AccMode, request_layout
@@ -62,10 +63,15 @@ __all__ = ["DEC_LAT", "HEADER_EVENTS", "meta_layout", "HeaderPipeline", "record_
 
 DEC_LAT = 4   # pop of a packet's last header beat (cycle t) -> its P2 decision (t + 4)
 
-#: the counter events the header pipeline raises (all but the replicator's ``overflows``
-#: and the element path's ``stream_errors``)
-HEADER_EVENTS = {k: n for k, n in COUNTER_EVENTS.items()
-                 if k not in ("overflows", "stream_errors")}
+#: the counter events the header pipeline raises (events per cycle): all but the
+#: replicator's ``overflows``, the element path's ``stream_errors`` and the control
+#: plane's (STATUS_REQ and CONTROL)
+HEADER_EVENTS = {
+    "rx": 1, "rx_data": 1, "accepted": 1, "duplicates": 2, "late": 1, "results": 2,
+    "partials": 1, "resent": 1, "drop_truncated": 1, "drop_malformed": 3,
+    "drop_bad_version": 1, "drop_unknown_job": 1, "drop_unknown_source": 1,
+    "drop_bad_session": 1, "drop_stale": 1, "drop_out_of_window": 1,
+}
 
 
 def _log2(n):
@@ -179,6 +185,7 @@ class HeaderPipeline(wiring.Component):
             "elem_start": Out(1),
             "elem_packet": Out(packet_layout(P)),
             "events": Out(data.StructLayout(HEADER_EVENTS)),
+            "accepted": Out(P.jobs),    # job j's DATA accepted (the control plane's idle)
         })
 
     def elaborate(self, platform):
@@ -358,7 +365,8 @@ class HeaderPipeline(wiring.Component):
         nelem4 = hdr.nelem * 4
         CHECKS = ((Reason.TRUNCATED, p0_short | len_short),
                   (Reason.BAD_VERSION, hdr.version != 1),
-                  (Reason.STATUS, hdr.type == 3), (Reason.MALFORMED, hdr.type != 1),
+                  (Reason.CONTROL, (hdr.type == MsgType.STATUS_REQ) | (hdr.type == MsgType.CONTROL)),
+                  (Reason.MALFORMED, hdr.type != MsgType.DATA),
                   (Reason.TRUNCATED, body < nelem4), (Reason.MALFORMED, body != nelem4),
                   (Reason.UNKNOWN_JOB, unkjob), (Reason.BAD_SESSION, bad_session),
                   (Reason.UNKNOWN_SOURCE, bad_worker),
@@ -749,7 +757,6 @@ class HeaderPipeline(wiring.Component):
         inc["rx_data"].append(v2 & c.pkt_ok & ~c.defer)
         inc["drop_truncated"].append(is_pkt & (reason2 == Reason.TRUNCATED))
         inc["drop_bad_version"].append(is_pkt & (reason2 == Reason.BAD_VERSION))
-        inc["status_requests"].append(is_pkt & (reason2 == Reason.STATUS))
         inc["drop_malformed"] += [is_pkt & (reason2 == Reason.MALFORMED), v2 & c.bignelem,
                                   v2 & malf3]
         inc["drop_unknown_job"].append(is_pkt & (reason2 == Reason.UNKNOWN_JOB))
@@ -761,6 +768,7 @@ class HeaderPipeline(wiring.Component):
         inc["late"].append(resend & ~isdup)
         inc["resent"].append(resend)
         inc["accepted"].append(v2 & accept)
+        m.d.comb += [self.accepted[j].eq(v2 & accept & (p2_job == j)) for j in range(NJ)]
         inc["results"] += [expired, v2 & completes]
         inc["partials"].append(expired)
 

@@ -54,11 +54,14 @@ def in_layout(lanes: int) -> data.StructLayout:
     length    UDP payload length in bytes (the datagram the model sees); read on ``first``
     src_ip    IPv4 source address of the datagram; read on ``first``
     src_port  UDP source port of the datagram; read on ``first``
+    src_mac   Ethernet source address of the frame; read on ``first`` (the control
+              plane answers CONTROL there)
     """
     return data.StructLayout({
         **_beat_fields(lanes),
         "src_ip": 32,
         "src_port": 16,
+        "src_mac": 48,
     })
 
 
@@ -108,7 +111,7 @@ class Reason(enum.Enum, shape=4):
     OK = 0
     TRUNCATED = 1
     BAD_VERSION = 2
-    STATUS = 3              # a STATUS_REQ: counted, not answered
+    CONTROL = 3             # a STATUS_REQ or CONTROL: the control plane counts it
     MALFORMED = 4
     UNKNOWN_JOB = 5
     UNKNOWN_SOURCE = 6      # worker out of the job's range (the member compare is in P1a)

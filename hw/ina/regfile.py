@@ -48,6 +48,7 @@ class RegisterFile(wiring.Component):
     member_p0    per job, a read port (asynchronous: distributed RAM) on the member
                  table at the job's entries, for the header pipeline's source check
     member_rd    a synchronous read port (with enable) for the replicator
+    member_ctl   another, for the control plane (a live update compares the members)
     """
 
     def __init__(self, params: CoreParams):
@@ -66,6 +67,8 @@ class RegisterFile(wiring.Component):
             "member_p0": Out(memory.ReadPort.Signature(
                 addr_width=aw, shape=member_layout(mac=False))).array(P.jobs),
             "member_rd": Out(memory.ReadPort.Signature(
+                addr_width=aw, shape=member_layout(mac=True))),
+            "member_ctl": Out(memory.ReadPort.Signature(
                 addr_width=aw, shape=member_layout(mac=True))),
         })
 
@@ -96,6 +99,12 @@ class RegisterFile(wiring.Component):
             m.d.comb += [port.addr.eq(p.addr), port.en.eq(p.en)]
         m.d.comb += [p.data.ip.eq(mip_r2.data), p.data.port.eq(mport_r2.data),
                      p.data.mac.eq(mmac_r2.data)]
+        mip_r3, mport_r3, mmac_r3 = mip.read_port(), mport.read_port(), mmac.read_port()
+        p = self.member_ctl
+        for port in (mip_r3, mport_r3, mmac_r3):
+            m.d.comb += [port.addr.eq(p.addr), port.en.eq(p.en)]
+        m.d.comb += [p.data.ip.eq(mip_r3.data), p.data.port.eq(mport_r3.data),
+                     p.data.mac.eq(mmac_r3.data)]
 
         # the bus: registered on the way in, then decoded into one registered strobe
         # per register (a write lands two cycles later; reads show three cycles later),

@@ -17,10 +17,15 @@ from .fields import MAX_WORKERS, HEADER_BYTES
 __all__ = ["JobConfig", "JobSettings", "LINK_DEFAULTS", "job_defaults", "loopback_group",
            "MAX_ELEMENTS", "Member",
            "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE", "load_jobs_toml", "MODES",
-           "ENTRY_UPDATE", "parse_control", "new_session", "parse_session",
+           "ENTRY_UPDATE", "parse_control", "IDLE_RECLAIM_S", "new_session", "parse_session",
            "removal_entry"]
 
 MODES = ("reliable", "bounded")
+#: a job id is held by its session: an install under another session is refused while
+#: the job has had DATA (or its install) within this many seconds; an idle one (a run
+#: that crashed without removing its job) may be taken over (every switch: the model,
+#: the compiled engine through it, the gateware's control plane)
+IDLE_RECLAIM_S = 60.0
 MAX_ELEMENTS = (65507 - HEADER_BYTES) // 4   # largest UDP payload, less the INA header
 
 ENTRY_DTYPE = np.dtype([

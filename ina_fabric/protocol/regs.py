@@ -40,13 +40,15 @@ GLOBAL_REGS = (
 
 COUNTER_BASE = 0x040
 #: the reference model's counter names (``ina_fabric.host.switch`` COUNTERS) that apply,
-#: plus stream_errors (a stream whose beat count disagrees with its length)
+#: plus stream_errors (a stream whose beat count disagrees with its length) and
+#: drop_control_busy (a CONTROL that came while the control plane was busy with one)
 COUNTER_NAMES = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
     "resent", "status_requests",
     "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
     "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-    "stream_errors",
+    "stream_errors", "status_unpadded", "control", "control_refused", "drop_unauthenticated",
+    "drop_control_busy",
 )
 
 JOB_BASE, JOB_STRIDE = 0x100, 0x10

@@ -278,7 +278,7 @@ class CoreTB:
                 if b["last"]:
                     if on_out is not None:
                         on_out(o_first)
-                    sb.output(beats_datagram(obeats, L), obeats[0])
+                    sb.output(beats_datagram(obeats, L)[:obeats[0]["length"]], obeats[0])
                     obeats = []
                 idle = 0
             else:
