@@ -47,22 +47,29 @@ print(json.dumps({"mix": mix(v, r, 256).tolist(), "sent": r.sent, "received": r.
 ''' % N_VALUES
 
 
-@pytest.fixture(scope="module")
-def lab3(tmp_path_factory):
+def _wan3(tmp_path_factory, prefix, hosts=1):
+    """Tokyo, New York and London as a wan9-style lab (20 Mbit/s, delays x 0.2), with
+    ``hosts`` hosts per island: (lab, the islands' TOML, its folder)."""
     from ina_fabric.host.lab import down, list_labs
     from ina_fabric.host.lab.topology import resource
     from ina_fabric.host.wan.runner import wan_lab
-    d = tmp_path_factory.mktemp("wan3")
+    d = tmp_path_factory.mktemp(f"wan3{prefix}")
     topo = d / "three.toml"
     topo.write_text('[[island]]\nname = "Tokyo"\n[[island]]\nname = "New York"\n'
                     '[[island]]\nname = "London"\n')
     text = resource("ina_fabric.host.lab", "wan9.toml").read_text()
     (d / "wan3.toml").write_text(text.replace('from = "default"', f'from = "{topo}"')
                                  .replace('name = "wan9"', 'name = "wan3"'))
-    lab_id = f"w3{os.getpid() % 100000}"[:8]
+    lab_id = f"{prefix}{os.getpid() % 100000}"[:8]
     if lab_id in list_labs():
         down(lab_id)
-    lab = wan_lab(lab_id, "20mbit", "20mbit", 0.2, topology=d / "wan3.toml")
+    return wan_lab(lab_id, "20mbit", "20mbit", 0.2, topology=d / "wan3.toml",
+                   hosts=hosts), topo, d
+
+
+@pytest.fixture(scope="module")
+def lab3(tmp_path_factory):
+    lab, topo, d = _wan3(tmp_path_factory, "w3")
     yield lab, topo, d
     lab.down()
 
@@ -141,20 +148,7 @@ def test_small_edge_memory_slows_the_senders_and_nothing_is_lost(lab3):
 
 @pytest.fixture(scope="module")
 def lab3k2(tmp_path_factory):
-    from ina_fabric.host.lab import down, list_labs
-    from ina_fabric.host.lab.topology import resource
-    from ina_fabric.host.wan.runner import wan_lab
-    d = tmp_path_factory.mktemp("wan3k2")
-    topo = d / "three.toml"
-    topo.write_text('[[island]]\nname = "Tokyo"\n[[island]]\nname = "New York"\n'
-                    '[[island]]\nname = "London"\n')
-    text = resource("ina_fabric.host.lab", "wan9.toml").read_text()
-    (d / "wan3.toml").write_text(text.replace('from = "default"', f'from = "{topo}"')
-                                 .replace('name = "wan9"', 'name = "wan3"'))
-    lab_id = f"k2{os.getpid() % 100000}"[:8]
-    if lab_id in list_labs():
-        down(lab_id)
-    lab = wan_lab(lab_id, "20mbit", "20mbit", 0.2, topology=d / "wan3.toml", hosts=2)
+    lab, topo, _ = _wan3(tmp_path_factory, "k2", hosts=2)
     yield lab, topo
     lab.down()
 
