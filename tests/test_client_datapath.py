@@ -208,7 +208,7 @@ def test_datagram_sizes_per_link():
 
 @pytest.mark.xdist_group("loopback")
 def test_clean_loopback_run_has_no_retransmits_and_one_copy_per_result():
-    """4 workers, 4 MB, several calls through a local switch: not one re-send (the timer
+    """4 workers, 4 MB, several calls through a local switch: no re-sent windows (the timer
     sits above the window's queueing delay and waits for late peers), every sum within
     its bound, and the switch sent one multicast copy of each RESULT, not four."""
     calls, n = 5, 1 << 20
@@ -217,7 +217,10 @@ def test_clean_loopback_run_has_no_retransmits_and_one_copy_per_result():
         res = cluster.allreduce_check(n, calls)
     assert res["within_bound"], res["bound_ratio"]
     stats = [w["stats"] for w in res["per_worker"]]
-    assert [s["retransmits"] for s in stats] == [0, 0, 0, 0], stats
+    # none on an idle machine; on two cores shared with a placer or a lab, a worker
+    # descheduled past its timer re-sends one now and then (seen: 1 of 405, and 8).
+    # A timer below the queueing delay re-sends whole windows: ~80 packets per worker
+    assert sum(s["retransmits"] for s in stats) <= 12, stats
     packets = stats[0]["results"]
     E = LINK_DEFAULTS["loopback"].elements
     assert packets >= calls * math.ceil(n / E)
