@@ -50,3 +50,18 @@ def ina_switch():
     yield addr
     proc.terminate()
     proc.join(5)
+
+
+@pytest.fixture
+def lab_bench(tmp_path, monkeypatch):
+    """For a test that runs an `ina bench ... --lab` end to end: skipped where labs
+    cannot be built (not root, no namespaces) or torch is missing; the bench's JSON goes
+    to ``tmp_path``; returns ``lab_id(prefix)``, an id unique to this process."""
+    from ina_fabric.host.lab import available
+    why = available()
+    if why is not None:
+        pytest.skip(f"ina lab: {why}")
+    pytest.importorskip("torch")
+    from ina_fabric.bench import _results
+    monkeypatch.setattr(_results, "RESULTS", tmp_path)
+    return lambda prefix: f"{prefix}{os.getpid() % 100000}"

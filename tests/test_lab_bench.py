@@ -6,20 +6,13 @@ import json
 
 import pytest
 
-from ina_fabric.host.lab import available
-
-WHY = available()
-
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("lab")
-@pytest.mark.skipif(WHY is not None, reason=f"ina lab: {WHY}")
-def test_lab_allreduce_bench_runs_and_checks(tmp_path, monkeypatch):
-    pytest.importorskip("torch")
-    from ina_fabric.bench import _results, bench_lab_allreduce as B
-    monkeypatch.setattr(_results, "RESULTS", tmp_path)
+def test_lab_allreduce_bench_runs_and_checks(tmp_path, lab_bench):
+    from ina_fabric.bench import bench_lab_allreduce as B
     rc = B.main(["--hosts", "2", "--sizes", "4MB", "--reps", "1", "--rate", "100mbit",
-                 "--id", f"tb{__import__('os').getpid() % 100000}"])
+                 "--id", lab_bench("tb")])
     assert rc == 0
     row, = json.loads((tmp_path / "lab_allreduce.json").read_text())["figures"]["rows"]
     for key in ("hosts", "size", "rate_mbit", "gloo_over_ina_median", "limit"):
@@ -31,8 +24,7 @@ def test_lab_allreduce_bench_runs_and_checks(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("lab")
-@pytest.mark.skipif(WHY is not None, reason=f"ina lab: {WHY}")
-def test_train_through_the_lab(tmp_path):
+def test_train_through_the_lab(tmp_path, lab_bench):
     """`ina train --lab rack`: one torchrun per host namespace (--nnodes 2), the DDP hook
     through the lab's switch; reaches the target with identical replicas; no lab left."""
     import subprocess

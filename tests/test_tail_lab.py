@@ -9,9 +9,6 @@ import numpy as np
 import pytest
 
 from ina_fabric.host.ddp.train import TrainConfig
-from ina_fabric.host.lab import available
-
-WHY = available()
 
 
 def test_straggler_schedule_is_seeded_heavy_tailed_and_per_rank():
@@ -36,13 +33,10 @@ def test_bad_straggler_config_is_rejected(kw):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("lab")
-@pytest.mark.skipif(WHY is not None, reason=f"ina lab: {WHY}")
-def test_tail_bench_on_the_lab(tmp_path, monkeypatch):
-    pytest.importorskip("torch")
-    from ina_fabric.bench import _results, bench_tail
+def test_tail_bench_on_the_lab(tmp_path, lab_bench):
+    from ina_fabric.bench import bench_tail
     from ina_fabric.host.lab import list_labs
-    monkeypatch.setattr(_results, "RESULTS", tmp_path)
-    lab_id = f"tt{__import__('os').getpid() % 100000}"
+    lab_id = lab_bench("tt")
     rc = bench_tail.main(["--lab", "rack", "--workers", "2", "--levels", "mid",
                           "--lab-backends", "gloo,tar-udp,ina,ina-bounded", "--steps", "12",
                           "--eval-every", "4", "--skip-calls", "2", "--lab-id", lab_id,
