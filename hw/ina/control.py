@@ -381,7 +381,10 @@ class ControlPlane(wiring.Component):
         free_ok = Signal()
         free = Signal(range(max(2, NJ)))
         # the replay store
-        kept = [Signal(64, name=f"nonce{k}") for k in range(REPLAY_SLOTS)]
+        # (the nonces in a LUT RAM, read one slot a cycle as REPLAY scans them)
+        m.submodules.kept = kept = memory.Memory(shape=64, depth=REPLAY_SLOTS, init=[])
+        kept_r = kept.read_port(domain="comb")
+        kept_w = kept.write_port()
         kvalid = Signal(REPLAY_SLOTS)
         rs_i = Signal(range(REPLAY_SLOTS + 1))
         rs_seen = Signal()
@@ -564,7 +567,9 @@ class ControlPlane(wiring.Component):
                         m.next = "DONE"
             with m.State("REPLAY"):
                 # one slot a cycle: seen? the slot to use: an empty one, else the lowest
-                kv = Array(kept)[rs_i[:_log2(REPLAY_SLOTS)] if REPLAY_SLOTS > 1 else 0]
+                if REPLAY_SLOTS > 1:
+                    m.d.comb += kept_r.addr.eq(rs_i[:_log2(REPLAY_SLOTS)])
+                kv = kept_r.data
                 vv = kvalid.bit_select(rs_i, 1)
                 with m.If(rs_i == REPLAY_SLOTS):
                     refuse = rs_seen | (~rs_empty & (nonce <= rs_lowv))
@@ -572,9 +577,11 @@ class ControlPlane(wiring.Component):
                         m.d.comb += ev.drop_unauthenticated.eq(1)
                         m.next = "DONE"
                     with m.Else():
+                        m.d.comb += [kept_w.addr.eq(rs_low), kept_w.data.eq(nonce),
+                                     kept_w.en.eq(1)]
                         for k in range(REPLAY_SLOTS):
                             with m.If(rs_low == k):
-                                m.d.sync += [kept[k].eq(nonce), kvalid[k].eq(1)]
+                                m.d.sync += kvalid[k].eq(1)
                         with m.If(is_stat):
                             reply("status")
                         with m.Else():
