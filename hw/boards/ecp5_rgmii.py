@@ -12,7 +12,7 @@ from ina_fabric.hw.eth.rgmii import RgmiiPhy
 
 from .datapath import InaDatapath
 
-__all__ = ["Ecp5RgmiiTop", "pll_params"]
+__all__ = ["Ecp5RgmiiTop", "clock_plan", "pll_params"]
 
 
 def pll_params(fin_mhz: float, fout_mhz: float):
@@ -33,6 +33,21 @@ def pll_params(fin_mhz: float, fout_mhz: float):
                     best = (err, ref, fb, op)
     _, ref, fb, op = best
     return ref, fb, op
+
+
+def clock_plan(fin_mhz: float, sync_mhz: float, core_mhz: float):
+    """EHXPLLL dividers (CLKI_DIV, CLKFB_DIV, CLKOP_DIV, CLKOS_DIV) for ``sync`` on CLKOP
+    and ``core`` on CLKOS from one input clock. CLKOP feeds back, so VCO = sync *
+    CLKOP_DIV: the divider is the one that also gives the core clock as VCO / integer
+    (125 and 75 MHz: VCO 750 MHz, /6 and /10; from 100 MHz or 25 MHz alike)."""
+    ref, fb, _ = pll_params(fin_mhz, sync_mhz)
+    fop = fin_mhz / ref * fb
+    for op in range(1, 129):
+        vco = fop * op
+        os_div = round(vco / core_mhz)
+        if 400 <= vco <= 800 and os_div >= 1 and abs(vco / os_div - core_mhz) < 1e-6:
+            return ref, fb, op, os_div
+    raise ValueError(f"no VCO gives {sync_mhz} and {core_mhz} MHz from {fin_mhz} MHz")
 
 
 class _Stretch(Elaboratable):
@@ -70,17 +85,7 @@ class Ecp5RgmiiTop(Elaboratable):
         # -- clocks and reset -----------------------------------------------------------
         clk_name, fin = self.clk
         clk_in = platform.request(clk_name, dir="i").i
-        ref, fb, op = pll_params(fin, self.sync_mhz)
-        # CLKOP feeds back, so VCO = sync * CLKOP_DIV: pick the divider that also gives the
-        # core clock as VCO / integer (125 and 75 MHz: VCO 750 MHz, /6 and /10).
-        fop = fin / ref * fb
-        for op in range(1, 129):
-            vco = fop * op
-            os_div = round(vco / self.core_mhz)
-            if 400 <= vco <= 800 and abs(vco / os_div - self.core_mhz) < 1e-6:
-                break
-        else:
-            raise ValueError(f"no VCO gives {self.sync_mhz} and {self.core_mhz} MHz")
+        ref, fb, op, os_div = clock_plan(fin, self.sync_mhz, self.core_mhz)
         clk_core = Signal()     # CLKOP: sync (front end) and RGMII transmit
         clk_ina = Signal()      # CLKOS: the INA core's domain
         locked = Signal()
