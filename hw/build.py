@@ -1,7 +1,7 @@
 """Build a bitstream for a board with the YoWASP toolchain (no vendor tools).
 
     python -m ina_fabric.hw.build --board versa_ecp5 [--jobs jobs.toml] [--seeds 1,2,3,4]
-    python -m ina_fabric.hw.build --board colorlight_5a75b
+    python -m ina_fabric.hw.build --board ecpix5_85
 
 Writes ``build/<board>/top.bit``, prints each clock domain's Fmax against its constraint
 and the resource use from nextpnr's report, and exits non-zero when a domain fails
@@ -53,9 +53,15 @@ def _colorlight():
     return Colorlight5A75B(), ("clk25", 25)
 
 
+def _ecpix5():
+    from amaranth_boards.ecpix5 import ECPIX585Platform
+    return ECPIX585Platform(), ("clk100", 100)
+
+
 #: board name -> (platform factory, constraints file)
 BOARDS = {
     "versa_ecp5": (_versa, "versa_ecp5.toml"),
+    "ecpix5_85": (_ecpix5, "ecpix5_85.toml"),
     "colorlight_5a75b": (_colorlight, "colorlight_5a75b.toml"),
 }
 
@@ -101,7 +107,9 @@ def board_config(board: str, jobs_path=None, control_key=None):
     cfg = BoardConfig(mac=b["mac"], ip=b["ip"], worker_net=b["worker_net"],
                       clock_hz=c["clocks"]["core_mhz"] * 1e6, jobs=jobs,
                       params=CoreParams(**c.get("core", {})), control_key=control_key)
-    ports = {int(k): int(v["rx_delay_taps"]) for k, v in c["port"].items()}
+    ports = {int(k): {"rx_delay_taps": int(v["rx_delay_taps"]),
+                      "tx_delay_taps": int(v.get("tx_delay_taps", 0))}
+             for k, v in c["port"].items()}
     return cfg, ports, c
 
 

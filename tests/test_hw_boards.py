@@ -13,7 +13,7 @@ def test_board_pins_clocks_and_constraints(board):
     factory, _ = BOARDS[board]
     platform, (clk_name, fin) = factory()
     cfg, ports, c = board_config(board)
-    assert set(ports) == {0, 1}, "both ports: workers (0) and uplink (1)"
+    assert 0 in ports and set(ports) <= {0, 1}, "port 0 (workers), port 1 (uplink) if any"
     assert fin == c["clocks"]["input_mhz"]
     # as Ecp5RgmiiTop requests them; two resources sharing a pin would raise here
     platform.request(clk_name, dir="i")

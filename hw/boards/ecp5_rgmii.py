@@ -70,8 +70,9 @@ class _Stretch(Elaboratable):
 
 
 class Ecp5RgmiiTop(Elaboratable):
-    """``board``: BoardConfig; ``ports``: {port: rx_delay_taps}; ``clk``: (resource
-    name, MHz) of the input clock; ``leds``: number of LEDs to use (4 per port)."""
+    """``board``: BoardConfig; ``ports``: {port: RgmiiPhy delay keywords
+    (``rx_delay_taps``, ``tx_delay_taps``)}, port 0 alone on a one-port board; ``clk``:
+    (resource name, MHz) of the input clock. LEDs: 4 per port, as many as the board has."""
 
     def __init__(self, board, ports, *, clk=("clk100", 100), sync_mhz=125, core_mhz=75):
         self.board = board
@@ -133,14 +134,13 @@ class Ecp5RgmiiTop(Elaboratable):
 
         # -- datapath and PHYs ------------------------------------------------------------
         m.submodules.dp = dp = InaDatapath(self.board)
-        for p, taps in self.ports.items():
+        for p, delays in self.ports.items():
             cd_tx = ClockDomain(f"eth_tx{p}")
             m.domains += cd_tx
             m.d.comb += cd_tx.clk.eq(clk_core)
             m.submodules[f"tx_rst_sync{p}"] = ResetSynchronizer(rst, domain=f"eth_tx{p}")
             pins = platform.request("eth_rgmii", p, dir="-")
-            phy = RgmiiPhy(pins, rx_domain=f"eth_rx{p}", tx_domain=f"eth_tx{p}",
-                           rx_delay_taps=taps)
+            phy = RgmiiPhy(pins, rx_domain=f"eth_rx{p}", tx_domain=f"eth_tx{p}", **delays)
             m.submodules[f"rgmii{p}"] = phy
             m.d.comb += [
                 phy.rst.eq(rst | phy_rst),
