@@ -23,6 +23,9 @@ def test_board_pins_clocks_and_constraints(board):
                       ("tx_ctl", "tx_ctrl"), ("tx_data",)):
             assert any(hasattr(pins, n) for n in names), f"{board} eth_rgmii {p}: {names}"
 
+    assert any(platform.lookup(name, 0) for name in ("led", "rgb_led")
+               if name in {r for r, _ in platform.resources}), "a link LED at least"
+
     ref, fb, op, os_div = clock_plan(fin, c["clocks"]["sync_mhz"], c["clocks"]["core_mhz"])
     vco = fin / ref * fb * op
     assert 400 <= vco <= 800 and fin / ref >= 3.125

@@ -179,9 +179,12 @@ class Ecp5RgmiiTop(Elaboratable):
                 outs.append(s.o)
             leds += outs
         for k, value in enumerate(leds):
-            if not _has(platform, "led", k):
+            if _has(platform, "led", k):
+                m.d.comb += platform.request("led", k).o.eq(value)
+            elif _has(platform, "rgb_led", k):    # the ECPIX-5's four: their green parts
+                m.d.comb += platform.request("rgb_led", k).g.o.eq(value)
+            else:
                 break
-            m.d.comb += platform.request("led", k).o.eq(value)
         return m
 
 
