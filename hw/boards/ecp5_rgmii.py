@@ -61,7 +61,11 @@ class _Stretch(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         cnt = Signal(self.bits)
-        with m.If(self.i):
+        # (the pulse is registered first: it comes from anywhere in the datapath, and
+        # an LED is no reason for a long route to count as a timing path)
+        i = Signal()
+        m.d.sync += i.eq(self.i)
+        with m.If(i):
             m.d.sync += cnt.eq(~0)
         with m.Elif(cnt != 0):
             m.d.sync += cnt.eq(cnt - 1)

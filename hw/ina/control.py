@@ -391,6 +391,26 @@ class ControlPlane(wiring.Component):
         # member loops
         ma = Signal(range(MAX_WORKERS + 1))
         mb = Signal(range(MAX_WORKERS + 1))
+        # the buffer word addresses of members ma and mb (MEMBERS_AT + k + 3 ma, k = 0..2),
+        # kept in step with ma and mb, so no multiply-and-add sits in front of ``widx``
+        # (it was the core clock's longest path)
+        ma_w = [Signal(range(max_words + 4), name=f"ma_w{k}") for k in range(MEMBER_WORDS)]
+        mb_w = [Signal(range(max_words + 4), name=f"mb_w{k}") for k in range(2)]
+
+        def set_ma(first=None):
+            """ma := 0 (``first`` given) or ma + 1, with its addresses."""
+            if first is not None:
+                return [ma.eq(0)] + [ma_w[k].eq(MEMBERS_AT + k) for k in range(MEMBER_WORDS)]
+            return [ma.eq(ma + 1)] + [ma_w[k].eq(ma_w[k] + MEMBER_WORDS)
+                                      for k in range(MEMBER_WORDS)]
+
+        def set_mb(src):
+            """mb := 1, mb + 1 or ma + 1 (``src`` "one", "next", "ma"), with its addresses."""
+            if src == "one":
+                return [mb.eq(1)] + [mb_w[k].eq(MEMBERS_AT + MEMBER_WORDS + k) for k in range(2)]
+            if src == "next":
+                return [mb.eq(mb + 1)] + [mb_w[k].eq(mb_w[k] + MEMBER_WORDS) for k in range(2)]
+            return [mb.eq(ma + 1)] + [mb_w[k].eq(ma_w[k] + MEMBER_WORDS) for k in range(2)]
         a_ip = Signal(32)
         a_pm = Signal(32)       # port << 16 | mac[47:32]
         cyc = Signal(48)        # deadline in cycles (wide: checked below 2^31)
@@ -584,7 +604,7 @@ class ControlPlane(wiring.Component):
                                         if w == k:
                                             m.d.sync += sig[flo:flo + hi - lo].eq(word[lo:hi])
                     with m.If(cnt == ENTRY_WORDS - 1):
-                        m.d.sync += [cnt.eq(0), ma.eq(0), mb.eq(1)]
+                        m.d.sync += [cnt.eq(0), *set_ma(0), *set_mb("one")]
                         m.next = "PARSE"
             with m.State("PARSE"):
                 # jobtable.parse_control's checks, in its order
@@ -606,7 +626,7 @@ class ControlPlane(wiring.Component):
                     m.d.comb += mal.eq(1)
                     m.next = "DONE"
                 with m.Else():
-                    m.d.sync += [ma.eq(0), dly.eq(0), cnt.eq(0), cyc.eq(0), is_rm.eq(0)]
+                    m.d.sync += [*set_ma(0), dly.eq(0), cnt.eq(0), cyc.eq(0), is_rm.eq(0)]
                     m.next = "MUL"
             with m.State("MUL"):
                 # the deadline in cycles, by repeated addition (no multiplier on the path)
@@ -626,30 +646,30 @@ class ControlPlane(wiring.Component):
 
             def next_b():
                 with m.If(mb + 1 >= kmem):
-                    m.d.sync += ma.eq(ma + 1)
+                    m.d.sync += set_ma()
                     m.next = "DUP_A"
                 with m.Else():
-                    m.d.sync += mb.eq(mb + 1)
+                    m.d.sync += set_mb("next")
                     m.next = "DUP_B"
             with m.State("DUP_A"):
                 with m.If(ma + 1 >= kmem):
                     m.next = "LOOKUP"
                 with m.Else():
-                    with m.If(read(MEMBERS_AT + ma * MEMBER_WORDS)):
+                    with m.If(read(ma_w[0])):
                         m.d.sync += a_ip.eq(word)
                         m.next = "DUP_A2"
             with m.State("DUP_A2"):
-                with m.If(read(MEMBERS_AT + 1 + ma * MEMBER_WORDS)):
-                    m.d.sync += [a_pm.eq(word), mb.eq(ma + 1)]
+                with m.If(read(ma_w[1])):
+                    m.d.sync += [a_pm.eq(word), *set_mb("ma")]
                     m.next = "DUP_B"
             with m.State("DUP_B"):
-                with m.If(read(MEMBERS_AT + mb * MEMBER_WORDS)):
+                with m.If(read(mb_w[0])):
                     with m.If(word != a_ip):
                         next_b()
                     with m.Else():
                         m.next = "DUP_B2"
             with m.State("DUP_B2"):
-                with m.If(read(MEMBERS_AT + 1 + mb * MEMBER_WORDS)):
+                with m.If(read(mb_w[1])):
                     with m.If(word[16:] == a_pm[16:]):
                         m.d.comb += mal.eq(1)
                         m.next = "DONE"
@@ -699,7 +719,7 @@ class ControlPlane(wiring.Component):
                                 & ((e_mip == 0) | ((js("mcast_ip") == e_mip)
                                                    & (js("mcast_port") == e_mport))))
                         with m.If(same):
-                            m.d.sync += [ma.eq(0), cnt.eq(0), dly.eq(0)]
+                            m.d.sync += [*set_ma(0), cnt.eq(0), dly.eq(0)]
                             m.next = "UPD_CMP"
                         with m.Else():
                             m.d.comb += ev.control_refused.eq(1)
@@ -729,7 +749,7 @@ class ControlPlane(wiring.Component):
                     m.d.comb += [self.member.en.eq(1),
                                  self.member.addr.eq(slot * WS + ma[:max(1, _log2(P.workers))]
                                                      if WS > 1 else slot)]
-                    m.d.sync += [widx.eq(MEMBERS_AT + ma * MEMBER_WORDS), dly.eq(0), cnt.eq(0)]
+                    m.d.sync += [widx.eq(ma_w[0]), dly.eq(0), cnt.eq(0)]
                     m.next = "UPD_RD"
             with m.State("UPD_RD"):
                 # (the member's entry, latched the cycle after its read)
@@ -741,14 +761,14 @@ class ControlPlane(wiring.Component):
                     m.d.sync += [dly.eq(0), cnt.eq(cnt + 1)]
                     with m.Switch(cnt):
                         with m.Case(0):
-                            m.d.sync += [a_ip.eq(word), widx.eq(MEMBERS_AT + 1 + ma * MEMBER_WORDS)]
+                            m.d.sync += [a_ip.eq(word), widx.eq(ma_w[1])]
                         with m.Case(1):
-                            m.d.sync += [a_pm.eq(word), widx.eq(MEMBERS_AT + 2 + ma * MEMBER_WORDS)]
+                            m.d.sync += [a_pm.eq(word), widx.eq(ma_w[2])]
                         with m.Case(2):
                             same = ((mm.ip == a_ip) & (mm.port == a_pm[16:])
                                     & (mm.mac == Cat(word, a_pm[:16])))
                             with m.If(same):
-                                m.d.sync += ma.eq(ma + 1)
+                                m.d.sync += set_ma()
                                 m.next = "UPD_CMP"
                             with m.Else():
                                 m.d.comb += ev.control_refused.eq(1)
@@ -785,7 +805,7 @@ class ControlPlane(wiring.Component):
                             m.d.comb += job_w(name, v)
                 m.d.sync += cnt.eq(cnt + 1)
                 with m.If(cnt == len(fields) - 1):
-                    m.d.sync += [ma.eq(0), cnt.eq(0), dly.eq(0)]
+                    m.d.sync += [*set_ma(0), cnt.eq(0), dly.eq(0)]
                     m.next = "MEMBERS"
             with m.State("MEMBERS"):
                 # member ma: ip, then port and the MAC's top 16 bits, then its low 32
@@ -793,22 +813,22 @@ class ControlPlane(wiring.Component):
                     m.d.comb += job_w("enable", 1)
                     m.next = "WAIT_INIT"
                 with m.Else():
-                    with m.If(read(MEMBERS_AT + ma * MEMBER_WORDS)):
+                    with m.If(read(ma_w[0])):
                         m.d.comb += mem_w("ip", ma, word)
                         m.next = "MEMBER_PORT"
             with m.State("MEMBER_PORT"):
-                with m.If(read(MEMBERS_AT + 1 + ma * MEMBER_WORDS)):
+                with m.If(read(ma_w[1])):
                     m.d.comb += mem_w("port", ma, word[16:])
                     m.d.sync += a_pm.eq(word)
                     m.next = "MEMBER_MAC"
             with m.State("MEMBER_MAC"):
-                with m.If(read(MEMBERS_AT + 2 + ma * MEMBER_WORDS)):
+                with m.If(read(ma_w[2])):
                     m.d.comb += mem_w("mac_hi", ma, a_pm[:16])
                     m.d.sync += a_ip.eq(word)
                     m.next = "MEMBER_LO"
             with m.State("MEMBER_LO"):
                 m.d.comb += mem_w("mac_lo", ma, a_ip)
-                m.d.sync += ma.eq(ma + 1)
+                m.d.sync += set_ma()
                 m.next = "MEMBERS"
             with m.State("WAIT_INIT"):
                 # the enable write lands, the job's slots are reset, enable reads 1

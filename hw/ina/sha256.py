@@ -11,7 +11,9 @@ Ports::
 
 The 64 rounds take four cycles each (256 cycles per block after its 16 words), so that
 every add is a two-operand add behind at most one level of logic: the core keeps the
-board's 75 MHz with room (one round in one cycle would be a five-operand add).
+board's 75 MHz with room (one round in one cycle would be a five-operand add). The four
+phases also let the message schedule live in a 16-word LUT RAM read once per phase
+(W[t], W[t+9], W[t+1], W[t+14]) instead of 512 flip-flops shifted every round.
 
 Python twins :func:`compress_py` and :data:`IV` are for the tests (checked against
 ``hashlib``).
@@ -82,7 +84,15 @@ class Sha256(wiring.Component):
         H = [Signal(32, name=f"h{k}", init=IV[k]) for k in range(8)]
         v = [Signal(32, name=f"v_{n}") for n in "abcdefgh"]
         a, b, c, d, e, f, g, h = v
-        w = [Signal(32, name=f"w{k}") for k in range(16)]
+        # the message schedule: 16 words in a LUT RAM, W[t] at address t mod 16, read
+        # through one asynchronous port, one word per phase (W[t], W[t+9], W[t+1],
+        # W[t+14]); W[t+16] is written (over W[t]) in the next round's first phase
+        m.submodules.wmem = wmem = memory.Memory(shape=32, depth=16, init=[])
+        wrd = wmem.read_port(domain="comb")
+        wwr = wmem.write_port()
+        raddr = Signal(4)               # the word read in the current phase
+        m.d.comb += wrd.addr.eq(raddr)
+        wq = wrd.data
         nw = Signal(range(17))          # words loaded into the block
         rnd = Signal(6)
         ph = Signal(2)
@@ -98,17 +108,20 @@ class Sha256(wiring.Component):
         s0 = Signal(32)     # Sigma0(a) + Maj(a, b, c)
         t1 = Signal(32)
         y = Signal(32)      # W[t] + W[t+9]   (the schedule's W[t+16], in parts)
+        q = Signal(32)      # sigma0(W[t+1])
         y2 = Signal(32)     # sigma0(W[t+1]) + sigma1(W[t+14])
-        wn = Signal(32)
+        wt = Signal(32)     # W[t]
+        wpend = Signal()    # W[t+16] = y + y2 waits to be written (round t+1, phase 0)
+        wpa = Signal(4)     # ... at this address (t mod 16)
 
         with m.If(self.restart):
             m.d.sync += [H[k].eq(IV[k]) for k in range(8)]
             m.d.sync += nw.eq(0)
         with m.Elif(self.i.valid & self.i.ready):
-            m.d.sync += [w[k].eq(w[k + 1]) for k in range(15)]
-            m.d.sync += w[15].eq(self.i.payload)
+            m.d.comb += [wwr.addr.eq(nw[:4]), wwr.data.eq(self.i.payload), wwr.en.eq(1)]
             with m.If(nw == 15):
-                m.d.sync += [nw.eq(0), run.eq(1), rnd.eq(0), ph.eq(0)]
+                m.d.sync += [nw.eq(0), run.eq(1), rnd.eq(0), ph.eq(0), raddr.eq(0),
+                             wpend.eq(0)]
                 m.d.sync += [v[k].eq(H[k]) for k in range(8)]
             with m.Else():
                 m.d.sync += nw.eq(nw + 1)
@@ -118,26 +131,31 @@ class Sha256(wiring.Component):
             with m.Switch(ph):
                 with m.Case(0):     # (K[t] is read at ``rnd`` now, shown in phase 1)
                     m.d.sync += [
-                        x.eq(h + w[0]),
+                        x.eq(h + wq),
+                        wt.eq(wq),
                         s1.eq((_rotr(e, 6) ^ _rotr(e, 11) ^ _rotr(e, 25))
                               + ((e & f) ^ (~e & g))),
                         s0.eq((_rotr(a, 2) ^ _rotr(a, 13) ^ _rotr(a, 22))
                               + ((a & b) ^ (a & c) ^ (b & c))),
-                        y.eq(w[0] + w[9]),
-                        y2.eq((_rotr(w[1], 7) ^ _rotr(w[1], 18) ^ (w[1] >> 3))
-                              + (_rotr(w[14], 17) ^ _rotr(w[14], 19) ^ (w[14] >> 10))),
+                        raddr.eq(rnd[:4] + 9),
                     ]
+                    with m.If(wpend):
+                        m.d.comb += [wwr.addr.eq(wpa), wwr.data.eq(y + y2), wwr.en.eq(1)]
+                        m.d.sync += wpend.eq(0)
                 with m.Case(1):
-                    m.d.sync += [x.eq(x + krd.data), wn.eq(y + y2)]
+                    m.d.sync += [x.eq(x + krd.data), y.eq(wt + wq), raddr.eq(rnd[:4] + 1)]
                 with m.Case(2):
-                    m.d.sync += t1.eq(x + s1)
+                    m.d.sync += [t1.eq(x + s1),
+                                 q.eq(_rotr(wq, 7) ^ _rotr(wq, 18) ^ (wq >> 3)),
+                                 raddr.eq(rnd[:4] + 14)]
                 with m.Case(3):
                     m.d.sync += [a.eq(t1 + s0), b.eq(a), c.eq(b), d.eq(c), e.eq(d + t1),
                                  f.eq(e), g.eq(f), h.eq(g)]
-                    m.d.sync += [w[k].eq(w[k + 1]) for k in range(15)]
-                    m.d.sync += [w[15].eq(wn), rnd.eq(rnd + 1)]
+                    m.d.sync += [y2.eq(q + (_rotr(wq, 17) ^ _rotr(wq, 19) ^ (wq >> 10))),
+                                 wpend.eq(1), wpa.eq(rnd[:4]), rnd.eq(rnd + 1),
+                                 raddr.eq(rnd[:4] + 1)]
                     with m.If(rnd == 63):
-                        m.d.sync += [run.eq(0), fin.eq(1)]
+                        m.d.sync += [run.eq(0), fin.eq(1), wpend.eq(0)]
         with m.If(fin):
             m.d.sync += fin.eq(0)
             m.d.sync += [H[k].eq(H[k] + v[k]) for k in range(8)]
