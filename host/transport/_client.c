@@ -104,11 +104,7 @@ static double win_rto(const Win *w) {
         if (PEAK_FACTOR * pk > base) base = PEAK_FACTOR * pk;
         if (base > 1.0) base = 1.0;
     }
-    if (w->bounded) {
-        double b = w->deadline * 1.5 + 0.002;
-        return base > b ? base : b;
-    }
-    return base;
+    return base;   /* bounded too: window.py's RttEstimator.rto (issue 18, run 4) */
 }
 
 static double win_timeout(const Win *w) {
@@ -118,7 +114,12 @@ static double win_timeout(const Win *w) {
 }
 
 static double win_giveup(const Win *w) {
-    double g = 20 * win_rto(w);
+    double base = win_rto(w);
+    if (w->bounded) {
+        double b = w->deadline * 1.5 + 0.002;
+        if (b > base) base = b;
+    }
+    double g = 20 * base;
     return g > 0.5 ? g : 0.5;
 }
 

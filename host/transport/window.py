@@ -52,8 +52,12 @@ The rules (the same as the socket loop had before they moved here):
   bounded mode and ``giveup`` without progress: every overdue packet is abandoned (and
   releases its successor); reliable mode and ``stall_timeout`` without progress:
   ``Fail("stalled")``; otherwise every overdue packet is re-sent;
-* bounded mode: ``rto`` is at least 1.5 deadlines + 2 ms, so a re-send only goes out
-  after the switch's deadline (to fetch the stored result the worker missed); a RESULT
+* bounded mode: ``rto`` is the RTT's, as in reliable mode (until issue 18's run 4 it was
+  at least 1.5 deadlines + 2 ms, so that a re-send went out only after the switch's
+  deadline; with the deadline now derived from the rto, ``slot_deadline``, a lost
+  RESULT must be re-fetched well before the next slot of its chain closes); a re-send
+  into a slot that is still open is a duplicate the switch drops; ``giveup`` keeps its
+  floor of 20 x (1.5 deadlines + 2 ms); a RESULT
   for a packet not sent yet is held (above), and the packet it would have released goes
   out when ``p - w``'s result is in, so never more than ``w`` are in flight.
 """
@@ -138,19 +142,28 @@ class RttEstimator:
         """A call starts: the peak of the one before becomes ``last_peak``."""
         self.last_peak, self.peak = self.peak, 0.0
 
-    def rto(self, cfg: WindowConfig) -> float:
+    def base_rto(self, cfg: WindowConfig) -> float:
+        """The timeout from the RTT alone (RFC 6298, floored at the peak): what the
+        ranks exchange to set the switch's slot deadline (``slot_deadline``)."""
         if not self.srtt:
-            base = cfg.rto
-        else:
-            base = min(max(self.srtt + 4 * self.rttvar, cfg.min_rto,
-                           PEAK_FACTOR * max(self.peak, self.last_peak)), 1.0)
-        if cfg.mode == "bounded":
-            return max(base, cfg.deadline * 1.5 + 0.002)
-        return base
+            return cfg.rto
+        return min(max(self.srtt + 4 * self.rttvar, cfg.min_rto,
+                       PEAK_FACTOR * max(self.peak, self.last_peak)), 1.0)
+
+    def rto(self, cfg: WindowConfig) -> float:
+        # bounded mode too: a re-send fetches a RESULT the switch stored (the slot
+        # closed), or is a duplicate it drops (the slot still waits); it must come
+        # before the next slot of its chain closes, so no longer after 1.5 deadlines
+        # (with a deadline derived from the rto, that floor would chase itself)
+        return self.base_rto(cfg)
 
     def giveup(self, cfg: WindowConfig) -> float:
-        """Bounded mode: no progress for this long and overdue results are abandoned."""
-        return max(20 * self.rto(cfg), 0.5)
+        """Bounded mode: no progress for this long and overdue results are abandoned
+        (at least 20 rto and 30 deadlines: the others may wait a deadline per slot)."""
+        base = self.base_rto(cfg)
+        if cfg.mode == "bounded":
+            base = max(base, cfg.deadline * 1.5 + 0.002)
+        return max(20 * base, 0.5)
 
 
 class SendWindow:
