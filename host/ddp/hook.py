@@ -192,10 +192,13 @@ class InaHookState:
         # switch on this host and the job installed here: its RESULTs go to a multicast
         # group, one copy for all ranks, if every rank joins it (else unicast)
         group = loopback_group(addr, job) if configure else None
+        # pacing at the link rate (INA_PACE_RATE bit/s overrides INA_LINK_RATE; 0: none)
+        pace = env.get("INA_PACE_RATE", env.get("INA_LINK_RATE", "")).strip()
         client = SwitchClient(addr, job, rank, world, window, elements, mode,
                               bind=(local_address_towards(addr), base + rank if base else 0),
                               deadline=deadline, group=group,
-                              connect_timeout=connect_timeout, impairment=impairment)
+                              connect_timeout=connect_timeout, impairment=impairment,
+                              pace_rate=float(pace) if pace else 0.0)
         import json    # a text per rank: its address, the group it joined (or null) and a
         # session id; rank 0's is the run's (a fresh one; a static job's is INA_SESSION)
         from ina_fabric.protocol.jobtable import new_session, parse_session
