@@ -57,7 +57,38 @@ def test_paced_datagrams_leave_at_the_link_rate(engine):
     # the pacer (the C loop paces without blocking; a first version timed the waiting
     # ones out at the initial 20 ms rto and sent 49 for 19)
     assert len(gaps) == 18
-    assert gaps.min() > 0.8 * t, gaps                        # never two at once
+    # (arrivals are noted by the switch's thread: its own scheduling moves single gaps)
+    assert np.median(gaps) > 0.9 * t and gaps.sum() > 0.9 * 18 * t, gaps
     assert took > 18 * t
     gaps, took = arrivals(engine, 0.0)                        # unpaced: a burst
-    assert gaps.min() < 0.5 * t and took < 18 * t
+    assert np.median(gaps) < 0.5 * t and took < 18 * t
+
+
+def test_bounded_result_for_a_datagram_still_in_the_pacer():
+    """Bounded mode: a slot can close at its deadline (opened by a faster worker) while
+    this worker's datagram for it still waits in the pacer, so its RESULT comes before
+    the datagram goes. That RESULT gives no RTT sample. (Seen on the lab at the high
+    level: the sample was now minus infinity, the timeout NaN, and the C loop's ppoll
+    raised OSError EINVAL, 'allreduce socket: Invalid argument'.)"""
+    import threading
+    ports = free_udp_ports(2)
+    job = JobConfig(7, tuple(f"127.0.0.1:{p}" for p in ports), window=8, elements=E,
+                    deadline=0.005, mode="bounded")
+    sw = FakeNetworkSwitch(job)
+    x = np.random.default_rng(1).standard_normal(19 * E).astype(np.float32)
+    out = {}
+
+    def fast():
+        with _client(sw, job, 1, engine="c") as c:
+            out[1] = c.allreduce(x)
+
+    try:
+        t = threading.Thread(target=fast)
+        t.start()
+        with _client(sw, job, 0, engine="c", pace_rate=2e6) as c:   # 33 ms a datagram
+            y, st = c.allreduce(x)
+            assert np.isfinite(c._rtt.srtt) and np.isfinite(c._rto())
+        t.join(10)
+        assert st.partial_slots > 0 and np.isfinite(y).all()
+    finally:
+        sw.close()

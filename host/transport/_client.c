@@ -212,7 +212,9 @@ static void win_on_result(Win *w, int p, double now) {
     if (w->where[p]) {
         double t = w->tsent[p];
         unlink_p(w, p);
-        if (!w->tries[p]) rtt_sample(w->rtt, now - t);
+        /* (t is INFINITY while the pacer still holds p: bounded mode, its slot closed
+         * at the deadline before p went; no sample then) */
+        if (!w->tries[p] && t <= now) rtt_sample(w->rtt, now - t);
     }
     push(w, A_DELIVER, p, 0);
     win_release(w, p + w->W, now);
@@ -744,6 +746,7 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
         double wait = win_next_wakeup(w, &t) ? t - now : win_rto(w);
         if (q->n && q->next_tx - now < wait) wait = q->next_tx - now;
         if (wait < 0.0002) wait = 0.0002;
+        if (!(wait < 1.0)) wait = 1.0;        /* never an infinite or NaN timespec */
         struct pollfd pf[2] = {{fds[0], POLLIN, 0}, {nfds > 1 ? fds[1] : -1, POLLIN, 0}};
         struct timespec ts = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
         if (ppoll(pf, nfds, &ts, NULL) < 0 && errno != EINTR) return -errno;
