@@ -32,6 +32,7 @@
 #include "ina_wire.h"
 
 #define PEAK_FACTOR 2.0          /* window.py */
+#define FAST_RESEND 3            /* window.py */
 #define MAX_BACKOFF 64
 #define UDP_IP_BYTES 46         /* IPv4 + UDP + Ethernet: slot_deadline.UDP_IP_BYTES */
 #define BOUNDED_MAX_BACKOFF 4   /* window.py: a bounded re-send fetches a stored result */
@@ -55,6 +56,7 @@ typedef struct {
     double *rtt;                   /* srtt, rttvar, answered, peak, last_peak */
     uint8_t *received, *held, *where;   /* where: 0 none, 1 fresh, 2 resent */
     uint8_t *tries;                /* 0: never re-sent (Karn: RTT samples allowed) */
+    uint8_t *later;                /* results in of packets sent after it (FAST_RESEND) */
     double *tsent;
     int *prev, *next;              /* the fresh and the resent list, by send order */
     int fhead, ftail, rhead, rtail, nfresh, nresent;
@@ -74,11 +76,13 @@ static int win_init(Win *w, int P, int W, const double cfg[7], double *rtt) {
     w->rtt = rtt;
     w->received = calloc(P, 1); w->held = calloc(P, 1); w->where = calloc(P, 1);
     w->tries = calloc(P, 1); w->tsent = calloc(P, sizeof(double));
+    w->later = calloc(P, 1);
     w->prev = malloc(P * sizeof(int)); w->next = malloc(P * sizeof(int));
     w->scratch = malloc(P * sizeof(int));
     w->capact = 2 * P + 16;
     w->act = malloc(w->capact * sizeof(Action));
-    if (!w->received || !w->held || !w->where || !w->tries || !w->tsent || !w->prev ||
+    if (!w->received || !w->held || !w->where || !w->tries || !w->tsent || !w->later ||
+            !w->prev ||
             !w->next || !w->scratch || !w->act)
         return -1;
     w->fhead = w->ftail = w->rhead = w->rtail = -1;
@@ -90,7 +94,7 @@ static int win_init(Win *w, int P, int W, const double cfg[7], double *rtt) {
 
 static void win_free(Win *w) {
     free(w->received); free(w->held); free(w->where); free(w->tries); free(w->tsent);
-    free(w->prev); free(w->next); free(w->scratch); free(w->act);
+    free(w->later); free(w->prev); free(w->next); free(w->scratch); free(w->act);
 }
 
 static double win_rto(const Win *w) {
@@ -209,8 +213,9 @@ static void win_on_result(Win *w, int p, double now) {
         push(w, A_HOLD, p, 0);
         return;
     }
+    double t = INFINITY;
     if (w->where[p]) {
-        double t = w->tsent[p];
+        t = w->tsent[p];
         unlink_p(w, p);
         /* (t is INFINITY while the pacer still holds p: bounded mode, its slot closed
          * at the deadline before p went; no sample then) */
@@ -218,6 +223,12 @@ static void win_on_result(Win *w, int p, double now) {
     }
     push(w, A_DELIVER, p, 0);
     win_release(w, p + w->W, now);
+    if (t < INFINITY) {           /* fast re-send (window.py's FAST_RESEND) */
+        int n = 0;
+        for (int q = w->fhead; q >= 0 && w->tsent[q] < t; q = w->next[q])
+            if (++w->later[q] == FAST_RESEND) w->scratch[n++] = q;
+        for (int i = 0; i < n; i++) win_send(w, w->scratch[i], now, 1);
+    }
 }
 
 static int win_next_wakeup(const Win *w, double *t) {
