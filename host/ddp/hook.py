@@ -141,7 +141,11 @@ class InaHookState:
         Environment (each overrides the argument; unset, the Ethernet defaults of
         ``ina_fabric.protocol.jobtable.LINK_DEFAULTS``): INA_SWITCH (ip:port), INA_JOB
         (default 1), INA_MODE (reliable|bounded), INA_ELEMENTS (per packet), INA_WINDOW,
-        INA_DEADLINE_MS (milliseconds, as every flag and TOML key); RANK/WORLD_SIZE from
+        INA_DEADLINE_MS (milliseconds, as every flag and TOML key; ``auto``, or
+        ``deadline="auto"``: bounded mode's slot deadline derived from the link and the
+        ranks' timeouts, ``host.transport.slot_deadline``), INA_LINK_RATE (bit/s of the
+        workers' links: the derived deadline's, and the client's pacing rate),
+        INA_PACE_RATE (bit/s, overrides the pacing rate; 0: none); RANK/WORLD_SIZE from
         torchrun. Every rank binds a UDP port
         on the interface facing the switch; the ranks exchange addresses over the
         process group and rank 0 installs the job on the switch with a CONTROL datagram
