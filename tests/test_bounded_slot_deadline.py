@@ -116,43 +116,6 @@ class ComputeSim(Sim):
         for wk in self.workers:
             wk.pending = None
 
-    def _run(self):
-        for wk in self.workers:
-            wk.next_call(0.0)
-        by_addr = {addr(i): wk for i, wk in enumerate(self.workers)}
-        for _ in range(self.max_events):
-            cands = []
-            t = self.net.next_time()
-            if t is not None:
-                cands.append((t, 0, None))
-            t = self.model.next_deadline()
-            if t is not None:
-                cands.append((t, 1, None))
-            for wk in self.workers:
-                if wk.active:
-                    t = wk.win.next_wakeup()
-                    if t is not None:
-                        cands.append((t, 2, wk))
-                elif wk.pending is not None and wk.failed is None:
-                    cands.append((wk.pending, 3, wk))
-            if not cands:
-                return self
-            t, what, wk = min(cands, key=lambda c: (c[0], c[1]))
-            now = self.now = max(self.now, t)
-            if what == 0:
-                _, src, dst, data = self.net.pop()
-                if dst == SWITCH:
-                    self.route(self.model.process(data, src, now), now)
-                elif by_addr[dst].active:
-                    by_addr[dst].receive(data, now)
-            elif what == 1:
-                self.route(self.model.tick(now), now)
-            elif what == 2:
-                wk.timer(now)
-            else:
-                wk.start_pending()
-        raise AssertionError("simulation did not finish")
-
 
 def run(deadline, calls=30, n=4, seed=1, window=8, flood_rate=9e6, paced=False):
     rng = np.random.default_rng(seed)
