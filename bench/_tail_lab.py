@@ -81,6 +81,13 @@ def _uplink_bytes(lab, hosts):
     return {h: c[h]["up"].get("bytes", 0) for h in hosts}
 
 
+def _link_drops(lab, hosts):
+    """host -> (uplink drops, downlink drops): the tbf queues' drop counters."""
+    from ina_fabric.host.lab.status import link_counters
+    c = link_counters(lab)
+    return {h: (c[h]["up"].get("drops", 0), c[h]["down"].get("drops", 0)) for h in hosts}
+
+
 def _one(lab, backend, level, args, logdir, switch, elements, job=7):
     from ina_fabric.host.ddp.train import TrainConfig, run_training_lab
     from ina_fabric.host.lab import traffic
@@ -98,9 +105,9 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
     hosts = lab.hosts[:args.workers]
     names = traffic.start(lab, _flows(level, args.workers, args.flow_seconds))
     try:
-        b0 = _uplink_bytes(lab, hosts)
+        b0, d0 = _uplink_bytes(lab, hosts), _link_drops(lab, hosts)
         res = run_training_lab(cfg, lab, timeout=args.flow_seconds)
-        b1 = _uplink_bytes(lab, hosts)
+        b1, d1 = _uplink_bytes(lab, hosts), _link_drops(lab, hosts)
     finally:
         for n in names:
             lab.stop_service(n)
@@ -132,6 +139,15 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
         "replicas_identical": len(set(res.param_hashes)) == 1,
         "curve": [(t, acc) for t, _, _, acc in res.curve],
         "call_ms": [round(1e3 * c, 3) for c in res.call_seconds],
+        # where the time went (issue 18, task 2): datagrams dropped in each training
+        # host's tbf queues over the run (uplink: its own egress, background flows
+        # included on downlinks), and rank 0's client counters (in-network backends)
+        "drops_up": [d1[h][0] - d0[h][0] for h in hosts],
+        "drops_down": [d1[h][1] - d0[h][1] for h in hosts],
+        "client": {k: res.stats[k] for k in ("packets_sent", "retransmits", "results",
+                                             "duplicates_ignored", "partial_slots",
+                                             "switch_deadline_ms", "agreed_rto_ms")
+                   if k in (res.stats or {})},
     }
 
 
@@ -186,7 +202,9 @@ def run(args):
                               f"acc {r['final_accuracy']:.3f}  P50 {r['p50_ms'] or 0:6.1f} "
                               f"ms  P99 {r['p99_ms'] or 0:6.1f} ms  dropped "
                               f"{100 * r['dropped_fraction']:.2f}%  "
-                              f"{r['bytes_per_step_per_link'] / 1e3:.0f} kB/step/link",
+                              f"{r['bytes_per_step_per_link'] / 1e3:.0f} kB/step/link"
+                              f"  drops up {sum(r['drops_up'])} down {r['drops_down']}"
+                              + (f"  rank0 {r['client']}" if r["client"] else ""),
                               flush=True)
     finally:
         lab.down()

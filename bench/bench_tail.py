@@ -282,8 +282,10 @@ def main(argv=None) -> int:
                      help="runs per (backend, level), interleaved")
     lab.add_argument("--rate", default="100mbit", help="host link rate")
     lab.add_argument("--queue-ms", type=float, default=20.0, help="tbf queue per link end")
-    lab.add_argument("--switch-deadline-ms", type=float, default=20.0,
-                     help="ina-bounded: the switch's slot deadline")
+    lab.add_argument("--switch-deadline-ms", type=float, default=None,
+                     help="ina-bounded: a fixed slot deadline (default: derived from the "
+                          "link rate, the call window and the ranks' timeouts, "
+                          "host/transport/slot_deadline.py)")
     lab.add_argument("--window", type=int, default=64,
                      help="ina, ina-bounded: the job's window (the switch keeps 2 x window "
                           "results: how far behind a bounded worker may fall and still "

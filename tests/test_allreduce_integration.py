@@ -83,7 +83,13 @@ def test_bounded_reported_loss_equals_injected(ports):
     injected_entries = sum(nel for _, nel in first_tx_drops)
     assert injected_entries > 0
     lost = [r["stats"]["entries_lost"] for r in res["per_worker"]]
-    assert lost == [injected_entries] * n          # every worker reports the same loss
+    assert lost == [lost[0]] * n                   # every worker reports the same loss
+    # bounded re-sends go out on the RTT's timeout (issue 18, run 4; before, only after
+    # 1.5 deadlines), so a dropped DATA is re-sent well within this 1 s deadline and
+    # its slot completes: what is lost is at most what was injected (a slot closes
+    # partial only if a re-send was dropped too)
+    assert lost[0] <= injected_entries
+    assert res["stats"]["retransmits"] > 0
     assert res["stats"]["abandoned_slots"] == 0
 
 

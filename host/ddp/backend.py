@@ -214,6 +214,7 @@ class ProcessGroupIna(ProcessGroup):
             configure=not o.static_job, connect_timeout=o.connect_timeout,
             peers=_GlooPeers(store, self.gloo, rank, world), average=False,
             fallback_to_gloo=o.fallback == "gloo")
+        self.state.exchange_rto = False    # the wire thread may not use self.gloo
         client = self.state.collective
         self.chunk = max(1, o.stage_bytes // 4 // client.elements) * client.elements
         self._wire = ThreadPoolExecutor(1, thread_name_prefix="ina-wire")

@@ -99,6 +99,19 @@ class InaHookState:
     peers: object = None        # DistPeers(process_group) unless given
     #: this rank installed the job (rank 0, ``configure``): ``close()`` removes it
     installed: bool = False
+    #: bounded mode with a derived slot deadline (``host.transport.slot_deadline``):
+    #: the link rate (bit/s, None: unknown), the job as installed (rank 0 moves its
+    #: deadline live), the ranks' agreed timeout, and (call, deadline) at every move
+    auto_deadline: bool = False
+    link_rate: float | None = None
+    job_config: object = None
+    agreed_rto: float | None = None
+    deadline_history: list = field(default_factory=list)
+    #: exchange the ranks' timeouts over ``peers`` (the ``ina`` backend turns it off:
+    #: its wire thread may not use the caller's Gloo group; rank 0's own is used)
+    exchange_rto: bool = True
+    _tune_calls: int = 0
+    _tune_window: int = 0
     error: BaseException | None = None   # the last bucket's error, if one failed
 
     def raise_error(self, wrapped: BaseException):
@@ -128,7 +141,11 @@ class InaHookState:
         Environment (each overrides the argument; unset, the Ethernet defaults of
         ``ina_fabric.protocol.jobtable.LINK_DEFAULTS``): INA_SWITCH (ip:port), INA_JOB
         (default 1), INA_MODE (reliable|bounded), INA_ELEMENTS (per packet), INA_WINDOW,
-        INA_DEADLINE_MS (milliseconds, as every flag and TOML key); RANK/WORLD_SIZE from
+        INA_DEADLINE_MS (milliseconds, as every flag and TOML key; ``auto``, or
+        ``deadline="auto"``: bounded mode's slot deadline derived from the link and the
+        ranks' timeouts, ``host.transport.slot_deadline``), INA_LINK_RATE (bit/s of the
+        workers' links: the derived deadline's, and the client's pacing rate),
+        INA_PACE_RATE (bit/s, overrides the pacing rate; 0: none); RANK/WORLD_SIZE from
         torchrun. Every rank binds a UDP port
         on the interface facing the switch; the ranks exchange addresses over the
         process group and rank 0 installs the job on the switch with a CONTROL datagram
@@ -154,23 +171,38 @@ class InaHookState:
         env = os.environ
         if env.get("INA_FALLBACK") in ("gloo", "raise"):
             fields["fallback_to_gloo"] = env["INA_FALLBACK"] == "gloo"
+        # the slot deadline: INA_DEADLINE_MS (a number, or "auto"), else ``deadline``
+        # (seconds, or "auto"); "auto" in bounded mode derives it from the link and the
+        # ranks' timeouts (host.transport.slot_deadline): installed for the job's
+        # window, moved live from the first call on (InaHookState.tune_deadline)
+        text = env.get("INA_DEADLINE_MS", "").strip().lower()
+        auto = text == "auto" or (not text and deadline == "auto")
+        fixed = float(text) / 1e3 if text and not auto else \
+            (None if auto or deadline == "auto" else deadline)
         s = job_defaults(
             "ethernet",
             elements=int(env["INA_ELEMENTS"]) if "INA_ELEMENTS" in env else elements,
             window=int(env["INA_WINDOW"]) if "INA_WINDOW" in env else window,
-            mode=env.get("INA_MODE", mode),
-            deadline=float(env["INA_DEADLINE_MS"]) / 1e3 if "INA_DEADLINE_MS" in env
-            else deadline)
+            mode=env.get("INA_MODE", mode), deadline=fixed)
         window, elements, mode, deadline = s.window, s.elements, s.mode, s.deadline
+        auto = auto and mode == "bounded"
+        link_rate = float(env["INA_LINK_RATE"]) if env.get("INA_LINK_RATE") else None
+        if auto:
+            from ..transport.slot_deadline import slot_deadline
+            from ina_fabric.protocol.fields import HEADER_BYTES
+            deadline = slot_deadline(window, HEADER_BYTES + 4 * elements, link_rate)
         base = int(os.environ.get("INA_PORT", bind_port or 0))
         from ina_fabric.protocol.jobtable import loopback_group
         # switch on this host and the job installed here: its RESULTs go to a multicast
         # group, one copy for all ranks, if every rank joins it (else unicast)
         group = loopback_group(addr, job) if configure else None
+        # pacing at the link rate (INA_PACE_RATE bit/s overrides INA_LINK_RATE; 0: none)
+        pace = env.get("INA_PACE_RATE", env.get("INA_LINK_RATE", "")).strip()
         client = SwitchClient(addr, job, rank, world, window, elements, mode,
                               bind=(local_address_towards(addr), base + rank if base else 0),
                               deadline=deadline, group=group,
-                              connect_timeout=connect_timeout, impairment=impairment)
+                              connect_timeout=connect_timeout, impairment=impairment,
+                              pace_rate=float(pace) if pace else 0.0)
         import json    # a text per rank: its address, the group it joined (or null) and a
         # session id; rank 0's is the run's (a fresh one; a static job's is INA_SESSION)
         from ina_fabric.protocol.jobtable import new_session, parse_session
@@ -199,6 +231,11 @@ class InaHookState:
                 ok = 0
         state = cls(client, process_group, peers=peers, **fields)
         state.installed = bool(configure and rank == 0 and ok)
+        state.auto_deadline, state.link_rate = auto and configure, link_rate
+        if configure and rank == 0:
+            state.job_config = cfg
+        if state.auto_deadline:
+            state.deadline_history.append((0, deadline))
         try:
             state.probe(ok, query=configure)
         except BaseException:
@@ -275,15 +312,71 @@ class InaHookState:
         if close:
             close()
 
+    # -- the derived slot deadline (bounded mode, host.transport.slot_deadline) --------
+    def agree_rto(self):
+        """Every rank's RTT-based timeout, exchanged (one small allreduce, at the same
+        call on every rank); the largest is the job's: the rank behind the most
+        congested link is the one whose lost RESULTs the deadline must cover."""
+        from ..transport.window import WindowConfig
+        c = self.collective
+        mine = c._rtt.base_rto(WindowConfig.of(c)) if c._rtt.srtt else 0.0
+        if not self.exchange_rto:
+            self.agreed_rto = mine or None
+            return
+        v = torch.zeros(self._peers.world, dtype=torch.float64)
+        v[self._peers.rank] = mine
+        self._peers.allreduce(v)
+        self.agreed_rto = float(v.max()) or None
+        self.extra_stats["agreed_rto_ms"] = (self.agreed_rto or 0.0) * 1e3
+
+    def tune_deadline(self, size: int):
+        """Before a call: the rule's deadline for this call's window, the link rate and
+        the agreed timeout; rank 0 moves the switch's deadline live (only the deadline
+        changes; slots and data in flight stay) when it moved by more than
+        ``RETUNE_CHANGE``. Rank 0 does it before its own first packet of the call."""
+        from ..transport.slot_deadline import slot_deadline, RETUNE_CHANGE
+        from ina_fabric.protocol.fields import HEADER_BYTES
+        c = self.collective
+        w = c.call_window(-(-size // c.elements)) if size else 1
+        d = slot_deadline(w, HEADER_BYTES + 4 * c.elements, self.link_rate,
+                          self.agreed_rto)
+        self._tune_window = w
+        if self.job_config is None or not self.installed:
+            c.deadline = d        # the client's giveup follows the switch's deadline
+            return
+        cur = self.job_config.deadline
+        if abs(d - cur) <= RETUNE_CHANGE * cur:
+            return
+        import dataclasses
+        from ..switch import send_job
+        new = dataclasses.replace(self.job_config, deadline=d)
+        try:
+            send_job(c.switch, new, timeout=1.0, update=True)
+        except Exception as e:  # noqa: BLE001 (refused or no answer: keep the old one)
+            warnings.warn(f"INA: could not move job {c.job}'s slot deadline to "
+                          f"{d * 1e3:.1f} ms ({e})", RuntimeWarning, stacklevel=2)
+            return
+        self.job_config = new
+        c.deadline = d
+        self.deadline_history.append((self._tune_calls, d))
+        self.extra_stats["switch_deadline_ms"] = d * 1e3
+
     def reduce_array(self, arr: np.ndarray, in_place: bool = False) -> np.ndarray:
         """One allreduce of a float32 array through the collective, counted in the
         statistics; the sum (a new array, or ``arr`` itself when ``in_place``: a
         ``SwitchClient`` only). SwitchUnavailable when no answer came."""
         import time
+        if self.auto_deadline:
+            self.tune_deadline(arr.size)
         t = time.perf_counter()
         out, st = self.collective.allreduce(arr, out=arr) if in_place else \
             self.collective.allreduce(arr)
         dt = time.perf_counter() - t
+        if self.auto_deadline:
+            self._tune_calls += 1
+            from ..transport.slot_deadline import RETUNE_CALLS
+            if self._tune_calls % RETUNE_CALLS == 0:
+                self.agree_rto()
         self.comm_seconds += dt
         self.call_seconds.append(dt)
         if isinstance(st, AllreduceStats):

@@ -61,7 +61,9 @@ class TrainConfig:
     job: int = 1
     elements: int = _LOOPBACK.elements   # per packet (LINK_DEFAULTS: loopback)
     window: int = _LOOPBACK.window
-    deadline_ms: float = _LOOPBACK.deadline_ms
+    #: bounded mode's slot deadline; None: derived from the link rate and the ranks'
+    #: timeouts (``host.transport.slot_deadline``, moved live by rank 0)
+    deadline_ms: float | None = _LOOPBACK.deadline_ms
     static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
     worker_base_port: int = 0         # with static_job: worker r binds this + r
     session: int = 0                  # with static_job: the session id of the job it holds
@@ -164,7 +166,7 @@ class TrainConfig:
             # worker starts, so a bad value is one clear line instead of a dead worker
             from ina_fabric.protocol.jobtable import JobConfig
             JobConfig(self.job, ("127.0.0.1:1",), self.window, self.elements,
-                      self.deadline_ms / 1e3)
+                      self.deadline_ms / 1e3 if self.deadline_ms is not None else 0.005)
         return self
 
 
@@ -242,7 +244,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
         state = InaHookState.from_env(
             switch=switch, job=cfg.job,
             mode="bounded" if cfg.backend == "ina-bounded" else "reliable",
-            window=cfg.window, elements=cfg.elements, deadline=cfg.deadline_ms / 1e3,
+            window=cfg.window, elements=cfg.elements,
+            deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
             impairment=imp, configure=not cfg.static_job,
             bind_port=cfg.worker_base_port or None, session=cfg.session or None)
     elif cfg.backend != "gloo":
@@ -556,7 +559,9 @@ def run_training_lab(cfg: TrainConfig, lab, progress=None, timeout=1800, port=29
     switch = lab.switch_address
     events = Q.Queue()
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
-           "INA_SWITCH": f"{switch[0]}:{switch[1]}"}
+           "INA_SWITCH": f"{switch[0]}:{switch[1]}",
+           # the hosts' link rate: the derived slot deadline's (bounded mode, auto)
+           "INA_LINK_RATE": str(min(h.link.rate for h in lab.topo.hosts))}
     procs, logs = [], []
     master = lab.address(hosts[0])
 

@@ -32,7 +32,9 @@
 #include "ina_wire.h"
 
 #define PEAK_FACTOR 2.0          /* window.py */
+#define FAST_RESEND 3            /* window.py */
 #define MAX_BACKOFF 64
+#define UDP_IP_BYTES 46         /* IPv4 + UDP + Ethernet: slot_deadline.UDP_IP_BYTES */
 #define BOUNDED_MAX_BACKOFF 4   /* window.py: a bounded re-send fetches a stored result */
 #define RBATCH 8                 /* 8 x 64 KB still in L2 when dequantized */
 #define RXBUF 65536
@@ -54,6 +56,7 @@ typedef struct {
     double *rtt;                   /* srtt, rttvar, answered, peak, last_peak */
     uint8_t *received, *held, *where;   /* where: 0 none, 1 fresh, 2 resent */
     uint8_t *tries;                /* 0: never re-sent (Karn: RTT samples allowed) */
+    uint8_t *later;                /* results in of packets sent after it (FAST_RESEND) */
     double *tsent;
     int *prev, *next;              /* the fresh and the resent list, by send order */
     int fhead, ftail, rhead, rtail, nfresh, nresent;
@@ -73,11 +76,13 @@ static int win_init(Win *w, int P, int W, const double cfg[7], double *rtt) {
     w->rtt = rtt;
     w->received = calloc(P, 1); w->held = calloc(P, 1); w->where = calloc(P, 1);
     w->tries = calloc(P, 1); w->tsent = calloc(P, sizeof(double));
+    w->later = calloc(P, 1);
     w->prev = malloc(P * sizeof(int)); w->next = malloc(P * sizeof(int));
     w->scratch = malloc(P * sizeof(int));
     w->capact = 2 * P + 16;
     w->act = malloc(w->capact * sizeof(Action));
-    if (!w->received || !w->held || !w->where || !w->tries || !w->tsent || !w->prev ||
+    if (!w->received || !w->held || !w->where || !w->tries || !w->tsent || !w->later ||
+            !w->prev ||
             !w->next || !w->scratch || !w->act)
         return -1;
     w->fhead = w->ftail = w->rhead = w->rtail = -1;
@@ -89,7 +94,7 @@ static int win_init(Win *w, int P, int W, const double cfg[7], double *rtt) {
 
 static void win_free(Win *w) {
     free(w->received); free(w->held); free(w->where); free(w->tries); free(w->tsent);
-    free(w->prev); free(w->next); free(w->scratch); free(w->act);
+    free(w->later); free(w->prev); free(w->next); free(w->scratch); free(w->act);
 }
 
 static double win_rto(const Win *w) {
@@ -104,11 +109,7 @@ static double win_rto(const Win *w) {
         if (PEAK_FACTOR * pk > base) base = PEAK_FACTOR * pk;
         if (base > 1.0) base = 1.0;
     }
-    if (w->bounded) {
-        double b = w->deadline * 1.5 + 0.002;
-        return base > b ? base : b;
-    }
-    return base;
+    return base;   /* bounded too: window.py's RttEstimator.rto (issue 18, run 4) */
 }
 
 static double win_timeout(const Win *w) {
@@ -118,7 +119,12 @@ static double win_timeout(const Win *w) {
 }
 
 static double win_giveup(const Win *w) {
-    double g = 20 * win_rto(w);
+    double base = win_rto(w);
+    if (w->bounded) {
+        double b = w->deadline * 1.5 + 0.002;
+        if (b > base) base = b;
+    }
+    double g = 20 * base;
     return g > 0.5 ? g : 0.5;
 }
 
@@ -207,13 +213,22 @@ static void win_on_result(Win *w, int p, double now) {
         push(w, A_HOLD, p, 0);
         return;
     }
+    double t = INFINITY;
     if (w->where[p]) {
-        double t = w->tsent[p];
+        t = w->tsent[p];
         unlink_p(w, p);
-        if (!w->tries[p]) rtt_sample(w->rtt, now - t);
+        /* (t is INFINITY while the pacer still holds p: bounded mode, its slot closed
+         * at the deadline before p went; no sample then) */
+        if (!w->tries[p] && t <= now) rtt_sample(w->rtt, now - t);
     }
     push(w, A_DELIVER, p, 0);
     win_release(w, p + w->W, now);
+    if (t < INFINITY) {           /* fast re-send (window.py's FAST_RESEND) */
+        int n = 0;
+        for (int q = w->fhead; q >= 0 && w->tsent[q] < t; q = w->next[q])
+            if (++w->later[q] == FAST_RESEND) w->scratch[n++] = q;
+        for (int i = 0; i < n; i++) win_send(w, w->scratch[i], now, 1);
+    }
 }
 
 static int win_next_wakeup(const Win *w, double *t) {
@@ -550,12 +565,19 @@ typedef struct {
     struct iovec iov[SENDQ];
     int slot[SENDQ];
     int err;
+    double pace;      /* seconds per wire byte (0: no pacing); SwitchClient.pace_rate */
+    double next_tx;   /* pacing: the earliest time the next datagram may go */
+    double *tsent;    /* pacing: the window's send times, set when a datagram really goes
+                       * (its timer and RTT sample start then, not while it waits here) */
+    int p[SENDQ];
 } SendQ;
 
-static void flush(SendQ *q, Call *c) {
-    int i = 0;
-    while (i < q->n) {
-        int r = sendmmsg(q->fd, q->msgs + i, q->n - i, 0);
+static double mono(void);
+
+static void send_range(SendQ *q, Call *c, int from, int count) {
+    int i = from, end = from + count;
+    while (i < end) {
+        int r = sendmmsg(q->fd, q->msgs + i, end - i, 0);
         if (r < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {   /* a full send buffer */
@@ -569,8 +591,49 @@ static void flush(SendQ *q, Call *c) {
             i += r;
         }
     }
-    for (i = 0; i < q->n; i++) c->slot_pending[q->slot[i]] = 0;
-    q->n = 0;
+    for (i = from; i < end; i++) c->slot_pending[q->slot[i]] = 0;
+}
+
+/* Send the queued datagrams. Paced (q->pace > 0: SwitchClient.pace_rate), one goes
+ * only once the link has sent the one before (the host's own tbf queue on a slow link
+ * holds ~3 jumbo datagrams: a window sent at once overflowed it): ``block`` waits for
+ * each; otherwise only those due now go, the rest stay queued for the loop, which
+ * wakes for them (so RESULTs are read, and RTTs measured, while a window is paced). */
+static void flush_paced(SendQ *q, Call *c, int block) {
+    if (q->pace <= 0) {
+        send_range(q, c, 0, q->n);
+        q->n = 0;
+        return;
+    }
+    int i = 0;
+    while (i < q->n) {
+        double now = mono();
+        if (q->next_tx > now) {
+            if (!block) break;
+            double d = q->next_tx - now;
+            struct timespec ts = {(time_t)d, (long)((d - (time_t)d) * 1e9)};
+            while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+            now = q->next_tx;
+        }
+        send_range(q, c, i, 1);
+        q->next_tx = now + (double)(q->iov[i].iov_len + UDP_IP_BYTES) * q->pace;
+        if (q->tsent) q->tsent[q->p[i]] = now;
+        i++;
+    }
+    if (i == 0) return;
+    int rest = q->n - i;          /* keep the unsent, in order, at the front */
+    for (int j = 0; j < rest; j++) {
+        q->iov[j] = q->iov[i + j];
+        q->msgs[j] = q->msgs[i + j];
+        q->msgs[j].msg_hdr.msg_iov = &q->iov[j];
+        q->slot[j] = q->slot[i + j];
+        q->p[j] = q->p[i + j];
+    }
+    q->n = rest;
+}
+
+static void flush(SendQ *q, Call *c) {
+    flush_paced(q, c, 1);
 }
 
 static void queue_send(SendQ *q, Call *c, int p, int retransmit) {
@@ -587,6 +650,8 @@ static void queue_send(SendQ *q, Call *c, int p, int retransmit) {
     q->msgs[i].msg_hdr.msg_iov = &q->iov[i];
     q->msgs[i].msg_hdr.msg_iovlen = 1;
     q->slot[i] = slot;
+    q->p[i] = p;
+    if (q->tsent) q->tsent[p] = INFINITY;    /* paced: its timer starts when it goes */
     c->slot_pending[slot] = 1;
 }
 
@@ -617,7 +682,7 @@ static int perform(Win *w, Call *c, SendQ *q, const uint8_t *d, size_t n) {
     return RC_OK;
 }
 
-static double mono(void) {
+static double mono(void) {   /* (declared above, for pacing) */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -636,9 +701,10 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
     int r;
     win_start(w, mono());
     if ((r = perform(w, c, q, NULL, 0))) return r;
-    flush(q, c);
+    flush_paced(q, c, 0);
     while (w->remaining) {
         int useful = 0;
+        if (q->n) flush_paced(q, c, 0);       /* paced datagrams now due */
         for (int s = 0; s < nfds && w->remaining; s++) {
             for (;;) {                    /* drain this socket */
                 for (int i = 0; i < RBATCH; i++)
@@ -675,7 +741,7 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                         c->stats[S_DUPLICATES]++;
                     }
                 }
-                flush(q, c);
+                flush_paced(q, c, 0);
                 if (got < want || !w->remaining) break;
             }
         }
@@ -685,11 +751,13 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
         win_on_timer(w, now);
         if (w->nact) {
             if ((r = perform(w, c, q, NULL, 0))) return r;
-            flush(q, c);
+            flush_paced(q, c, 0);
             continue;
         }
         double wait = win_next_wakeup(w, &t) ? t - now : win_rto(w);
+        if (q->n && q->next_tx - now < wait) wait = q->next_tx - now;
         if (wait < 0.0002) wait = 0.0002;
+        if (!(wait < 1.0)) wait = 1.0;        /* never an infinite or NaN timespec */
         struct pollfd pf[2] = {{fds[0], POLLIN, 0}, {nfds > 1 ? fds[1] : -1, POLLIN, 0}};
         struct timespec ts = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
         if (ppoll(pf, nfds, &ts, NULL) < 0 && errno != EINTR) return -errno;
@@ -719,9 +787,10 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     unsigned long sw_ip, base;
     unsigned long long session;
     int sw_port, job, worker, nworkers, E, W;
-    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK", &layout, &fdt, &sw_ip, &sw_port, &ox,
+    double pace_rate = 0.0;    /* bit/s on the worker's link; 0: no pacing */
+    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK|d", &layout, &fdt, &sw_ip, &sw_port, &ox,
                           &oout, &oring, &oexp, &job, &worker, &nworkers, &E, &base, &W,
-                          &ocfg, &ortt, &ostats, &session))
+                          &ocfg, &ortt, &ostats, &session, &pace_rate))
         return NULL;
     Call c;
     memset(&c, 0, sizeof c);
@@ -771,6 +840,8 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
         for (int i = 0; i < W; i++) c.slot_p[i] = -1;
         for (int i = 0; i < c.K; i++) c.shared_exp[i] = c.L.no_exponent;
         q->fd = fds[0];
+        q->pace = pace_rate > 0 ? 8.0 / pace_rate : 0.0;
+        q->tsent = q->pace > 0 ? w.tsent : NULL;
         q->to.sin_family = AF_INET;
         q->to.sin_port = htons(sw_port);
         q->to.sin_addr.s_addr = htonl(sw_ip);

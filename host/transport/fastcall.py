@@ -145,9 +145,10 @@ class CallFailed(Exception):
 
 def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers,
              elements, base, window, cfg: WindowConfig, rtt: RttEstimator, stats,
-             session=0):
+             session=0, pace_rate=0.0):
     """One call through the C loop; ``stats`` (an ``AllreduceStats``) and ``rtt`` are
-    updated. Raises CallFailed."""
+    updated; ``pace_rate`` (bit/s, 0: none) spaces the datagrams at that rate. Raises
+    CallFailed."""
     import socket
     arr = rtt_to_array(rtt)
     counts = np.zeros(len(STATS), np.int64)
@@ -156,7 +157,7 @@ def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers
         code, remaining = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
                                            local_exp, job, worker, nworkers, elements,
                                            base, window, config_tuple(cfg), arr, counts,
-                                           session)
+                                           session, float(pace_rate or 0.0))
     finally:
         rtt_from_array(rtt, arr)
         for name, v in zip(STATS, counts.tolist()):

@@ -14,6 +14,13 @@ a switch (``ina switch`` or the FPGA). Per call, with K chunks of E elements and
   a partial sum by N/count, and counts exactly the entries that came from fewer than N
   workers. Every worker applies the very same stored result, so replicas stay identical.
 
+Pacing (``pace_rate``, the worker's link rate; the DDP hook takes it from INA_LINK_RATE):
+datagrams go out no faster than the link, so a window released at once does not land in
+the host's own link queue (at 10 Mbit/s a 20 ms tbf queue holds 3 jumbo datagrams, and
+every call's first data window of 8 lost some there, each costing an rto). The C loop
+keeps the waiting datagrams queued and goes on reading RESULTs; a datagram's timer starts
+when it really goes. The Python loop sleeps before each send.
+
 Sequence numbers continue across calls (``base`` advances by K+w), so all workers of a
 job must make the same sequence of calls with the same sizes, as DDP does.
 
@@ -147,6 +154,11 @@ class SwitchClient:
     stall_timeout: float = 30.0    # reliable: no progress for this long: AllreduceTimeout
     start_wait: float = 0.25       # reliable: timeout floor until a call's first RESULT
     impairment: object = None      # host.transport.impair.Impairment on the uplink
+    #: pacing: the worker's link rate in bit/s (0: none). Datagrams go out no faster than
+    #: this, so a window never lands at once in the host's own link queue (issue 18: at
+    #: 10 Mbit/s a tbf queue of 20 ms holds 3 jumbo datagrams, and every call's first
+    #: window of 8 lost a few of them there, each costing an rto)
+    pace_rate: float = 0.0
     group: tuple[str, int] | None = None   # multicast group of the job's RESULTs
     engine: str = "auto"           # the call loop: "c" (fastcall), "python", or "auto"
     #: the run's session id: the ``session`` of the job's install (``JobConfig``); every
@@ -327,12 +339,23 @@ class SwitchClient:
         reliable = self.mode == "reliable"
         clock = time.monotonic
         h, nbytes = None, 0
+        pace = 8.0 / self.pace_rate if self.pace_rate else 0.0
+        next_tx = [0.0]
+
+        def send(data):
+            if pace:      # as the C loop: no faster than the link (pace_rate)
+                t = clock()
+                if next_tx[0] > t:
+                    time.sleep(next_tx[0] - t)
+                    t = next_tx[0]
+                next_tx[0] = t + (len(data) + 46) * pace
+            sock.sendto(data, switch)
 
         def perform(actions):
             for a in actions:
                 kind = type(a)
                 if kind is Send:
-                    sock.sendto(call.packet(a.p, a.retransmit), switch)
+                    send(call.packet(a.p, a.retransmit))
                 elif kind is Deliver:
                     call.apply(h, rx, a.p)
                 elif kind is Abandon:
@@ -413,7 +436,8 @@ class SwitchClient:
         try:
             fastcall.run_call(_LAYOUT, fds, self.switch, x, out, self._ring, le, self.job,
                               self.worker, self.nworkers, E, base, W,
-                              WindowConfig.of(self), self._rtt, st, self.session)
+                              WindowConfig.of(self), self._rtt, st, self.session,
+                              self.pace_rate)
         except fastcall.CallFailed as e:
             if e.code == fastcall.UNAVAILABLE:
                 raise SwitchUnavailable(

@@ -45,6 +45,11 @@ The rules (the same as the socket loop had before they moved here):
   between two calls differs), so a timer set by the RTT alone re-sends whole windows
   that were never lost; once one RESULT is in, all peers have started, and a packet of
   the first window that is still missing is re-sent on the RTT-based timer as usual;
+* fast re-send (``FAST_RESEND``, issue 18): a packet sent once whose result is still
+  missing when the results of 3 packets sent after it are in goes again at once (then
+  the timer rules as for any re-send): a RESULT lost in a full downlink queue costs a
+  few datagram times instead of an rto (RESULTs come back in send order, as every
+  worker sends in seq order; a reordering costs one duplicate the switch drops);
 * timer checks are O(1): packets sent once are kept in send order, so the first one is
   the next to fall due; only re-sent ones (few, with their own backoff) are scanned;
 * timers are looked at only when no RESULT came in (``on_timer``); then, if anything is
@@ -52,8 +57,12 @@ The rules (the same as the socket loop had before they moved here):
   bounded mode and ``giveup`` without progress: every overdue packet is abandoned (and
   releases its successor); reliable mode and ``stall_timeout`` without progress:
   ``Fail("stalled")``; otherwise every overdue packet is re-sent;
-* bounded mode: ``rto`` is at least 1.5 deadlines + 2 ms, so a re-send only goes out
-  after the switch's deadline (to fetch the stored result the worker missed); a RESULT
+* bounded mode: ``rto`` is the RTT's, as in reliable mode (until issue 18's run 4 it was
+  at least 1.5 deadlines + 2 ms, so that a re-send went out only after the switch's
+  deadline; with the deadline now derived from the rto, ``slot_deadline``, a lost
+  RESULT must be re-fetched well before the next slot of its chain closes); a re-send
+  into a slot that is still open is a duplicate the switch drops; ``giveup`` keeps its
+  floor of 20 x (1.5 deadlines + 2 ms); a RESULT
   for a packet not sent yet is held (above), and the packet it would have released goes
   out when ``p - w``'s result is in, so never more than ``w`` are in flight.
 """
@@ -62,7 +71,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = ["SendWindow", "WindowConfig", "RttEstimator", "Send", "Deliver", "Abandon",
-           "Hold", "Fail", "MAX_BACKOFF", "BOUNDED_MAX_BACKOFF", "PEAK_FACTOR"]
+           "Hold", "Fail", "MAX_BACKOFF", "BOUNDED_MAX_BACKOFF", "PEAK_FACTOR",
+           "FAST_RESEND"]
 
 MAX_BACKOFF = 64
 #: bounded mode: a re-send is a fetch of a result the switch stored when the slot's
@@ -72,6 +82,10 @@ MAX_BACKOFF = 64
 BOUNDED_MAX_BACKOFF = 4
 #: the timeout is at least this many times the longest RTT of this call and the last
 PEAK_FACTOR = 2.0
+#: fast re-send: a packet sent once whose result is still missing when the results of
+#: this many packets sent after it are in goes again at once (TCP's three duplicate
+#: ACKs), instead of one rto later
+FAST_RESEND = 3
 
 
 class Send(NamedTuple):
@@ -138,26 +152,35 @@ class RttEstimator:
         """A call starts: the peak of the one before becomes ``last_peak``."""
         self.last_peak, self.peak = self.peak, 0.0
 
-    def rto(self, cfg: WindowConfig) -> float:
+    def base_rto(self, cfg: WindowConfig) -> float:
+        """The timeout from the RTT alone (RFC 6298, floored at the peak): what the
+        ranks exchange to set the switch's slot deadline (``slot_deadline``)."""
         if not self.srtt:
-            base = cfg.rto
-        else:
-            base = min(max(self.srtt + 4 * self.rttvar, cfg.min_rto,
-                           PEAK_FACTOR * max(self.peak, self.last_peak)), 1.0)
-        if cfg.mode == "bounded":
-            return max(base, cfg.deadline * 1.5 + 0.002)
-        return base
+            return cfg.rto
+        return min(max(self.srtt + 4 * self.rttvar, cfg.min_rto,
+                       PEAK_FACTOR * max(self.peak, self.last_peak)), 1.0)
+
+    def rto(self, cfg: WindowConfig) -> float:
+        # bounded mode too: a re-send fetches a RESULT the switch stored (the slot
+        # closed), or is a duplicate it drops (the slot still waits); it must come
+        # before the next slot of its chain closes, so no longer after 1.5 deadlines
+        # (with a deadline derived from the rto, that floor would chase itself)
+        return self.base_rto(cfg)
 
     def giveup(self, cfg: WindowConfig) -> float:
-        """Bounded mode: no progress for this long and overdue results are abandoned."""
-        return max(20 * self.rto(cfg), 0.5)
+        """Bounded mode: no progress for this long and overdue results are abandoned
+        (at least 20 rto and 30 deadlines: the others may wait a deadline per slot)."""
+        base = self.base_rto(cfg)
+        if cfg.mode == "bounded":
+            base = max(base, cfg.deadline * 1.5 + 0.002)
+        return max(20 * base, 0.5)
 
 
 class SendWindow:
     """The window of one call of ``packets`` packets with call window ``window``."""
 
     __slots__ = ("P", "W", "cfg", "rtt", "bounded", "received", "remaining", "fresh",
-                 "resent", "tries", "last_progress", "held", "started")
+                 "resent", "tries", "last_progress", "held", "started", "later", "fast")
 
     def __init__(self, packets: int, window: int, cfg: WindowConfig,
                  rtt: RttEstimator | None = None):
@@ -177,6 +200,8 @@ class SendWindow:
         self.last_progress = None
         self.held = set()      # results in before their packet was sent
         self.started = False   # a RESULT of this call is in: every peer has started it
+        self.later = {}        # p (sent once) -> results in of packets sent after it
+        self.fast = set()      # packets re-sent at once (FAST_RESEND), not by the timer
 
     @property
     def done(self) -> bool:
@@ -254,6 +279,20 @@ class SendWindow:
             self.rtt.sample(now - t_sent)
         acts = [Deliver(p)]
         self._release(p + self.W, now, acts)
+        if t_sent is not None:
+            # packets sent once, before p, still without a result: FAST_RESEND later
+            # results and one goes again at once (its RESULT, or its DATA, was lost)
+            due = []
+            for q, ts in self.fresh.items():
+                if ts >= t_sent:
+                    break
+                n = self.later.get(q, 0) + 1
+                self.later[q] = n
+                if n == FAST_RESEND:
+                    due.append(q)
+            for q in due:
+                self.fast.add(q)
+                acts.append(self._send(q, now, retransmit=True))
         return acts
 
     def _release(self, q, now, acts):

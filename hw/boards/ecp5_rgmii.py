@@ -12,7 +12,7 @@ from ina_fabric.hw.eth.rgmii import RgmiiPhy
 
 from .datapath import InaDatapath
 
-__all__ = ["Ecp5RgmiiTop", "pll_params"]
+__all__ = ["Ecp5RgmiiTop", "clock_plan", "pll_params"]
 
 
 def pll_params(fin_mhz: float, fout_mhz: float):
@@ -33,6 +33,21 @@ def pll_params(fin_mhz: float, fout_mhz: float):
                     best = (err, ref, fb, op)
     _, ref, fb, op = best
     return ref, fb, op
+
+
+def clock_plan(fin_mhz: float, sync_mhz: float, core_mhz: float):
+    """EHXPLLL dividers (CLKI_DIV, CLKFB_DIV, CLKOP_DIV, CLKOS_DIV) for ``sync`` on CLKOP
+    and ``core`` on CLKOS from one input clock. CLKOP feeds back, so VCO = sync *
+    CLKOP_DIV: the divider is the one that also gives the core clock as VCO / integer
+    (125 and 75 MHz: VCO 750 MHz, /6 and /10; from 100 MHz or 25 MHz alike)."""
+    ref, fb, _ = pll_params(fin_mhz, sync_mhz)
+    fop = fin_mhz / ref * fb
+    for op in range(1, 129):
+        vco = fop * op
+        os_div = round(vco / core_mhz)
+        if 400 <= vco <= 800 and os_div >= 1 and abs(vco / os_div - core_mhz) < 1e-6:
+            return ref, fb, op, os_div
+    raise ValueError(f"no VCO gives {sync_mhz} and {core_mhz} MHz from {fin_mhz} MHz")
 
 
 class _Stretch(Elaboratable):
@@ -59,8 +74,9 @@ class _Stretch(Elaboratable):
 
 
 class Ecp5RgmiiTop(Elaboratable):
-    """``board``: BoardConfig; ``ports``: {port: rx_delay_taps}; ``clk``: (resource
-    name, MHz) of the input clock; ``leds``: number of LEDs to use (4 per port)."""
+    """``board``: BoardConfig; ``ports``: {port: RgmiiPhy delay keywords
+    (``rx_delay_taps``, ``tx_delay_taps``)}, port 0 alone on a one-port board; ``clk``:
+    (resource name, MHz) of the input clock. LEDs: 4 per port, as many as the board has."""
 
     def __init__(self, board, ports, *, clk=("clk100", 100), sync_mhz=125, core_mhz=75):
         self.board = board
@@ -74,17 +90,7 @@ class Ecp5RgmiiTop(Elaboratable):
         # -- clocks and reset -----------------------------------------------------------
         clk_name, fin = self.clk
         clk_in = platform.request(clk_name, dir="i").i
-        ref, fb, op = pll_params(fin, self.sync_mhz)
-        # CLKOP feeds back, so VCO = sync * CLKOP_DIV: pick the divider that also gives the
-        # core clock as VCO / integer (125 and 75 MHz: VCO 750 MHz, /6 and /10).
-        fop = fin / ref * fb
-        for op in range(1, 129):
-            vco = fop * op
-            os_div = round(vco / self.core_mhz)
-            if 400 <= vco <= 800 and abs(vco / os_div - self.core_mhz) < 1e-6:
-                break
-        else:
-            raise ValueError(f"no VCO gives {self.sync_mhz} and {self.core_mhz} MHz")
+        ref, fb, op, os_div = clock_plan(fin, self.sync_mhz, self.core_mhz)
         clk_core = Signal()     # CLKOP: sync (front end) and RGMII transmit
         clk_ina = Signal()      # CLKOS: the INA core's domain
         locked = Signal()
@@ -132,14 +138,13 @@ class Ecp5RgmiiTop(Elaboratable):
 
         # -- datapath and PHYs ------------------------------------------------------------
         m.submodules.dp = dp = InaDatapath(self.board)
-        for p, taps in self.ports.items():
+        for p, delays in self.ports.items():
             cd_tx = ClockDomain(f"eth_tx{p}")
             m.domains += cd_tx
             m.d.comb += cd_tx.clk.eq(clk_core)
             m.submodules[f"tx_rst_sync{p}"] = ResetSynchronizer(rst, domain=f"eth_tx{p}")
             pins = platform.request("eth_rgmii", p, dir="-")
-            phy = RgmiiPhy(pins, rx_domain=f"eth_rx{p}", tx_domain=f"eth_tx{p}",
-                           rx_delay_taps=taps)
+            phy = RgmiiPhy(pins, rx_domain=f"eth_rx{p}", tx_domain=f"eth_tx{p}", **delays)
             m.submodules[f"rgmii{p}"] = phy
             m.d.comb += [
                 phy.rst.eq(rst | phy_rst),
@@ -178,9 +183,12 @@ class Ecp5RgmiiTop(Elaboratable):
                 outs.append(s.o)
             leds += outs
         for k, value in enumerate(leds):
-            if not _has(platform, "led", k):
+            if _has(platform, "led", k):
+                m.d.comb += platform.request("led", k).o.eq(value)
+            elif _has(platform, "rgb_led", k):    # the ECPIX-5's four: their green parts
+                m.d.comb += platform.request("rgb_led", k).g.o.eq(value)
+            else:
                 break
-            m.d.comb += platform.request("led", k).o.eq(value)
         return m
 
 

@@ -8,9 +8,11 @@ edge carries ``rxd[3:0]`` and ``RX_DV``, the falling edge ``rxd[7:4]`` and
 Delays. RGMII needs the clock about 2 ns after the data edge, added either in the PHY or
 in the FPGA. ``rx_delay_taps`` puts an ECP5 ``DELAYG`` (25 ps per tap) on each receive
 data/control input (80 taps = 2 ns); with 0 the inputs go straight into
-``io.DDRBuffer``. Transmit data and clock leave through ``io.DDRBuffer`` in the same
-domain; the transmit delay is expected from the PHY. The per-port settings for each
-board live in ``constraints/<board>.toml``.
+``io.DDRBuffer``. Transmit data and clock leave through DDR outputs in the same domain;
+with ``tx_delay_taps`` 0 the transmit delay is expected from the PHY, otherwise a
+``DELAYG`` of that many taps sits between the forwarded clock's ``ODDRX1F`` and its pin
+(what LiteX's ECP5 RGMII PHY does for boards whose PHY adds only the receive delay).
+The per-port settings for each board live in ``constraints/<board>.toml``.
 """
 
 from amaranth import *
@@ -44,11 +46,12 @@ class RgmiiPhy(wiring.Component):
     txd: In(8)
     rst: In(1)
 
-    def __init__(self, pins, *, rx_domain, tx_domain, rx_delay_taps=0):
+    def __init__(self, pins, *, rx_domain, tx_domain, rx_delay_taps=0, tx_delay_taps=0):
         self.pins = pins
         self.rx_domain = rx_domain
         self.tx_domain = tx_domain
         self.rx_delay_taps = rx_delay_taps
+        self.tx_delay_taps = tx_delay_taps
         super().__init__()
 
     def elaborate(self, platform):
@@ -102,11 +105,22 @@ class RgmiiPhy(wiring.Component):
                                                           o_domain=self.tx_domain)
         m.submodules.tx_ctl_ddr = tx_ctl_ddr = io.DDRBuffer("o", tx_ctl,
                                                             o_domain=self.tx_domain)
-        m.submodules.tx_clk_ddr = tx_clk = io.DDRBuffer("o", pins.tx_clk,
-                                                        o_domain=self.tx_domain)
         m.d.comb += [
             tx_data.o[0].eq(self.txd[:4]), tx_data.o[1].eq(self.txd[4:]),
             tx_ctl_ddr.o[0].eq(self.tx_en), tx_ctl_ddr.o[1].eq(self.tx_en ^ self.tx_er),
-            tx_clk.o[0].eq(1), tx_clk.o[1].eq(0),
         ]
+        if self.tx_delay_taps == 0:
+            m.submodules.tx_clk_ddr = tx_clk = io.DDRBuffer("o", pins.tx_clk,
+                                                            o_domain=self.tx_domain)
+            m.d.comb += [tx_clk.o[0].eq(1), tx_clk.o[1].eq(0)]
+        else:
+            m.submodules.tx_clk_buf = tx_clk = io.Buffer("o", pins.tx_clk)
+            clk_ddr, clk_dly = Signal(), Signal()
+            m.submodules.tx_clk_oddr = Instance(
+                "ODDRX1F", i_SCLK=ClockSignal(self.tx_domain), i_RST=Const(0),
+                i_D0=Const(1), i_D1=Const(0), o_Q=clk_ddr)
+            m.submodules.tx_clk_delay = Instance(
+                "DELAYG", p_DEL_MODE="USER_DEFINED", p_DEL_VALUE=self.tx_delay_taps,
+                i_A=clk_ddr, o_Z=clk_dly)
+            m.d.comb += tx_clk.o.eq(clk_dly)
         return m

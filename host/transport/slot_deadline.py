@@ -1,0 +1,88 @@
+"""The switch's per-slot deadline in bounded mode, derived from what the job knows.
+
+A fixed deadline is right for one link only: ``--switch-deadline-ms 20`` was chosen at
+100 Mbit/s and made every bounded run fail at 10 Mbit/s on the lab (issue 18, run 3),
+where one call window of 8 jumbo datagrams (8,220 B) takes 52 ms on a worker's link.
+What failed was the recovery of a lost RESULT: a worker behind a flooded downlink loses
+the RESULT of packet ``p``; it can send ``p + w`` only once it has re-fetched ``p``'s
+result (a re-send of ``p``, answered from the switch's stored result) after its
+retransmission timeout ``rto``. Meanwhile the others have ``p``'s result, send ``p + w``,
+and the slot of ``p + w`` closes ``deadline`` after it opened. With a deadline far below
+``rto`` it always closes without that worker, which then runs behind the others on every
+packet of that chain; it catches up only by re-fetching, and once the others are 2W
+sequence numbers ahead (the switch reuses the slot) its result is gone: AllreduceTooLate.
+
+The rule (``slot_deadline``)::
+
+    deadline = wire + refetch x rto          (refetch = 2, within [floor, cap])
+    wire     = w x datagram_bytes x 8 / rate (one call window on a worker's link)
+    rto      = max(rto_link, rto_measured)
+    rto_link = PEAK_FACTOR x (w + 1) x datagram_bytes x 8 / rate
+
+* ``wire``: a slot may close only once every worker's data of the window can be on the
+  wire (at 10 Mbit/s, 52 ms for 8 datagrams of 8,220 B);
+* ``refetch x rto``: a worker that lost the RESULT of ``p`` re-fetches it after its
+  ``rto``, and its ``p + w`` still joins the slot of ``p + w`` (opened when the others
+  got ``p``'s result) with one more ``rto`` to spare for the re-fetch's round trip and
+  queueing: the deadline is comfortably above the retransmit timeout, so one lost
+  RESULT costs every worker one ``rto`` (as in reliable mode) instead of making one
+  worker fall behind for good;
+* ``rto_link``: before any RTT is measured, what the client's timer converges to with a
+  full window (``window.PEAK_FACTOR`` times the longest RTT: a packet behind its own
+  window on the uplink, then its RESULT on the downlink), known from the link rate
+  (``INA_LINK_RATE``, bit/s; the lab sets it);
+* ``rto_measured``: the largest of the ranks' RTT-based timeouts (``RttEstimator.base_rto``),
+  exchanged every ``RETUNE_CALLS`` calls. TAR's phases agree on the median of the
+  ranks' estimates (one rank's outlier does not decide); here it is the maximum, because
+  the rank that must be covered is exactly the outlier: the one behind a congested
+  downlink, whose re-fetches take longest;
+* ``floor``: the installed deadline's default (5 ms) when nothing is known; ``cap``: 1 s.
+
+A long deadline costs nothing while every worker's data arrives: a slot closes as soon as
+all N contributions are in. It costs only when a contribution is missing (a compute
+straggler, a lost DATA), and then it is the time the others wait, as in reliable mode,
+but bounded.
+
+Rank 0 installs the job with the rule applied to the job's window (a generous first
+value), sets it from the first call's own window before its first packet, and moves it
+live (``send_job(update=True)``: only the deadline changes, slots and data in flight
+stay) whenever the agreed figure moves by more than ``RETUNE_CHANGE``.
+"""
+
+from .window import PEAK_FACTOR
+
+__all__ = ["slot_deadline", "datagram_seconds", "RETUNE_CALLS", "RETUNE_CHANGE",
+           "REFETCH", "DEADLINE_CAP", "DEADLINE_FLOOR", "UDP_IP_BYTES"]
+
+#: bytes a datagram costs on the wire beyond its UDP payload (IPv4 + UDP + Ethernet)
+UDP_IP_BYTES = 20 + 8 + 18
+#: rto's a lost RESULT may take to be re-fetched before the next slot of its chain closes
+REFETCH = 2.0
+DEADLINE_CAP = 1.0
+DEADLINE_FLOOR = 0.005
+#: the ranks exchange their timeouts every this many calls (from the first call on)
+RETUNE_CALLS = 16
+#: and rank 0 moves the switch's deadline when the rule's value moved by more than this
+RETUNE_CHANGE = 0.2
+
+
+def datagram_seconds(payload_bytes: int, rate_bps: float | None) -> float:
+    """Seconds one datagram of ``payload_bytes`` (UDP payload) takes at ``rate_bps``
+    (0 when the rate is unknown)."""
+    if not rate_bps:
+        return 0.0
+    return (payload_bytes + UDP_IP_BYTES) * 8 / float(rate_bps)
+
+
+def slot_deadline(window: int, payload_bytes: int, rate_bps: float | None = None,
+                  rto: float | None = None, refetch: float = REFETCH,
+                  floor: float = DEADLINE_FLOOR, cap: float = DEADLINE_CAP) -> float:
+    """The slot deadline (seconds) for a call window of ``window`` datagrams of
+    ``payload_bytes`` each, on links of ``rate_bps`` (None: unknown) and with ``rto``
+    the largest measured retransmission timeout of the job's ranks (None: none yet).
+    See the module docstring for the rule."""
+    t = datagram_seconds(payload_bytes, rate_bps)
+    wire = window * t
+    rto_link = PEAK_FACTOR * (window + 1) * t
+    r = max(rto_link, rto or 0.0)
+    return min(max(wire + refetch * r, floor), cap)
