@@ -44,3 +44,43 @@ def test_colorlight_ports_share_one_phy_reset():
     p0 = platform.request("eth_rgmii", 0, dir="-")
     p1 = platform.request("eth_rgmii", 1, dir="-")
     assert hasattr(p0, "rst") and not hasattr(p1, "rst") and not hasattr(p1, "mdio")
+
+
+def _top_rtlil(board):
+    from ina_fabric.hw.boards.ecp5_rgmii import Ecp5RgmiiTop
+    factory, _ = BOARDS[board]
+    platform, clk = factory()
+    cfg, ports, c = board_config(board)
+    top = Ecp5RgmiiTop(cfg, ports, clk=clk, sync_mhz=c["clocks"]["sync_mhz"],
+                       core_mhz=c["clocks"]["core_mhz"])
+    il = platform.prepare(top, name="top").files["top.il"]
+    return ports, next(m for m in il.split("\nmodule ") if m.startswith("\\top\n"))
+
+
+def test_reset_global_buffer_feeds_every_domain_on_its_clock():
+    """The transmit domains run on the front end's clock and take its global reset (the
+    DCCA's output). With reset synchronizers of their own, yosys merged their flip-flops
+    with the DCCA's, and the placer pulled that flip-flop to the transmit logic, from where
+    some placements could not route it to the DCCA (control builds failed to route)."""
+    ports, top = _top_rtlil("versa_ecp5")
+    alias = {}
+
+    def find(w):
+        while alias.get(w, w) != w:
+            w = alias[w]
+        return w
+
+    for line in top.splitlines():
+        parts = line.split()    # the module's own connects (a cell's ports are indented)
+        if len(line) - len(line.lstrip()) <= 2 and parts[:1] == ["connect"] \
+                and len(parts) >= 3 and parts[1].startswith("\\"):
+            a, b = parts[1], parts[2]
+            if not (len(parts) > 3 and parts[3] not in ("[0]",)):
+                alias[find(a)] = find(b)
+    cells = top.split("\n  cell ")
+    dcc = [c for c in cells if c.startswith("\\DCCA ")]
+    assert len(dcc) == 1, "one global buffer for the front end's reset"
+    clko = next(line.split()[2] for line in dcc[0].splitlines() if "connect \\CLKO" in line)
+    for p in sorted(ports):
+        assert find(f"\\eth_tx{p}_rst") == find(clko), f"eth_tx{p}: its own reset"
+    assert "tx_rst_sync" not in top

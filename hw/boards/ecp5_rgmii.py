@@ -141,8 +141,12 @@ class Ecp5RgmiiTop(Elaboratable):
         for p, delays in self.ports.items():
             cd_tx = ClockDomain(f"eth_tx{p}")
             m.domains += cd_tx
-            m.d.comb += cd_tx.clk.eq(clk_core)
-            m.submodules[f"tx_rst_sync{p}"] = ResetSynchronizer(rst, domain=f"eth_tx{p}")
+            # The transmit domains run on the front end's clock, so they take its
+            # global reset. (Each with a ResetSynchronizer of its own, yosys merged
+            # those flip-flops with the one that feeds the DCCA; the placer then put that
+            # flip-flop beside the transmit logic, and on some placements nothing could
+            # route it to the DCCA at the top of the chip.)
+            m.d.comb += [cd_tx.clk.eq(clk_core), cd_tx.rst.eq(cd_sync.rst)]
             pins = platform.request("eth_rgmii", p, dir="-")
             phy = RgmiiPhy(pins, rx_domain=f"eth_rx{p}", tx_domain=f"eth_tx{p}", **delays)
             m.submodules[f"rgmii{p}"] = phy
