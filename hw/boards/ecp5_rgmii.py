@@ -78,8 +78,10 @@ class Ecp5RgmiiTop(Elaboratable):
     (``rx_delay_taps``, ``tx_delay_taps``)}, port 0 alone on a one-port board; ``clk``:
     (resource name, MHz) of the input clock. LEDs: 4 per port, as many as the board has."""
 
-    def __init__(self, board, ports, *, clk=("clk100", 100), sync_mhz=125, core_mhz=75):
+    def __init__(self, board, ports, *, clk=("clk100", 100), sync_mhz=125, core_mhz=75,
+                 reset_dcc=None):
         self.board = board
+        self.reset_dcc = reset_dcc
         self.ports = ports
         self.clk = clk
         self.sync_mhz = sync_mhz
@@ -122,7 +124,11 @@ class Ecp5RgmiiTop(Elaboratable):
         # nextpnr routes to the flip-flops' LSR inputs.
         rst_sync = Signal(init=1)
         m.submodules.rst_sync = AsyncFFSynchronizer(rst, rst_sync, o_domain="sync")
-        m.submodules.rst_gbuf = Instance("DCCA", i_CLKI=rst_sync, i_CE=1, o_CLKO=cd_sync.rst)
+        # (``reset_dcc``: the DCCA's bel, e.g. "X3/Y34/LDCC5", where a board's file names
+        # one: nextpnr's own choice can be a DCCA whose input some placements cannot reach)
+        at = {"a_BEL": self.reset_dcc} if self.reset_dcc else {}
+        m.submodules.rst_gbuf = Instance("DCCA", i_CLKI=rst_sync, i_CE=1, o_CLKO=cd_sync.rst,
+                                         **at)
         m.domains.core = cd_ina = ClockDomain("core")
         m.d.comb += cd_ina.clk.eq(clk_ina)
         m.submodules.core_rst_sync = ResetSynchronizer(rst, domain="core")
