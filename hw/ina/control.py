@@ -332,8 +332,16 @@ class ControlPlane(wiring.Component):
         # ---------------------------------------------------------------- SHA-256
         m.submodules.sha = sha = Sha256()
         ipad, opad = hmac_blocks(self.key)
-        ipad_a = Array(C(x, 32) for x in ipad)
-        opad_a = Array(C(x, 32) for x in opad)
+        # The key's two blocks in a block RAM (its contents, not its logic, are the key):
+        # as constants in LUTs, each key gave yosys another netlist and nextpnr another
+        # placement, so a seed that met timing with one key need not with the next. A
+        # read takes a cycle (``kdly``).
+        m.submodules.keymem = keymem = memory.Memory(shape=32, depth=32,
+                                                     init=list(ipad) + list(opad),
+                                                     attrs={"rom_style": "block"})
+        kport = keymem.read_port(domain="sync")
+        kop = Signal()      # 1: the opad block
+        kdly = Signal()     # the word at ``cnt`` is on ``kport.data``
         cnt = Signal(range(2048))       # word counter within a phase
         mlen = Signal(range(4 * RW + 1))    # bytes hashed: all but the tag
         nblk16 = Signal(range(2048))    # words of the padded message (16 per block)
@@ -476,16 +484,20 @@ class ControlPlane(wiring.Component):
                          tpl_ok.eq(0)]
             m.next = "R_HDR"
 
+        m.d.comb += kport.addr.eq(Cat(cnt[:4], kop))
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(busy & ~capturing):
-                    m.d.sync += [mlen.eq(nbytes - TAG_BYTES), cnt.eq(0), src_reply.eq(0)]
+                    m.d.sync += [mlen.eq(nbytes - TAG_BYTES), cnt.eq(0), src_reply.eq(0),
+                                 kdly.eq(0)]
                     m.d.comb += sha.restart.eq(1)
                     m.next = "IPAD"
             with m.State("IPAD"):
-                m.d.comb += [sha.i.valid.eq(1), sha.i.payload.eq(ipad_a[cnt[:4]])]
-                with m.If(sha.i.ready):
-                    m.d.sync += cnt.eq(cnt + 1)
+                m.d.sync += kdly.eq(1)
+                with m.If(kdly):
+                    m.d.comb += [sha.i.valid.eq(1), sha.i.payload.eq(kport.data)]
+                with m.If(kdly & sha.i.ready):
+                    m.d.sync += [cnt.eq(cnt + 1), kdly.eq(0)]
                     with m.If(cnt == 15):
                         m.d.sync += [cnt.eq(0), widx.eq(0), dly.eq(0)]
                         # padded blocks of the message after the key block: (m + 9 + 63) // 64
@@ -512,13 +524,16 @@ class ControlPlane(wiring.Component):
                             m.next = "INNER"
             with m.State("INNER"):
                 with m.If(~sha.busy):
-                    m.d.sync += inner.eq(sha.digest)
+                    m.d.sync += [inner.eq(sha.digest), kdly.eq(0)]
                     m.d.comb += sha.restart.eq(1)
                     m.next = "OPAD"
             with m.State("OPAD"):
-                m.d.comb += [sha.i.valid.eq(1), sha.i.payload.eq(opad_a[cnt[:4]])]
-                with m.If(sha.i.ready):
-                    m.d.sync += cnt.eq(cnt + 1)
+                m.d.comb += kop.eq(1)
+                m.d.sync += kdly.eq(1)
+                with m.If(kdly):
+                    m.d.comb += [sha.i.valid.eq(1), sha.i.payload.eq(kport.data)]
+                with m.If(kdly & sha.i.ready):
+                    m.d.sync += [cnt.eq(cnt + 1), kdly.eq(0)]
                     with m.If(cnt == 15):
                         m.d.sync += cnt.eq(0)
                         m.next = "OUTER"
