@@ -25,7 +25,8 @@ from .layout import HeaderLayout, header_words, out_layout, request_layout, busy
 from .params import CoreParams, HEADER_WORDS
 from .regfile import job_layout, member_layout, jobs_at
 
-__all__ = ["ipv4_header", "ipv4_checksum", "ip_checksum_hw", "mcast_mac", "saturate32",
+__all__ = ["ipv4_header", "ipv4_checksum", "ip_checksum_hw", "ip_checksum_pre",
+           "ip_checksum_fold", "mcast_mac", "saturate32",
            "Replicator"]
 
 IP_FLAGS_DF = 0x4000
@@ -47,14 +48,25 @@ def ipv4_checksum(header: bytes) -> int:
     return ~s & 0xFFFF
 
 
-def ip_checksum_hw(src_ip, dst_ip, total_len):
-    """Amaranth expression: checksum of the :func:`ipv4_header` template."""
+def ip_checksum_pre(src_ip, total_len):
+    """Amaranth expression: the part of :func:`ip_checksum_hw`'s sum that does not
+    depend on the destination (a register can hold it before the destination is read)."""
     const = 0x4500 + IP_FLAGS_DF + IP_TTL_PROTO
-    s = (Const(const, 20) + total_len + src_ip[16:32] + src_ip[0:16]
-         + dst_ip[16:32] + dst_ip[0:16])
+    return Const(const, 20) + total_len + src_ip[16:32] + src_ip[0:16]
+
+
+def ip_checksum_fold(pre, dst_ip):
+    """Amaranth expression: the checksum from :func:`ip_checksum_pre`'s sum and the
+    destination."""
+    s = (pre + dst_ip[16:32] + dst_ip[0:16])[0:20]
     s1 = s[0:16] + s[16:]
     s2 = s1[0:16] + s1[16:]
     return ~s2[0:16]
+
+
+def ip_checksum_hw(src_ip, dst_ip, total_len):
+    """Amaranth expression: checksum of the :func:`ipv4_header` template."""
+    return ip_checksum_fold(ip_checksum_pre(src_ip, total_len), dst_ip)
 
 
 def mcast_mac(ip):
@@ -171,7 +183,12 @@ class Replicator(wiring.Component):
             m.d.sync += nxt_valid.eq(0)
         m.d.sync += started.eq(start)
         cur_mcast = jf("mcast_en", cur.job)
+        # the IPv4 checksum's sum without the destination, from the request (the
+        # destination, a member-table read, comes with the first beat: only it and the
+        # folds are left in that cycle)
+        ck_pre = Signal(20)
         with m.If(start):
+            m.d.sync += ck_pre.eq(ip_checksum_pre(self.src_ip, HEADER_BYTES + nxt.nelem * 4 + 28))
             member0 = Mux(nxt.unicast, nxt.worker, 0)[:max(1, LWS)]
             m.d.sync += [run.eq(1), cur.eq(nxt), beat.eq(0), beat0.eq(1),
                          maddr.eq(nxt.job * WS + member0 if WS > 1 else nxt.job),
@@ -231,7 +248,7 @@ class Replicator(wiring.Component):
             op.length.eq(length), op.mcast.eq(use_mcast), op.dst_ip.eq(dst_ip),
             op.dst_port.eq(Mux(use_mcast, jf("mcast_port", cur.job), md.port)),
             op.dst_mac.eq(Mux(use_mcast, mcast_mac(dst_ip), md.mac)),
-            op.ip_checksum.eq(ip_checksum_hw(self.src_ip, dst_ip, length + 28)),
+            op.ip_checksum.eq(ip_checksum_fold(ck_pre, dst_ip)),
         ]
         with m.If(o_beat < H):
             for b in range(H):
