@@ -163,26 +163,37 @@ def main(argv=None) -> int:
                    help="board (constraints shipped in ina_fabric.constraints)")
     p.add_argument("--jobs", help="jobs TOML (ina_fabric.protocol.jobtable) loaded at reset")
     p.add_argument("--seed", type=int, help="one nextpnr placement seed (instead of --seeds)")
-    p.add_argument("--seeds", default="1,2,3,4",
+    p.add_argument("--seeds",
                    help="placement seeds tried in order until every clock domain passes "
                         "(placement moves Fmax by several percent; the build says which "
-                        "seed it kept)")
+                        "seed it kept; default: the board file's build.seeds, else 1,2,3,4)")
     p.add_argument("--out", "--build-dir", dest="build_dir", metavar="DIR",
                    help="output folder (default: build/<board> under the current directory)")
-    p.add_argument("--control", action="store_true",
-                   help="build with in-band control: the bitstream takes CONTROL and "
-                        "STATUS_REQ sealed with this machine's switch key (INA_SWITCH_KEY, "
-                        "INA_SWITCH_KEY_FILE or ~/.config/ina-fabric/switch.key); without "
-                        "it, jobs come from the ROM only (the control plane does not yet "
-                        "meet the 75 MHz core clock on the Versa: docs/gateware.md)")
+    p.add_argument("--control", action=argparse.BooleanOptionalAction,
+                   help="in-band control: the bitstream takes CONTROL and STATUS_REQ sealed "
+                        "with this machine's switch key (INA_SWITCH_KEY, INA_SWITCH_KEY_FILE "
+                        "or ~/.config/ina-fabric/switch.key, created if missing), so the "
+                        "bitstream holds the key; without it, jobs come from the ROM only "
+                        "(default: the board file's build.control)")
     p.add_argument("--reset-dcc", metavar="BEL",
                    help="the front end reset's global buffer at this DCCA bel, e.g. "
                         "X3/Y34/LDCC5 (default: the board file's clocks.reset_dcc, else "
                         "nextpnr's choice)")
-    p.add_argument("--nextpnr-opts", default=os.environ.get("INA_NEXTPNR_OPTS", ""),
+    p.add_argument("--nextpnr-opts", default=os.environ.get("INA_NEXTPNR_OPTS"),
                    metavar="OPTS", help="more nextpnr-ecp5 options, appended (default: "
-                                        "$INA_NEXTPNR_OPTS)")
+                                        "$INA_NEXTPNR_OPTS, else the board file's "
+                                        "build.nextpnr_opts)")
     args = p.parse_args(argv)
+    # [build] in the board file: what `make bitstream` builds (control, the nextpnr
+    # options and the seeds that met timing with the pinned tools)
+    with resource("ina_fabric.constraints", BOARDS[args.board][1]).open("rb") as fh:
+        bdefaults = tomllib.load(fh).get("build", {})
+    if args.control is None:
+        args.control = bool(bdefaults.get("control", False))
+    if args.seeds is None:
+        args.seeds = str(bdefaults.get("seeds", "1,2,3,4"))
+    if args.nextpnr_opts is None:
+        args.nextpnr_opts = str(bdefaults.get("nextpnr_opts", ""))
 
     os.environ.update(toolchain_env())
     from ina_fabric.hw.boards.ecp5_rgmii import Ecp5RgmiiTop
@@ -240,7 +251,8 @@ def main(argv=None) -> int:
                          f"(logs in {build_dir})")
 
     print(f"\n{args.board}: {build_dir / 'top.bit'} in {elapsed:.0f} s "
-          f"({platform.device}-{platform.speed}{platform.package})")
+          f"({platform.device}-{platform.speed}{platform.package}; "
+          f"{'in-band control, the switch key inside' if args.control else 'jobs from the ROM'})")
     print(f"{'clock domain':40s} {'Fmax MHz':>9s} {'target':>7s}")
     for clk_name, achieved, constraint, passed in rows:
         print(f"{clk_name:40s} {achieved:9.1f} {constraint:7.1f}  {'PASS' if passed else 'FAIL'}")
@@ -248,7 +260,8 @@ def main(argv=None) -> int:
     for name, what, used, avail in res:
         print(f"{what + ' (' + name + ')':40s} {used:9d} {avail:7d}  {100 * used / avail:4.1f}%")
     summary = {"board": args.board, "seconds": round(elapsed, 1), "seed": seed,
-               "seeds_tried": tried,
+               "seeds_tried": tried, "control": bool(args.control),
+               "nextpnr_opts": args.nextpnr_opts,
                "fmax": {r[0]: {"achieved": r[1], "constraint": r[2]} for r in rows},
                "resources": {r[0]: {"used": r[2], "available": r[3]} for r in res}}
     (build_dir / "summary.json").write_text(json.dumps(summary, indent=1))
