@@ -17,7 +17,8 @@ help:
 	@echo "make bench      benchmarks; figures to bench/results/*.json"
 	@echo "make sim        cocotb benches alone (WAVES=1 TEST=name for waveforms)"
 	@echo "make bitstream  BOARD=$(BOARD): a real bitstream with the YoWASP toolchain"
-	@echo "                (boards: versa_ecp5, ecpix5_85; colorlight_5a75b builds but misses timing)"
+	@echo "                (boards: versa_ecp5, ecpix5_85; colorlight_5a75b builds but misses timing;"
+	@echo "                 the Versa's has the in-band control plane and this machine's switch key)"
 	@echo "make program    load it with openFPGALoader"
 
 setup: $(STAMP)

@@ -24,7 +24,7 @@ import tomllib
 
 from ina_fabric.paths import BUILD_DIR, resource
 
-__all__ = ["BOARDS", "main", "board_config", "toolchain_env"]
+__all__ = ["BOARDS", "main", "parse_args", "board_config", "toolchain_env"]
 
 
 def _versa():
@@ -156,7 +156,8 @@ def report(build_dir: pathlib.Path):
     return rows, res, ok
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
+    """The command line, with the board file's ``[build]`` defaults filled in."""
     p = argparse.ArgumentParser(prog="python -m ina_fabric.hw.build", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--board", default="versa_ecp5", choices=sorted(BOARDS),
@@ -174,7 +175,8 @@ def main(argv=None) -> int:
                         "with this machine's switch key (INA_SWITCH_KEY, INA_SWITCH_KEY_FILE "
                         "or ~/.config/ina-fabric/switch.key, created if missing), so the "
                         "bitstream holds the key; without it, jobs come from the ROM only "
-                        "(default: the board file's build.control)")
+                        "(default: the board file's build.control; the other choice "
+                        "starts from seeds 1-4 and no extra nextpnr options)")
     p.add_argument("--reset-dcc", metavar="BEL",
                    help="the front end reset's global buffer at this DCCA bel, e.g. "
                         "X3/Y34/LDCC5 (default: the board file's clocks.reset_dcc, else "
@@ -188,12 +190,21 @@ def main(argv=None) -> int:
     # options and the seeds that met timing with the pinned tools)
     with resource("ina_fabric.constraints", BOARDS[args.board][1]).open("rb") as fh:
         bdefaults = tomllib.load(fh).get("build", {})
+    # (the seeds and options were found for the board file's own choice of control: the
+    # other choice starts from the plain defaults)
     if args.control is None:
         args.control = bool(bdefaults.get("control", False))
+    if args.control != bool(bdefaults.get("control", False)):
+        bdefaults = {}
     if args.seeds is None:
         args.seeds = str(bdefaults.get("seeds", "1,2,3,4"))
     if args.nextpnr_opts is None:
         args.nextpnr_opts = str(bdefaults.get("nextpnr_opts", ""))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
 
     os.environ.update(toolchain_env())
     from ina_fabric.hw.boards.ecp5_rgmii import Ecp5RgmiiTop

@@ -104,3 +104,19 @@ def test_control_plane_netlist_is_the_same_for_every_key():
     b, b_raw = il(bytes(range(100, 132)))
     assert a_raw != b_raw, "the key is in the netlist somewhere"
     assert a == b, "only memory contents differ between keys"
+
+
+def test_board_file_sets_what_make_bitstream_builds(monkeypatch):
+    """`make bitstream` passes only --board: the board file's [build] table says whether
+    the control plane is in and which nextpnr options and seeds met timing; the other
+    choice of control starts from the plain defaults (those were not found for it)."""
+    from ina_fabric.hw.build import parse_args
+    monkeypatch.delenv("INA_NEXTPNR_OPTS", raising=False)
+    a = parse_args(["--board", "versa_ecp5"])
+    assert a.control and "--tmg-ripup" in a.nextpnr_opts and a.seeds.startswith("1,2")
+    a = parse_args(["--board", "versa_ecp5", "--no-control"])
+    assert not a.control and a.nextpnr_opts == "" and a.seeds == "1,2,3,4"
+    a = parse_args(["--board", "ecpix5_85"])
+    assert not a.control and a.seeds.startswith("2,")
+    monkeypatch.setenv("INA_NEXTPNR_OPTS", "--tmg-ripup")
+    assert parse_args(["--board", "ecpix5_85", "--seeds", "7"]).nextpnr_opts == "--tmg-ripup"
