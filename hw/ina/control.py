@@ -14,9 +14,10 @@ model's order and names:
 * CONTROL while the previous one is still being processed: ``drop_control_busy`` (the
   core's only counter the model lacks besides ``stream_errors``: a sender retries).
 * otherwise the datagram is copied into a buffer and checked: HMAC-SHA256 under the
-  board's key over everything before the tag (:class:`~.sha256.Sha256`, four
+  board's key (its two HMAC blocks are a block RAM's contents, so the netlist is the
+  same for every key) over everything before the tag (:class:`~.sha256.Sha256`, four
   compressions plus one per 64 bytes); a tag that differs, or a nonce the replay store
-  refuses (the ``REPLAY_SLOTS`` highest nonces taken, in registers), is
+  refuses (the ``REPLAY_SLOTS`` highest nonces taken, in a LUT RAM), is
   ``drop_unauthenticated``. Then the entry is parsed and checked as
   ``jobtable.parse_control`` does (``drop_malformed``), and applied: a removal disables
   the job's entry; an install writes the entry and its members through the register
