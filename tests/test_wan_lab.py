@@ -171,7 +171,9 @@ def test_two_hosts_per_island_reduce_in_the_island_and_send_once(lab3k2):
     two hosts' updates are summed by the island's edge (intra job), host 0 sends the
     island's mean once, the replicator makes the copies and fans the edge's aggregate
     out to both hosts; both hosts of an island end every round with the same model, and
-    the round time (intra step + guard + the optimizer's round) is within 15%."""
+    the round time (intra step + guard + the optimizer's round) is within 15%. The WAN
+    step's start is time-triggered: the round's start + the predicted intra step + the
+    guard, the same instant at every host (no second barrier)."""
     from ina_fabric.host.schedule.topology import load_topology
     from ina_fabric.host.wan.runner import run_schedules, summarize
     lab, topo_path = lab3k2
@@ -193,6 +195,8 @@ def test_two_hosts_per_island_reduce_in_the_island_and_send_once(lab3k2):
     assert len(evs) == 3 * 2 * rounds
     npk = -(-nparams // 256)
     for e in evs:
+        assert e["t_wan_start"] == e["t_start"] + e["intra_predicted_s"] + 0.005
+        assert e["t_intra_done"] <= e["t_wan_start"]
         assert (e["intra_sent"], e["intra_received"], e["intra_partial"],
                 e["intra_missing"]) == (npk, npk, 0, 0)
         # the island's update leaves it once, from host 0; both hosts get the aggregate

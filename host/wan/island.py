@@ -21,6 +21,8 @@ then the exchange:
   island's intra job), which returns the island's sum to every host; the island's update
   is then their mean, host 0 sends it once, and every host receives the aggregate (the
   replicator copies it to each) and mixes the same numbers: the K models stay identical.
+  The WAN step starts at the round's start + the predicted intra step + ``wan_guard_s``
+  (time-triggered, no second barrier).
 * ``gloo``: ``torch.distributed.all_reduce`` of the parameters across every island's host
   (Gloo's ring over the same links), divided by N.
 
@@ -122,9 +124,15 @@ def _barrier(d: pathlib.Path, tag: str, me: str, names, guard_s: float, timeout=
                 raise TimeoutError(f"barrier {tag}: not every island came in {timeout}s")
             time.sleep(0.002)
     start = max(ready) + guard_s
-    while (left := start - time.monotonic()) > 0:
-        time.sleep(min(left, 0.002) if left < 0.01 else left - 0.005)
+    _sleep_until(start)
     return start
+
+
+def _sleep_until(t: float):
+    """Sleep until CLOCK_MONOTONIC reaches ``t`` (the last 10 ms in 2 ms steps, so a
+    SCHED_FIFO caller wakes on time); returns at once if ``t`` has passed."""
+    while (left := t - time.monotonic()) > 0:
+        time.sleep(min(left, 0.002) if left < 0.01 else left - 0.005)
 
 
 def run_schedule(plan: dict):
@@ -184,8 +192,12 @@ def run_schedule(plan: dict):
                                          timeout=run["timeout_s"], worker=h)
                     own = island_mean(own, intra_res, E)
                     t_intra = intra_res.t_done
-                    wan_start = _barrier(bdir, f"{run['name']}-r{r}w", party, parties,
-                                         plan["guard_s"])
+                    # the WAN step's start is time-triggered, not a second barrier:
+                    # the round's start + the predicted intra step + a small guard (the
+                    # intra step is paced, so it ends on time); a host that is later
+                    # starts at once and its lateness is recorded (late_s)
+                    wan_start = start + intra_pred + plan["wan_guard_s"]
+                    _sleep_until(wan_start)
                 # the island's update leaves once: from host 0
                 res = exchange(sock, own, start=wan_start, offset=rp.offset_s,
                                rate=rp.rate or 1.0,
@@ -202,8 +214,8 @@ def run_schedule(plan: dict):
                       cycle_round=rp.round, t_ready=t_ready, t_start=start,
                       t_sent=res.t_sent, t_done=res.t_done, t_mixed=t_mixed,
                       # the round's prediction: the optimizer's, plus with K > 1 the
-                      # intra-island step and the second start's guard
-                      predicted_s=rp.predicted_s + (intra_pred + plan["guard_s"]
+                      # intra-island step and the WAN step's guard
+                      predicted_s=rp.predicted_s + (intra_pred + plan["wan_guard_s"]
                                                     if intra is not None else 0.0),
                       wan_predicted_s=rp.predicted_s,
                       group_predicted_s=rp.group_predicted_s, offset_s=rp.offset_s,

@@ -141,7 +141,7 @@ def candidates(topo, net, time_budget_s=30.0, seed=0):
 def cycle_with_round_cost(cand, round_cost: float) -> float:
     """The cycle time of ``cand`` when every round also costs ``round_cost`` seconds
     that the optimizer's round model does not see (K > 1: the intra-island step and the
-    second start's guard, once per round, before the WAN exchange)."""
+    WAN step's guard, once per round, before the WAN exchange)."""
     return cand.t_cycle + len(cand.round_times) * round_cost
 
 

@@ -156,7 +156,8 @@ def _go(barrier_dir, tag):
 
 
 def run_schedules(lab: Lab, lnet: LabNet, runs: list[dict], train: dict, *,
-                  guard_s=0.03, progress=print, timeout_per_run=900.0) -> dict:
+                  guard_s=0.03, wan_guard_s=0.005, progress=print,
+                  timeout_per_run=900.0) -> dict:
     """``runs``: [{"name", "doc" (schedule.json), "rounds", "deadline_s", "timeout_s"}].
     One torchrun per host (``lnet.hosts`` per island) for all of them; returns {run
     name: [events]} and the replicators' counters per run."""
@@ -177,7 +178,7 @@ def run_schedules(lab: Lab, lnet: LabNet, runs: list[dict], train: dict, *,
                     "hosts": lnet.hosts, "host_index": h, "host_rate": host_rate,
                     "edge": lnet.edge(k), "replicator": lnet.replicator(k),
                     "elements": lnet.elements, "train": train, "barrier_dir": str(bdir),
-                    "guard_s": guard_s, "runs": specs}
+                    "guard_s": guard_s, "wan_guard_s": wan_guard_s, "runs": specs}
             pp = lab.state_dir / f"island-{k}-h{h}.json"
             pp.write_text(json.dumps(plan))
             argvs.append((f"{sw.name}h{h}", [sys.executable, "-m", "torch.distributed.run",
