@@ -55,6 +55,11 @@ LEVELS = {
     "high": {"flows": [("tcp", "b0", "w0", 300, 700, None),
                        ("tcp", "b1", "w2", 300, 700, None)],
              "straggler_ms": 5.0, "straggler_ratio": 10.0},
+    # "high" with the bulk TCP flows replaced by on/off UDP at 9 Mbit/s (for the 10 Mbit/s
+    # lab: cross traffic that does not back off, like another job's UDP collective)
+    "high-udp": {"flows": [("udp", "b0", "w0", 300, 700, "9mbit"),
+                           ("udp", "b1", "w2", 300, 700, "9mbit")],
+                 "straggler_ms": 5.0, "straggler_ratio": 10.0},
     "stragglers": {"flows": [], "straggler_ms": 5.0, "straggler_ratio": 20.0},
     "flows": {"flows": [("tcp", "b0", "w0", 300, 700, None),
                         ("tcp", "b1", "w2", 300, 700, None)],
