@@ -276,6 +276,11 @@ class ProcessGroupIna(ProcessGroup):
         for d in self._devices.values():
             if isinstance(d, SimDevice):
                 d.close()
+        if self._sizes is not None:
+            # the size group is ours, not registered with the ProcessGroup: stop its
+            # threads here rather than in a destructor at interpreter exit
+            self._sizes.shutdown()
+            self._sizes = None
         try:
             super().shutdown()
         except Exception:  # older/newer torch: nothing more to shut down
