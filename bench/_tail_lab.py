@@ -61,6 +61,9 @@ LEVELS = {
                            ("udp", "b1", "w2", 300, 700, "9mbit")],
                  "straggler_ms": 5.0, "straggler_ratio": 10.0},
     "stragglers": {"flows": [], "straggler_ms": 5.0, "straggler_ratio": 20.0},
+    # compute stragglers alone, sized for the 10 Mbit/s lab (a step's exchange ~180 ms):
+    # median 20 ms, P99 600 ms, every rank its own draw per step
+    "stragglers-heavy": {"flows": [], "straggler_ms": 20.0, "straggler_ratio": 30.0},
     "flows": {"flows": [("tcp", "b0", "w0", 300, 700, None),
                         ("tcp", "b1", "w2", 300, 700, None)],
               "straggler_ms": 0.0, "straggler_ratio": 1.0},
