@@ -150,3 +150,33 @@ def test_the_installer_removes_its_job_at_shutdown(env, switch):
         assert "97" in query_status(switch)["jobs"]
         dist.destroy_process_group()
         assert "97" not in query_status(switch)["jobs"], run
+
+
+def test_shutdown_stops_the_size_agreement_group(env):
+    """The size check's own Gloo group is not registered with the ProcessGroup, so
+    nothing but ``shutdown`` stops it: two ranks (threads, one store) agree on a size,
+    then shut down; the group is gone on both. (A rank's process sometimes aborted
+    at interpreter exit with "terminate called without an active exception" when the
+    group was left to the destructors.)"""
+    import datetime
+    import threading
+    from ina_fabric.host.ddp.backend import ProcessGroupIna
+    store, out, errs = dist.HashStore(), {}, []
+
+    def rank(r):
+        try:
+            pg = ProcessGroupIna(store, r, 2, datetime.timedelta(seconds=20),
+                                 InaOptions(job=96))
+            assert pg._sizes is not None
+            pg._agree_sizes([torch.ones(10)])
+            pg.shutdown()
+            out[r] = pg._sizes
+        except Exception as e:   # surfaced below
+            errs.append(e)
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errs, errs
+    assert out == {0: None, 1: None}
