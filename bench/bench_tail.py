@@ -269,8 +269,9 @@ def main(argv=None) -> int:
                                 "backends under background flows and stragglers")
     lab.add_argument("--lab", metavar="TOPOLOGY",
                      help="run on a lab built from TOPOLOGY (rack; root): the headline")
+    from ._tail_lab import LEVELS
     lab.add_argument("--levels", default="none,mid,high",
-                     help="tail levels (default: %(default)s)")
+                     help=f"tail levels, of {', '.join(LEVELS)} (default: %(default)s)")
     lab.add_argument("--lab-backends", dest="lab_backends",
                      default="gloo,tar-udp,tar-udp-repair,ina,ina-bounded",
                      help="backends on the lab (default: %(default)s)")
