@@ -1,4 +1,6 @@
-"""Shared helper for benchmarks: write figures to ``<out>/<name>.json``.
+"""Shared helper for benchmarks: write figures to ``<out>/<name>.json``, with the
+machine's load average at the end of the run (``os.getloadavg()``: 1, 5 and 15 minutes),
+since ratios measured on these shared cores move with other jobs' load.
 
 ``RESULTS`` is ``bench/results`` under the current directory unless ``ina bench --out
 DIR`` set it; it is never inside the installed package.
@@ -20,6 +22,7 @@ def write(name: str, figures: dict) -> pathlib.Path:
     path = RESULTS / f"{name}.json"
     doc = {"name": name, "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "machine": platform.machine(), "cpus": os.cpu_count(),
+           "load_average": [round(x, 2) for x in os.getloadavg()],
            "figures": figures}
     path.write_text(json.dumps(doc, indent=2, sort_keys=True, default=float) + "\n")
     print(f"wrote {path}")

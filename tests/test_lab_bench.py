@@ -14,7 +14,10 @@ def test_lab_allreduce_bench_runs_and_checks(tmp_path, lab_bench):
     rc = B.main(["--hosts", "2", "--sizes", "4MB", "--reps", "1", "--rate", "100mbit",
                  "--id", lab_bench("tb")])
     assert rc == 0
-    row, = json.loads((tmp_path / "lab_allreduce.json").read_text())["figures"]["rows"]
+    doc = json.loads((tmp_path / "lab_allreduce.json").read_text())
+    row, = doc["figures"]["rows"]
+    # the machine's load at the end of the run: 1, 5 and 15 minutes
+    assert len(doc["load_average"]) == 3 and all(x >= 0 for x in doc["load_average"])
     for key in ("hosts", "size", "rate_mbit", "gloo_over_ina_median", "limit"):
         assert key in row
     assert (row["hosts"], row["size"], row["rate_mbit"], row["limit"]) == (2, 4 << 20, 100.0, 1.0)
