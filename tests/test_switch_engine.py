@@ -17,7 +17,7 @@ from ina_fabric.host.switch.model import SwitchModel, COUNTERS
 from ina_fabric.host.switch import fast
 from ina_fabric.protocol import pack
 from ina_fabric.protocol.fields import HEADER_BYTES, MsgType, Flags
-from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.jobtable import JobConfig, MODES
 
 needs_engine = pytest.mark.skipif(not fast.available(), reason=fast.WHY_NOT or "")
 
@@ -26,7 +26,7 @@ ADDR = [("127.0.0.1", 7000 + w) for w in range(8)]
 
 def config(rng, job_id):
     n = int(rng.integers(1, 6))
-    mode = "bounded" if rng.random() < 0.5 else "reliable"
+    mode = str(rng.choice(MODES))
     mcast = ("239.1.2.3", 6000) if rng.random() < 0.3 else None
     return JobConfig(job_id, tuple(f"{a}:{p}" for a, p in ADDR[:n]),
                      window=int(2 ** rng.integers(0, 4)), elements=int(rng.integers(1, 17)),
@@ -87,7 +87,7 @@ def run(seed, events=1500):
             continue
         if r < 0.025:                                      # live change of the deadline
             d = float(rng.choice([0.001, 0.01]))
-            mode = "bounded" if rng.random() < 0.5 else "reliable"
+            mode = str(rng.choice(MODES))
             for m in (ref, eng):
                 m.retune(j, deadline=d, mode=mode)
             cfgs[j] = cfg = ref.jobs[j].cfg
@@ -122,6 +122,7 @@ def run(seed, events=1500):
         c0, c1 = dict(ref.counters), {k: eng.counters[k] for k in COUNTERS}
         assert c0 == c1, f"seed {seed} step {step}: counters differ"
         assert ref.next_deadline() == eng.next_deadline(), f"seed {seed} step {step}"
+        assert ref.jobs[j].absent == eng.engine.absent(j), f"seed {seed} step {step}"
     for j in cfgs:
         assert ref.status()["jobs"][j] == eng.status()["jobs"][j]
     return ref.counters
@@ -142,7 +143,7 @@ def test_random_traffic_reaches_every_rule():
     for name in ("accepted", "duplicates", "late", "resent", "partials", "overflows",
                  "drop_truncated", "drop_malformed", "drop_unknown_job",
                  "drop_unknown_source", "drop_bad_session", "drop_stale",
-                 "drop_out_of_window"):
+                 "drop_out_of_window", "skipped"):
         assert total[name] > 0, name
 
 

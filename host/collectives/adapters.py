@@ -91,7 +91,8 @@ class SwitchCollective(Collective):
     def __init__(self, client, policy: SwitchDeadline | None = None, control=None):
         self.client = client
         self.rank, self.world = client.worker, client.nworkers
-        self.bounded = client.mode == "bounded"
+        self.bounded = client.mode != "reliable"
+        self.bounded_mode = client.mode          # "bounded" or "bounded-skip"
         self.name = f"switch-{client.mode}"
         self.policy = policy if self.bounded else None
         self.control = control
@@ -122,8 +123,8 @@ class SwitchCollective(Collective):
             if not self.policy.calibrating:
                 self.client.deadline = d
                 if was:
-                    self.client.mode = "bounded"
-                    self._set_switch(mode="bounded", deadline=d)
+                    self.client.mode = self.bounded_mode
+                    self._set_switch(mode=self.bounded_mode, deadline=d)
                 elif abs(d - st["switch_deadline"]) > 0.05 * st["switch_deadline"]:
                     self._set_switch(deadline=d)
         return out.reshape(x0.shape), st

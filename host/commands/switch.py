@@ -131,7 +131,7 @@ def run(args):
               "ina allreduce --switch)", file=sys.stderr)
     for j in jobs:
         print(f"job {j.job}: {j.n} workers, window {j.window}, {j.elements} elements/packet, "
-              f"{j.mode}" + (f", deadline {j.deadline * 1e3:g} ms" if j.mode == "bounded" else "")
+              f"{j.mode}" + (f", deadline {j.deadline * 1e3:g} ms" if j.mode != "reliable" else "")
               + f", session 0x{j.session:016x}",
               file=sys.stderr)
     print(f"ina switch listening on {host}:{port} ({server.engine} engine; Ctrl-C to "

@@ -185,7 +185,7 @@ class InaHookState:
             window=int(env["INA_WINDOW"]) if "INA_WINDOW" in env else window,
             mode=env.get("INA_MODE", mode), deadline=fixed)
         window, elements, mode, deadline = s.window, s.elements, s.mode, s.deadline
-        auto = auto and mode == "bounded"
+        auto = auto and mode in ("bounded", "bounded-skip")
         link_rate = float(env["INA_LINK_RATE"]) if env.get("INA_LINK_RATE") else None
         if auto:
             from ..transport.slot_deadline import slot_deadline

@@ -7,7 +7,8 @@ parameters. ``ina train`` is the command-line face of it.
 
 Plug-in points (strings, so they cross process boundaries):
 
-* ``backend``: ``gloo``, ``ina`` (switch, reliable), ``ina-bounded``, or
+* ``backend``: ``gloo``, ``ina`` (switch, reliable), ``ina-bounded``, ``ina-skip``
+  (bounded, skipping a straggler after one deadline: mode ``bounded-skip``), or
   ``"package.module:factory"``: ``factory(rank, world, cfg)`` returns a collective with
   ``allreduce(np.ndarray) -> (np.ndarray, stats)`` that the DDP hook will use.
 * ``controller``: ``"package.module:factory"``; ``factory(cfg)`` returns an object with
@@ -32,6 +33,8 @@ __all__ = ["TrainConfig", "TrainResult", "run_training", "load_factory", "LR_SCA
 
 # exponent of the batch ratio in the learning-rate rule
 LR_SCALING = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
+#: the in-network backends and their switch job modes (``jobtable.MODES``)
+INA_BACKENDS = {"ina": "reliable", "ina-bounded": "bounded", "ina-skip": "bounded-skip"}
 
 
 def scaled_lr(base: float, accum: int, rule: str) -> float:
@@ -132,9 +135,10 @@ class TrainConfig:
             raise ValueError(f"accum_steps={self.accum_steps}: need >= 1")
         if self.lr_scaling not in LR_SCALING:
             raise ValueError(f"lr_scaling={self.lr_scaling!r}: one of {', '.join(LR_SCALING)}")
-        if self.backend not in ("gloo", "ina", "ina-bounded") and ":" not in self.backend:
-            raise ValueError(f"backend {self.backend!r}: gloo, ina, ina-bounded or "
-                             "module:factory")
+        if self.backend != "gloo" and self.backend not in INA_BACKENDS and \
+                ":" not in self.backend:
+            raise ValueError(f"backend {self.backend!r}: gloo, {', '.join(INA_BACKENDS)} "
+                             "or module:factory")
         from .workloads import WORKLOADS
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; have {', '.join(WORKLOADS)}")
@@ -239,11 +243,11 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
         (wl.target_loss if cfg.target is None else None)
     model = DDP(wl.model)
     state = None
-    if cfg.backend in ("ina", "ina-bounded"):
+    if cfg.backend in INA_BACKENDS:
         imp = cfg.uplink(rank)
         state = InaHookState.from_env(
             switch=switch, job=cfg.job,
-            mode="bounded" if cfg.backend == "ina-bounded" else "reliable",
+            mode=INA_BACKENDS[cfg.backend],
             window=cfg.window, elements=cfg.elements,
             deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
             impairment=imp, configure=not cfg.static_job,
@@ -435,7 +439,7 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
     queue = ctx.Queue()
     switch_proc = None
     switch = None
-    if cfg.backend in ("ina", "ina-bounded"):
+    if cfg.backend in INA_BACKENDS:
         if cfg.switch:
             host, _, port = cfg.switch.rpartition(":")
             switch = (host, int(port))

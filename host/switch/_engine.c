@@ -48,6 +48,7 @@ enum {
     C_RX, C_RX_DATA, C_ACCEPTED, C_DUPLICATES, C_LATE, C_RESULTS, C_PARTIALS,
     C_OVERFLOWS, C_RESENT, C_DROP_TRUNCATED, C_DROP_MALFORMED, C_DROP_UNKNOWN_JOB,
     C_DROP_UNKNOWN_SOURCE, C_DROP_BAD_SESSION, C_DROP_STALE, C_DROP_OUT_OF_WINDOW,
+    C_SKIPPED,
     /* the engine's own (not model counters) */
     C_SEND_ERRORS, C_RX_BATCHES, C_TX_BATCHES, NCOUNTERS
 };
@@ -55,7 +56,7 @@ static const char *COUNTER_NAMES[NCOUNTERS] = {
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials",
     "overflows", "resent", "drop_truncated", "drop_malformed", "drop_unknown_job",
     "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-    "send_errors", "rx_batches", "tx_batches",
+    "skipped", "send_errors", "rx_batches", "tx_batches",
 };
 
 typedef InaLayout Layout;
@@ -76,7 +77,8 @@ typedef struct {
 } Slot;
 
 typedef struct {
-    int id, n, bounded, ngroup, nopen;
+    int id, n, bounded, skip, ngroup, nopen;
+    uint32_t absent;             /* bounded-skip: skipped workers (the model's absent) */
     uint32_t window, elements;
     double deadline;
     uint64_t session;            /* the run's session id: DATA must carry it, RESULTs do */
@@ -406,6 +408,30 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     for (int g = 0; g < j->ngroup; g++) sink_push(e, k, j->group[g], s, -1);
 }
 
+static inline uint32_t full_mask(const Job *j) {
+    return j->n >= 32 ? 0xFFFFFFFFu : (1u << j->n) - 1;
+}
+
+/* the model's _skip: the workers missing from ``bitmap`` are absent; every open slot of
+ * the job with all the other workers' contributions closes now, in opening order */
+static void skip_absent(Engine *e, Sink *k, Job *j, uint32_t bitmap) {
+    uint32_t full = full_mask(j), w2 = 2 * j->window;
+    j->absent |= full & ~bitmap;
+    for (;;) {                           /* the oldest qualifying open slot, one by one */
+        Slot *best = NULL;
+        for (uint32_t i = 0; i < w2; i++) {
+            Slot *s = &j->slots[i];
+            if (!s->complete && (s->bitmap | j->absent) == full &&
+                    (!best || s->order < best->order))
+                best = s;
+        }
+        if (!best) return;
+        e->c[C_SKIPPED]++;
+        j->nopen--;
+        emit(e, k, j, best, NULL, 0);
+    }
+}
+
 static void tick(Engine *e, Sink *k, double now) {
     while (e->heap_n && e->heap[0].t <= now) {
         Entry x = heap_pop(e);
@@ -414,6 +440,7 @@ static void tick(Engine *e, Sink *k, double now) {
             Job *j = e->jobs[x.job];
             j->nopen--;
             emit(e, k, j, s, NULL, 0);
+            if (j->skip && s->count < j->n) skip_absent(e, k, j, s->bitmap);
         }
     }
 }
@@ -450,6 +477,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
     Slot *s = slot_of(j, seq);
     uint32_t bit = 1u << worker;
+    j->absent &= ~bit;                   /* heard from: slots wait for it again */
     if (seq == s->tag + w2 && s->complete) {
         s->tag = seq;
         s->complete = 0;
@@ -485,7 +513,9 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     int ex = (int8_t)d[L->exponent];
     if (ex > s->exponent) s->exponent = ex;
     const uint8_t *in = d + L->header;
-    if (s->count + 1 == j->n) {          /* the last one: add, saturate, send at once */
+    if (s->count + 1 == j->n || (s->bitmap | j->absent) == full_mask(j)) {
+        /* the last one (bounded-skip: the last one not skipped): add, saturate, send */
+        if (s->count + 1 < j->n) c[C_SKIPPED]++;
         s->count++;
         j->nopen--;
         emit(e, k, j, s, in, s->count == 1);
@@ -580,17 +610,22 @@ static int parse_addrs(PyObject *seq, Addr *out, int *n, const char *what) {
     return 0;
 }
 
-/* add_job(id, members, window, elements, bounded, deadline, group, session, now):
- * install afresh */
+/* add_job(id, members, window, elements, mode, deadline, group, session, now):
+ * install afresh; mode: 0 reliable, 1 bounded, 2 bounded-skip (jobtable.MODES) */
 static PyObject *Engine_add_job(Engine *e, PyObject *args) {
-    int id, bounded, n, ngroup;
+    int id, mode, n, ngroup;
     unsigned int window, elements;
     unsigned long long session;
     double deadline, now;
     PyObject *members, *group;
-    if (!PyArg_ParseTuple(args, "iOIIpdOKd", &id, &members, &window, &elements, &bounded,
+    if (!PyArg_ParseTuple(args, "iOIIidOKd", &id, &members, &window, &elements, &mode,
                           &deadline, &group, &session, &now))
         return NULL;
+    if (mode < 0 || mode > 2) {
+        PyErr_SetString(PyExc_ValueError, "mode not in 0..2 (reliable, bounded, "
+                        "bounded-skip)");
+        return NULL;
+    }
     if (id < 0 || id > 65535 || window == 0 || (window & (window - 1)) || elements == 0 ||
             elements > 65535) {
         PyErr_SetString(PyExc_ValueError, "job id, window (a power of two) or elements "
@@ -604,7 +639,7 @@ static PyObject *Engine_add_job(Engine *e, PyObject *args) {
         job_free(j);
         return NULL;
     }
-    j->id = id; j->n = n; j->ngroup = ngroup; j->bounded = bounded;
+    j->id = id; j->n = n; j->ngroup = ngroup; j->bounded = mode >= 1; j->skip = mode == 2;
     j->window = window; j->elements = elements; j->deadline = deadline;
     j->session = session; j->active = now;
     size_t w2 = 2 * (size_t)window, rlen = ((size_t)e->L.header + 4 * elements + 63) & ~63u;
@@ -640,16 +675,22 @@ static PyObject *Engine_remove_job(Engine *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* retune(id, bounded, deadline): the model's _retune (open slots keep their data) */
+/* retune(id, mode, deadline): the model's _retune (open slots keep their data) */
 static PyObject *Engine_retune(Engine *e, PyObject *args) {
-    int id, bounded;
+    int id, mode;
     double deadline;
-    if (!PyArg_ParseTuple(args, "ipd", &id, &bounded, &deadline)) return NULL;
+    if (!PyArg_ParseTuple(args, "iid", &id, &mode, &deadline)) return NULL;
     Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
     if (!j) return PyErr_Format(PyExc_KeyError, "job %d is not installed", id);
-    j->bounded = bounded;
+    if (mode < 0 || mode > 2) {
+        PyErr_SetString(PyExc_ValueError, "mode not in 0..2");
+        return NULL;
+    }
+    j->bounded = mode >= 1;
+    j->skip = mode == 2;
+    if (!j->skip) j->absent = 0;
     j->deadline = deadline;
-    if (bounded) {
+    if (j->bounded) {
         for (size_t k = 0; k < 2 * (size_t)j->window; k++) {
             Slot *s = &j->slots[k];
             if (s->complete) continue;
@@ -658,6 +699,14 @@ static PyObject *Engine_retune(Engine *e, PyObject *args) {
         }
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *Engine_absent(Engine *e, PyObject *args) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
+    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    if (!j) return PyErr_Format(PyExc_KeyError, "job %d is not installed", id);
+    return PyLong_FromUnsignedLong(j->absent);
 }
 
 /* start_at(id, seq): the model's start_at (records as if seq packets had run) */
@@ -883,13 +932,15 @@ static PyObject *Engine_serve(Engine *e, PyObject *args) {
 
 static PyMethodDef Engine_methods[] = {
     {"add_job", (PyCFunction)Engine_add_job, METH_VARARGS,
-     "add_job(id, members, window, elements, bounded, deadline, group, session, now): "
-     "install afresh"},
+     "add_job(id, members, window, elements, mode, deadline, group, session, now): "
+     "install afresh (mode: 0 reliable, 1 bounded, 2 bounded-skip)"},
+    {"absent", (PyCFunction)Engine_absent, METH_VARARGS,
+     "absent(id): the bitmap of workers a bounded-skip job skips"},
     {"active", (PyCFunction)Engine_active, METH_VARARGS,
      "active(id): when the job was installed or last accepted DATA, or None"},
     {"remove_job", (PyCFunction)Engine_remove_job, METH_VARARGS, "remove_job(id)"},
     {"retune", (PyCFunction)Engine_retune, METH_VARARGS,
-     "retune(id, bounded, deadline): change the mode/deadline, keeping the slots"},
+     "retune(id, mode, deadline): change the mode/deadline, keeping the slots"},
     {"start_at", (PyCFunction)Engine_start_at, METH_VARARGS,
      "start_at(id, seq): records as if the job had run seq packets"},
     {"oldest_open_bitmap", (PyCFunction)Engine_oldest_open_bitmap, METH_VARARGS,

@@ -20,6 +20,7 @@ from collections import Counter
 import socket
 
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, c_layout
+from ina_fabric.protocol.jobtable import MODES
 from .model import SwitchModel, COUNTERS
 
 try:
@@ -77,7 +78,7 @@ class FastSwitchModel(SwitchModel):
             js.active = max(js.active, self.engine.active(cfg.job) or 0.0)
         super().add_job(cfg, now)
         self.engine.add_job(cfg.job, [(ip_int(m.ip), m.port) for m in cfg.members],
-                            cfg.window, cfg.elements, cfg.mode == "bounded", cfg.deadline,
+                            cfg.window, cfg.elements, MODES.index(cfg.mode), cfg.deadline,
                             [(ip_int(ip), port) for ip, port in self.jobs[cfg.job].group],
                             cfg.session, self.jobs[cfg.job].active)
 
@@ -91,11 +92,13 @@ class FastSwitchModel(SwitchModel):
 
     def _retune(self, js, cfg):
         js.cfg = cfg
-        self.engine.retune(cfg.job, cfg.mode == "bounded", cfg.deadline)
+        self.engine.retune(cfg.job, MODES.index(cfg.mode), cfg.deadline)
 
     def _job_status(self, js) -> dict:
         st = super()._job_status(js)
         st["open_slots"] = self.engine.open_slots(js.cfg.job)
+        if "absent" in st:
+            st["absent"] = self._missing(js.cfg.n, ~self.engine.absent(js.cfg.job))
         return st
 
     def _waiting_for(self, js):

@@ -18,6 +18,16 @@ DATA packet with seq ``s`` and the record's tag ``t``:
   moved on; its result is gone);
 * otherwise: *out-of-window* drop (the worker is ahead of the window).
 
+Modes (``jobtable.MODES``). *reliable*: a slot closes when all N workers contributed.
+*bounded*: also at its deadline (``deadline`` after it opened), as a PARTIAL result with
+the exact contributor bitmap. *bounded-skip* (software switches only): bounded, and a
+worker that a slot closed without at its deadline is *absent*: every open or later slot
+of the job closes as soon as all the other workers contributed (counted ``skipped``),
+until the absent worker is heard from: any DATA of its own that passes the job's checks
+(session, source, size), a contribution or one that is late, duplicate or stale. A compute straggler then holds the job
+for one deadline, not one per window of slots (issue 18, run 7): with a window of W and
+a call of P datagrams, bounded mode waits for it up to ceil(P/W) deadlines.
+
 Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result is
 saturated to int32 when it is emitted, with OVERFLOW set if any element saturated.
 Saturating at each add would make the result depend on arrival order; this way every
@@ -38,9 +48,11 @@ from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
                                       control_length_ok, STATUS_MIN_REQUEST,
                                       status_length_ok)
 
-__all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER"]
+__all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER", "BOUNDED"]
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+#: the modes whose slots close at a deadline (jobtable.MODES)
+BOUNDED = ("bounded", "bounded-skip")
 SEQ_MASK = 0xFFFFFFFF
 
 COUNTERS = (
@@ -49,6 +61,7 @@ COUNTERS = (
     "drop_unauthenticated",
     "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
     "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
+    "skipped",     # bounded-skip: slots closed before their deadline without an absent worker
 )
 
 _OFF = field_offsets()
@@ -97,6 +110,9 @@ class _JobState:
         self.slots = [[_Slot((i + s * w - 2 * w) & SEQ_MASK) for i in range(w)]
                       for s in range(2)]
         self.open = {}  # seq -> slot, in opening order (deadline order within a job)
+        #: bounded-skip: workers a slot closed without at its deadline, not heard from
+        #: since (a bitmap; always 0 in the other modes)
+        self.absent = 0
         self.group = [cfg.mcast] if cfg.mcast else [m.addr for m in cfg.members]
 
 
@@ -104,14 +120,22 @@ class SwitchModel:
     """The aggregator for a set of jobs (``JobConfig``), with admission limits."""
 
     def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
-                 max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES):
+                 max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES,
+                 modes=None):
         """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
         are taken only when sealed with it; without a key, none is taken over the wire
-        (jobs come from ``jobs`` and ``add_job``)."""
+        (jobs come from ``jobs`` and ``add_job``). ``modes``: the modes this switch runs
+        (default: all of ``jobtable.MODES``; the gateware's scoreboard passes
+        ``GATEWARE_MODES``): a CONTROL entry with another is ``drop_malformed``, as the
+        gateware's parse drops it, and ``add_job`` refuses it."""
+        from ina_fabric.protocol.jobtable import MODES
+        self.modes = tuple(MODES if modes is None else modes)
         self.key = key
         self._replay = ReplayGuard()
         self.jobs: dict[int, _JobState] = {}
-        self._counts = Counter({name: 0 for name in COUNTERS})
+        # (a switch without bounded-skip, as the gateware, has no "skipped" counter)
+        self._counts = Counter({name: 0 for name in COUNTERS
+                                if name != "skipped" or "bounded-skip" in self.modes})
         self.max_jobs, self.max_job_bytes = max_jobs, max_job_bytes
         self.max_total_bytes = max_total_bytes
         self._deadlines = []   # heap of (time, job, seq, opened_at): bounded open slots
@@ -126,6 +150,9 @@ class SwitchModel:
         a second tenant never replaces a running job. Without ``now`` (the switch's own
         process installing) the job is replaced."""
         from ina_fabric.protocol.jobtable import ConfigError
+        if cfg.mode not in self.modes:
+            raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} is not run by this switch "
+                              f"(it runs {', '.join(self.modes)})")
         held = self.jobs.get(cfg.job)
         if now is not None and held is not None and held.cfg.session != cfg.session \
                 and now - held.active < IDLE_RECLAIM_S:
@@ -174,7 +201,9 @@ class SwitchModel:
 
     def _retune(self, js, cfg):
         js.cfg = cfg
-        if cfg.mode == "bounded":   # the open slots' deadlines move with it
+        if cfg.mode != "bounded-skip":
+            js.absent = 0
+        if cfg.mode in BOUNDED:     # the open slots' deadlines move with it
             for seq, slot in list(js.open.items()):
                 heapq.heappush(self._deadlines,
                                (slot.opened_at + cfg.deadline, cfg.job, seq, slot.opened_at))
@@ -206,7 +235,7 @@ class SwitchModel:
     def _live(self, entry):
         t, job, seq, opened_at = entry
         js = self.jobs.get(job)
-        slot = js.open.get(seq) if js is not None and js.cfg.mode == "bounded" else None
+        slot = js.open.get(seq) if js is not None and js.cfg.mode in BOUNDED else None
         return slot is not None and slot.opened_at == opened_at and \
             opened_at + js.cfg.deadline == t
 
@@ -217,7 +246,25 @@ class SwitchModel:
             entry = heapq.heappop(heap)
             if self._live(entry):
                 js = self.jobs[entry[1]]
-                out += self._emit(js, js.open.pop(entry[2]))
+                slot = js.open.pop(entry[2])
+                out += self._emit(js, slot)
+                if js.cfg.mode == "bounded-skip" and slot.count < js.cfg.n:
+                    out += self._skip(js, slot.bitmap)
+        return out
+
+    def _skip(self, js, bitmap):
+        """bounded-skip: a slot closed at its deadline without the workers missing from
+        ``bitmap``; they are absent until their next DATA, and every open slot of the
+        job that has all the other workers' contributions closes now, in opening order
+        (a straggler holds a call for one deadline, not one per window of slots)."""
+        full = (1 << js.cfg.n) - 1
+        js.absent |= full & ~bitmap
+        out = []
+        for seq, slot in list(js.open.items()):
+            if slot.bitmap | js.absent == full:
+                self._counts["skipped"] += 1
+                del js.open[seq]
+                out += self._emit(js, slot)
         return out
 
     def next_deadline(self):
@@ -304,13 +351,14 @@ class SwitchModel:
         w = cfg.window
         slot = js.slots[(seq // w) % 2][seq % w]
         bit = 1 << worker
+        js.absent &= ~bit          # heard from (bounded-skip): slots wait for it again
         if seq == (slot.tag + 2 * w) & SEQ_MASK and slot.complete:
             slot.tag, slot.complete, slot.result = seq, False, None
             slot.acc = np.zeros(nelem, np.int64)
             slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
             slot.exponent, slot.opened_at = NO_EXPONENT, now
             js.open[seq] = slot
-            if cfg.mode == "bounded":
+            if cfg.mode in BOUNDED:
                 heapq.heappush(self._deadlines, (now + cfg.deadline, cfg.job, seq, now))
         elif seq != slot.tag:
             behind = 0 < ((slot.tag - seq) & SEQ_MASK) < 1 << 31
@@ -341,7 +389,9 @@ class SwitchModel:
         slot.bitmap |= bit
         slot.count += 1
         slot.exponent = max(slot.exponent, int(h["exponent"]))
-        if slot.count == cfg.n:
+        if slot.count == cfg.n or slot.bitmap | js.absent == (1 << cfg.n) - 1:
+            if slot.count < cfg.n:
+                c["skipped"] += 1
             del js.open[seq]
             out += self._emit(js, slot)
         return out
@@ -372,6 +422,9 @@ class SwitchModel:
             op, value = parse_control(datagram[HEADER_BYTES:])
         except ConfigError:
             self._counts["drop_malformed"] += 1
+            return []
+        if op != "remove" and value.mode not in self.modes:
+            self._counts["drop_malformed"] += 1       # as the gateware's parse drops it
             return []
         try:
             if op == "remove":
@@ -421,7 +474,9 @@ class SwitchModel:
         return {"workers": js.cfg.n, "window": js.cfg.window, "elements": js.cfg.elements,
                 "mode": js.cfg.mode, "deadline_ms": js.cfg.deadline * 1e3,
                 "open_slots": len(js.open), "waiting_for": self._waiting_for(js),
-                "session": f"{js.cfg.session:016x}"}
+                "session": f"{js.cfg.session:016x}"} | (
+                    {"absent": self._missing(js.cfg.n, ~js.absent)}
+                    if js.cfg.mode == "bounded-skip" else {})
 
     @staticmethod
     def _missing(n, bitmap):

@@ -37,6 +37,7 @@ import time
 
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, field_offsets
 from .model import SwitchModel
+from ina_fabric.protocol.jobtable import GATEWARE_MODES
 
 __all__ = ["RtlSwitchModel", "RtlDisagreement", "RTL_PARAMS", "rtl_params",
            "CYCLES_PER_SECOND", "available", "why_not"]
@@ -103,11 +104,12 @@ class RtlSwitchModel(SwitchModel):
     ``planted_bug`` for the tests)."""
 
     def __init__(self, jobs=(), *, params=None, log=None, planted_bug=None, **kw):
+        kw.setdefault("modes", GATEWARE_MODES)
         from ina_fabric.sim.verilator.core import RtlCore
         self.params = params or rtl_params()
         self.core = RtlCore(self.params, planted_bug=planted_bug, log=log)
         #: the scoreboard: the reference model fed exactly what the core is fed
-        self.ref = SwitchModel()
+        self.ref = SwitchModel(modes=GATEWARE_MODES)
         self._index = {}            # job id -> entry of the core's job table
         self._deadline_cycles = {}  # job id -> its deadline in cycles
         self._expected = {}         # key -> deque of (cycle, dest, bytes): model's, unmatched
@@ -144,6 +146,9 @@ class RtlSwitchModel(SwitchModel):
         if cfg.n > P.workers:
             raise ConfigError(f"job {cfg.job}: {cfg.n} workers, the core takes at most "
                               f"{P.workers}")
+        if cfg.mode not in self.modes:
+            raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} runs on the software "
+                              f"switches only (the gateware has {', '.join(self.modes)})")
         index = self._index.get(cfg.job)
         if index is None:
             free = sorted(set(range(P.jobs)) - set(self._index.values()))
@@ -171,6 +176,10 @@ class RtlSwitchModel(SwitchModel):
     def _retune(self, js, cfg):
         from ina_fabric.protocol.regs import job_reg_addr
         from ina_fabric.sim.verilator.core import set_deadline
+        from ina_fabric.protocol.jobtable import ConfigError
+        if cfg.mode not in self.modes:
+            raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} runs on the software "
+                              f"switches only (the gateware has {', '.join(self.modes)})")
         super()._retune(js, cfg)
         index = self._index[cfg.job]
         self._deadline_cycles[cfg.job] = self._cycles(cfg.deadline)

@@ -171,8 +171,9 @@ class SwitchClient:
     total: AllreduceStats = field(default_factory=AllreduceStats)
 
     def __post_init__(self):
-        if self.mode not in ("reliable", "bounded"):
-            raise ValueError(f"mode {self.mode!r}: expected reliable or bounded")
+        from ina_fabric.protocol.jobtable import MODES
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
         if self.engine not in ("auto", "c", "python"):
             raise ValueError(f"engine {self.engine!r}: expected auto, c or python")
         impaired = self.impairment is not None and self.impairment.active

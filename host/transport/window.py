@@ -123,7 +123,9 @@ class WindowConfig:
     @classmethod
     def of(cls, c):
         """The configuration read from anything with these fields (a ``SwitchClient``)."""
-        return cls(c.mode, c.rto, c.min_rto, c.deadline, c.connect_timeout, c.stall_timeout,
+        # the client's timers are those of bounded mode for every mode with a deadline
+        mode = "reliable" if c.mode == "reliable" else "bounded"
+        return cls(mode, c.rto, c.min_rto, c.deadline, c.connect_timeout, c.stall_timeout,
                    c.start_wait)
 
 

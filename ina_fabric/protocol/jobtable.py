@@ -17,10 +17,16 @@ from .fields import MAX_WORKERS, HEADER_BYTES
 __all__ = ["JobConfig", "JobSettings", "LINK_DEFAULTS", "job_defaults", "loopback_group",
            "MAX_ELEMENTS", "Member",
            "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE", "load_jobs_toml", "MODES",
+           "GATEWARE_MODES",
            "ENTRY_UPDATE", "parse_control", "IDLE_RECLAIM_S", "new_session", "parse_session",
            "removal_entry"]
 
-MODES = ("reliable", "bounded")
+#: "bounded-skip": bounded, and a worker that a slot closed without at its deadline is
+#: skipped by the job's later slots until its next DATA (host/switch/model.py); the
+#: software switches only: the gateware refuses mode 2 (hw/ina/control.py)
+MODES = ("reliable", "bounded", "bounded-skip")
+#: the modes the gateware runs (hw/ina/control.py drops an entry with any other)
+GATEWARE_MODES = MODES[:2]
 #: a job id is held by its session: an install under another session is refused while
 #: the job has had DATA (or its install) within this many seconds; an idle one (a run
 #: that crashed without removing its job) may be taken over (every switch: the model,
@@ -59,7 +65,7 @@ class JobSettings:
     window: int = 64                 # slots in flight per job (a power of two for the FPGA)
     elements: int = 256              # int32 elements per packet
     deadline: float = 0.005          # seconds after a slot opens (bounded mode)
-    mode: str = "reliable"           # or "bounded"
+    mode: str = "reliable"           # or "bounded", "bounded-skip" (MODES)
 
     @property
     def deadline_ms(self) -> float:

@@ -18,6 +18,7 @@ from scapy.utils import wrpcap
 from cocotbext.eth import GmiiFrame
 
 from ina_fabric.host.switch.model import SwitchModel
+from ina_fabric.protocol.jobtable import GATEWARE_MODES
 from ina_fabric.protocol.fields import INA_UDP_PORT
 from ina_fabric.protocol.jobtable import JobConfig
 from ina_fabric.protocol.numpy_view import pack
@@ -45,7 +46,7 @@ class BoardTB(TB):
         super().__init__(dut, {0: "p0_", 1: "p1_"})
         dut.cfg_addr.value = 0
         self.job = job_from_env()
-        self.model = SwitchModel([self.job])
+        self.model = SwitchModel([self.job], modes=GATEWARE_MODES)
         self.received = {0: [], 1: []}     # Ether frames (bytes) per port, in order
         self.capture = []                  # (time_ns, frame bytes) both directions
         for p in (0, 1):

@@ -23,6 +23,7 @@ import ipaddress
 import numpy as np
 
 from ina_fabric.host.switch.model import SwitchModel
+from ina_fabric.protocol.jobtable import GATEWARE_MODES
 from ina_fabric.protocol.fields import MsgType, HEADER_BYTES
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 from ina_fabric.hw.ina.replicator import ipv4_header
@@ -43,7 +44,9 @@ def _key(dgram):
 class Scoreboard:
     def __init__(self, jobs, src_ip="10.0.0.254", *, key=None, time_scale=1.0,
                  max_jobs=None):
-        self.model = SwitchModel(jobs, key=key, **({"max_jobs": max_jobs} if max_jobs else {}))
+        # the gateware runs GATEWARE_MODES: the model drops other modes' CONTROL as it does
+        self.model = SwitchModel(jobs, key=key, modes=GATEWARE_MODES,
+                                 **({"max_jobs": max_jobs} if max_jobs else {}))
         self.time_scale = time_scale
         #: the model's STATUS replies (to CONTROL) are compared with the core's, in order
         self.compare_replies = key is not None

@@ -1,0 +1,193 @@
+"""Mode ``bounded-skip``: a straggler holds a job for one slot deadline, not one per
+window of slots (issue 18, run 7; the semantics in ``host/switch/model.py``).
+
+By hand on the reference model (the C engine is held to the model by
+``test_switch_engine``'s random traffic, which draws this mode too), then end to end:
+real UDP sockets, the compiled switch, three ``SwitchClient`` workers (the C loop and the
+Python loop), one of them sleeping before every call as a compute straggler does.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+
+from ina_fabric.host.switch.model import SwitchModel
+from ina_fabric.protocol.fields import Flags, HEADER_BYTES
+from ina_fabric.protocol.jobtable import JobConfig, ConfigError
+from ina_fabric.protocol.numpy_view import pack, unpack
+
+ADDR = [("127.0.0.1", 7100 + w) for w in range(3)]
+
+
+def job(mode, deadline=0.1, window=2):
+    return JobConfig(1, tuple(f"{a}:{p}" for a, p in ADDR), window=window, elements=4,
+                     deadline=deadline, mode=mode, session=5)
+
+
+def data(w, seq, v=None):
+    return pack(np.full(4, w + 1 if v is None else v, np.int64), job=1, worker=w, seq=seq,
+                session=5)
+
+
+def results(out):
+    """[(seq, bitmap, partial)] of the group RESULTs in ``out`` (one per slot)."""
+    seen = {}
+    for _, d in out:
+        h, _ = unpack(d)
+        seen.setdefault(int(h["seq"]), (int(h["bitmap"]), bool(h["flags"] & Flags.PARTIAL)))
+    return sorted((s, b, p) for s, (b, p) in seen.items())
+
+
+def test_a_straggler_is_skipped_after_one_deadline_and_waited_for_once_it_is_back():
+    m = SwitchModel([job("bounded-skip")])
+    for s in (0, 1):                               # workers 0 and 1; 2 is late
+        for w in (0, 1):
+            assert m.process(data(w, s), ADDR[w], 0.01 * s) == []
+    assert m.status()["jobs"][1]["absent"] == []
+    # slot 0's deadline: it closes without 2, and slot 1 (deadline 0.11) with it
+    out = m.tick(0.1)
+    assert results(out) == [(0, 0b011, True), (1, 0b011, True)]
+    assert m.counters["skipped"] == 1
+    assert m.status()["jobs"][1]["absent"] == [2]
+    # the next slots close as soon as 0 and 1 are in, long before their deadline
+    assert m.process(data(0, 2), ADDR[0], 0.11) == []
+    out = m.process(data(1, 2), ADDR[1], 0.12)
+    assert results(out) == [(2, 0b011, True)]
+    assert m.counters["skipped"] == 2 and m.counters["partials"] == 3
+    # worker 2 comes back: its late DATA is answered from the stored result, and the job
+    # waits for it again
+    out = m.process(data(2, 0), ADDR[2], 0.3)
+    assert len(out) == 1 and out[0][0] == ADDR[2]
+    assert unpack(out[0][1])[0]["flags"] & Flags.RETRANSMIT
+    assert m.status()["jobs"][1]["absent"] == []
+    assert m.process(data(0, 3), ADDR[0], 0.31) == []
+    assert m.process(data(1, 3), ADDR[1], 0.31) == []       # no longer enough
+    out = m.process(data(2, 3), ADDR[2], 0.32)
+    assert results(out) == [(3, 0b111, False)]
+    assert m.counters["skipped"] == 2
+
+
+def test_open_slots_close_when_a_deadline_makes_their_missing_worker_absent():
+    """Slots already open, waiting only for the worker that a deadline just found
+    missing, close with that deadline's result, in opening order."""
+    m = SwitchModel([job("bounded-skip", window=4)])
+    m.process(data(0, 0), ADDR[0], 0.0)
+    m.process(data(1, 0), ADDR[1], 0.0)
+    for s in (1, 2):
+        m.process(data(0, s), ADDR[0], 0.05)
+        m.process(data(1, s), ADDR[1], 0.05)
+    m.process(data(0, 3), ADDR[0], 0.05)           # only worker 0: stays open
+    out = m.tick(0.1)
+    assert results(out) == [(0, 0b011, True), (1, 0b011, True), (2, 0b011, True)]
+    assert m.counters["skipped"] == 2
+    assert m.status()["jobs"][1]["open_slots"] == 1
+    out = m.process(data(1, 3), ADDR[1], 0.06)
+    assert results(out) == [(3, 0b011, True)]
+
+
+def test_plain_bounded_waits_a_deadline_for_every_slot():
+    m = SwitchModel([job("bounded")])
+    for s in (0, 1):
+        for w in (0, 1):
+            m.process(data(w, s), ADDR[w], 0.0)
+    assert len(results(m.tick(0.1))) == 2
+    m.process(data(0, 2), ADDR[0], 0.11)
+    assert m.process(data(1, 2), ADDR[1], 0.12) == []       # waits for worker 2
+    assert len(results(m.tick(0.22))) == 1
+    assert m.counters["skipped"] == 0 and "absent" not in m.status()["jobs"][1]
+
+
+def test_a_live_change_to_another_mode_forgets_the_absent_workers():
+    m = SwitchModel([job("bounded-skip")])
+    m.process(data(0, 0), ADDR[0], 0.0)
+    m.tick(0.1)
+    assert m.jobs[1].absent == 0b110
+    m.retune(1, mode="bounded")
+    assert m.jobs[1].absent == 0
+
+
+def test_the_mode_crosses_the_wire_and_a_bad_mode_is_refused():
+    from ina_fabric.protocol.jobtable import parse_control
+    cfg = job("bounded-skip")
+    op, back = parse_control(cfg.to_bytes())
+    assert op == "install" and back.mode == "bounded-skip" and back == cfg
+    with pytest.raises(ConfigError, match="mode 'nope'"):
+        job("nope")
+
+
+def _straggler_run(mode, engine, calls=6, sleep=0.4, deadline=0.06):
+    """Three clients, window 2, 8 chunks a call (10 packets: 5 window generations), each
+    computing 30 ms before a call; worker 2 sleeps ``sleep`` more before calls 1 and 4.
+    Returns (outputs, switch counters)."""
+    from ina_fabric.host.switch import SwitchServer
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.host.cluster import free_udp_ports
+    ports = free_udp_ports(3)
+    cfg = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=2, elements=64,
+                    deadline=deadline, mode=mode, session=77)
+    server = SwitchServer([cfg], "127.0.0.1", 0, key=None, engine="fast")
+    st = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
+    st.start()
+    outs, errors = [[] for _ in range(3)], []
+
+    def worker(w):
+        try:
+            with SwitchClient(server.address, 1, w, 3, 2, 64, mode,
+                              bind=("127.0.0.1", ports[w]), deadline=deadline,
+                              engine=engine, session=cfg.session) as c:
+                for k in range(calls):
+                    threading.Event().wait(0.03 + (sleep if w == 2 and k in (1, 4) else 0))
+                    x = np.full(512, float(w + 1 + k), np.float32)
+                    outs[w].append(c.allreduce(x)[0])
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    server.stop()
+    st.join(2)
+    counters = dict(server.model.counters)
+    server.close()
+    assert not errors, errors
+    return outs, counters
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_sleeping_worker_costs_one_deadline_per_call_not_one_per_window(engine):
+    from ina_fabric.host.transport import fastcall
+    if engine == "c" and not fastcall.available():
+        pytest.skip(fastcall.WHY_NOT or "")
+    for mode in ("bounded", "bounded-skip"):
+        outs, c = _straggler_run(mode, engine)
+        for k in range(6):                          # every replica applies the same sum
+            for w in (1, 2):
+                assert np.array_equal(outs[w][k], outs[0][k]), (mode, w, k)
+        at_deadline = c["partials"] - c["skipped"]
+        if mode == "bounded":
+            # 5 generations of slots, each waiting a deadline for the sleeper
+            assert c["skipped"] == 0 and at_deadline >= 2 * 4, c
+            bounded_deadlines = at_deadline
+        else:
+            assert c["skipped"] > 0 and at_deadline < bounded_deadlines, c
+            assert at_deadline <= 4 * 2, c            # about one per call
+
+
+def test_a_switch_without_the_mode_drops_its_control_as_the_gateware_does():
+    """The gateware runs reliable and bounded only; its scoreboard (a model built with
+    ``GATEWARE_MODES``) drops a bounded-skip install as malformed, as the core does,
+    and refuses one from a job file."""
+    from ina_fabric.host.commands.hw_config import control_datagram
+    from ina_fabric.protocol.jobtable import GATEWARE_MODES
+    key = b"k" * 32
+    m = SwitchModel(key=key, modes=GATEWARE_MODES)
+    sealed = [control_datagram(job(mode), key) for mode in ("bounded-skip", "bounded")]
+    assert m.process(sealed[0], ADDR[0], 0.0) == []
+    assert m.counters["drop_malformed"] == 1 and 1 not in m.jobs
+    assert m.process(sealed[1], ADDR[0], 0.0) != []
+    assert m.jobs[1].cfg.mode == "bounded"
+    with pytest.raises(ConfigError, match="not run by this switch"):
+        SwitchModel([job("bounded-skip")], modes=GATEWARE_MODES)
