@@ -39,6 +39,7 @@ LAB_BACKENDS = {
     "ina": "ina",
     "ina-bounded": "ina-bounded",
     "ina-skip": "ina-skip",
+    "ina-skip-carry": "ina-skip-carry",
 }
 
 # Tail levels: background flows (kind, src, dst, on_ms, off_ms, udp rate) and stragglers
@@ -129,7 +130,7 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
     if recs:
         dropped = float(np.mean([r.get("dropped_fraction", r.get("lost_fraction", 0.0))
                                  for r in recs]))
-    elif backend in ("ina-bounded", "ina-skip") and res.stats.get("elements"):
+    elif backend.startswith(("ina-bounded", "ina-skip")) and res.stats.get("elements"):
         # the switch reports entries of partial results; at least one of N is missing
         dropped = res.stats["entries_lost"] / res.stats["elements"] / args.workers
     else:

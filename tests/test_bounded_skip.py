@@ -116,7 +116,8 @@ def test_the_mode_crosses_the_wire_and_a_bad_mode_is_refused():
         job("nope")
 
 
-def _straggler_run(mode, engine, calls=6, sleep=0.4, deadline=0.06):
+def _straggler_run(mode, engine, calls=6, sleep=0.4, deadline=0.06, carry=False,
+                   residuals=None):
     """Three clients, window 2, 8 chunks a call (10 packets: 5 window generations), each
     computing 30 ms before a call; worker 2 sleeps ``sleep`` more before calls 1 and 4.
     Returns (outputs, switch counters)."""
@@ -135,11 +136,14 @@ def _straggler_run(mode, engine, calls=6, sleep=0.4, deadline=0.06):
         try:
             with SwitchClient(server.address, 1, w, 3, 2, 64, mode,
                               bind=("127.0.0.1", ports[w]), deadline=deadline,
-                              engine=engine, session=cfg.session) as c:
+                              engine=engine, session=cfg.session, carry=carry) as c:
                 for k in range(calls):
                     threading.Event().wait(0.03 + (sleep if w == 2 and k in (1, 4) else 0))
                     x = np.full(512, float(w + 1 + k), np.float32)
                     outs[w].append(c.allreduce(x)[0])
+                if residuals is not None:
+                    residuals[w] = (c._residual.get(512, np.zeros(512, np.float32)),
+                                    c.total.carried_entries)
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
@@ -191,3 +195,34 @@ def test_a_switch_without_the_mode_drops_its_control_as_the_gateware_does():
     assert m.jobs[1].cfg.mode == "bounded"
     with pytest.raises(ConfigError, match="not run by this switch"):
         SwitchModel([job("bounded-skip")], modes=GATEWARE_MODES)
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_carry_sends_a_left_out_contribution_with_the_next_call(engine):
+    """Carry mode: nothing a worker contributes is lost, only delayed. Over the run, the
+    sums every replica applied plus what is still carried equal the sum of every
+    worker's inputs (up to the 30-bit fixed point), and the partial sums are not
+    rescaled."""
+    from ina_fabric.host.transport import fastcall
+    if engine == "c" and not fastcall.available():
+        pytest.skip(fastcall.WHY_NOT or "")
+    residuals = {}
+    outs, c = _straggler_run("bounded-skip", engine, carry=True, residuals=residuals)
+    assert c["partials"] > 0
+    for k in range(6):
+        for w in (1, 2):
+            assert np.array_equal(outs[w][k], outs[0][k]), (w, k)
+    applied = np.sum(outs[0], axis=0)
+    carried = sum(r for r, _ in residuals.values())
+    sent = sum(float(w + 1 + k) for w in range(3) for k in range(6))
+    np.testing.assert_allclose(applied + carried, sent, rtol=1e-5)
+    assert sum(n for _, n in residuals.values()) > 0         # worker 2 was left out
+    # without carry the partial sums are rescaled: the total is not what was sent
+    outs, _ = _straggler_run("bounded-skip", engine)
+    assert not np.allclose(np.sum(outs[0], axis=0), sent, rtol=1e-3)
+
+
+def test_carry_needs_a_bounded_mode():
+    from ina_fabric.host.transport import SwitchClient
+    with pytest.raises(ValueError, match="only in a bounded mode"):
+        SwitchClient(("127.0.0.1", 9), 1, 0, 2, carry=True, session=1)

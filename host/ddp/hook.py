@@ -135,12 +135,14 @@ class InaHookState:
     def from_env(cls, process_group=None, switch=None, job=None, mode=None, window=None,
                  elements=None, deadline=None, configure=True, impairment=None,
                  connect_timeout=2.0, bind_port=None, peers=None, job_offset=0,
-                 session=None, **fields):
+                 session=None, carry=False, **fields):
         """Build the state for this rank of a torchrun job.
 
         Environment (each overrides the argument; unset, the Ethernet defaults of
         ``ina_fabric.protocol.jobtable.LINK_DEFAULTS``): INA_SWITCH (ip:port), INA_JOB
-        (default 1), INA_MODE (reliable|bounded), INA_ELEMENTS (per packet), INA_WINDOW,
+        (default 1), INA_MODE (reliable|bounded|bounded-skip), INA_CARRY (1: a bounded
+        worker's left-out contribution goes with its next call, ``SwitchClient.carry``),
+        INA_ELEMENTS (per packet), INA_WINDOW,
         INA_DEADLINE_MS (milliseconds, as every flag and TOML key; ``auto``, or
         ``deadline="auto"``: bounded mode's slot deadline derived from the link and the
         ranks' timeouts, ``host.transport.slot_deadline``), INA_LINK_RATE (bit/s of the
@@ -202,7 +204,8 @@ class InaHookState:
                               bind=(local_address_towards(addr), base + rank if base else 0),
                               deadline=deadline, group=group,
                               connect_timeout=connect_timeout, impairment=impairment,
-                              pace_rate=float(pace) if pace else 0.0)
+                              pace_rate=float(pace) if pace else 0.0,
+                              carry=env.get("INA_CARRY", "1" if carry else "0") == "1")
         import json    # a text per rank: its address, the group it joined (or null) and a
         # session id; rank 0's is the run's (a fresh one; a static job's is INA_SESSION)
         from ina_fabric.protocol.jobtable import new_session, parse_session

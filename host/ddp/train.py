@@ -8,7 +8,9 @@ parameters. ``ina train`` is the command-line face of it.
 Plug-in points (strings, so they cross process boundaries):
 
 * ``backend``: ``gloo``, ``ina`` (switch, reliable), ``ina-bounded``, ``ina-skip``
-  (bounded, skipping a straggler after one deadline: mode ``bounded-skip``), or
+  (bounded, skipping a straggler after one deadline: mode ``bounded-skip``),
+  ``ina-skip-carry`` (the same, and a left-out contribution goes with the next step
+  instead of the partial sums being rescaled), or
   ``"package.module:factory"``: ``factory(rank, world, cfg)`` returns a collective with
   ``allreduce(np.ndarray) -> (np.ndarray, stats)`` that the DDP hook will use.
 * ``controller``: ``"package.module:factory"``; ``factory(cfg)`` returns an object with
@@ -33,8 +35,10 @@ __all__ = ["TrainConfig", "TrainResult", "run_training", "load_factory", "LR_SCA
 
 # exponent of the batch ratio in the learning-rate rule
 LR_SCALING = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}
-#: the in-network backends and their switch job modes (``jobtable.MODES``)
-INA_BACKENDS = {"ina": "reliable", "ina-bounded": "bounded", "ina-skip": "bounded-skip"}
+#: the in-network backends: their switch job modes (``jobtable.MODES``), and whether a
+#: worker's left-out contribution goes with its next call (``SwitchClient.carry``)
+INA_BACKENDS = {"ina": ("reliable", False), "ina-bounded": ("bounded", False),
+                "ina-skip": ("bounded-skip", False), "ina-skip-carry": ("bounded-skip", True)}
 
 
 def scaled_lr(base: float, accum: int, rule: str) -> float:
@@ -247,7 +251,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
         imp = cfg.uplink(rank)
         state = InaHookState.from_env(
             switch=switch, job=cfg.job,
-            mode=INA_BACKENDS[cfg.backend],
+            mode=INA_BACKENDS[cfg.backend][0], carry=INA_BACKENDS[cfg.backend][1],
             window=cfg.window, elements=cfg.elements,
             deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
             impairment=imp, configure=not cfg.static_job,

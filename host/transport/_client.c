@@ -320,6 +320,7 @@ typedef struct {
     int16_t *shared_exp;
     uint8_t **heldbuf;
     int64_t *stats;
+    uint8_t *missed;             /* carry mode: a flag per chunk left out (else NULL) */
 } Call;
 
 static inline int nelem_of(const Call *c, int p) {
@@ -532,12 +533,16 @@ static void apply(Call *c, int p, const uint8_t *d) {
     if (p >= c->W && nel) {
         float *o = c->out + (int64_t)(p - c->W) * c->E;
         int e = c->shared_exp[p - c->W];
+        if (c->missed && partial && count &&
+                !((ina_rd32(d + L->bitmap) >> c->worker) & 1u))
+            c->missed[p - c->W] = 1;         /* carry: sent again with the next call */
         if (count == 0 || e == L->no_exponent) {
             memset(o, 0, nel * sizeof(float));
         } else if (e == L->nonfinite) {      /* some worker's chunk held inf or NaN */
             for (int i = 0; i < nel; i++) o[i] = NAN;
         } else {
-            double factor = ldexp(partial ? (double)c->nworkers / count : 1.0, e - c->sbits);
+            double factor = ldexp(partial && !c->missed ? (double)c->nworkers / count : 1.0,
+                                  e - c->sbits);
             dequant(d + L->header, nel, factor, o);
         }
     }
@@ -784,13 +789,14 @@ static int get_buf(PyObject *o, Py_buffer *b, int writable, Py_ssize_t itemsize,
  * -errno: a socket error. rtt (float64[5]) and stats (int64[10]) are updated in place. */
 static PyObject *run_call(PyObject *self, PyObject *args) {
     PyObject *layout, *fdt, *ox, *oout, *oring, *oexp, *ocfg, *ortt, *ostats;
+    PyObject *omissed = Py_None;  /* carry mode: uint8 per chunk, or None */
     unsigned long sw_ip, base;
     unsigned long long session;
     int sw_port, job, worker, nworkers, E, W;
     double pace_rate = 0.0;    /* bit/s on the worker's link; 0: no pacing */
-    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK|d", &layout, &fdt, &sw_ip, &sw_port, &ox,
+    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK|dO", &layout, &fdt, &sw_ip, &sw_port, &ox,
                           &oout, &oring, &oexp, &job, &worker, &nworkers, &E, &base, &W,
-                          &ocfg, &ortt, &ostats, &session, &pace_rate))
+                          &ocfg, &ortt, &ostats, &session, &pace_rate, &omissed))
         return NULL;
     Call c;
     memset(&c, 0, sizeof c);
@@ -809,6 +815,9 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     if (get_buf(oexp, &bexp, 0, 1, "local_exp") < 0) goto e3;
     if (get_buf(ortt, &brtt, 1, 8, "rtt") < 0) goto e4;
     if (get_buf(ostats, &bst, 1, 8, "stats") < 0) goto e5;
+    Py_buffer bmiss = {0};
+    int has_missed = omissed != Py_None;
+    if (has_missed && get_buf(omissed, &bmiss, 1, 1, "missed") < 0) goto e6;
     int64_t n = bx.len / 4;
     c.x = bx.buf; c.out = bout.buf; c.n = n; c.E = E; c.W = W;
     c.K = (int)((n + E - 1) / E); c.P = c.K + W;
@@ -818,11 +827,12 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     for (int k = 1; k < nworkers; k *= 2) c.sbits--;   /* quantize.scale_bits */
     c.ring = bring.buf; c.stride = c.L.header + 4 * (size_t)E;
     c.local_exp = bexp.buf; c.stats = bst.buf;
+    c.missed = has_missed ? bmiss.buf : NULL;
     PyObject *res = NULL;
     if (bout.len != bx.len || bring.len < (Py_ssize_t)(W * c.stride) || bexp.len < c.K ||
-            brtt.len < 5 * 8 || bst.len < NSTATS * 8) {
+            brtt.len < 5 * 8 || bst.len < NSTATS * 8 || (has_missed && bmiss.len < c.K)) {
         PyErr_SetString(PyExc_ValueError, "run_call: buffer sizes do not fit the call");
-        goto e6;
+        goto e7;
     }
     c.slot_p = malloc(W * sizeof(int));
     c.slot_pending = calloc(W, 1);
@@ -865,6 +875,7 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     free(c.heldbuf); free(c.slot_p); free(c.slot_pending); free(c.shared_exp);
     if (rq) free(rq->buf);
     free(rq); free(q);
+e7: if (has_missed) PyBuffer_Release(&bmiss);
 e6: PyBuffer_Release(&bst);
 e5: PyBuffer_Release(&brtt);
 e4: PyBuffer_Release(&bexp);

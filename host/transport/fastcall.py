@@ -145,9 +145,10 @@ class CallFailed(Exception):
 
 def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers,
              elements, base, window, cfg: WindowConfig, rtt: RttEstimator, stats,
-             session=0, pace_rate=0.0):
+             session=0, pace_rate=0.0, missed=None):
     """One call through the C loop; ``stats`` (an ``AllreduceStats``) and ``rtt`` are
-    updated; ``pace_rate`` (bit/s, 0: none) spaces the datagrams at that rate. Raises
+    updated; ``pace_rate`` (bit/s, 0: none) spaces the datagrams at that rate;
+    ``missed``: carry mode (``AllreduceCall``'s), a uint8 flag per chunk. Raises
     CallFailed."""
     import socket
     arr = rtt_to_array(rtt)
@@ -157,7 +158,7 @@ def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers
         code, remaining = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
                                            local_exp, job, worker, nworkers, elements,
                                            base, window, config_tuple(cfg), arr, counts,
-                                           session, float(pace_rate or 0.0))
+                                           session, float(pace_rate or 0.0), missed)
     finally:
         rtt_from_array(rtt, arr)
         for name, v in zip(STATS, counts.tolist()):

@@ -57,7 +57,7 @@ import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                         GROUP_WORKER)
-from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_SESSION
+from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_SESSION, H_BITMAP
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS, MAX_ELEMENTS
 from ina_fabric.protocol.fields import c_layout
 from . import quantize as Q
@@ -121,6 +121,7 @@ class AllreduceStats:
     clipped: int = 0             # local values clipped by a non-agreed exponent
     abandoned_slots: int = 0     # bounded mode: results never recovered (zeros applied)
     foreign_ignored: int = 0     # datagrams not from the switch, or not a valid RESULT
+    carried_entries: int = 0     # carry mode: own entries left out, sent with a later call
     seconds: float = 0.0
 
     def add(self, other: "AllreduceStats"):
@@ -164,6 +165,10 @@ class SwitchClient:
     #: the run's session id: the ``session`` of the job's install (``JobConfig``); every
     #: DATA carries it and only RESULTs with it are taken (0: not known yet, no call)
     session: int = 0
+    #: carry mode (bounded modes): a contribution of this worker that a RESULT's bitmap
+    #: leaves out is added to its next call of the same size, and partial sums are not
+    #: rescaled by N/count; every rank of a job must use the same setting
+    carry: bool = False
     seq: int = 0                   # next base sequence number
     #: (session, error name) of the last failed call: calls under that session raise
     #: JobFailed (a new session is a new install of the job, slots afresh)
@@ -174,6 +179,9 @@ class SwitchClient:
         from ina_fabric.protocol.jobtable import MODES
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        self._residual = {}     # carry mode: call size -> what the last one left out
+        if self.carry and self.mode == "reliable":
+            raise ValueError("carry: only in a bounded mode (reliable sums are complete)")
         if self.engine not in ("auto", "c", "python"):
             raise ValueError(f"engine {self.engine!r}: expected auto, c or python")
         impaired = self.impairment is not None and self.impairment.active
@@ -321,16 +329,20 @@ class SwitchClient:
             raise ValueError(f"job {self.job}: the client has no session id (give it the "
                              f"session of the job's install, JobConfig.session)")
         W = self.call_window(-(-x.size // self.elements))
+        missed = None
+        if self.carry:            # x is a new array from here on (out may be values)
+            x, missed = self._carry_in(x), np.zeros(-(-x.size // self.elements), np.uint8)
         if self._use_c:
-            st = self._call_c(x, res.reshape(-1), W)
+            st = self._call_c(x, res.reshape(-1), W, missed)
             st.seconds = time.perf_counter() - t0
+            st.carried_entries = self._carry_out(x, missed)
             self.total.add(st)
             if average:
                 res /= self.nworkers
             return res, st
         call = AllreduceCall(x, self.job, self.worker, self.nworkers, self.elements,
                              self.seq, W, out=res.reshape(-1), ring=self._ring,
-                             session=self.session)
+                             session=self.session, missed=missed)
         self.seq = (self.seq + call.P) & 0xFFFFFFFF
         win = SendWindow(call.P, W, WindowConfig.of(self), self._rtt)
         sock, switch, rx = self.sock, self.switch, self._rx
@@ -417,12 +429,30 @@ class SwitchClient:
             poll(max(wait, 0.0002) * 1e3)
         st = call.stats
         st.seconds = time.perf_counter() - t0
+        st.carried_entries = self._carry_out(x, missed)
         self.total.add(st)
         if average:
             res /= self.nworkers
         return res, st
 
-    def _call_c(self, x, out, W):
+    # -- carry mode: a left-out contribution goes with the next call of that size -----
+    def _carry_in(self, x):
+        """``x`` plus what the last call of this size left out (a new array)."""
+        r = self._residual.get(x.size)
+        return x + r if r is not None else x.copy()
+
+    def _carry_out(self, x, missed):
+        """Keep the chunks of ``x`` that the call's RESULTs left this worker out of;
+        returns how many entries that is."""
+        if missed is None or not missed.any():
+            if missed is not None:
+                self._residual.pop(x.size, None)
+            return 0
+        keep = np.repeat(missed.astype(bool), self.elements)[:x.size]
+        self._residual[x.size] = np.where(keep, x, np.float32(0))
+        return int(keep.sum())
+
+    def _call_c(self, x, out, W, missed=None):
         """One call through the compiled loop (``fastcall``): the same window, packets,
         checks and errors as the Python loop below."""
         E, n = self.elements, x.size
@@ -438,7 +468,7 @@ class SwitchClient:
             fastcall.run_call(_LAYOUT, fds, self.switch, x, out, self._ring, le, self.job,
                               self.worker, self.nworkers, E, base, W,
                               WindowConfig.of(self), self._rtt, st, self.session,
-                              self.pace_rate)
+                              self.pace_rate, missed)
         except fastcall.CallFailed as e:
             if e.code == fastcall.UNAVAILABLE:
                 raise SwitchUnavailable(
@@ -520,8 +550,12 @@ class AllreduceCall:
     come in as ``HEADER_STRUCT.unpack_from`` tuples, their datagrams as uint8 arrays."""
 
     def __init__(self, x, job, worker, nworkers, elements, base, window, out=None,
-                 ring=None, session=0):
+                 ring=None, session=0, missed=None):
+        """``missed``: carry mode (``SwitchClient.carry``), a uint8 array of a flag per
+        chunk, set where a RESULT's bitmap leaves this worker out; partial sums are then
+        not rescaled by N/count (the left-out contributions come with a later call)."""
         n, E = x.size, elements
+        self.missed = missed
         self.x, self.n, self.E, self.W = x, n, E, window
         self.K = K = (n + E - 1) // E
         self.P = K + window
@@ -619,8 +653,12 @@ class AllreduceCall:
         if count == 0:
             self.out[start:start + nel] = 0.0
             return
+        carry = self.missed is not None
+        if carry and partial and not h[H_BITMAP] >> self.worker & 1:
+            self.missed[p - W] = 1
         Q.dequantize_into(buf, HEADER_BYTES, nel, self.shared_exp[p - W], self.sbits,
-                          self.out, start, self.nworkers / count if partial else 1.0)
+                          self.out, start,
+                          self.nworkers / count if partial and not carry else 1.0)
 
     def abandon(self, p):
         """Bounded mode: the result of ``p`` is gone for good; zeros, identically counted."""
