@@ -269,12 +269,13 @@ def main(argv=None) -> int:
                                 "backends under background flows and stragglers")
     lab.add_argument("--lab", metavar="TOPOLOGY",
                      help="run on a lab built from TOPOLOGY (rack; root): the headline")
-    from ._tail_lab import LEVELS
+    from ._tail_lab import LEVELS, LAB_BACKENDS
     lab.add_argument("--levels", default="none,mid,high",
                      help=f"tail levels, of {', '.join(LEVELS)} (default: %(default)s)")
     lab.add_argument("--lab-backends", dest="lab_backends",
                      default="gloo,tar-udp,tar-udp-repair,ina,ina-bounded",
-                     help="backends on the lab (default: %(default)s)")
+                     help=f"backends on the lab, of {', '.join(LAB_BACKENDS)} "
+                          "(default: %(default)s)")
     lab.add_argument("--workload", default="digits", help="digits, transformer, ...")
     lab.add_argument("--workers", type=int, default=4, help="training hosts")
     lab.add_argument("--steps", type=int, default=100, help="optimizer steps per run")

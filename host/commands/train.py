@@ -31,7 +31,9 @@ def add_arguments(p):
                    help="what to train")
     p.add_argument("--workers", type=int, default=4, help="local ranks (1..32)")
     p.add_argument("--backends", default="ina,gloo",
-                   help="comma-separated runs: ina, ina-bounded, gloo, or module:factory")
+                   help="comma-separated runs: ina, ina-bounded, ina-skip (bounded, a "
+                        "straggler skipped after one deadline), ina-skip-carry, gloo, or "
+                        "module:factory")
     p.add_argument("--target", type=float, help="test accuracy to reach (default: the "
                    "workload's: 0.95 for digits)")
     p.add_argument("--max-epochs", type=int, default=60, help="stop after this many epochs")
