@@ -121,20 +121,17 @@ def _straggler_run(mode, engine, calls=6, sleep=0.4, deadline=0.06, carry=False,
     """Three clients, window 2, 8 chunks a call (10 packets: 5 window generations), each
     computing 30 ms before a call; worker 2 sleeps ``sleep`` more before calls 1 and 4.
     Returns (outputs, switch counters)."""
-    from ina_fabric.host.switch import SwitchServer
     from ina_fabric.host.transport import SwitchClient
     from ina_fabric.host.cluster import free_udp_ports
+    from test_client_fastpath import _against_switch
     ports = free_udp_ports(3)
     cfg = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=2, elements=64,
                     deadline=deadline, mode=mode, session=77)
-    server = SwitchServer([cfg], "127.0.0.1", 0, key=None, engine="fast")
-    st = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
-    st.start()
     outs, errors = [[] for _ in range(3)], []
 
-    def worker(w):
+    def worker(address, w):
         try:
-            with SwitchClient(server.address, 1, w, 3, 2, 64, mode,
+            with SwitchClient(address, 1, w, 3, 2, 64, mode,
                               bind=("127.0.0.1", ports[w]), deadline=deadline,
                               engine=engine, session=cfg.session, carry=carry) as c:
                 for k in range(calls):
@@ -147,15 +144,7 @@ def _straggler_run(mode, engine, calls=6, sleep=0.4, deadline=0.06, carry=False,
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
-    ts = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    server.stop()
-    st.join(2)
-    counters = dict(server.model.counters)
-    server.close()
+    _, counters = _against_switch(cfg, worker, range(3), key=None)
     assert not errors, errors
     return outs, counters
 

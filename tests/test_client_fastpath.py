@@ -106,7 +106,8 @@ def _inputs(n):
 
 def _against_switch(job, fn, ranks, **server_kw):
     """A compiled switch holding ``job`` in a thread; ``fn(address, w)`` for each w in
-    ``ranks`` in threads (the C loop releases the GIL); the switch is stopped after."""
+    ``ranks`` in threads (the C loop releases the GIL); the switch is stopped after.
+    Returns the switch's address and its counters at the end."""
     import threading
     from ina_fabric.host.switch import SwitchServer
     server = SwitchServer([job], "127.0.0.1", 0, engine="fast", **server_kw)
@@ -119,8 +120,9 @@ def _against_switch(job, fn, ranks, **server_kw):
         th.join(60)
     server.stop()
     t.join(2)
+    counters = dict(server.model.counters)
     server.close()
-    return server.address
+    return server.address, counters
 
 
 def _run(engine, inputs, workers=4, calls=2, elements=1000):
@@ -237,7 +239,7 @@ def test_a_stall_names_the_missing_worker(engine, monkeypatch):
             except AllreduceTimeout as e:
                 errors[w] = str(e)
 
-    address = _against_switch(job, worker, (0, 1))
+    address, _ = _against_switch(job, worker, (0, 1))
     assert sorted(errors) == [0, 1], errors
     for msg in errors.values():
         assert msg.endswith("waiting for worker(s) 2 (the switch's oldest open slot lacks "
