@@ -215,3 +215,61 @@ def test_carry_needs_a_bounded_mode():
     from ina_fabric.host.transport import SwitchClient
     with pytest.raises(ValueError, match="only in a bounded mode"):
         SwitchClient(("127.0.0.1", 9), 1, 0, 2, carry=True, session=1)
+
+
+def test_a_worker_late_by_more_than_its_receive_buffer_still_gets_every_result():
+    """Issue 18, the transformer on the lab: in a bounded mode the others' slots close
+    without a worker that is still computing, and every RESULT of the call waits in its
+    socket until it starts. 4 MiB (``rmem_max``) held about 0.3 s of them at 100 Mbit/s;
+    past that the kernel dropped the rest, the slots were reused by the time the worker
+    asked again, and the job failed with AllreduceTooLate. Now the client's buffers are
+    sized past ``rmem_max`` (``sockbuf``) and a worker 0.6 s late with 5 MB of RESULTs
+    queued applies the same sums as the others."""
+    import socket
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.host.transport.sockbuf import size_buffers
+    from ina_fabric.host.cluster import free_udp_ports
+    from test_client_fastpath import _against_switch
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if size_buffers(probe, 64 << 20) < 64 << 20:
+        probe.close()
+        pytest.skip("cannot size a socket buffer past rmem_max here (no CAP_NET_ADMIN)")
+    probe.close()
+    n, N, calls = 1_300_000, 3, 3
+    ports = free_udp_ports(N)
+    cfg = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=32, elements=2048,
+                    deadline=0.02, mode="bounded", session=78)
+    outs, errors = [[] for _ in range(N)], []
+
+    def worker(address, w):
+        try:
+            with SwitchClient(address, 1, w, N, 32, 2048, "bounded",
+                              bind=("127.0.0.1", ports[w]), deadline=0.02,
+                              session=cfg.session, pace_rate=400e6) as c:
+                for k in range(calls):
+                    threading.Event().wait(0.6 if (w == 2 and k == 1) else 0.02)
+                    outs[w].append(c.allreduce(np.full(n, w + 1.0, np.float32))[0])
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    _, counters = _against_switch(cfg, worker, range(N), key=None)
+    assert not errors, errors
+    assert counters["partials"] > 0, counters      # the late worker's slots closed without it
+    for k in range(calls):
+        for w in (1, 2):
+            assert np.array_equal(outs[w][k], outs[0][k]), (w, k)
+
+
+def test_socket_drops_counts_what_a_full_receive_buffer_dropped():
+    import socket
+    from ina_fabric.host.transport.sockbuf import socket_drops
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    rx.bind(("127.0.0.1", 0))
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    assert socket_drops(rx) == 0
+    for _ in range(200):
+        tx.sendto(b"x" * 8000, rx.getsockname())
+    assert socket_drops(rx) > 0
+    rx.close()
+    tx.close()

@@ -30,6 +30,7 @@ from ina_fabric.protocol.auth import seal, unseal, new_nonce, TRAILER_BYTES
 from .keys import switch_key
 from .model import SwitchModel, STATUS_MIN_REQUEST
 from . import fast
+from ..transport.sockbuf import size_buffers
 
 _DEFAULT = object()
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType
@@ -70,12 +71,7 @@ class SwitchServer:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         # No SO_REUSEADDR: the port is this switch's alone (with it, a second switch or
         # any local process could bind the same port and take the traffic).
-        for force, plain in ((getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF),
-                             (getattr(socket, "SO_SNDBUFFORCE", None), socket.SO_SNDBUF)):
-            try:   # past net.core.rmem_max (4 MiB here) where we may (root)
-                self.sock.setsockopt(socket.SOL_SOCKET, force, 16 << 20)
-            except (OSError, TypeError):
-                self.sock.setsockopt(socket.SOL_SOCKET, plain, 16 << 20)
+        size_buffers(self.sock, 16 << 20, 16 << 20)   # past net.core.rmem_max if root
         self.sock.bind((host, port))
         self.address = self.sock.getsockname()
         mif = "127.0.0.1" if host in ("0.0.0.0", "") else socket.gethostbyname(host)

@@ -62,6 +62,7 @@ from ina_fabric.protocol.jobtable import LINK_DEFAULTS, MAX_ELEMENTS
 from ina_fabric.protocol.fields import c_layout
 from . import quantize as Q
 from . import fastcall
+from .sockbuf import size_buffers, socket_drops, WORKER_RCVBUF
 from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Abandon, Hold
 
 _D = LINK_DEFAULTS["ethernet"]
@@ -205,8 +206,9 @@ class SwitchClient:
         except (OSError, ValueError, IndexError) as e:
             raise ValueError(f"bad switch address {self.switch!r}: {e}") from None
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        # RESULTs wait here while this worker computes and the others' slots close
+        # without it (bounded modes): seconds of them, not rmem_max's 0.3 s (sockbuf)
+        size_buffers(sock, WORKER_RCVBUF, 8 << 20)
         sock.bind(self.bind)
         sock.setblocking(False)
         self.address = sock.getsockname()
@@ -236,7 +238,7 @@ class SwitchClient:
         g = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             g.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            g.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            size_buffers(g, WORKER_RCVBUF)
             g.bind(group)
             g.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
                          socket.inet_aton(group[0]) + socket.inet_aton(iface))
@@ -501,6 +503,11 @@ class SwitchClient:
                f"within {self.giveup:g}s and the switch no longer has it (this worker fell "
                f"more than a window behind the others, or the switch lost the job); the "
                f"call fails instead of applying zeros no other worker applies")
+        drops = [d for d in (socket_drops(s) for s in (self._usock, self.gsock)
+                             if s is not None) if d]
+        if drops:
+            msg += (f"; this worker's receive buffer overflowed ({sum(drops)} datagrams "
+                    f"dropped by the kernel: RESULTs that came while it was not reading)")
         return AllreduceTooLate(msg + self._switch_says(waiting=False))
 
     def _switch_says(self, waiting) -> str:
