@@ -34,6 +34,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lab-seeds", type=int, default=3, help="seeds per level (>= 2)")
     ap.add_argument("--lab-rate", default="50mbit", help="every host link, each way")
     ap.add_argument("--lab-id", default="ctl", help="lab id (unique on this machine)")
+    ap.add_argument("--lab-micro-batch", type=int, default=8,
+                    help="charlm sequences per worker per micro-step")
+    ap.add_argument("--lab-exchange", choices=("ring", "direct"), default="ring",
+                    help="how our messages travel: Gloo's ring all-gather, or to every "
+                         "peer at once (one trip through the queues instead of N-1)")
     ap.add_argument("--lab-plot", default=str(_results.RESULTS / "control_real_lab.png"))
     ap.add_argument("--lab-analyze", metavar="RAW_JSON",
                     help="run nothing: redo the analysis (fit, check, statistics, "
@@ -73,7 +78,11 @@ def _lab(args, _results):
         print("ina bench control: --lab-seeds must be >= 2 (a confidence interval)",
               file=sys.stderr)
         return 2
-    setup = LabSetup(rate=args.lab_rate, lab_id=args.lab_id)
+    if args.lab_micro_batch < 1:
+        print("ina bench control: --lab-micro-batch must be >= 1", file=sys.stderr)
+        return 2
+    setup = LabSetup(rate=args.lab_rate, lab_id=args.lab_id, micro_batch=args.lab_micro_batch,
+                     exchange=args.lab_exchange)
     if args.lab_analyze:
         import json
         from ina_fabric.host.control.labexp import TARGET_LOSS, analyze
@@ -87,6 +96,9 @@ def _lab(args, _results):
         raw.setdefault("levels", list(levels))
         raw.setdefault("seeds", sorted({r["seed"] for r in raw["lab_runs"]}))
         raw.setdefault("setup", {k: v for k, v in setup.__dict__.items() if k != "extra"})
+        # the run's own setup where it was saved (micro-batch, exchange, rate, ...)
+        saved = {k: v for k, v in raw["setup"].items() if k in LabSetup.__dataclass_fields__}
+        setup = LabSetup(**{**setup.__dict__, **saved, "lab_id": setup.lab_id})
         figures = analyze(raw, setup, plot=args.lab_plot)
         _results.write("control_real", figures)
         return 0

@@ -67,6 +67,12 @@ def test_bad_input_rejected():
         decode(msg[:-1], 10, 8)
 
 
+def test_an_unknown_exchange_is_refused():
+    from ina_fabric.host.control.compress import CompressedCollective
+    with pytest.raises(ConfigError, match="exchange 'star'"):
+        CompressedCollective(0, 2, exchange="star", group=object())
+
+
 def test_token_bucket_holds_back_to_its_rate():
     tb = TokenBucket(lambda t: 100_000.0, burst=1000)
     t = time.perf_counter()
@@ -76,12 +82,12 @@ def test_token_bucket_holds_back_to_its_rate():
         TokenBucket(lambda t: -1.0, burst=0).take(10)
 
 
-def _exchange_worker(rank, world, port, q):
+def _exchange_worker(rank, world, port, q, exchange="ring"):
     import torch.distributed as dist
     from ina_fabric.host.control.compress import CompressedCollective
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    c = CompressedCollective(rank, world, bits=32, seed=1)
+    c = CompressedCollective(rank, world, bits=32, seed=1, exchange=exchange)
     rng = np.random.default_rng(rank)
     x = rng.standard_normal(50_000).astype(np.float32)
     out = {}
@@ -95,10 +101,12 @@ def _exchange_worker(rank, world, port, q):
     dist.destroy_process_group()
 
 
-def test_collective_sends_fewer_bytes_at_lower_precision_and_sums_right():
+@pytest.mark.parametrize("exchange", ["ring", "direct"])
+def test_collective_sends_fewer_bytes_at_lower_precision_and_sums_right(exchange):
     ctx = mp.get_context("spawn")
     q, world, port = ctx.Queue(), 3, free_tcp_port()
-    procs = [ctx.Process(target=_exchange_worker, args=(r, world, port, q)) for r in range(world)]
+    procs = [ctx.Process(target=_exchange_worker, args=(r, world, port, q, exchange))
+             for r in range(world)]
     for p in procs:
         p.start()
     res = dict((r, (x, out)) for r, x, out in (q.get(timeout=120) for _ in range(world)))

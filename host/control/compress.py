@@ -35,6 +35,8 @@ __all__ = ["quantize", "dequantize", "expected_sq_error", "relative_errors", "en
            "current_collective"]
 
 HEADER = 8
+#: how the messages travel (``CompressedCollective.exchange``)
+EXCHANGES = ("ring", "direct")
 
 
 def _levels(bits):
@@ -207,9 +209,16 @@ class CompressedCollective:
     every precision on a sample of calls."""
 
     def __init__(self, rank, world, bits=32, chunk=1024, rate_fn=None, group=None,
-                 seed=0, error_every=10, start=None, epoch_file=None, probe_every=10):
+                 seed=0, error_every=10, start=None, epoch_file=None, probe_every=10,
+                 exchange="ring"):
         import torch.distributed as dist
         _check_bits(bits)
+        if exchange not in EXCHANGES:
+            raise ConfigError(f"exchange {exchange!r}: expected one of {', '.join(EXCHANGES)}")
+        #: "ring": Gloo's all-gather (N-1 steps in sequence, each a trip through the
+        #: sender's uplink and the receiver's downlink); "direct": every worker sends its
+        #: message to every peer at once (Gloo point-to-point), one trip for all
+        self.exchange = exchange
         self.rank, self.world, self.bits, self.chunk = rank, world, bits, chunk
         self.group = group if group is not None else dist.new_group(backend="gloo")
         self.bucket = TokenBucket(rate_fn, start=start) if rate_fn is not None else None
@@ -256,7 +265,6 @@ class CompressedCollective:
         less the fixed cost, so the bandwidth seen by the controller does not depend on
         the message size, and the fixed costs go to the cost model as latency."""
         import torch
-        import torch.distributed as dist
         x = np.ascontiguousarray(x, np.float32).ravel()
         n, bits, N = x.size, self.bits, self.world
         if self.epoch_file and self.calls == 0:
@@ -268,11 +276,11 @@ class CompressedCollective:
         msg = encode(x, bits, self.chunk, self.rng)
         t0 = time.perf_counter()
         heads = [torch.empty(HEADER, dtype=torch.uint8) for _ in range(N)]
-        dist.all_gather(heads, torch.from_numpy(msg[:HEADER].copy()), group=self.group)
+        self._gather(heads, torch.from_numpy(msg[:HEADER].copy()))
         t_head = time.perf_counter()
         if self.calls % self.probe_every == 0:
             probe = [torch.empty(HEADER, dtype=torch.uint8) for _ in range(N)]
-            dist.all_gather(probe, torch.from_numpy(msg[:HEADER].copy()), group=self.group)
+            self._gather(probe, torch.from_numpy(msg[:HEADER].copy()))
             self._fixed = time.perf_counter() - t_head
         t1 = time.perf_counter()
         sync, fixed = t_head - t0, self._fixed
@@ -281,7 +289,7 @@ class CompressedCollective:
         if self.bucket is not None:
             self.bucket.take(sent)
         out = [torch.empty(body.size, dtype=torch.uint8) for _ in range(N)]
-        dist.all_gather(out, torch.from_numpy(body), group=self.group)
+        self._gather(out, torch.from_numpy(body))
         t2 = time.perf_counter()
         parts = [decode(np.concatenate([h.numpy(), o.numpy()]), n, bits, self.chunk)
                  for h, o in zip(heads, out)]
@@ -310,6 +318,21 @@ class CompressedCollective:
         self.total_bytes += sent
         return total, {"bytes": sent, "seconds": t2 - t1, "sync_seconds": sync,
                        "fixed_seconds": fixed, "bits": bits}
+
+    def _gather(self, outs, mine):
+        """Every worker's ``mine`` into ``outs`` (one tensor per rank, ``outs[rank]``
+        this worker's own), by the configured exchange."""
+        import torch.distributed as dist
+        if self.exchange == "ring":
+            dist.all_gather(outs, mine, group=self.group)
+            return
+        outs[self.rank].copy_(mine)
+        peers = [r for r in range(self.world) if r != self.rank]
+        # receives first, so no peer's message waits for a buffer; then one send to each
+        reqs = [dist.irecv(outs[r], src=r, group=self.group) for r in peers]
+        reqs += [dist.isend(mine, dst=r, group=self.group) for r in peers]
+        for r in reqs:
+            r.wait()
 
     def close(self):
         if _CURRENT.get("c") is self:

@@ -41,7 +41,6 @@ __all__ = ["FIT_KNOBS", "HELD_OUT_KNOBS", "GRID", "fit_runs", "lab_experiment", 
 FIT_KNOBS = [(32, 1), (32, 4), (32, 16)]
 HELD_OUT_KNOBS = [(4, 1), (4, 4), (32, 2)]
 TARGET_LOSS = 2.1
-MICRO_BATCH = 8                  # charlm's sequences per worker per micro-step
 INITIAL_LOSS = math.log(98)      # charlm: uniform over the vocabulary
 # the first interval starts at the untrained model's loss (every run starts at step 0)
 GRID = [INITIAL_LOSS, 2.7, 2.5, 2.4, 2.3, 2.2, 2.1]
@@ -87,12 +86,14 @@ def fit_runs(setup: LabSetup, knobs, seed=0, target_loss=TARGET_LOSS, out=print)
         os.close(fd)
         spec = RealSpec(controller="static", capacity=setup.capacity(), throttle=False,
                         script=[(0, q, a)], log_path=log_path,
-                        precisions=tuple(setup.precisions), accums=tuple(setup.accums))
+                        precisions=tuple(setup.precisions), accums=tuple(setup.accums),
+                        exchange=setup.exchange)
         t = time.time()
         res = real_run(spec, workload=setup.workload, workers=setup.hosts, seed=seed,
                        control_interval=setup.control_interval, max_epochs=1000,
                        accum_steps=a, target_loss=target_loss, lr_scaling=setup.lr_scaling,
-                       eval_every_samples=setup.eval_every_samples, timeout=1200)
+                       eval_every_samples=setup.eval_every_samples, timeout=1200,
+                       batch=setup.micro_batch)
         with open(log_path) as f:
             log = json.load(f)
         os.unlink(log_path)
@@ -165,7 +166,7 @@ def _fit_model(raw, setup, out):
         rq.update(r["r_q"])
     fitted = [r for r in raw["fit_runs"] if (r["precision"], r["accum"]) in FIT_KNOBS]
     model = fit([(r["precision"], r["accum"], r["curve"]) for r in fitted], GRID,
-                setup.hosts, MICRO_BATCH, rq)
+                setup.hosts, setup.micro_batch, rq)
     out("2. fitted progress model: loss interval, progress (steps at B=inf), noise scale")
     for k in range(len(model.du)):
         out(f"   {GRID[k]:.2f} -> {GRID[k + 1]:.2f}: du {model.du[k]:7.1f}, "
@@ -184,7 +185,12 @@ def lab_experiment(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2),
         f"{target_loss})")
     if fit_from:
         with open(fit_from) as f:
-            saved = json.load(f)["fit_runs"]
+            prev = json.load(f)
+        saved = prev["fit_runs"]
+        mb = prev.get("setup", {}).get("micro_batch", 8)
+        if mb != setup.micro_batch:
+            raise ValueError(f"--lab-fit-from {fit_from}: its fitting runs used a micro-batch "
+                             f"of {mb}, this run {setup.micro_batch}; fit again")
         out(f"   (the fitting runs of {fit_from})")
     else:
         saved = fit_runs(setup, FIT_KNOBS + HELD_OUT_KNOBS, 0, target_loss, out)

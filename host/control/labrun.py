@@ -50,6 +50,10 @@ class LabSetup:
     lr_scaling: str = "sqrt"
     accums: tuple = (1, 2, 4, 8, 16)
     precisions: tuple = (32, 16, 8, 4)
+    #: sequences per worker per micro-step (charlm: 8 until 2026-12-04)
+    micro_batch: int = 8
+    #: how our messages travel (``CompressedCollective.exchange``): "ring" or "direct"
+    exchange: str = "ring"
     lab_id: str = "ctl"
     base_port: int = 6200
     extra: dict = field(default_factory=dict)   # more TrainConfig fields
@@ -141,13 +145,15 @@ def lab_run(lab, setup: LabSetup, controller: str, level: str, seed: int, script
     spec = RealSpec(controller=controller, capacity=cap, schedule=schedule,
                     horizon=setup.horizon, seed=seed, precisions=tuple(setup.precisions),
                     accums=tuple(setup.accums), throttle=False, epoch_file=epoch_file,
-                    log_path=log_path, script=script, progress=progress)
+                    log_path=log_path, script=script, progress=progress,
+                    exchange=setup.exchange)
     cfg = TrainConfig(workload=setup.workload, workers=len(hosts), seed=seed,
                       backend="ina_fabric.host.control.realrun:collective",
                       controller="ina_fabric.host.control.realrun:controller",
                       control_interval=setup.control_interval, max_epochs=1000,
                       eval_every_samples=setup.eval_every_samples,
-                      lr_scaling=setup.lr_scaling, **setup.extra)
+                      lr_scaling=setup.lr_scaling, batch=setup.micro_batch,
+                      **setup.extra)
     procs = start_background(lab, hosts, schedule, nbytes, compute, epoch_file,
                              setup.horizon + 30, seed, setup.base_port) if \
         max(n for _, n in schedule) else []

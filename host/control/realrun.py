@@ -54,6 +54,8 @@ class RealSpec:
     # a fitted ``progress.ProgressModel`` (as a dict): the noise scale then comes from it at
     # the current (smoothed) training loss instead of the online estimator
     progress: dict | None = None
+    # how the messages travel: "ring" (Gloo's all-gather) or "direct" (to every peer at once)
+    exchange: str = "ring"
 
     def trace(self):
         return background_trace(self.capacity, BackgroundJob(self.bg_bytes, self.bg_compute),
@@ -78,7 +80,8 @@ def collective(rank, world, cfg):
         bits = int(min(spec.script)[1])     # scripted from the first step on
     return CompressedCollective(rank, world, bits=bits,
                                 rate_fn=spec.trace() if spec.throttle else None,
-                                seed=cfg.seed, epoch_file=spec.epoch_file)
+                                seed=cfg.seed, epoch_file=spec.epoch_file,
+                                exchange=spec.exchange)
 
 
 class RealController:
@@ -123,9 +126,10 @@ class RealController:
         tel.compute.record(max(dcomp - comm, 0.0), dsteps * a)
         if m["byte_s"] > 0:
             tel.bandwidth.record(m["bytes"], m["byte_s"])
-        # fixed cost per communication (per optimizer step): waiting for the slowest
-        # worker, and the fixed part of the header and payload all-gathers
-        self.sync.update((m["sync_s"] + 2 * m["fixed_s"]) / dsteps)
+        # fixed cost per communication (per optimizer step): the header phase (waiting
+        # for the slowest worker, and its own trip) and the fixed part of the payload's
+        # (until 2026-12-04 the header's trip was counted twice: sync + 2 fixed)
+        self.sync.update((m["sync_s"] + m["fixed_s"]) / dsteps)
         b = tel.base.micro_batch * a
         if w > 1:
             tel.noise.record(b, m["small_sq"] / dsteps, b * w, m["big_sq"] / dsteps)
