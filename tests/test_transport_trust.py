@@ -213,6 +213,9 @@ def test_a_bounded_lagger_ends_the_job_so_every_rank_raises(engine, monkeypatch)
         t0 = time.monotonic()
         run([2], "late")            # its slots were reused long ago
         assert isinstance(errors.get((2, "late")), AllreduceTooLate), errors
+        # the error says how far behind a worker may fall, and what gives more room
+        assert "datagrams behind the others" in str(errors[(2, "late")])
+        assert "a larger job window" in str(errors[(2, "late")])
         assert (2, "late") not in outs
         run([0, 1], "next")         # the job is gone: both raise, within the bound
         took = time.monotonic() - t0

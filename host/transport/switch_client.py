@@ -375,7 +375,7 @@ class SwitchClient:
                     call.apply(h, rx, a.p)
                 elif kind is Abandon:
                     call.abandon(a.p)
-                    raise self._too_late(a.p, call.P)
+                    raise self._too_late(a.p, call.P, W)
                 elif kind is Hold:
                     call.hold(a.p, h, rx, nbytes)
                 elif a.reason == "unavailable":
@@ -479,7 +479,7 @@ class SwitchClient:
             if e.code == fastcall.STALLED:
                 raise self._stalled(e.remaining, K + W) from None
             if e.code == fastcall.TOO_LATE:
-                raise self._too_late(None, K + W) from None
+                raise self._too_late(None, K + W, W) from None
             if e.code == fastcall.INCONSISTENT:
                 raise AllreduceInconsistent(
                     f"job {self.job} worker {self.worker}: the switch answered a "
@@ -497,12 +497,14 @@ class SwitchClient:
                f"({remaining} of {packets} packets outstanding)")
         return AllreduceTimeout(msg + self._switch_says(waiting=True))
 
-    def _too_late(self, p, packets) -> "AllreduceTooLate":
+    def _too_late(self, p, packets, w) -> "AllreduceTooLate":
         what = "a result" if p is None else f"the result of packet {p} of {packets}"
         msg = (f"job {self.job} worker {self.worker}: bounded mode, {what} did not come "
                f"within {self.giveup:g}s and the switch no longer has it (this worker fell "
-               f"more than a window behind the others, or the switch lost the job); the "
-               f"call fails instead of applying zeros no other worker applies")
+               f"more than {2 * self.window - w} datagrams behind the others: the switch "
+               f"keeps 2 x {self.window} results and this call's window is {w}; a larger "
+               f"job window leaves more; or the switch lost the job); the call fails "
+               f"instead of applying zeros no other worker applies")
         drops = [d for d in (socket_drops(s) for s in (self._usock, self.gsock)
                              if s is not None) if d]
         if drops:
