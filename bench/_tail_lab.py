@@ -180,10 +180,12 @@ def run(args):
         backends.insert(0, "gloo")
     sets = {"rate": args.rate, "queue_ms": args.queue_ms}
     t0 = time.time()
-    lab, switch, elements = training_lab(args.lab, args.workers + 2, sets, args.lab_id)
+    pace = bool(getattr(args, "pace_switch", False))
+    lab, switch, elements = training_lab(args.lab, args.workers + 2, sets, args.lab_id,
+                                         pace_switch=pace)
     print(f"lab {lab.id}: {args.workers} training hosts + 2 background hosts at "
-          f"{args.rate}, queue {args.queue_ms} ms, {elements} elements per datagram",
-          flush=True)
+          f"{args.rate}, queue {args.queue_ms} ms, {elements} elements per datagram"
+          + (", switch paced at the link rate" if pace else ""), flush=True)
     rows = []
     try:
         with tempfile.TemporaryDirectory(prefix="ina-tail-lab-") as logdir:
@@ -226,6 +228,7 @@ def run(args):
                        "levels": {k: LEVELS[k] for k in levels},
                        "switch_deadline_ms": args.switch_deadline_ms,
                        "window": getattr(args, "window", 256),
+                       "pace_switch": bool(getattr(args, "pace_switch", False)),
                        "elements": elements},
             "rows": table, "runs": rows, "seconds": time.time() - t0}
     if args.png:

@@ -288,6 +288,10 @@ def main(argv=None) -> int:
                      help="ina-bounded: a fixed slot deadline (default: derived from the "
                           "link rate, the call window and the ranks' timeouts, "
                           "host/transport/slot_deadline.py)")
+    lab.add_argument("--pace-switch", action="store_true",
+                     help="the switch sends each host its RESULTs no faster than the host "
+                          "link (ina switch --pace-rate), so slots closing at once do not "
+                          "overflow a downlink queue")
     lab.add_argument("--window", type=int, default=256,
                      help="ina, ina-bounded: the job's window (the switch keeps 2 x window "
                           "results: a bounded worker may fall 2 x window - w datagrams "

@@ -104,6 +104,9 @@ def test_cli_errors_are_one_line(tmp_path):
             (["allreduce", "--size", "-5"], "bad size"),
             (["switch", "--config", str(big)], "window = 'big' is not an integer"),
             (["switch", "--listen", "127.0.0.1:99999"], "port 0..65535"),
+            (["switch", "--listen", "127.0.0.1:0", "--pace-rate", "fast"], "bad rate 'fast'"),
+            (["switch", "--listen", "127.0.0.1:0", "--engine", "model", "--pace-rate",
+              "100mbit"], "needs the fast engine"),
             (["allreduce", "--switch", "127.0.0.1:9", "--session", "1", "--workers", "2",
               "--size", "64K"],
              "no answer from switch"),
@@ -257,3 +260,53 @@ def test_control_and_status_need_the_key(switch, tmp_path):
     assert out.returncode == 2 and "control key" in out.stderr
     send_job(addr, rogue)                   # with the key (the machine's key file)
     assert "9" in query_status(addr)["jobs"]
+
+
+def test_a_paced_switch_sends_a_worker_results_no_faster_than_its_rate():
+    """``pace_rate`` (issue 18): the RESULTs to one worker leave no faster than its
+    downlink, so a burst of slots closing at once waits in the switch's queue instead of
+    overflowing the worker's link queue. Two workers, 66 RESULTs of 8 KB each: at
+    16 Mbit/s that is at least 0.27 s per worker (unpaced, a few ms on loopback); the
+    sums are exact and the engine counts the datagrams it held back."""
+    import threading
+    from ina_fabric.host.switch import SwitchServer, fast
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.host.cluster import free_udp_ports
+    from ina_fabric.protocol.jobtable import JobConfig
+    if not fast.available():
+        pytest.skip(fast.WHY_NOT or "")
+    with pytest.raises(ValueError, match="needs the fast engine"):
+        SwitchServer([], "127.0.0.1", 0, engine="model", pace_rate=1e6, key=None)
+    rate, n, E = 16e6, 64 * 2048, 2048
+    ports = free_udp_ports(2)
+    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=64, elements=E)
+    server = SwitchServer([job], "127.0.0.1", 0, engine="fast", pace_rate=rate, key=None)
+    t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
+    t.start()
+    outs, took, errors = {}, {}, []
+
+    def worker(w):
+        try:
+            with SwitchClient(server.address, 1, w, 2, 64, E, bind=("127.0.0.1", ports[w]),
+                              session=job.session) as c:
+                t0 = time.monotonic()
+                outs[w] = c.allreduce(np.full(n, w + 1.0, np.float32))[0]
+                took[w] = time.monotonic() - t0
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join(60)
+    held = server.model.engine_counters()["pace_held"]
+    server.stop()
+    t.join(2)
+    server.close()
+    assert not errors, errors
+    for w in range(2):
+        assert np.array_equal(outs[w], np.full(n, 3.0, np.float32))
+        # the 64 RESULTs that carry data, at least (the header-only ones come on top)
+        assert took[w] >= 64 * (HEADER_BYTES + 4 * E + 46) * 8 / rate * 0.95, took
+    assert held > 0

@@ -48,6 +48,11 @@ def add_arguments(p):
                         "it as a live scoreboard that stops the switch at the first "
                         "disagreement (core: $INA_RTL_PARAMS, JSON, over "
                         "host/switch/rtl.py RTL_PARAMS); auto: fast where it is built")
+    p.add_argument("--pace-rate", metavar="RATE", default="0",
+                   help="RESULTs to any one worker no faster than RATE (its downlink: "
+                        "e.g. 100mbit, or bit/s), so a deadline that closes many slots at "
+                        "once does not overflow a downlink queue; fast engine only; "
+                        "default 0: off")
     p.add_argument("--key-file", metavar="FILE",
                    help="control key (CONTROL and STATUS are taken only when sealed with "
                         "it); default: $INA_SWITCH_KEY, else $INA_SWITCH_KEY_FILE, else "
@@ -112,15 +117,22 @@ def run(args):
                            f"{e}") from None
         return 0
     jobs = jobs_from_args(args)
+    from ..lab.topology import parse_rate, TopologyError
+    try:
+        pace = parse_rate(args.pace_rate) if args.pace_rate not in ("0", "") else 0.0
+    except TopologyError as e:
+        raise CliError(f"--pace-rate {args.pace_rate!r}: {e}") from None
     try:
         server = SwitchServer(jobs, *args.listen, key=key, engine=args.engine,
-                              log=lambda m: print(m, file=sys.stderr))
+                              log=lambda m: print(m, file=sys.stderr), pace_rate=pace)
     except fast.EngineUnavailable as e:
         raise CliError(str(e)) from None
     except ConfigError as e:       # a job that does not fit the core
         raise CliError(str(e)) from None
     except (RuntimeError, ValueError) as e:   # the RTL engine: no Verilator, a bad
-        if args.engine != "rtl":             # INA_RTL_PARAMS, a failed build
+        if pace and "pace_rate" in str(e):   # INA_RTL_PARAMS, a failed build
+            raise CliError(f"--pace-rate: {e}") from None
+        if args.engine != "rtl":
             raise
         raise CliError(f"--engine rtl: {e}") from None
     except OSError as e:

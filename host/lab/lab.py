@@ -352,16 +352,20 @@ def _topology_from_state(t) -> Topology:
     return topo
 
 
-def training_lab(topology: str, hosts: int, sets: dict | None = None, lab_id="train"):
+def training_lab(topology: str, hosts: int, sets: dict | None = None, lab_id="train",
+                 pace_switch=False):
     """A lab for training and benches (``ina train --lab``, ``ina bench train --lab``):
     ``hosts`` hosts and jumbo frames unless ``sets`` says otherwise, ``ina switch`` started
-    in it. Returns ``(lab, "ip:port" of the switch, elements per packet)``, the elements
-    being the most (a power of two) that fit the lab's MTU. The caller calls ``down()``."""
+    in it (``pace_switch``: its RESULTs to a host no faster than the slowest host link,
+    ``ina switch --pace-rate``). Returns ``(lab, "ip:port" of the switch, elements per
+    packet)``, the elements being the most (a power of two) that fit the lab's MTU. The
+    caller calls ``down()``."""
     from .topology import load
     topo = load(topology, {"hosts": hosts, "mtu": 9000, **(sets or {})})
     lab = Lab(topo, lab_id).up()
+    extra = ("--pace-rate", str(min(h.link.rate for h in topo.hosts))) if pace_switch else ()
     try:
-        host, port = lab.start_switch()
+        host, port = lab.start_switch(extra=extra)
     except BaseException:
         lab.down()
         raise

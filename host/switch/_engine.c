@@ -20,6 +20,12 @@
  *       waits (ppoll) until a datagram or the next deadline, receives a batch with
  *       recvmmsg, handles DATA, sends results with sendmmsg, fires deadlines; returns
  *       the datagrams that are not DATA (for the Python model) or after max_wait.
+ *   Engine.set_pace(bps): in serve mode, the datagrams to any one destination go out no
+ *       faster than bps (a worker's downlink rate): a deadline that closes many slots at
+ *       once (bounded-skip) queues their RESULTs instead of putting a burst into a
+ *       downlink queue that drops it (issue 18: 1,100 RESULTs dropped per host and
+ *       run with the transformer). Written here because the queue points into the
+ *       slots' stored results; no library paces sendmmsg per destination.
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -43,6 +49,9 @@
 #define SENDQ 512
 #define SCRATCH (8u << 20)
 #define MAX_OTHERS BATCH   /* serve returns after the batch that had any */
+#define PACE_DESTS 64      /* destinations paced separately (a worker's downlink each) */
+#define PACE_BURST 0.002   /* seconds of credit a destination may send at once */
+#define WIRE_EXTRA 46      /* bytes a datagram costs on the wire beyond its UDP payload */
 
 enum {
     C_RX, C_RX_DATA, C_ACCEPTED, C_DUPLICATES, C_LATE, C_RESULTS, C_PARTIALS,
@@ -50,13 +59,13 @@ enum {
     C_DROP_UNKNOWN_SOURCE, C_DROP_BAD_SESSION, C_DROP_STALE, C_DROP_OUT_OF_WINDOW,
     C_SKIPPED,
     /* the engine's own (not model counters) */
-    C_SEND_ERRORS, C_RX_BATCHES, C_TX_BATCHES, NCOUNTERS
+    C_SEND_ERRORS, C_RX_BATCHES, C_TX_BATCHES, C_PACE_HELD, NCOUNTERS
 };
 static const char *COUNTER_NAMES[NCOUNTERS] = {
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials",
     "overflows", "resent", "drop_truncated", "drop_malformed", "drop_unknown_job",
     "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-    "skipped", "send_errors", "rx_batches", "tx_batches",
+    "skipped", "send_errors", "rx_batches", "tx_batches", "pace_held",
 };
 
 typedef InaLayout Layout;
@@ -100,6 +109,7 @@ typedef struct {
     struct iovec iov[SENDQ];
     struct sockaddr_in addr[SENDQ];
     Slot *ref[SENDQ];
+    uint8_t held[SENDQ];         /* pacing kept it in the queue at least once */
     uint8_t *scratch;
     size_t scratch_used;
     int failed;                  /* pure mode: a Python error is set */
@@ -118,6 +128,11 @@ typedef struct {
     struct iovec *riov;
     struct sockaddr_in *raddr;
     uint8_t *rbuf;
+    /* pacing (serve mode): datagrams to one destination go out no faster than
+     * ``pace`` bit/s; the queue keeps the rest (``sink_drain``); 0: off */
+    double pace, pace_wake;
+    struct { uint32_t ip; uint16_t port; double next; } dests[PACE_DESTS];
+    int ndests;
 } Engine;
 
 #define rd16 ina_rd16
@@ -211,6 +226,89 @@ static void sink_flush(Engine *e, Sink *k) {
     k->scratch_used = 0;
 }
 
+/* the pacing state of one destination (the oldest entry makes room when all are used) */
+static double *dest_next(Engine *e, uint32_t ip, uint16_t port) {
+    int old = 0;
+    for (int i = 0; i < e->ndests; i++) {
+        if (e->dests[i].ip == ip && e->dests[i].port == port) return &e->dests[i].next;
+        if (e->dests[i].next < e->dests[old].next) old = i;
+    }
+    int i = e->ndests < PACE_DESTS ? e->ndests++ : old;
+    e->dests[i].ip = ip;
+    e->dests[i].port = port;
+    e->dests[i].next = 0.0;
+    return &e->dests[i].next;
+}
+
+/* Serve mode, pacing on: send the queued datagrams whose destination's time has come, in
+ * queue order (one destination's stay in order: once one waits, the later ones wait
+ * too), keep the others at the front of the queue, and set ``pace_wake`` to when the
+ * first of them falls due. Pacing off: ``sink_flush``. Any other flush (a full queue, a
+ * slot reused while its result waits, a job change) sends everything at once. */
+static void sink_drain(Engine *e, Sink *k, double now) {
+    e->pace_wake = 0.0;
+    if (e->pace <= 0.0 || k->list || !k->n) {
+        sink_flush(e, k);
+        return;
+    }
+    struct mmsghdr out[SENDQ];
+    int due[SENDQ], nd = 0, nk = 0;
+    double wake = 0.0;
+    for (int i = 0; i < k->n; i++) {
+        double *next = dest_next(e, ntohl(k->addr[i].sin_addr.s_addr),
+                                 ntohs(k->addr[i].sin_port));
+        double t = *next > now - PACE_BURST ? *next : now - PACE_BURST;
+        if (t <= now) {
+            *next = t + (double)(k->iov[i].iov_len + WIRE_EXTRA) * 8.0 / e->pace;
+            due[nd++] = i;
+        } else {
+            if (!wake || t < wake) wake = t;
+            if (!k->held[i]) {           /* counted once per datagram */
+                e->c[C_PACE_HELD]++;
+                k->held[i] = 1;
+            }
+        }
+    }
+    for (int j = 0; j < nd; j++) out[j] = k->msgs[due[j]];
+    int i = 0;
+    while (i < nd) {
+        int r;
+        Py_BEGIN_ALLOW_THREADS
+        r = sendmmsg(k->fd, out + i, nd - i, 0);
+        Py_END_ALLOW_THREADS
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            e->c[C_SEND_ERRORS]++;
+            i++;
+        } else {
+            i += r;
+        }
+    }
+    if (nd) e->c[C_TX_BATCHES]++;
+    /* the sent ones release their slots; the kept ones move to the front, in order */
+    int d = 0;
+    for (int j = 0; j < k->n; j++) {
+        if (d < nd && due[d] == j) {
+            if (k->ref[j]) k->ref[j]->pending = 0;
+            d++;
+            continue;
+        }
+        if (nk != j) {
+            k->msgs[nk] = k->msgs[j];
+            k->iov[nk] = k->iov[j];
+            k->addr[nk] = k->addr[j];
+            k->ref[nk] = k->ref[j];
+            k->held[nk] = k->held[j];
+        }
+        k->msgs[nk].msg_hdr.msg_name = &k->addr[nk];
+        k->msgs[nk].msg_hdr.msg_iov = &k->iov[nk];
+        nk++;
+    }
+    k->n = nk;
+    if (!nk) k->scratch_used = 0;
+    e->pace_wake = wake;
+}
+
 /* One datagram out: ``buf`` is a slot's stored result; ``worker`` >= 0 makes it the
  * unicast re-send to that worker (worker field set, RETRANSMIT flag). */
 static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
@@ -235,6 +333,7 @@ static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
     int i = k->n++;
     uint8_t *data = (uint8_t *)buf;
     k->ref[i] = NULL;
+    k->held[i] = 0;
     if (worker >= 0) {
         data = k->scratch + k->scratch_used;
         k->scratch_used += (len + 7) & ~(size_t)7;
@@ -883,7 +982,7 @@ static PyObject *Engine_serve(Engine *e, PyObject *args) {
                 }
             }
             tick(e, k, now);
-            sink_flush(e, k);
+            sink_drain(e, k, now);
             if (oom || nothers || now >= end) break;
             continue;
         }
@@ -893,10 +992,11 @@ static PyObject *Engine_serve(Engine *e, PyObject *args) {
             break;
         }
         tick(e, k, now);
-        sink_flush(e, k);
+        sink_drain(e, k, now);
         if (now >= end) break;
         double until = end;
         if (next_deadline(e, &nd) && nd < until) until = nd;
+        if (e->pace_wake && e->pace_wake < until) until = e->pace_wake;
         double wait = until - now;
         if (wait < 0) wait = 0;
         struct timespec ts = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
@@ -910,7 +1010,7 @@ static PyObject *Engine_serve(Engine *e, PyObject *args) {
             break;
         }
     }
-    sink_flush(e, k);
+    if (e->pace <= 0.0) sink_flush(e, k);   /* paced: the queue waits for the next serve */
     PyObject *out = PyList_New(0);
     for (int i = 0; i < nothers; i++) {
         if (out) {
@@ -930,7 +1030,23 @@ static PyObject *Engine_serve(Engine *e, PyObject *args) {
     return out;
 }
 
+/* set_pace(bps): serve mode, no faster than bps bit/s to any one destination (0: off) */
+static PyObject *Engine_set_pace(Engine *e, PyObject *args) {
+    double bps;
+    if (!PyArg_ParseTuple(args, "d", &bps)) return NULL;
+    if (!(bps >= 0.0) || bps > 1e12) {
+        PyErr_Format(PyExc_ValueError, "pace %g bit/s: need 0 (off) .. 1e12", bps);
+        return NULL;
+    }
+    if (e->pace > 0.0 && bps <= 0.0 && e->sink->n && !e->sink->list) sink_flush(e, e->sink);
+    e->pace = bps;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Engine_methods[] = {
+    {"set_pace", (PyCFunction)Engine_set_pace, METH_VARARGS,
+     "set_pace(bps): serve mode, RESULTs to any one destination no faster than bps bit/s "
+     "(0: off, the default)"},
     {"add_job", (PyCFunction)Engine_add_job, METH_VARARGS,
      "add_job(id, members, window, elements, mode, deadline, group, session, now): "
      "install afresh (mode: 0 reliable, 1 bounded, 2 bounded-skip)"},

@@ -44,9 +44,11 @@ class SwitchServer:
     key file, made on first use); ``key=None`` takes no CONTROL or STATUS_REQ at all."""
 
     def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None,
-                 key=_DEFAULT, engine="auto"):
+                 key=_DEFAULT, engine="auto", pace_rate=0.0):
         """``engine``: "fast", "model", "rtl", or "auto" (fast where it is built and no
-        impairment is asked for, else the model, saying why through ``log``)."""
+        impairment is asked for, else the model, saying why through ``log``).
+        ``pace_rate``: bit/s, RESULTs to any one worker no faster than this (its
+        downlink's rate; the fast engine only); 0: as fast as they are formed."""
         if key is _DEFAULT:
             key = switch_key(create=True)
         impaired = impairment is not None and impairment.active
@@ -60,12 +62,17 @@ class SwitchServer:
             if not fast.available() and log:
                 log(f"ina switch: serving with the Python model: {fast.WHY_NOT}")
         self.engine = engine
+        if pace_rate and engine != "fast":
+            raise ValueError(f"pacing RESULTs (pace_rate) needs the fast engine, not "
+                             f"{engine!r}")
         if engine == "rtl":
             from .rtl import RtlSwitchModel
             self.model = RtlSwitchModel(jobs, key=key, log=log)
         else:
             self.model = (fast.FastSwitchModel if engine == "fast" else SwitchModel)(
                 jobs, key=key)
+        if pace_rate:
+            self.model.engine.set_pace(float(pace_rate))
         #: why the server stopped by itself (an RTL scoreboard disagreement), or None
         self.failure = None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
