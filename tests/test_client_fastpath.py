@@ -107,7 +107,8 @@ def _inputs(n):
 def _against_switch(job, fn, ranks, **server_kw):
     """A compiled switch holding ``job`` in a thread; ``fn(address, w)`` for each w in
     ``ranks`` in threads (the C loop releases the GIL); the switch is stopped after.
-    Returns the switch's address and its counters at the end."""
+    Returns the switch's address and its counters at the end (the model's, and the
+    engine's own: ``pace_held``, ``tx_batches``, ...)."""
     import threading
     from ina_fabric.host.switch import SwitchServer
     server = SwitchServer([job], "127.0.0.1", 0, engine="fast", **server_kw)
@@ -120,7 +121,7 @@ def _against_switch(job, fn, ranks, **server_kw):
         th.join(60)
     server.stop()
     t.join(2)
-    counters = dict(server.model.counters)
+    counters = {**server.model.engine_counters(), **dict(server.model.counters)}
     server.close()
     return server.address, counters
 

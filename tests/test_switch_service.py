@@ -265,14 +265,14 @@ def test_control_and_status_need_the_key(switch, tmp_path):
 def test_a_paced_switch_sends_a_worker_results_no_faster_than_its_rate():
     """``pace_rate`` (issue 18): the RESULTs to one worker leave no faster than its
     downlink, so a burst of slots closing at once waits in the switch's queue instead of
-    overflowing the worker's link queue. Two workers, 66 RESULTs of 8 KB each: at
-    16 Mbit/s that is at least 0.27 s per worker (unpaced, a few ms on loopback); the
+    overflowing the worker's link queue. Two workers, 64 RESULTs with 8 KB of data each:
+    at 16 Mbit/s that is at least 0.27 s per worker (unpaced, a few ms on loopback); the
     sums are exact and the engine counts the datagrams it held back."""
-    import threading
     from ina_fabric.host.switch import SwitchServer, fast
     from ina_fabric.host.transport import SwitchClient
     from ina_fabric.host.cluster import free_udp_ports
     from ina_fabric.protocol.jobtable import JobConfig
+    from test_client_fastpath import _against_switch
     if not fast.available():
         pytest.skip(fast.WHY_NOT or "")
     with pytest.raises(ValueError, match="needs the fast engine"):
@@ -280,14 +280,11 @@ def test_a_paced_switch_sends_a_worker_results_no_faster_than_its_rate():
     rate, n, E = 16e6, 64 * 2048, 2048
     ports = free_udp_ports(2)
     job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=64, elements=E)
-    server = SwitchServer([job], "127.0.0.1", 0, engine="fast", pace_rate=rate, key=None)
-    t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
-    t.start()
     outs, took, errors = {}, {}, []
 
-    def worker(w):
+    def worker(address, w):
         try:
-            with SwitchClient(server.address, 1, w, 2, 64, E, bind=("127.0.0.1", ports[w]),
+            with SwitchClient(address, 1, w, 2, 64, E, bind=("127.0.0.1", ports[w]),
                               session=job.session) as c:
                 t0 = time.monotonic()
                 outs[w] = c.allreduce(np.full(n, w + 1.0, np.float32))[0]
@@ -295,18 +292,10 @@ def test_a_paced_switch_sends_a_worker_results_no_faster_than_its_rate():
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
-    ts = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join(60)
-    held = server.model.engine_counters()["pace_held"]
-    server.stop()
-    t.join(2)
-    server.close()
+    _, counters = _against_switch(job, worker, range(2), key=None, pace_rate=rate)
     assert not errors, errors
     for w in range(2):
         assert np.array_equal(outs[w], np.full(n, 3.0, np.float32))
         # the 64 RESULTs that carry data, at least (the header-only ones come on top)
         assert took[w] >= 64 * (HEADER_BYTES + 4 * E + 46) * 8 / rate * 0.95, took
-    assert held > 0
+    assert counters["pace_held"] > 0, counters
