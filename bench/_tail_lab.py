@@ -66,6 +66,14 @@ LEVELS = {
     # compute stragglers alone, sized for the 10 Mbit/s lab (a step's exchange ~180 ms):
     # median 20 ms, P99 600 ms, every rank its own draw per step
     "stragglers-heavy": {"flows": [], "straggler_ms": 20.0, "straggler_ratio": 30.0},
+    # about 3: chosen from gloo-only scans on a quiet machine (100 Mbit/s, 150 steps, 2
+    # repeats): UDP 90 Mbit/s 40/60 ms + stragglers median 3 ms, P99/P50 20 gave 3.06;
+    # the same flow with median 4/P99/P50 12 gave 2.6, median 3/25 without it 4.7
+    "mid-heavy": {"flows": [("udp", "b0", "w0", 40, 60, "90mbit")],
+                  "straggler_ms": 3.0, "straggler_ratio": 20.0},
+    # "mid-heavy" with the flow into w1's downlink instead of the measured rank 0's
+    "mid-heavy-w1": {"flows": [("udp", "b0", "w1", 40, 60, "90mbit")],
+                     "straggler_ms": 3.0, "straggler_ratio": 20.0},
     "flows": {"flows": [("tcp", "b0", "w0", 300, 700, None),
                         ("tcp", "b1", "w2", 300, 700, None)],
               "straggler_ms": 0.0, "straggler_ratio": 1.0},
@@ -141,6 +149,8 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
         "time_to_accuracy_s": res.time_to_accuracy,
         "final_accuracy": res.final_accuracy, "steps": res.steps,
         "seconds": res.seconds,
+        # every rank's wall time: a bounded rank 0 may leave a slower rank behind
+        "rank_seconds": list(res.rank_seconds),
         "p50_ms": 1e3 * float(np.median(calls)) if calls.size else None,
         "p99_ms": 1e3 * float(np.percentile(calls, 99)) if calls.size else None,
         "calls": int(calls.size),
@@ -216,6 +226,7 @@ def run(args):
                               f"{100 * r['dropped_fraction']:.2f}%  "
                               f"{r['bytes_per_step_per_link'] / 1e3:.0f} kB/step/link"
                               f"  drops up {sum(r['drops_up'])} down {r['drops_down']}"
+                              f"  slowest rank {max(r['rank_seconds'] or [0]):.2f} s"
                               + (f"  rank0 {r['client']}" if r["client"] else ""),
                               flush=True)
     finally:

@@ -270,10 +270,10 @@ def main(argv=None) -> int:
     lab.add_argument("--lab", metavar="TOPOLOGY",
                      help="run on a lab built from TOPOLOGY (rack; root): the headline")
     from ._tail_lab import LEVELS, LAB_BACKENDS
-    lab.add_argument("--levels", default="none,mid,high",
+    lab.add_argument("--levels", default="none,mid,mid-heavy,high",
                      help=f"tail levels, of {', '.join(LEVELS)} (default: %(default)s)")
     lab.add_argument("--lab-backends", dest="lab_backends",
-                     default="gloo,tar-udp,tar-udp-repair,ina,ina-bounded",
+                     default="gloo,tar-udp,tar-udp-repair,ina,ina-bounded,ina-skip",
                      help=f"backends on the lab, of {', '.join(LAB_BACKENDS)} "
                           "(default: %(default)s)")
     lab.add_argument("--workload", default="digits", help="digits, transformer, ...")

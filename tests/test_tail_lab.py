@@ -60,4 +60,7 @@ def test_tail_bench_on_the_lab(tmp_path, lab_bench):
     # (with 2 hosts the ring sends 2(N-1)/N = 1 bucket too, so only "not more")
     assert rows["ina"]["bytes_per_step_per_link"] <= 1.1 * rows["gloo"]["bytes_per_step_per_link"]
     assert all(r["steps"] == 12 for r in figs["runs"])
+    # every rank's own wall time, rank 0's among them
+    assert all(len(r["rank_seconds"]) == 2 and r["seconds"] in r["rank_seconds"]
+               for r in figs["runs"])
     assert lab_id not in list_labs()

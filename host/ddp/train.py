@@ -200,6 +200,7 @@ class TrainResult:
     params: list = field(default_factory=list)    # rank 0's final parameters (if asked)
     max_abs_grad: float = 0.0                     # largest local |gradient| of any rank
     call_seconds: list = field(default_factory=list)  # rank 0: each allreduce call's time
+    rank_seconds: list = field(default_factory=list)  # each rank's wall time, in rank order
 
 
 def load_factory(path: str):
@@ -541,6 +542,7 @@ def _finish(result, done):
     result.final_accuracy = r0["final"]
     result.steps = r0["steps"]
     result.seconds = r0["seconds"]
+    result.rank_seconds = [d["seconds"] for d in done]
     result.stats = r0["stats"]
     result.param_hashes = [d["hash"] for d in done]
     result.fallbacks = sum(d["fallbacks"] for d in done)
