@@ -117,7 +117,7 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
                       max_steps=args.steps, max_epochs=10_000, stop_at_target=False,
                       eval_every=args.eval_every, elements=elements, switch=switch,
                       deadline_ms=args.switch_deadline_ms, time_gloo=True,
-                      window=getattr(args, "window", 256),
+                      window=getattr(args, "window", 1024),
                       straggler_ms=lv["straggler_ms"],
                       straggler_p99_over_p50=lv["straggler_ratio"], job=job)
     hosts = lab.hosts[:args.workers]
@@ -238,7 +238,7 @@ def run(args):
                        "seed": args.seed, "repeats": args.repeats,
                        "levels": {k: LEVELS[k] for k in levels},
                        "switch_deadline_ms": args.switch_deadline_ms,
-                       "window": getattr(args, "window", 256),
+                       "window": getattr(args, "window", 1024),
                        "pace_switch": bool(getattr(args, "pace_switch", False)),
                        "elements": elements},
             "rows": table, "runs": rows, "seconds": time.time() - t0}
