@@ -272,3 +272,34 @@ def test_cli_rejects_bad_configuration_with_one_line():
     assert main(["control", "model", "--precisions", ""]) == 2
     assert main(["control", "model", "--bandwidth", "-1"]) == 2
     assert main(["control", "model", "--bandwidth", "6.25e8", "--b-noise", "256"]) == 0
+
+
+def test_real_controller_keeps_codec_and_step_overhead_out_of_compute(monkeypatch):
+    """The real runs' meters, by hand. Five optimizer steps at a = 2: backward() took 1.0 s
+    in all, of which the exchange 0.3 s (sync 0.1, fixed 0.05, payload 0.15) and the codec
+    0.1 s; the steps took 1.5 s of wall time, so 0.5 s went outside forward and backward.
+    Compute is then (1.0 - 0.3 - 0.1) / 10 micro-steps = 60 ms, and the cost model's
+    per-step latency (0.1 + 0.05 + 0.1) / 5 + 0.5 / 5 = 150 ms. Before, the codec was
+    charged per micro-step (70 ms) and the 0.5 s not at all (latency 30 ms)."""
+    from ina_fabric.host.control import compress, realrun
+
+    class Fake:
+        def take_measurements(self):
+            return {"bytes": 30_000, "seconds": 0.15, "calls": 5, "elements": 5000,
+                    "sync_s": 0.1, "fixed_s": 0.05, "byte_s": 0.1, "codec_s": 0.1,
+                    "small_sq": 5.0, "big_sq": 2.5, "rq_sum": {}, "rq_n": 0}
+
+    monkeypatch.setattr(compress, "current_collective", lambda: Fake())
+
+    class Cfg:
+        workers = 4
+
+    ctl = realrun.RealController(Cfg(), realrun.RealSpec(controller="static", accums=(1, 2),
+                                                         throttle=False))
+    ctl.knobs = Knobs(32, 2)
+    ctl.on_step({"step": 5, "epoch": 0, "time": 2.0, "train_seconds": 1.5,
+                 "compute_seconds": 1.0, "loss": 1.0, "batch": 32})
+    entry = ctl.log[-1]
+    assert entry["t_compute"] == pytest.approx(0.06)
+    assert entry["latency"] == pytest.approx(0.15)
+    assert entry["codec_s"] == pytest.approx(0.1) and entry["overhead_s"] == pytest.approx(0.5)

@@ -203,10 +203,10 @@ class CompressedCollective:
 
     Measurements, accumulated until ``take_measurements()``: payload bytes sent, seconds
     spent sending them (throttle included; ``byte_s`` without the fixed cost of one
-    all-gather, ``fixed_s``), seconds spent waiting for the slowest worker (``sync_s``), squared norms for
-    the noise scale (mean over workers of
-    |g_i|^2, and of the all-reduced mean corrected for quantization noise), and r_q for
-    every precision on a sample of calls."""
+    all-gather, ``fixed_s``), seconds spent waiting for the slowest worker (``sync_s``),
+    seconds of codec CPU time (``codec_s``: encode, decode and sum, r_q samples), squared
+    norms for the noise scale (mean over workers of |g_i|^2, and of the all-reduced mean
+    corrected for quantization noise), and r_q for every precision on a sample of calls."""
 
     def __init__(self, rank, world, bits=32, chunk=1024, rate_fn=None, group=None,
                  seed=0, error_every=10, start=None, epoch_file=None, probe_every=10,
@@ -239,7 +239,7 @@ class CompressedCollective:
 
     def _reset(self):
         self.m = {"bytes": 0, "seconds": 0.0, "calls": 0, "elements": 0, "sync_s": 0.0,
-                  "fixed_s": 0.0, "byte_s": 0.0, "small_sq": 0.0, "big_sq": 0.0,
+                  "fixed_s": 0.0, "byte_s": 0.0, "codec_s": 0.0, "small_sq": 0.0, "big_sq": 0.0,
                   "rq_sum": {}, "rq_n": 0}
 
     def set_precision(self, bits: int):
@@ -273,6 +273,7 @@ class CompressedCollective:
             with open(tmp, "w") as f:
                 f.write(repr(time.monotonic()))
             os.replace(tmp, self.epoch_file)
+        tc = time.perf_counter()
         msg = encode(x, bits, self.chunk, self.rng)
         t0 = time.perf_counter()
         heads = [torch.empty(HEADER, dtype=torch.uint8) for _ in range(N)]
@@ -299,6 +300,9 @@ class CompressedCollective:
         big = float(mean @ mean) - sum(p[2] for p in parts) / N ** 2
         rq = relative_errors(x, PRECISIONS, self.chunk) if self.calls % self.error_every == 0 \
             else None
+        # CPU time of the codec (encode; decode, sum and the r_q sample): a cost per
+        # exchange that backward() also waits for, kept apart from compute
+        codec = (t0 - tc) + (time.perf_counter() - t2)
         with self._lock:
             m = self.m
             m["bytes"] += sent
@@ -306,6 +310,7 @@ class CompressedCollective:
             m["sync_s"] += sync
             m["fixed_s"] += fixed
             m["byte_s"] += max(t2 - t1 - fixed, 1e-6)
+            m["codec_s"] += codec
             m["calls"] += 1
             m["elements"] += n
             m["small_sq"] += small

@@ -91,7 +91,7 @@ class RealController:
         self.cfg, self.spec = cfg, spec
         self.ctl = make_controller(spec.controller, spec.space(), hysteresis=spec.hysteresis)
         self.tel = None
-        self.last = {"step": 0, "compute": 0.0}
+        self.last = {"step": 0, "compute": 0.0, "wall": 0.0}
         self.knobs = self.ctl.current
         self.log = []
         self.sync = Ewma(0.7)
@@ -114,22 +114,32 @@ class RealController:
         m = coll.take_measurements() if coll is not None else None
         dsteps = info["step"] - self.last["step"]
         dcomp = info["compute_seconds"] - self.last["compute"]
-        self.last = {"step": info["step"], "compute": info["compute_seconds"]}
+        wall = info.get("train_seconds")
+        dwall = wall - self.last["wall"] if wall is not None else None
+        self.last = {"step": info["step"], "compute": info["compute_seconds"],
+                     "wall": wall or 0.0}
         if dsteps <= 0 or m is None or m["calls"] == 0:
             return {}
         a, w = self.knobs.accum, self.cfg.workers
         if self.tel is None:
             self.tel = Telemetry(base=self._base(info, m["elements"] / dsteps))
         tel = self.tel
-        # backward() returns only when the exchange is done: take it out of compute
+        # backward() returns only when the exchange is done: take it out of compute, and
+        # the codec's CPU time too (a cost per exchange: left in compute, it was charged
+        # per micro-step, a times over at accumulation a)
         comm = m["sync_s"] + m["fixed_s"] + m["seconds"]
-        tel.compute.record(max(dcomp - comm, 0.0), dsteps * a)
+        codec = m.get("codec_s", 0.0)
+        tel.compute.record(max(dcomp - comm - codec, 0.0), dsteps * a)
         if m["byte_s"] > 0:
             tel.bandwidth.record(m["bytes"], m["byte_s"])
         # fixed cost per communication (per optimizer step): the header phase (waiting
         # for the slowest worker, and its own trip) and the fixed part of the payload's
         # (until 2026-12-04 the header's trip was counted twice: sync + 2 fixed)
-        self.sync.update((m["sync_s"] + m["fixed_s"]) / dsteps)
+        # and what an optimizer step costs outside forward and backward (the optimizer,
+        # the knob broadcast, data indexing): wall time not in compute, per step. Both
+        # are per step whatever a is, so they go to the cost model with the latency.
+        overhead = max(dwall - dcomp, 0.0) / dsteps if dwall is not None else 0.0
+        self.sync.update((m["sync_s"] + m["fixed_s"] + codec) / dsteps + overhead)
         b = tel.base.micro_batch * a
         if w > 1:
             tel.noise.record(b, m["small_sq"] / dsteps, b * w, m["big_sq"] / dsteps)
@@ -150,6 +160,7 @@ class RealController:
                          "bandwidth": p.bandwidth, "t_compute": p.t_compute,
                          "b_noise": p.b_noise, "latency": p.latency, "bytes": m["bytes"], "comm_s": m["seconds"],
                          "calls": m["calls"], "steps": dsteps, "sync_s": m["sync_s"],
+                         "codec_s": codec, "overhead_s": overhead * dsteps,
                          "quant_ratio": {str(k): v for k, v in p.quant_ratio.items()}})
         if self.spec.log_path:
             with open(self.spec.log_path, "w") as f:

@@ -334,7 +334,9 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             if cfg.controller and step % cfg.control_interval == 0:
                 knobs = [None]
                 if rank == 0:
-                    info = {"step": step, "epoch": epoch, "time": time.perf_counter() - t0,
+                    now = time.perf_counter() - t0
+                    info = {"step": step, "epoch": epoch, "time": now,
+                            "train_seconds": now - eval_s[0],
                             "loss": float(loss.item()) * accum,
                             "comm_seconds": state.comm_seconds if state else 0.0,
                             "compute_seconds": compute_s,
