@@ -239,4 +239,9 @@ def test_analysis_of_recorded_runs(tmp_path):
     # same samples per step in both runs of a seed: the ratio is that of step counts x time
     assert r[0] == pytest.approx(h["runs"][0]["decoupled_s"] / h["runs"][0]["joint_s"])
     assert h["sim_decoupled_over_joint"] > 0
+    # each seed's simulated runs beside the measured ones, consistent with the ratio
+    for ps, sim in zip(h["runs"], h["sim_per_seed"]):
+        assert ps["sim_decoupled_s"] / ps["sim_joint_s"] == pytest.approx(sim)
+        assert ps["sim_joint_steps"] > 0
+        assert sum(ps["sim_joint_knobs"].values()) == pytest.approx(1.0, abs=0.01)
     assert (tmp_path / "p.png").stat().st_size > 10_000

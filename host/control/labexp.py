@@ -109,9 +109,10 @@ def fit_runs(setup: LabSetup, knobs, seed=0, target_loss=TARGET_LOSS, out=print)
 
 
 def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_compute,
-                    latency, capacity, target_loss=TARGET_LOSS, horizon=3000.0):
+                    latency, capacity, target_loss=TARGET_LOSS, horizon=3000.0, detail=False):
     """Our job in the fluid simulator: progress from the fitted model, the link shared
-    max-min with the lab's background jobs on the level's schedule. Returns seconds."""
+    max-min with the lab's background jobs on the level's schedule. Returns seconds, or
+    with ``detail`` (seconds, steps, {"int4/a=4": share of steps, ...})."""
     from .contention import BackgroundJob, background_trace
     from .controllers import Telemetry, make_controller
     from .costmodel import JobParams, payload_bytes
@@ -133,8 +134,10 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
     knobs = ctl.current
     goal = model.total(target_loss)
     t, u, step = 0.0, 0.0, 0
+    used = {}
     while u < goal and t < horizon:
         q, a = knobs.precision, knobs.accum
+        used[f"int{q}/a={a}"] = used.get(f"int{q}/a={a}", 0) + 1
         comp = t_compute * rng.lognormal(0.0, 0.1, a).sum()
         nbytes = (N - 1) * payload_bytes(params, q)
         start = t + comp
@@ -149,6 +152,8 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
                                    latency=latency)
             from .costmodel import CostModel
             knobs = ctl.decide(CostModel(p))
+    if detail:
+        return t, step, {k: round(v / max(step, 1), 3) for k, v in sorted(used.items())}
     return t
 
 
@@ -307,10 +312,19 @@ def analyze(raw, setup: LabSetup, plot=None, out=print):
         m, lo, hi = ratio_ci(ratios)
         t_c, latency = float(np.median(tc)), float(np.median(lat))
         cap = 0.95 * setup.capacity()
-        sim = [simulate_fitted("decoupled", model, setup, level, seed, t_c, latency, cap,
-                               target_loss)
-               / simulate_fitted("joint", model, setup, level, seed, t_c, latency, cap,
-                                 target_loss) for seed in seeds]
+        # each seed's simulated runs, kept beside the measured ones: where the two part,
+        # the knobs and the steps show it (that is how the missing per-step costs of run
+        # 2 and 3 were found, docs/control.md, "A fourth run")
+        simruns = {(seed, name): simulate_fitted(name, model, setup, level, seed, t_c,
+                                                 latency, cap, target_loss, detail=True)
+                   for seed in seeds for name in ("decoupled", "joint")}
+        sim = [simruns[(seed, "decoupled")][0] / simruns[(seed, "joint")][0]
+               for seed in seeds]
+        for ps in per_seed:
+            for name in ("decoupled", "joint"):
+                t, steps, used = simruns[(ps["seed"], name)]
+                ps[f"sim_{name}_s"], ps[f"sim_{name}_steps"] = t, steps
+                ps[f"sim_{name}_knobs"] = used
         sim_m = float(np.exp(np.mean(np.log(sim))))
         verdict = ("inside the noise (the interval contains 1)" if lo <= 1.0 <= hi else
                    "Joint faster (interval above 1)" if lo > 1.0 else
@@ -328,6 +342,10 @@ def analyze(raw, setup: LabSetup, plot=None, out=print):
         for ps in per_seed:
             out(f"      seed {ps['seed']}: decoupled {ps['decoupled_s']:.1f} s "
                 f"{ps['decoupled_knobs']}, joint {ps['joint_s']:.1f} s {ps['joint_knobs']}")
+            out(f"         simulated: decoupled {ps['sim_decoupled_s']:.1f} s, "
+                f"{ps['sim_decoupled_steps']} steps {ps['sim_decoupled_knobs']}; joint "
+                f"{ps['sim_joint_s']:.1f} s, {ps['sim_joint_steps']} steps "
+                f"{ps['sim_joint_knobs']}")
     if plot:
         _plot(plot, runs, levels, seeds, target_loss, setup)
         out(f"7. wrote {plot}")
