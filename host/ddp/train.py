@@ -344,11 +344,19 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
                             "accum_steps": accum, "precision_bits": precision,
                             "batch": batch * world}
                     knobs = [controller.on_step(info) or {}]
-                dist.broadcast_object_list(knobs, src=0)
-                accum = max(1, int(knobs[0].get("accum_steps", accum)))
+                # one broadcast of two integers (-1: keep), not broadcast_object_list's
+                # two (size, then pickle): each is a trip through the links' queues
+                k = knobs[0] or {}
+                word = torch.tensor([int(k.get("accum_steps", -1)),
+                                     int(k.get("precision_bits", -1))], dtype=torch.int64) \
+                    if rank == 0 else torch.empty(2, dtype=torch.int64)
+                dist.broadcast(word, src=0)
+                if word[0] > 0:
+                    accum = int(word[0])
                 for group in opt.param_groups:
                     group["lr"] = scaled_lr(lr, accum, cfg.lr_scaling)
-                precision = int(knobs[0].get("precision_bits", precision))
+                if word[1] > 0:
+                    precision = int(word[1])
                 if state is not None and hasattr(state.collective, "set_precision"):
                     state.collective.set_precision(precision)
                 if rank == 0:
