@@ -15,7 +15,8 @@ timing hook, so its per-call allreduce time (bucket ready to sum in, as every ba
 gives the measured P99/P50 of the level. Per (backend, level), one row: ``backend``,
 ``level``, ``gloo_p99_over_p50`` (measured in that level's Gloo run), ``p50_ms``/``p99_ms``
 (this backend's allreduce calls on rank 0), ``bytes_per_step_per_link`` (tbf byte
-counters of the training hosts' uplinks over the run, per step, mean over hosts),
+counters of the training hosts' uplinks over the run, per step, mean over the hosts that
+send no background flow, listed in ``bytes_hosts``),
 ``time_to_accuracy_s``, ``tta_speedup_vs_gloo``, ``final_accuracy``,
 ``dropped_fraction`` (mean per call), ``replicas_identical`` and ``lab: true``.
 The flows start fresh with each run, so each backend meets the same on/off schedule from
@@ -74,6 +75,37 @@ LEVELS = {
     # "mid-heavy" with the flow into w1's downlink instead of the measured rank 0's
     "mid-heavy-w1": {"flows": [("udp", "b0", "w1", 40, 60, "90mbit")],
                      "straggler_ms": 3.0, "straggler_ratio": 20.0},
+    # "mid-heavy" with the flow in rank 0's *uplink* (a co-located tenant's upload from
+    # h0): the tail is in a sender's contributions, the part a bound can cut, not in a
+    # receiver's results, which every rank must get whole
+    "up-heavy": {"flows": [("udp", "w0", "b0", 40, 60, "90mbit")],
+                 "straggler_ms": 3.0, "straggler_ratio": 20.0},
+    # the same with two senders' uplinks loaded (h0 and h2), no stragglers
+    "up-flows": {"flows": [("udp", "w0", "b0", 40, 60, "90mbit"),
+                           ("udp", "w2", "b1", 40, 60, "90mbit")],
+                 "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    # candidates for an uplink level at about 3 (gloo-only scans, docs/tail.md run 27)
+    "up-flows-long": {"flows": [("udp", "w0", "b0", 200, 300, "90mbit"),
+                                ("udp", "w2", "b1", 200, 300, "90mbit")],
+                      "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    "up-flows-all": {"flows": [("udp", "w0", "b0", 40, 60, "90mbit"),
+                               ("udp", "w1", "b1", 40, 60, "90mbit"),
+                               ("udp", "w2", "b0", 40, 60, "90mbit"),
+                               ("udp", "w3", "b1", 40, 60, "90mbit")],
+                     "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    "up-tcp": {"flows": [("tcp", "w0", "b0", 300, 700, None),
+                         ("tcp", "w2", "b1", 300, 700, None)],
+               "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    # "high" with the two bulk TCP flows leaving h0's and h2's uplinks instead of
+    # entering their downlinks (co-located tenants uploading)
+    "up-high": {"flows": [("tcp", "w0", "b0", 300, 700, None),
+                          ("tcp", "w2", "b1", 300, 700, None)],
+                "straggler_ms": 5.0, "straggler_ratio": 10.0},
+    # rare, long compute stragglers (100 Mbit/s lab): median 1 ms, P99 300 ms, every rank
+    # its own draw per step. Most steps nobody is late; in about one step of six some
+    # rank is late by 30 ms or more, and Gloo waits for it every time. A bound can cut
+    # that wait; a rank still pays its own draws (the ceiling: docs/tail.md, run 27)
+    "stragglers-rare": {"flows": [], "straggler_ms": 1.0, "straggler_ratio": 300.0},
     "flows": {"flows": [("tcp", "b0", "w0", 300, 700, None),
                         ("tcp", "b1", "w2", 300, 700, None)],
               "straggler_ms": 0.0, "straggler_ratio": 1.0},
@@ -91,6 +123,13 @@ def _flows(level, workers, seconds):
         out.append(Flow(kind, _host(src, workers), _host(dst, workers), seconds=seconds,
                         on_ms=on, off_ms=off, rate=rate or "10mbit"))
     return out
+
+
+def _quiet_hosts(flows, hosts):
+    """The training hosts whose uplinks carry only the job: bytes per host link are read
+    there. A host that also sends a background flow (the "up-*" levels) is left out;
+    empty when every training host sends one (the row's bytes are then None)."""
+    return [h for h in hosts if h not in {f.src for f in flows}]
 
 
 def _uplink_bytes(lab, hosts):
@@ -121,7 +160,9 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
                       straggler_ms=lv["straggler_ms"],
                       straggler_p99_over_p50=lv["straggler_ratio"], job=job)
     hosts = lab.hosts[:args.workers]
-    names = traffic.start(lab, _flows(level, args.workers, args.flow_seconds))
+    flows = _flows(level, args.workers, args.flow_seconds)
+    quiet = _quiet_hosts(flows, hosts)
+    names = traffic.start(lab, flows)
     try:
         b0, d0 = _uplink_bytes(lab, hosts), _link_drops(lab, hosts)
         res = run_training_lab(cfg, lab, timeout=args.flow_seconds)
@@ -154,7 +195,9 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
         "p50_ms": 1e3 * float(np.median(calls)) if calls.size else None,
         "p99_ms": 1e3 * float(np.percentile(calls, 99)) if calls.size else None,
         "calls": int(calls.size),
-        "bytes_per_step_per_link": float(np.mean([b1[h] - b0[h] for h in hosts])) / steps,
+        "bytes_per_step_per_link": (float(np.mean([b1[h] - b0[h] for h in quiet])) / steps
+                                    if quiet else None),
+        "bytes_hosts": quiet,
         "dropped_fraction": dropped,
         "replicas_identical": len(set(res.param_hashes)) == 1,
         "curve": [(t, acc) for t, _, _, acc in res.curve],
@@ -224,7 +267,7 @@ def run(args):
                               f"acc {r['final_accuracy']:.3f}  P50 {r['p50_ms'] or 0:6.1f} "
                               f"ms  P99 {r['p99_ms'] or 0:6.1f} ms  dropped "
                               f"{100 * r['dropped_fraction']:.2f}%  "
-                              f"{r['bytes_per_step_per_link'] / 1e3:.0f} kB/step/link"
+                              f"{(r['bytes_per_step_per_link'] or 0) / 1e3:.0f} kB/step/link"
                               f"  drops up {sum(r['drops_up'])} down {r['drops_down']}"
                               f"  slowest rank {max(r['rank_seconds'] or [0]):.2f} s"
                               + (f"  rank0 {r['client']}" if r["client"] else ""),

@@ -64,3 +64,15 @@ def test_tail_bench_on_the_lab(tmp_path, lab_bench):
     assert all(len(r["rank_seconds"]) == 2 and r["seconds"] in r["rank_seconds"]
                for r in figs["runs"])
     assert lab_id not in list_labs()
+
+
+def test_bytes_per_link_leave_out_the_uplinks_that_send_a_background_flow():
+    """The "up-*" levels load training hosts' uplinks with a co-tenant's upload: the tbf
+    byte counter there counts the flow too (up-flows read 420-574 kB a step for
+    Gloo's 237 kB before), so those hosts are left out of the row's bytes."""
+    from ina_fabric.bench import _tail_lab as T
+    hosts = ["h0", "h1", "h2", "h3"]
+    assert T._quiet_hosts(T._flows("up-flows", 4, 10), hosts) == ["h1", "h3"]
+    assert T._quiet_hosts(T._flows("up-flows-all", 4, 10), hosts) == []
+    assert T._quiet_hosts(T._flows("mid-heavy", 4, 10), hosts) == hosts   # into h0's downlink
+    assert T._quiet_hosts(T._flows("none", 4, 10), hosts) == hosts
