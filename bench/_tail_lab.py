@@ -88,6 +88,14 @@ LEVELS = {
     "up-flows-long": {"flows": [("udp", "w0", "b0", 200, 300, "90mbit"),
                                 ("udp", "w2", "b1", 200, 300, "90mbit")],
                       "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    # `up-flows-long` for the 10 Mbit/s lab: UDP at 9 Mbit/s, the periods as they are and
+    # scaled by the calls' length there (about 7.5x)
+    "up-flows-10": {"flows": [("udp", "w0", "b0", 200, 300, "9mbit"),
+                              ("udp", "w2", "b1", 200, 300, "9mbit")],
+                    "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    "up-flows-10-long": {"flows": [("udp", "w0", "b0", 1500, 2250, "9mbit"),
+                                   ("udp", "w2", "b1", 1500, 2250, "9mbit")],
+                         "straggler_ms": 0.0, "straggler_ratio": 1.0},
     "up-flows-all": {"flows": [("udp", "w0", "b0", 40, 60, "90mbit"),
                                ("udp", "w1", "b1", 40, 60, "90mbit"),
                                ("udp", "w2", "b0", 40, 60, "90mbit"),
