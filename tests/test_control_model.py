@@ -274,6 +274,25 @@ def test_cli_rejects_bad_configuration_with_one_line():
     assert main(["control", "model", "--bandwidth", "6.25e8", "--b-noise", "256"]) == 0
 
 
+def test_compute_meter_does_not_average_in_the_warm_up_interval():
+    """The first control interval (first passes, first exchange's set-up) measured up to
+    0.7 s per micro-step on the lab, against 0.025 s after it. It stands alone until the
+    next sample, then drops out; averaged in (before), the estimate after the second
+    sample was 0.325 s, 13x too high, and decayed over tens of intervals."""
+    from ina_fabric.host.control.measure import ComputeMeter
+    m = ComputeMeter()
+    assert m.value is None
+    m.record(3.5, 5)                        # warm-up: 0.7 s a micro-step
+    assert m.value == pytest.approx(0.7)    # the only sample so far
+    m.record(0.125, 5)
+    assert m.value == pytest.approx(0.025)
+    m.record(0.25, 5)                       # then the usual smoothing
+    assert 0.025 < m.value < 0.05
+    assert ComputeMeter(warmup=0).value is None
+    with pytest.raises(ValueError, match="warm-up"):
+        ComputeMeter(warmup=-1)
+
+
 def test_real_controller_keeps_codec_and_step_overhead_out_of_compute(monkeypatch):
     """The real runs' meters, by hand. Five optimizer steps at a = 2: backward() took 1.0 s
     in all, of which the exchange 0.3 s (sync 0.1, fixed 0.05, payload 0.15) and the codec

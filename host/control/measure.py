@@ -71,19 +71,36 @@ class BandwidthMeter:
 
 
 class ComputeMeter:
-    """Seconds per micro-step."""
+    """Seconds per micro-step.
 
-    def __init__(self, beta: float = 0.8):
+    The first ``warmup`` samples stand only until a later one arrives; they are not
+    averaged in. The first control interval holds the first forward and backward passes
+    and the first exchange's set-up: on the lab it measured 0.2-0.7 s per micro-step
+    against a steady 0.02-0.03 s. Averaged in with ``beta`` 0.8, it kept the estimate 2-8x
+    high for tens of intervals, so every larger accumulation looked that much dearer, the
+    most for a controller that started at a = 1 (docs/control.md, "A seventh run")."""
+
+    def __init__(self, beta: float = 0.8, warmup: int = 1):
+        if warmup < 0:
+            raise ConfigError(f"compute warm-up samples {warmup!r}: must be >= 0")
         self._t = Ewma(beta)
+        self.warmup = warmup
+        self._n = 0
+        self._warm = None
 
     def record(self, seconds: float, micro_steps: int = 1):
         if seconds < 0 or micro_steps < 1:
             raise ValueError(f"compute sample ({seconds} s over {micro_steps} micro-steps)")
-        self._t.update(seconds / micro_steps)
+        self._n += 1
+        if self._n <= self.warmup:
+            self._warm = seconds / micro_steps
+        else:
+            self._t.update(seconds / micro_steps)
 
     @property
     def value(self):
-        return self._t.value
+        v = self._t.value
+        return self._warm if v is None else v
 
 
 class NoiseScaleEstimator:
