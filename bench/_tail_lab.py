@@ -133,6 +133,18 @@ def _flows(level, workers, seconds):
     return out
 
 
+def _take_log(logdir):
+    """Rank 0's records from host TAR's log in ``logdir`` (calibration rounds left out),
+    and the log removed. Called before each run too: a TAR run that timed out never read
+    its log, and the next run, Gloo's, reported its 32% dropped as its own (run 31)."""
+    p = pathlib.Path(logdir) / "rank0.json"
+    if not p.exists():
+        return []
+    recs = [r for r in json.loads(p.read_text())["records"] if not r.get("calibrating")]
+    p.unlink()
+    return recs
+
+
 def _quiet_hosts(flows, hosts):
     """The training hosts whose uplinks carry only the job: bytes per host link are read
     there. A host that also sends a background flow (the "up-*" levels) is left out;
@@ -168,6 +180,7 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
                       straggler_ms=lv["straggler_ms"],
                       straggler_p99_over_p50=lv["straggler_ratio"], job=job)
     hosts = lab.hosts[:args.workers]
+    _take_log(logdir)        # a run that failed before reading its own log left it here
     flows = _flows(level, args.workers, args.flow_seconds)
     quiet = _quiet_hosts(flows, hosts)
     names = traffic.start(lab, flows)
@@ -178,11 +191,7 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
     finally:
         for n in names:
             lab.stop_service(n)
-    recs = []
-    p = pathlib.Path(logdir) / "rank0.json"
-    if p.exists():
-        recs = [r for r in json.loads(p.read_text())["records"] if not r.get("calibrating")]
-        p.unlink()
+    recs = _take_log(logdir)
     calls = np.asarray(res.call_seconds[args.skip_calls:], float)
     if recs:
         dropped = float(np.mean([r.get("dropped_fraction", r.get("lost_fraction", 0.0))

@@ -76,3 +76,16 @@ def test_bytes_per_link_leave_out_the_uplinks_that_send_a_background_flow():
     assert T._quiet_hosts(T._flows("up-flows-all", 4, 10), hosts) == []
     assert T._quiet_hosts(T._flows("mid-heavy", 4, 10), hosts) == hosts   # into h0's downlink
     assert T._quiet_hosts(T._flows("none", 4, 10), hosts) == hosts
+
+
+def test_a_failed_runs_log_is_not_read_as_the_next_runs(tmp_path):
+    """Run 31: `tar-udp-repair` timed out and left rank 0's log; the next run, Gloo's,
+    read it and reported 32% of its contributions dropped. Each run now takes the log
+    before it starts (discarding a stale one) and after it ends (its own)."""
+    from ina_fabric.bench import _tail_lab as T
+    log = tmp_path / "rank0.json"
+    log.write_text(json.dumps({"records": [{"calibrating": True, "dropped_fraction": 0.0},
+                                           {"dropped_fraction": 0.32}]}))
+    assert T._take_log(str(tmp_path)) == [{"dropped_fraction": 0.32}]
+    assert not log.exists()
+    assert T._take_log(str(tmp_path)) == []          # Gloo writes none: nothing to read
