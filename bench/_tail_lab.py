@@ -43,6 +43,14 @@ LAB_BACKENDS = {
     "ina-skip-carry": "ina-skip-carry",
 }
 
+def _uploads(kind, on_ms, off_ms, rate, senders=("w0", "w2"), stragglers=(0.0, 1.0)):
+    """An "up-*" level: one on/off flow out of each sender's uplink, to the background
+    hosts in turn (b0, b1, b0, ...), and stragglers (median ms, P99/P50)."""
+    return {"flows": [(kind, w, f"b{i % 2}", on_ms, off_ms, rate)
+                      for i, w in enumerate(senders)],
+            "straggler_ms": stragglers[0], "straggler_ratio": stragglers[1]}
+
+
 # Tail levels: background flows (kind, src, dst, on_ms, off_ms, udp rate) and stragglers
 # (median ms, P99/P50). "b0", "b1" are the background hosts, "w0".. the training hosts.
 # On our shared 2-core machines Gloo's P99/P50 is about 2.5 with no load at all (CPU
@@ -78,37 +86,20 @@ LEVELS = {
     # "mid-heavy" with the flow in rank 0's *uplink* (a co-located tenant's upload from
     # h0): the tail is in a sender's contributions, the part a bound can cut, not in a
     # receiver's results, which every rank must get whole
-    "up-heavy": {"flows": [("udp", "w0", "b0", 40, 60, "90mbit")],
-                 "straggler_ms": 3.0, "straggler_ratio": 20.0},
+    "up-heavy": _uploads("udp", 40, 60, "90mbit", senders=("w0",), stragglers=(3.0, 20.0)),
     # the same with two senders' uplinks loaded (h0 and h2), no stragglers
-    "up-flows": {"flows": [("udp", "w0", "b0", 40, 60, "90mbit"),
-                           ("udp", "w2", "b1", 40, 60, "90mbit")],
-                 "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    "up-flows": _uploads("udp", 40, 60, "90mbit"),
     # candidates for an uplink level at about 3 (gloo-only scans, docs/tail.md run 27)
-    "up-flows-long": {"flows": [("udp", "w0", "b0", 200, 300, "90mbit"),
-                                ("udp", "w2", "b1", 200, 300, "90mbit")],
-                      "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    "up-flows-long": _uploads("udp", 200, 300, "90mbit"),
     # `up-flows-long` for the 10 Mbit/s lab: UDP at 9 Mbit/s, the periods as they are and
     # scaled by the calls' length there (about 7.5x)
-    "up-flows-10": {"flows": [("udp", "w0", "b0", 200, 300, "9mbit"),
-                              ("udp", "w2", "b1", 200, 300, "9mbit")],
-                    "straggler_ms": 0.0, "straggler_ratio": 1.0},
-    "up-flows-10-long": {"flows": [("udp", "w0", "b0", 1500, 2250, "9mbit"),
-                                   ("udp", "w2", "b1", 1500, 2250, "9mbit")],
-                         "straggler_ms": 0.0, "straggler_ratio": 1.0},
-    "up-flows-all": {"flows": [("udp", "w0", "b0", 40, 60, "90mbit"),
-                               ("udp", "w1", "b1", 40, 60, "90mbit"),
-                               ("udp", "w2", "b0", 40, 60, "90mbit"),
-                               ("udp", "w3", "b1", 40, 60, "90mbit")],
-                     "straggler_ms": 0.0, "straggler_ratio": 1.0},
-    "up-tcp": {"flows": [("tcp", "w0", "b0", 300, 700, None),
-                         ("tcp", "w2", "b1", 300, 700, None)],
-               "straggler_ms": 0.0, "straggler_ratio": 1.0},
+    "up-flows-10": _uploads("udp", 200, 300, "9mbit"),
+    "up-flows-10-long": _uploads("udp", 1500, 2250, "9mbit"),
+    "up-flows-all": _uploads("udp", 40, 60, "90mbit", senders=("w0", "w1", "w2", "w3")),
+    "up-tcp": _uploads("tcp", 300, 700, None),
     # "high" with the two bulk TCP flows leaving h0's and h2's uplinks instead of
     # entering their downlinks (co-located tenants uploading)
-    "up-high": {"flows": [("tcp", "w0", "b0", 300, 700, None),
-                          ("tcp", "w2", "b1", 300, 700, None)],
-                "straggler_ms": 5.0, "straggler_ratio": 10.0},
+    "up-high": _uploads("tcp", 300, 700, None, stragglers=(5.0, 10.0)),
     # rare, long compute stragglers (100 Mbit/s lab): median 1 ms, P99 300 ms, every rank
     # its own draw per step. Most steps nobody is late; in about one step of six some
     # rank is late by 30 ms or more, and Gloo waits for it every time. A bound can cut
