@@ -167,6 +167,7 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
                       max_steps=args.steps, max_epochs=10_000, stop_at_target=False,
                       eval_every=args.eval_every, elements=elements, switch=switch,
                       deadline_ms=args.switch_deadline_ms, time_gloo=True,
+                      deadline_rule=getattr(args, "slot_deadline_rule", "derived"),
                       window=getattr(args, "window", 1024),
                       straggler_ms=lv["straggler_ms"],
                       straggler_p99_over_p50=lv["straggler_ratio"], job=job)
@@ -217,7 +218,9 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
         "drops_down": [d1[h][1] - d0[h][1] for h in hosts],
         "client": {k: res.stats[k] for k in ("packets_sent", "retransmits", "results",
                                              "duplicates_ignored", "partial_slots",
-                                             "switch_deadline_ms", "agreed_rto_ms")
+                                             "switch_deadline_ms", "agreed_rto_ms",
+                                             "refetched", "refetched_results",
+                                             "deadline_moves")
                    if k in (res.stats or {})},
     }
 
@@ -289,6 +292,7 @@ def run(args):
                        "seed": args.seed, "repeats": args.repeats,
                        "levels": {k: LEVELS[k] for k in levels},
                        "switch_deadline_ms": args.switch_deadline_ms,
+                       "slot_deadline_rule": getattr(args, "slot_deadline_rule", "derived"),
                        "window": getattr(args, "window", 1024),
                        "pace_switch": bool(getattr(args, "pace_switch", False)),
                        "elements": elements},

@@ -21,7 +21,9 @@ import math
 import numpy as np
 import pytest
 
-from ina_fabric.host.transport.slot_deadline import slot_deadline, datagram_seconds
+from ina_fabric.host.transport.slot_deadline import (slot_deadline, datagram_seconds,
+                                                     short_deadline, choose_deadline,
+                                                     SHORT_MARGIN)
 from ina_fabric.host.transport.window import WindowConfig, PEAK_FACTOR
 from ina_fabric.protocol.fields import HEADER_BYTES
 
@@ -161,3 +163,69 @@ def test_derived_deadline_completes_with_identical_replicas(seed):
         for wk in sim.workers[1:]:
             np.testing.assert_array_equal(wk.outs[k], sim.workers[0].outs[k])
     assert sum(s.retransmits for s in sim.workers[0].stats) > 0
+
+
+def test_loss_aware_rule_on_the_lab_links():
+    """The short deadline is one call window on the wire plus one more (at least
+    SHORT_MARGIN); the loss-aware rule takes it only after a clean exchange."""
+    t = datagram_seconds(PAYLOAD, RATE)
+    assert short_deadline(8, PAYLOAD, RATE) == pytest.approx(16 * t)          # ~106 ms
+    assert short_deadline(8, PAYLOAD, 100e6) == pytest.approx(0.8 * t + SHORT_MARGIN)
+    derived = slot_deadline(8, PAYLOAD, RATE, rto=0.2)
+    assert choose_deadline("derived", 8, PAYLOAD, RATE, 0.2, clean_intervals=5) == derived
+    assert choose_deadline("loss-aware", 8, PAYLOAD, RATE, 0.2, clean_intervals=0) == derived
+    assert choose_deadline("loss-aware", 8, PAYLOAD, RATE, 0.2, clean_intervals=1) == \
+        pytest.approx(16 * t)
+    with pytest.raises(ValueError, match="unknown slot-deadline rule 'short'"):
+        choose_deadline("short", 8, PAYLOAD, RATE)
+
+
+def test_a_result_lost_in_the_flood_is_counted_as_refetched():
+    """The loss-aware rule's signal: a worker whose group RESULT was dropped on its
+    downlink gets it re-served (unicast, RETRANSMIT) and counts it; workers whose
+    downlinks lost nothing count none."""
+    sim = run(short_deadline(8, PAYLOAD, RATE), seed=1)
+    down = {w: sim.net.dropped.get(("down", addr(w)), 0) for w in range(4)}
+    refetched = [sum(s.refetched for s in wk.stats) for wk in sim.workers]
+    assert down[0] > 0 and 0 < refetched[0] <= down[0]
+    for w in range(1, 4):
+        assert (refetched[w] == 0) == (down[w] == 0), (w, down, refetched)
+    for wk in sim.workers:          # and at the short deadline every call completed
+        assert wk.failed is None and len(wk.outs) == 30
+
+
+class _FakeClient:
+    """What ``InaHookState``'s deadline tuning reads of a ``SwitchClient``."""
+    elements, deadline = E, None
+
+    class _rtt:
+        srtt = 0.0
+
+    @staticmethod
+    def call_window(packets):
+        return min(packets, 8)
+
+
+class _OnePeer:
+    rank, world = 0, 1
+
+    def allreduce(self, v):
+        pass
+
+
+def test_the_hook_moves_to_the_short_deadline_after_a_clean_exchange_and_back():
+    from ina_fabric.host.ddp.hook import InaHookState
+    st = InaHookState(_FakeClient(), None, peers=_OnePeer())
+    st.auto_deadline, st.link_rate, st.deadline_rule = True, RATE, "loss-aware"
+    size = 38_282
+    st.tune_deadline(size)
+    assert st.collective.deadline == pytest.approx(slot_deadline(8, PAYLOAD, RATE))
+    st.agree_rto()                           # a clean interval
+    st.tune_deadline(size)
+    assert st.collective.deadline == pytest.approx(short_deadline(8, PAYLOAD, RATE))
+    st.stats.refetched += 2                  # a RESULT was re-fetched
+    st.agree_rto()
+    assert st.clean_intervals == 0 and st.extra_stats["refetched_results"] == 2
+    st.tune_deadline(size)
+    assert st.collective.deadline == pytest.approx(slot_deadline(8, PAYLOAD, RATE))
+    st._pool.shutdown()

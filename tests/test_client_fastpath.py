@@ -252,3 +252,51 @@ def test_a_stall_names_the_missing_worker(engine, monkeypatch):
         c._rtt.answered = True          # as after earlier calls: a stall, not "unavailable"
         with pytest.raises(AllreduceTimeout, match="did not answer a STATUS request"):
             c.allreduce(np.ones(1000, np.float32))
+
+
+@needs_c
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_a_lost_result_is_counted_refetched(engine):
+    """The loss-aware slot deadline's signal (``slot_deadline.choose_deadline``), in the
+    C loop and the Python loop alike: the switch drops 10% of what it sends, so some
+    RESULTs never reach a worker; its re-send of that packet is answered with the stored
+    RESULT (unicast, RETRANSMIT, its own bit in the bitmap) and counted in
+    ``refetched``, never more often than the switch dropped something. (That a late
+    contribution's re-served RESULT is not counted: ``test_bounded_slot_deadline``.)"""
+    from ina_fabric.host.transport import SwitchClient, Impairment
+    from ina_fabric.host.transport.switch_client import AllreduceStats
+    from ina_fabric.protocol.jobtable import JobConfig
+    from ina_fabric.host.cluster import free_udp_ports
+    import threading
+    from ina_fabric.host.switch import SwitchServer
+
+    def serve(job, fn, ranks, **kw):
+        server = SwitchServer([job], "127.0.0.1", 0, key=None, **kw)
+        t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
+        t.start()
+        ts = [threading.Thread(target=fn, args=(server.address, w)) for w in ranks]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join(60)
+        server.stop()
+        t.join(2)
+        server.close()
+        return server
+
+    stats = {}
+    ports = free_udp_ports(3)
+    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=8, elements=100)
+
+    def reliable(address, w):
+        with SwitchClient(address, 1, w, 3, 8, 100, bind=("127.0.0.1", ports[w]),
+                          engine=engine, session=job.session, rto=0.02) as c:
+            stats[w] = AllreduceStats()
+            for k in range(4):
+                stats[w].add(c.allreduce(np.full(2000, w + k, np.float32))[1])
+
+    imp = Impairment(loss=0.1, seed=5)
+    serve(job, reliable, range(3), impairment=imp, engine="model")
+    refetched = sum(stats[w].refetched for w in range(3))
+    assert 0 < refetched <= imp.counts["dropped"], (refetched, imp.counts)
+

@@ -110,6 +110,11 @@ class InaHookState:
     #: exchange the ranks' timeouts over ``peers`` (the ``ina`` backend turns it off:
     #: its wire thread may not use the caller's Gloo group; rank 0's own is used)
     exchange_rto: bool = True
+    #: ``slot_deadline.RULES``: ``derived`` or ``loss-aware`` (the short deadline while
+    #: no rank re-fetched a RESULT); ``clean_intervals``: exchanges in a row without one
+    deadline_rule: str = "derived"
+    clean_intervals: int = 0
+    _refetched_at_exchange: int = 0
     _tune_calls: int = 0
     _tune_window: int = 0
     error: BaseException | None = None   # the last bucket's error, if one failed
@@ -135,7 +140,7 @@ class InaHookState:
     def from_env(cls, process_group=None, switch=None, job=None, mode=None, window=None,
                  elements=None, deadline=None, configure=True, impairment=None,
                  connect_timeout=2.0, bind_port=None, peers=None, job_offset=0,
-                 session=None, carry=False, **fields):
+                 session=None, carry=False, deadline_rule=None, **fields):
         """Build the state for this rank of a torchrun job.
 
         Environment (each overrides the argument; unset, the Ethernet defaults of
@@ -145,7 +150,9 @@ class InaHookState:
         INA_ELEMENTS (per packet), INA_WINDOW,
         INA_DEADLINE_MS (milliseconds, as every flag and TOML key; ``auto``, or
         ``deadline="auto"``: bounded mode's slot deadline derived from the link and the
-        ranks' timeouts, ``host.transport.slot_deadline``), INA_LINK_RATE (bit/s of the
+        ranks' timeouts, ``host.transport.slot_deadline``), INA_DEADLINE_RULE (or
+        ``deadline_rule``: that derivation's rule, ``derived`` or ``loss-aware``; default
+        ``derived``), INA_LINK_RATE (bit/s of the
         workers' links: the derived deadline's, and the client's pacing rate),
         INA_PACE_RATE (bit/s, overrides the pacing rate; 0: none); RANK/WORLD_SIZE from
         torchrun. Every rank binds a UDP port
@@ -238,6 +245,12 @@ class InaHookState:
         if configure and rank == 0:
             state.job_config = cfg
         if state.auto_deadline:
+            from ..transport.slot_deadline import RULES
+            rule = env.get("INA_DEADLINE_RULE", "").strip() or deadline_rule or "derived"
+            if rule not in RULES:
+                client.close()
+                raise ValueError(f"INA_DEADLINE_RULE={rule!r}: have {', '.join(RULES)}")
+            state.deadline_rule = rule
             state.deadline_history.append((0, deadline))
         try:
             state.probe(ok, query=configure)
@@ -317,32 +330,43 @@ class InaHookState:
 
     # -- the derived slot deadline (bounded mode, host.transport.slot_deadline) --------
     def agree_rto(self):
-        """Every rank's RTT-based timeout, exchanged (one small allreduce, at the same
-        call on every rank); the largest is the job's: the rank behind the most
-        congested link is the one whose lost RESULTs the deadline must cover."""
+        """Every rank's RTT-based timeout and its count of re-fetched RESULTs since the
+        last exchange, exchanged (one small allreduce, at the same call on every rank).
+        The largest timeout is the job's: the rank behind the most congested link is
+        the one whose lost RESULTs the deadline must cover. The counts' sum decides
+        ``clean_intervals`` (the loss-aware rule)."""
         from ..transport.window import WindowConfig
         c = self.collective
         mine = c._rtt.base_rto(WindowConfig.of(c)) if c._rtt.srtt else 0.0
+        refetched = self.stats.refetched - self._refetched_at_exchange
+        self._refetched_at_exchange = self.stats.refetched
         if not self.exchange_rto:
             self.agreed_rto = mine or None
-            return
-        v = torch.zeros(self._peers.world, dtype=torch.float64)
-        v[self._peers.rank] = mine
-        self._peers.allreduce(v)
-        self.agreed_rto = float(v.max()) or None
+            lost = refetched
+        else:
+            world = self._peers.world
+            v = torch.zeros(2 * world, dtype=torch.float64)
+            v[self._peers.rank] = mine
+            v[world + self._peers.rank] = refetched
+            self._peers.allreduce(v)
+            self.agreed_rto = float(v[:world].max()) or None
+            lost = int(v[world:].sum())
+        self.clean_intervals = 0 if lost else self.clean_intervals + 1
         self.extra_stats["agreed_rto_ms"] = (self.agreed_rto or 0.0) * 1e3
+        self.extra_stats["refetched_results"] = \
+            self.extra_stats.get("refetched_results", 0) + lost
 
     def tune_deadline(self, size: int):
         """Before a call: the rule's deadline for this call's window, the link rate and
         the agreed timeout; rank 0 moves the switch's deadline live (only the deadline
         changes; slots and data in flight stay) when it moved by more than
         ``RETUNE_CHANGE``. Rank 0 does it before its own first packet of the call."""
-        from ..transport.slot_deadline import slot_deadline, RETUNE_CHANGE
+        from ..transport.slot_deadline import choose_deadline, RETUNE_CHANGE
         from ina_fabric.protocol.fields import HEADER_BYTES
         c = self.collective
         w = c.call_window(-(-size // c.elements)) if size else 1
-        d = slot_deadline(w, HEADER_BYTES + 4 * c.elements, self.link_rate,
-                          self.agreed_rto)
+        d = choose_deadline(self.deadline_rule, w, HEADER_BYTES + 4 * c.elements,
+                            self.link_rate, self.agreed_rto, self.clean_intervals)
         self._tune_window = w
         if self.job_config is None or not self.installed:
             c.deadline = d        # the client's giveup follows the switch's deadline

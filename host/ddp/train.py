@@ -71,6 +71,9 @@ class TrainConfig:
     #: bounded mode's slot deadline; None: derived from the link rate and the ranks'
     #: timeouts (``host.transport.slot_deadline``, moved live by rank 0)
     deadline_ms: float | None = _LOOPBACK.deadline_ms
+    #: the derived deadline's rule (``slot_deadline.RULES``): ``derived`` (wire + 2 rto)
+    #: or ``loss-aware`` (one window more than the wire while no RESULT is lost)
+    deadline_rule: str = "derived"
     static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
     worker_base_port: int = 0         # with static_job: worker r binds this + r
     session: int = 0                  # with static_job: the session id of the job it holds
@@ -137,6 +140,9 @@ class TrainConfig:
                                  f"comma-separated ranks below {self.workers}")
         if self.accum_steps < 1:
             raise ValueError(f"accum_steps={self.accum_steps}: need >= 1")
+        from ..transport.slot_deadline import RULES
+        if self.deadline_rule not in RULES:
+            raise ValueError(f"deadline_rule={self.deadline_rule!r}: one of {', '.join(RULES)}")
         if self.lr_scaling not in LR_SCALING:
             raise ValueError(f"lr_scaling={self.lr_scaling!r}: one of {', '.join(LR_SCALING)}")
         if self.backend != "gloo" and self.backend not in INA_BACKENDS and \
@@ -255,6 +261,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             mode=INA_BACKENDS[cfg.backend][0], carry=INA_BACKENDS[cfg.backend][1],
             window=cfg.window, elements=cfg.elements,
             deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
+            deadline_rule=cfg.deadline_rule,
             impairment=imp, configure=not cfg.static_job,
             bind_port=cfg.worker_base_port or None, session=cfg.session or None)
     elif cfg.backend != "gloo":
@@ -384,7 +391,11 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     final, _ = evaluate()
     out = {"rank": rank, "hash": _params_hash(model.module), "steps": step,
            "seconds": seconds, "final": final,
-           "stats": ({**state.extra_stats, **state.stats.as_dict()}
+           "stats": ({**state.extra_stats, **state.stats.as_dict(),
+                      # (call, seconds) at every move of the derived slot deadline
+                      **({"deadline_moves": [[int(c), float(d)] for c, d in
+                                             state.deadline_history]}
+                         if state.deadline_history else {})}
                      if state is not None else {}),
            "fallbacks": int(state is not None and not state.use_switch),
            "call_seconds": state.call_seconds if state is not None else gloo_times,

@@ -44,7 +44,7 @@ enum { A_SEND = 1, A_DELIVER, A_ABANDON, A_HOLD, A_FAIL };
 enum { FAIL_UNAVAILABLE = 0, FAIL_STALLED = 1 };
 enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE };
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
-       S_CLIPPED, S_ABANDONED, S_FOREIGN, NSTATS };
+       S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, NSTATS };
 enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK };
 
 /* ---- the window (window.py's SendWindow and RttEstimator) ------------------------- */
@@ -525,6 +525,11 @@ static void apply(Call *c, int p, const uint8_t *d) {
     int flags = d[L->flags], count = d[L->count], nel = ina_rd16(d + L->nelem);
     if (p < c->K) c->shared_exp[p] = (int8_t)d[L->exponent];
     if (flags & L->f_overflow) st[S_OVERFLOW]++;
+    /* the first RESULT of p came re-served to this worker (unicast, RETRANSMIT) and its
+       bitmap holds this worker's DATA: the group's RESULT was lost on the way here, not
+       a late contribution answered (slot_deadline.py's lost-RESULT signal) */
+    if ((flags & L->f_retransmit) && ((ina_rd32(d + L->bitmap) >> c->worker) & 1u))
+        st[S_REFETCHED]++;
     int partial = (flags & L->f_partial) || count < c->nworkers;
     if (partial) {
         st[S_PARTIAL]++;

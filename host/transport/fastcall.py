@@ -29,7 +29,8 @@ __all__ = ["available", "WHY_NOT", "CSendWindow", "run_call", "exponents", "STAT
 
 #: the order of the C call's statistics (``AllreduceStats`` fields)
 STATS = ("packets_sent", "retransmits", "results", "duplicates_ignored", "partial_slots",
-         "entries_lost", "overflow_slots", "clipped", "abandoned_slots", "foreign_ignored")
+         "entries_lost", "overflow_slots", "clipped", "abandoned_slots", "foreign_ignored",
+         "refetched")
 _RTT = ("srtt", "rttvar", "answered", "peak", "last_peak")
 _KINDS = {1: lambda p, f: Send(p, bool(f)), 2: lambda p, f: Deliver(p),
           3: lambda p, f: Abandon(p), 4: lambda p, f: Hold(p),

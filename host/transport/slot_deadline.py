@@ -47,12 +47,37 @@ Rank 0 installs the job with the rule applied to the job's window (a generous fi
 value), sets it from the first call's own window before its first packet, and moves it
 live (``send_job(update=True)``: only the deadline changes, slots and data in flight
 stay) whenever the agreed figure moves by more than ``RETUNE_CHANGE``.
+
+The loss-aware rule (``choose_deadline``, rule ``loss-aware``). The ``2 x rto`` above pays
+for one thing only: a RESULT lost on the way to a worker, which that worker must
+re-fetch before the next slot of its chain closes. A RESULT that reaches a worker
+re-served (unicast, flagged RETRANSMIT: the switch's answer to a re-send of a slot that
+already closed) with that worker's own DATA in its bitmap is exactly such a loss (its
+DATA was in, so the group's RESULT was sent after it and never came), and each client
+counts those (``refetched``). One without the worker's bit answers a late contribution
+(a straggler, a skipped worker, DATA stuck in a congested uplink): not counted.
+The ranks add up their counts at every exchange. While none is seen, nothing needs the
+re-fetch margin, and the slot closes at::
+
+    short = wire + max(wire, SHORT_MARGIN)
+
+one call window on the wire plus one more: a contribution stuck behind a congested
+uplink, or lost there, costs the others at most one window time, instead of
+``2 x rto`` (three to five window times). ``SHORT_MARGIN`` (15 ms) keeps the margin above
+the scheduling jitter of a shared host, where one window takes under a millisecond on
+the wire (at 100 Mbit/s: 5 ms, and ``short`` is 20 ms). The job starts on the derived
+rule; after ``CLEAN_INTERVALS`` exchanges in a row without a re-fetched RESULT on any
+rank it moves to ``short``, and back to the derived rule at the first exchange that
+shows one. At 10 Mbit/s with jumbo datagrams ``short`` is 105 ms, next to the fixed
+100 ms that runs 33-34 of issue 18 chose by hand (``docs/tail.md``); under a flooded
+downlink, where RESULTs are lost, the derived rule stays in force.
 """
 
 from .window import PEAK_FACTOR
 
-__all__ = ["slot_deadline", "datagram_seconds", "RETUNE_CALLS", "RETUNE_CHANGE",
-           "REFETCH", "DEADLINE_CAP", "DEADLINE_FLOOR", "UDP_IP_BYTES"]
+__all__ = ["slot_deadline", "short_deadline", "choose_deadline", "datagram_seconds",
+           "RULES", "RETUNE_CALLS", "RETUNE_CHANGE", "REFETCH", "DEADLINE_CAP",
+           "DEADLINE_FLOOR", "SHORT_MARGIN", "CLEAN_INTERVALS", "UDP_IP_BYTES"]
 
 #: bytes a datagram costs on the wire beyond its UDP payload (IPv4 + UDP + Ethernet)
 UDP_IP_BYTES = 20 + 8 + 18
@@ -64,6 +89,13 @@ DEADLINE_FLOOR = 0.005
 RETUNE_CALLS = 16
 #: and rank 0 moves the switch's deadline when the rule's value moved by more than this
 RETUNE_CHANGE = 0.2
+#: the loss-aware rule's smallest margin beyond one window on the wire (seconds)
+SHORT_MARGIN = 0.015
+#: exchanges in a row without a re-fetched RESULT before the short deadline applies
+CLEAN_INTERVALS = 1
+#: ``derived``: always ``slot_deadline``; ``loss-aware``: ``short_deadline`` while no
+#: RESULT is lost (``choose_deadline``)
+RULES = ("derived", "loss-aware")
 
 
 def datagram_seconds(payload_bytes: int, rate_bps: float | None) -> float:
@@ -86,3 +118,23 @@ def slot_deadline(window: int, payload_bytes: int, rate_bps: float | None = None
     rto_link = PEAK_FACTOR * (window + 1) * t
     r = max(rto_link, rto or 0.0)
     return min(max(wire + refetch * r, floor), cap)
+
+
+def short_deadline(window: int, payload_bytes: int, rate_bps: float | None = None,
+                   margin: float = SHORT_MARGIN, cap: float = DEADLINE_CAP) -> float:
+    """The loss-aware rule's deadline while no RESULT is lost: one call window on the
+    wire plus ``max(window on the wire, margin)``."""
+    wire = window * datagram_seconds(payload_bytes, rate_bps)
+    return min(wire + max(wire, margin), cap)
+
+
+def choose_deadline(rule: str, window: int, payload_bytes: int,
+                    rate_bps: float | None = None, rto: float | None = None,
+                    clean_intervals: int = 0) -> float:
+    """The slot deadline under ``rule`` (one of ``RULES``): ``clean_intervals`` is how
+    many exchanges in a row no rank saw a re-fetched RESULT (0 before the first)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown slot-deadline rule {rule!r}; have {', '.join(RULES)}")
+    if rule == "loss-aware" and clean_intervals >= CLEAN_INTERVALS:
+        return short_deadline(window, payload_bytes, rate_bps)
+    return slot_deadline(window, payload_bytes, rate_bps, rto)

@@ -123,6 +123,9 @@ class AllreduceStats:
     abandoned_slots: int = 0     # bounded mode: results never recovered (zeros applied)
     foreign_ignored: int = 0     # datagrams not from the switch, or not a valid RESULT
     carried_entries: int = 0     # carry mode: own entries left out, sent with a later call
+    refetched: int = 0           # results that came re-served (unicast, RETRANSMIT) with
+                                 # this worker's DATA in their bitmap: the group's RESULT
+                                 # was lost on the way here (not a late contribution)
     seconds: float = 0.0
 
     def add(self, other: "AllreduceStats"):
@@ -652,6 +655,8 @@ class AllreduceCall:
             self.shared_exp[p] = h[3]
         if flags & _OVERFLOW:
             st.overflow_slots += 1
+        if flags & _RETRANSMIT and h[H_BITMAP] >> self.worker & 1:
+            st.refetched += 1    # re-served, with this worker's DATA in: a lost RESULT
         partial = bool(flags & _PARTIAL) or count < self.nworkers
         if partial:
             st.partial_slots += 1
