@@ -167,7 +167,7 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
                       max_steps=args.steps, max_epochs=10_000, stop_at_target=False,
                       eval_every=args.eval_every, elements=elements, switch=switch,
                       deadline_ms=args.switch_deadline_ms, time_gloo=True,
-                      deadline_rule=getattr(args, "slot_deadline_rule", "derived"),
+                      deadline_rule=getattr(args, "slot_deadline_rule", "loss-aware"),
                       window=getattr(args, "window", 1024),
                       straggler_ms=lv["straggler_ms"],
                       straggler_p99_over_p50=lv["straggler_ratio"], job=job)
@@ -292,7 +292,7 @@ def run(args):
                        "seed": args.seed, "repeats": args.repeats,
                        "levels": {k: LEVELS[k] for k in levels},
                        "switch_deadline_ms": args.switch_deadline_ms,
-                       "slot_deadline_rule": getattr(args, "slot_deadline_rule", "derived"),
+                       "slot_deadline_rule": getattr(args, "slot_deadline_rule", "loss-aware"),
                        "window": getattr(args, "window", 1024),
                        "pace_switch": bool(getattr(args, "pace_switch", False)),
                        "elements": elements},

@@ -289,7 +289,7 @@ def main(argv=None) -> int:
                           "link rate, the call window and the ranks' timeouts, "
                           "host/transport/slot_deadline.py)")
     lab.add_argument("--slot-deadline-rule", choices=("derived", "loss-aware"),
-                     default="derived",
+                     default="loss-aware",
                      help="the derived slot deadline's rule: derived (wire + 2 rto) or "
                           "loss-aware (wire + one more window while no RESULT is "
                           "re-fetched; host/transport/slot_deadline.py)")

@@ -112,7 +112,7 @@ class InaHookState:
     exchange_rto: bool = True
     #: ``slot_deadline.RULES``: ``derived`` or ``loss-aware`` (the short deadline while
     #: no rank re-fetched a RESULT); ``clean_intervals``: exchanges in a row without one
-    deadline_rule: str = "derived"
+    deadline_rule: str = "loss-aware"
     clean_intervals: int = 0
     _refetched_at_exchange: int = 0
     _tune_calls: int = 0
@@ -151,7 +151,7 @@ class InaHookState:
         INA_DEADLINE_MS (milliseconds, as every flag and TOML key; ``auto``, or
         ``deadline="auto"``: bounded mode's slot deadline derived from the link and the
         ranks' timeouts, ``host.transport.slot_deadline``), INA_DEADLINE_RULE (or
-        ``deadline_rule``: that derivation's rule, ``derived`` or ``loss-aware``; default
+        ``deadline_rule``: that derivation's rule, ``loss-aware`` (the default) or
         ``derived``), INA_LINK_RATE (bit/s of the
         workers' links: the derived deadline's, and the client's pacing rate),
         INA_PACE_RATE (bit/s, overrides the pacing rate; 0: none); RANK/WORLD_SIZE from
@@ -246,7 +246,7 @@ class InaHookState:
             state.job_config = cfg
         if state.auto_deadline:
             from ..transport.slot_deadline import RULES
-            rule = env.get("INA_DEADLINE_RULE", "").strip() or deadline_rule or "derived"
+            rule = env.get("INA_DEADLINE_RULE", "").strip() or deadline_rule or "loss-aware"
             if rule not in RULES:
                 client.close()
                 raise ValueError(f"INA_DEADLINE_RULE={rule!r}: have {', '.join(RULES)}")

@@ -73,7 +73,7 @@ class TrainConfig:
     deadline_ms: float | None = _LOOPBACK.deadline_ms
     #: the derived deadline's rule (``slot_deadline.RULES``): ``derived`` (wire + 2 rto)
     #: or ``loss-aware`` (one window more than the wire while no RESULT is lost)
-    deadline_rule: str = "derived"
+    deadline_rule: str = "loss-aware"
     static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
     worker_base_port: int = 0         # with static_job: worker r binds this + r
     session: int = 0                  # with static_job: the session id of the job it holds
