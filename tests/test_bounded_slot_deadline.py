@@ -229,3 +229,23 @@ def test_the_hook_moves_to_the_short_deadline_after_a_clean_exchange_and_back():
     st.tune_deadline(size)
     assert st.collective.deadline == pytest.approx(slot_deadline(8, PAYLOAD, RATE))
     st._pool.shutdown()
+
+
+def test_the_ranks_exchange_after_calls_4_and_8_then_every_16():
+    """A clean link is known after 4 calls (the short deadline in force from the 5th),
+    not after 16; then the exchanges come every RETUNE_CALLS calls."""
+    from ina_fabric.host.ddp.hook import InaHookState
+    from ina_fabric.host.transport.switch_client import AllreduceStats
+
+    class Client(_FakeClient):
+        def allreduce(self, arr, out=None):
+            return arr, AllreduceStats()
+
+    st = InaHookState(Client(), None, peers=_OnePeer())
+    st.auto_deadline, st.link_rate, st.deadline_rule = True, RATE, "loss-aware"
+    at = []
+    st.agree_rto = lambda: at.append(st._tune_calls)
+    for _ in range(48):
+        st.reduce_array(np.zeros(38_282, np.float32))
+    assert at == [4, 8, 16, 32, 48]
+    st._pool.shutdown()

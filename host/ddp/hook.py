@@ -401,8 +401,8 @@ class InaHookState:
         dt = time.perf_counter() - t
         if self.auto_deadline:
             self._tune_calls += 1
-            from ..transport.slot_deadline import RETUNE_CALLS
-            if self._tune_calls % RETUNE_CALLS == 0:
+            from ..transport.slot_deadline import RETUNE_CALLS, EARLY_EXCHANGES
+            if self._tune_calls % RETUNE_CALLS == 0 or self._tune_calls in EARLY_EXCHANGES:
                 self.agree_rto()
         self.comm_seconds += dt
         self.call_seconds.append(dt)

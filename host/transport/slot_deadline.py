@@ -67,8 +67,8 @@ uplink, or lost there, costs the others at most one window time, instead of
 the scheduling jitter of a shared host, where one window takes under a millisecond on
 the wire (at 100 Mbit/s: 5 ms, and ``short`` is 20 ms). The job starts on the derived
 rule; after ``CLEAN_INTERVALS`` exchanges in a row without a re-fetched RESULT on any
-rank it moves to ``short``, and back to the derived rule at the first exchange that
-shows one. At 10 Mbit/s with jumbo datagrams ``short`` is 105 ms, next to the fixed
+rank (the first exchanges come after calls 4 and 8) it moves to ``short``, and back to
+the derived rule at the first exchange that shows one. At 10 Mbit/s with jumbo datagrams ``short`` is 105 ms, next to the fixed
 100 ms that runs 33-34 of issue 18 chose by hand (``docs/tail.md``); under a flooded
 downlink, where RESULTs are lost, the derived rule stays in force.
 """
@@ -76,7 +76,7 @@ downlink, where RESULTs are lost, the derived rule stays in force.
 from .window import PEAK_FACTOR
 
 __all__ = ["slot_deadline", "short_deadline", "choose_deadline", "datagram_seconds",
-           "RULES", "RETUNE_CALLS", "RETUNE_CHANGE", "REFETCH", "DEADLINE_CAP",
+           "RULES", "RETUNE_CALLS", "EARLY_EXCHANGES", "RETUNE_CHANGE", "REFETCH", "DEADLINE_CAP",
            "DEADLINE_FLOOR", "SHORT_MARGIN", "CLEAN_INTERVALS", "UDP_IP_BYTES"]
 
 #: bytes a datagram costs on the wire beyond its UDP payload (IPv4 + UDP + Ethernet)
@@ -85,8 +85,11 @@ UDP_IP_BYTES = 20 + 8 + 18
 REFETCH = 2.0
 DEADLINE_CAP = 1.0
 DEADLINE_FLOOR = 0.005
-#: the ranks exchange their timeouts every this many calls (from the first call on)
+#: the ranks exchange their timeouts every this many calls (from the first call on),
+#: and once after each of the first calls in ``EARLY_EXCHANGES``, so that a clean link
+#: is known (and the loss-aware rule's short deadline in force) after 4 calls, not 16
 RETUNE_CALLS = 16
+EARLY_EXCHANGES = (4, 8)
 #: and rank 0 moves the switch's deadline when the rule's value moved by more than this
 RETUNE_CHANGE = 0.2
 #: the loss-aware rule's smallest margin beyond one window on the wire (seconds)
