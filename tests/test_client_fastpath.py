@@ -111,7 +111,7 @@ def _against_switch(job, fn, ranks, **server_kw):
     engine's own: ``pace_held``, ``tx_batches``, ...)."""
     import threading
     from ina_fabric.host.switch import SwitchServer
-    server = SwitchServer([job], "127.0.0.1", 0, engine="fast", **server_kw)
+    server = SwitchServer([job], "127.0.0.1", 0, **{"engine": "fast", **server_kw})
     t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
     t.start()
     ts = [threading.Thread(target=fn, args=(server.address, w)) for w in ranks]
@@ -121,7 +121,8 @@ def _against_switch(job, fn, ranks, **server_kw):
         th.join(60)
     server.stop()
     t.join(2)
-    counters = {**server.model.engine_counters(), **dict(server.model.counters)}
+    counters = {**getattr(server.model, "engine_counters", dict)(),
+                **dict(server.model.counters)}
     server.close()
     return server.address, counters
 
@@ -267,23 +268,6 @@ def test_a_lost_result_is_counted_refetched(engine):
     from ina_fabric.host.transport.switch_client import AllreduceStats
     from ina_fabric.protocol.jobtable import JobConfig
     from ina_fabric.host.cluster import free_udp_ports
-    import threading
-    from ina_fabric.host.switch import SwitchServer
-
-    def serve(job, fn, ranks, **kw):
-        server = SwitchServer([job], "127.0.0.1", 0, key=None, **kw)
-        t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
-        t.start()
-        ts = [threading.Thread(target=fn, args=(server.address, w)) for w in ranks]
-        for th in ts:
-            th.start()
-        for th in ts:
-            th.join(60)
-        server.stop()
-        t.join(2)
-        server.close()
-        return server
-
     stats = {}
     ports = free_udp_ports(3)
     job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=8, elements=100)
@@ -296,7 +280,7 @@ def test_a_lost_result_is_counted_refetched(engine):
                 stats[w].add(c.allreduce(np.full(2000, w + k, np.float32))[1])
 
     imp = Impairment(loss=0.1, seed=5)
-    serve(job, reliable, range(3), impairment=imp, engine="model")
+    _against_switch(job, reliable, range(3), key=None, impairment=imp, engine="model")
     refetched = sum(stats[w].refetched for w in range(3))
     assert 0 < refetched <= imp.counts["dropped"], (refetched, imp.counts)
 
