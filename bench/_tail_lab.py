@@ -26,6 +26,7 @@ its own start (torchrun's start-up, a few seconds, falls in it too).
 import json
 import os
 import pathlib
+import subprocess
 import tempfile
 import time
 
@@ -156,6 +157,26 @@ def _link_drops(lab, hosts):
     return {h: (c[h]["up"].get("drops", 0), c[h]["down"].get("drops", 0)) for h in hosts}
 
 
+#: the switch's counters each row records (their change over the run): where a bounded
+#: backend's time went (slots closed at the deadline, skipped, DATA answered late)
+SWITCH_COUNTERS = ("accepted", "results", "partials", "skipped", "late", "duplicates",
+                   "resent", "drop_stale", "drop_out_of_window")
+
+
+def _switch_counters(lab, switch):
+    """The running switch's counters (STATUS, asked from its own namespace), or {}."""
+    import sys
+    host, port = switch.rsplit(":", 1)
+    probe = [sys.executable, "-c",
+             "import json; from ina_fabric.host.switch import query_status as q; "
+             f"print(json.dumps(q(('{host}', {int(port)}), timeout=1.0)['counters']))"]
+    try:
+        r = lab.run(lab.topo.switches[0].name, probe, timeout=20)
+        return json.loads(r.stdout) if r.returncode == 0 else {}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return {}
+
+
 def _one(lab, backend, level, args, logdir, switch, elements, job=7):
     from ina_fabric.host.ddp.train import TrainConfig, run_training_lab
     from ina_fabric.host.lab import traffic
@@ -178,8 +199,10 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
     names = traffic.start(lab, flows)
     try:
         b0, d0 = _uplink_bytes(lab, hosts), _link_drops(lab, hosts)
+        s0 = _switch_counters(lab, switch) if backend.startswith("ina") else {}
         res = run_training_lab(cfg, lab, timeout=args.flow_seconds)
         b1, d1 = _uplink_bytes(lab, hosts), _link_drops(lab, hosts)
+        s1 = _switch_counters(lab, switch) if s0 else {}
     finally:
         for n in names:
             lab.stop_service(n)
@@ -216,6 +239,8 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
         # included on downlinks), and rank 0's client counters (in-network backends)
         "drops_up": [d1[h][0] - d0[h][0] for h in hosts],
         "drops_down": [d1[h][1] - d0[h][1] for h in hosts],
+        # the switch's counters over the run (in-network backends; {} if it did not answer)
+        "switch": {k: s1.get(k, 0) - s0.get(k, 0) for k in SWITCH_COUNTERS} if s1 else {},
         "client": {k: res.stats[k] for k in ("packets_sent", "retransmits", "results",
                                              "duplicates_ignored", "partial_slots",
                                              "switch_deadline_ms", "agreed_rto_ms",

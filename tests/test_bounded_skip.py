@@ -68,6 +68,45 @@ def test_a_straggler_is_skipped_after_one_deadline_and_waited_for_once_it_is_bac
     assert m.counters["skipped"] == 2
 
 
+def test_late_data_within_a_deadline_of_the_skip_does_not_re_admit_the_worker():
+    """The hold-off (run 40): a worker behind a flooded uplink delivers DATA a queue's
+    delay late. That DATA is answered, but for one deadline after the skip it does not
+    make the next slots wait for the worker again; a contribution in time does, and so
+    does late DATA once the deadline has passed."""
+    for engine in _engines():
+        m = engine([job("bounded-skip")])
+        m.process(data(0, 0), ADDR[0], 0.0)
+        m.process(data(1, 0), ADDR[1], 0.0)
+        m.tick(0.1)                                   # slot 0 closes without worker 2
+        assert m.status()["jobs"][1]["absent"] == [2]
+        out = m.process(data(2, 0), ADDR[2], 0.12)    # late: answered, still absent
+        assert len(out) == 1 and out[0][0] == ADDR[2]
+        assert m.status()["jobs"][1]["absent"] == [2]
+        m.process(data(0, 1), ADDR[0], 0.13)
+        assert results(m.process(data(1, 1), ADDR[1], 0.13)) == [(1, 0b011, True)]
+        # a contribution in time (it joins open slot 2): waited for again at once
+        m.process(data(0, 2), ADDR[0], 0.14)
+        m.process(data(2, 2), ADDR[2], 0.14)
+        assert m.status()["jobs"][1]["absent"] == []
+        assert results(m.process(data(1, 2), ADDR[1], 0.15)) == [(2, 0b111, False)]
+        # absent again; late DATA a deadline after the skip re-admits it
+        m.process(data(0, 3), ADDR[0], 0.2)
+        m.process(data(1, 3), ADDR[1], 0.2)
+        m.tick(0.31)
+        assert m.status()["jobs"][1]["absent"] == [2]
+        m.process(data(2, 1), ADDR[2], 0.4)           # late: before the hold-off ends
+        assert m.status()["jobs"][1]["absent"] == [2]
+        m.process(data(2, 1), ADDR[2], 0.42)          # late, a deadline on
+        assert m.status()["jobs"][1]["absent"] == []
+
+
+def _engines():
+    """The reference model, and the C engine where it is built (the random traffic of
+    ``test_switch_engine`` holds the two together; this names the rule)."""
+    from ina_fabric.host.switch import fast
+    return [SwitchModel] + ([fast.FastSwitchModel] if fast.available() else [])
+
+
 def test_open_slots_close_when_a_deadline_makes_their_missing_worker_absent():
     """Slots already open, waiting only for the worker that a deadline just found
     missing, close with that deadline's result, in opening order."""

@@ -10,6 +10,8 @@ and bytes, in order) and every counter must be identical.
 import socket
 import time
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -71,6 +73,7 @@ def run(seed, events=1500):
         for m in (ref, eng):
             m.start_at(j, base)
     nxt = {j: [base] * cfg.n for j, cfg in cfgs.items()}   # next seq per worker
+    rules = Counter()
     now = 1000.0
     for step in range(events):
         now += float(rng.choice([0.0, 1e-5, 1e-3, 0.004, 0.03], p=[.3, .3, .2, .15, .05]))
@@ -117,7 +120,11 @@ def run(seed, events=1500):
             d = pack(vals, job=j, worker=w, seq=s, exponent=int(rng.integers(-128, 128)),
                      flags=Flags.RETRANSMIT if q < 0.1 else 0, session=cfg.session)
             src = ADDR[w]
+            was_absent = ref.jobs[j].absent >> w & 1
             outs = [m.process(d, src, now) for m in (ref, eng)]
+            if was_absent:     # bounded-skip's hold-off: DATA of an absent worker
+                back = not ref.jobs[j].absent >> w & 1
+                rules["absent_back" if back else "absent_held_off"] += 1
         assert outs[0] == outs[1], f"seed {seed} step {step}: outputs differ"
         c0, c1 = dict(ref.counters), {k: eng.counters[k] for k in COUNTERS}
         assert c0 == c1, f"seed {seed} step {step}: counters differ"
@@ -125,7 +132,7 @@ def run(seed, events=1500):
         assert ref.jobs[j].absent == eng.engine.absent(j), f"seed {seed} step {step}"
     for j in cfgs:
         assert ref.status()["jobs"][j] == eng.status()["jobs"][j]
-    return ref.counters
+    return Counter(ref.counters) + rules
 
 
 @needs_engine
@@ -139,11 +146,13 @@ def test_engine_matches_model_on_random_traffic(seed):
 def test_random_traffic_reaches_every_rule():
     """The generator above is strong enough to matter: across the seeds, every DATA rule
     and drop reason fired (so an engine that skipped one would be caught)."""
-    total = sum((run(s, 800) for s in range(16)), start=__import__("collections").Counter())
+    total = sum((run(s, 800) for s in range(16)), start=Counter())
     for name in ("accepted", "duplicates", "late", "resent", "partials", "overflows",
                  "drop_truncated", "drop_malformed", "drop_unknown_job",
                  "drop_unknown_source", "drop_bad_session", "drop_stale",
-                 "drop_out_of_window", "skipped"):
+                 "drop_out_of_window", "skipped",
+                 # bounded-skip: an absent worker's DATA held off, and one that re-admits
+                 "absent_held_off", "absent_back"):
         assert total[name] > 0, name
 
 

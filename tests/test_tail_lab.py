@@ -60,6 +60,13 @@ def test_tail_bench_on_the_lab(tmp_path, lab_bench):
     # (with 2 hosts the ring sends 2(N-1)/N = 1 bucket too, so only "not more")
     assert rows["ina"]["bytes_per_step_per_link"] <= 1.1 * rows["gloo"]["bytes_per_step_per_link"]
     assert all(r["steps"] == 12 for r in figs["runs"])
+    # the in-network runs record the switch's counters over the run (where a bounded
+    # run's time went); a run's slots all produced results
+    for r in figs["runs"]:
+        if r["backend"].startswith("ina"):
+            assert r["switch"]["accepted"] > 0 and r["switch"]["results"] > 0
+            if r["backend"] == "ina":
+                assert r["switch"]["partials"] == 0
     # every rank's own wall time, rank 0's among them
     assert all(len(r["rank_seconds"]) == 2 and r["seconds"] in r["rank_seconds"]
                for r in figs["runs"])

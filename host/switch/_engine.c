@@ -88,6 +88,7 @@ typedef struct {
 typedef struct {
     int id, n, bounded, skip, ngroup, nopen;
     uint32_t absent;             /* bounded-skip: skipped workers (the model's absent) */
+    double absent_since[MAX_MEMBERS];   /* when each became absent (the model's) */
     uint32_t window, elements;
     double deadline;
     uint64_t session;            /* the run's session id: DATA must carry it, RESULTs do */
@@ -513,9 +514,12 @@ static inline uint32_t full_mask(const Job *j) {
 
 /* the model's _skip: the workers missing from ``bitmap`` are absent; every open slot of
  * the job with all the other workers' contributions closes now, in opening order */
-static void skip_absent(Engine *e, Sink *k, Job *j, uint32_t bitmap) {
+static void skip_absent(Engine *e, Sink *k, Job *j, uint32_t bitmap, double now) {
     uint32_t full = full_mask(j), w2 = 2 * j->window;
-    j->absent |= full & ~bitmap;
+    uint32_t fresh = full & ~bitmap & ~j->absent;
+    for (int w = 0; w < j->n; w++)
+        if (fresh >> w & 1u) j->absent_since[w] = now;
+    j->absent |= fresh;
     for (;;) {                           /* the oldest qualifying open slot, one by one */
         Slot *best = NULL;
         for (uint32_t i = 0; i < w2; i++) {
@@ -539,7 +543,7 @@ static void tick(Engine *e, Sink *k, double now) {
             Job *j = e->jobs[x.job];
             j->nopen--;
             emit(e, k, j, s, NULL, 0);
-            if (j->skip && s->count < j->n) skip_absent(e, k, j, s->bitmap);
+            if (j->skip && s->count < j->n) skip_absent(e, k, j, s->bitmap, now);
         }
     }
 }
@@ -576,7 +580,8 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
     Slot *s = slot_of(j, seq);
     uint32_t bit = 1u << worker;
-    j->absent &= ~bit;                   /* heard from: slots wait for it again */
+    if ((j->absent & bit) && now >= j->absent_since[worker] + j->deadline)
+        j->absent &= ~bit;               /* heard from a deadline on: waited for again */
     if (seq == s->tag + w2 && s->complete) {
         s->tag = seq;
         s->complete = 0;
@@ -608,6 +613,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if (nelem != s->nelem) { c[C_DROP_MALFORMED]++; return 0; }
     c[C_ACCEPTED]++;
     j->active = now;
+    j->absent &= ~bit;                   /* in step again: slots wait for it again */
     s->bitmap |= bit;
     int ex = (int8_t)d[L->exponent];
     if (ex > s->exponent) s->exponent = ex;

@@ -23,10 +23,17 @@ Modes (``jobtable.MODES``). *reliable*: a slot closes when all N workers contrib
 the exact contributor bitmap. *bounded-skip* (software switches only): bounded, and a
 worker that a slot closed without at its deadline is *absent*: every open or later slot
 of the job closes as soon as all the other workers contributed (counted ``skipped``),
-until the absent worker is heard from: any DATA of its own that passes the job's checks
-(session, source, size), a contribution or one that is late, duplicate or stale. A compute straggler then holds the job
-for one deadline, not one per window of slots (issue 18, run 7): with a window of W and
-a call of P datagrams, bounded mode waits for it up to ceil(P/W) deadlines.
+until the absent worker is back: a contribution of its own (DATA that opens a slot or
+joins an open one: it is in step again), or, once one deadline has passed since it
+became absent, any DATA of its own that passes the job's checks (session, source,
+size), late, duplicate or stale included. A compute straggler then holds the job for one
+deadline, not one per window of slots (issue 18, run 7): with a window of W and a call of
+P datagrams, bounded mode waits for it up to ceil(P/W) deadlines. The hold-off (issue 18,
+run 40): a worker behind a flooded uplink loses some DATA and delivers the rest a queue's
+delay late; if its late DATA re-admitted it at once, every DATA of it that the flood
+drops would hold a slot for a whole deadline again, several times a call. A late
+worker is still waited for again within one deadline, so one that is merely last at
+every slot (a slower host) is not skipped for long.
 
 Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result is
 saturated to int32 when it is emitted, with OVERFLOW set if any element saturated.
@@ -110,9 +117,10 @@ class _JobState:
         self.slots = [[_Slot((i + s * w - 2 * w) & SEQ_MASK) for i in range(w)]
                       for s in range(2)]
         self.open = {}  # seq -> slot, in opening order (deadline order within a job)
-        #: bounded-skip: workers a slot closed without at its deadline, not heard from
-        #: since (a bitmap; always 0 in the other modes)
+        #: bounded-skip: workers a slot closed without at its deadline, not back since
+        #: (a bitmap; always 0 in the other modes), and when each became absent
         self.absent = 0
+        self.absent_since = [0.0] * cfg.n
         self.group = [cfg.mcast] if cfg.mcast else [m.addr for m in cfg.members]
 
 
@@ -249,16 +257,21 @@ class SwitchModel:
                 slot = js.open.pop(entry[2])
                 out += self._emit(js, slot)
                 if js.cfg.mode == "bounded-skip" and slot.count < js.cfg.n:
-                    out += self._skip(js, slot.bitmap)
+                    out += self._skip(js, slot.bitmap, now)
         return out
 
-    def _skip(self, js, bitmap):
+    def _skip(self, js, bitmap, now):
         """bounded-skip: a slot closed at its deadline without the workers missing from
-        ``bitmap``; they are absent until their next DATA, and every open slot of the
-        job that has all the other workers' contributions closes now, in opening order
-        (a straggler holds a call for one deadline, not one per window of slots)."""
+        ``bitmap``; they are absent until they are back (the module's docstring), and
+        every open slot of the job that has all the other workers' contributions closes
+        now, in opening order (a straggler holds a call for one deadline, not one per
+        window of slots)."""
         full = (1 << js.cfg.n) - 1
-        js.absent |= full & ~bitmap
+        new = full & ~bitmap & ~js.absent
+        for w in range(js.cfg.n):
+            if new >> w & 1:
+                js.absent_since[w] = now
+        js.absent |= new
         out = []
         for seq, slot in list(js.open.items()):
             if slot.bitmap | js.absent == full:
@@ -351,7 +364,8 @@ class SwitchModel:
         w = cfg.window
         slot = js.slots[(seq // w) % 2][seq % w]
         bit = 1 << worker
-        js.absent &= ~bit          # heard from (bounded-skip): slots wait for it again
+        if js.absent & bit and now >= js.absent_since[worker] + cfg.deadline:
+            js.absent &= ~bit      # heard from a deadline on (bounded-skip): waited for again
         if seq == (slot.tag + 2 * w) & SEQ_MASK and slot.complete:
             slot.tag, slot.complete, slot.result = seq, False, None
             slot.acc = np.zeros(nelem, np.int64)
@@ -384,6 +398,7 @@ class SwitchModel:
             return out
         c["accepted"] += 1
         js.active = now
+        js.absent &= ~bit          # in step again (bounded-skip): slots wait for it again
         if nelem:
             slot.acc += np.frombuffer(datagram, ELEM_DTYPE, count=nelem, offset=HEADER_BYTES)
         slot.bitmap |= bit
