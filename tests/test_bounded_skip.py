@@ -68,36 +68,49 @@ def test_a_straggler_is_skipped_after_one_deadline_and_waited_for_once_it_is_bac
     assert m.counters["skipped"] == 2
 
 
-def test_late_data_within_a_deadline_of_the_skip_does_not_re_admit_the_worker():
-    """The hold-off (run 40): a worker behind a flooded uplink delivers DATA a queue's
-    delay late. That DATA is answered, but for one deadline after the skip it does not
-    make the next slots wait for the worker again; a contribution in time does, and so
-    does late DATA once the deadline has passed."""
+def test_a_worker_skipped_again_soon_after_it_came_back_is_held_off_longer():
+    """The back-off (runs 40-43): skipped once, a worker's first late DATA brings it
+    back (a straggler); skipped again within two deadlines of coming back, its late DATA
+    is held off for one deadline, then two (a worker behind a flooded uplink), while a
+    contribution in time brings it back at once; skipped long after, it starts from 0."""
     for engine in _engines():
         m = engine([job("bounded-skip")])
+        absent = lambda: m.status()["jobs"][1]["absent"]          # noqa: E731
         m.process(data(0, 0), ADDR[0], 0.0)
         m.process(data(1, 0), ADDR[1], 0.0)
-        m.tick(0.1)                                   # slot 0 closes without worker 2
-        assert m.status()["jobs"][1]["absent"] == [2]
-        out = m.process(data(2, 0), ADDR[2], 0.12)    # late: answered, still absent
-        assert len(out) == 1 and out[0][0] == ADDR[2]
-        assert m.status()["jobs"][1]["absent"] == [2]
+        m.tick(0.11)                                  # slot 0 closes without worker 2
+        assert absent() == [2]
+        out = m.process(data(2, 0), ADDR[2], 0.12)    # late: answered, and back at once
+        assert len(out) == 1 and out[0][0] == ADDR[2] and absent() == []
+        # skipped again 0.12 s after coming back (within two deadlines): held off 0.1 s
         m.process(data(0, 1), ADDR[0], 0.13)
-        assert results(m.process(data(1, 1), ADDR[1], 0.13)) == [(1, 0b011, True)]
-        # a contribution in time (it joins open slot 2): waited for again at once
-        m.process(data(0, 2), ADDR[0], 0.14)
-        m.process(data(2, 2), ADDR[2], 0.14)
-        assert m.status()["jobs"][1]["absent"] == []
-        assert results(m.process(data(1, 2), ADDR[1], 0.15)) == [(2, 0b111, False)]
-        # absent again; late DATA a deadline after the skip re-admits it
-        m.process(data(0, 3), ADDR[0], 0.2)
-        m.process(data(1, 3), ADDR[1], 0.2)
-        m.tick(0.31)
-        assert m.status()["jobs"][1]["absent"] == [2]
-        m.process(data(2, 1), ADDR[2], 0.4)           # late: before the hold-off ends
-        assert m.status()["jobs"][1]["absent"] == [2]
-        m.process(data(2, 1), ADDR[2], 0.42)          # late, a deadline on
-        assert m.status()["jobs"][1]["absent"] == []
+        m.process(data(1, 1), ADDR[1], 0.13)
+        m.tick(0.24)
+        assert absent() == [2]
+        assert len(m.process(data(2, 1), ADDR[2], 0.25)) == 1   # late: answered only
+        assert absent() == [2]
+        m.process(data(0, 2), ADDR[0], 0.26)
+        assert results(m.process(data(1, 2), ADDR[1], 0.26)) == [(2, 0b011, True)]
+        # a contribution in time (it joins open slot 3) brings it back at once
+        m.process(data(0, 3), ADDR[0], 0.27)
+        m.process(data(2, 3), ADDR[2], 0.27)
+        assert absent() == []
+        assert results(m.process(data(1, 3), ADDR[1], 0.27)) == [(3, 0b111, False)]
+        # skipped again soon: held off twice as long (0.2 s from the skip at 0.39)
+        m.process(data(0, 4), ADDR[0], 0.28)
+        m.process(data(1, 4), ADDR[1], 0.28)
+        m.tick(0.39)
+        m.process(data(2, 2), ADDR[2], 0.45)
+        assert absent() == [2]
+        m.process(data(2, 2), ADDR[2], 0.6)
+        assert absent() == []
+        # skipped long after coming back: the back-off starts from 0 again
+        m.process(data(0, 5), ADDR[0], 1.0)
+        m.process(data(1, 5), ADDR[1], 1.0)
+        m.tick(1.11)
+        assert absent() == [2]
+        m.process(data(2, 5), ADDR[2], 1.12)
+        assert absent() == []
 
 
 def _engines():
