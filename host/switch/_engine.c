@@ -46,7 +46,6 @@
 #define SEQ_HALF 0x80000000u
 #define MAX_MEMBERS 32
 #define SKIP_AGAIN_WITHIN 2              /* model.py: bounded-skip's back-off, in deadlines */
-#define SKIP_BACKOFF_MAX 8
 #define BATCH 16                 /* 16 x 64 KB still in L2 when they are summed */
 #define RXBUF 65536
 #define SENDQ 512
@@ -526,12 +525,7 @@ static void skip_absent(Engine *e, Sink *k, Job *j, uint32_t bitmap, double now)
     for (int w = 0; w < j->n; w++) {
         if (!(fresh >> w & 1u)) continue;
         j->absent_since[w] = now;
-        if (now - j->back_at[w] <= SKIP_AGAIN_WITHIN * d) {
-            double b = 2 * j->backoff[w] > d ? 2 * j->backoff[w] : d;
-            j->backoff[w] = b < SKIP_BACKOFF_MAX * d ? b : SKIP_BACKOFF_MAX * d;
-        } else {
-            j->backoff[w] = 0.0;
-        }
+        j->backoff[w] = now - j->back_at[w] <= SKIP_AGAIN_WITHIN * d ? d : 0.0;
     }
     j->absent |= fresh;
     for (;;) {                           /* the oldest qualifying open slot, one by one */

@@ -30,14 +30,15 @@ checks (session, source, size), late, duplicate or stale included, once the work
 one deadline, not one per window of slots (issue 18, run 7): with a window of W and a
 call of P datagrams, bounded mode waits for it up to ceil(P/W) deadlines.
 
-The back-off (issue 18, runs 40-43) is 0 for a worker skipped once, so its first late
+The back-off (issue 18, runs 40-45) is 0 for a worker skipped once, so its first late
 DATA brings it back (a straggler that finished its compute delivers everything from then
 on). A worker skipped again within two deadlines of coming back (``SKIP_AGAIN_WITHIN``)
-is held off twice as long each time: one deadline, then 2, 4, at most 8
-(``SKIP_BACKOFF_MAX``); one skipped later than that starts from 0 again. That is a
+is held off for one deadline; one skipped later than that starts from 0 again. That is a
 worker behind a flooded uplink: it loses some DATA and delivers the rest a queue's delay
 late, and if its late DATA brought it back at once, every DATA of it that the flood drops
-would hold a slot for a whole deadline again, several times a call.
+would hold a slot for a whole deadline again, several times a call. (Longer back-offs,
+doubling up to 8 deadlines, dropped more and sent RESULTs in larger bursts: run 43; one
+deadline for every skip cost stragglers' gradients: run 42.)
 
 Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result is
 saturated to int32 when it is emitted, with OVERFLOW set if any element saturated.
@@ -65,9 +66,9 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 #: the modes whose slots close at a deadline (jobtable.MODES)
 BOUNDED = ("bounded", "bounded-skip")
 SEQ_MASK = 0xFFFFFFFF
-#: bounded-skip's back-off (the module's docstring), in deadlines
+#: bounded-skip's back-off (the module's docstring): skipped again within this many
+#: deadlines of coming back, a worker is held off for one deadline
 SKIP_AGAIN_WITHIN = 2
-SKIP_BACKOFF_MAX = 8
 
 COUNTERS = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
@@ -282,10 +283,7 @@ class SwitchModel:
         for w in range(js.cfg.n):
             if new >> w & 1:
                 js.absent_since[w] = now
-                if now - js.back_at[w] <= SKIP_AGAIN_WITHIN * d:
-                    js.backoff[w] = min(max(d, 2 * js.backoff[w]), SKIP_BACKOFF_MAX * d)
-                else:
-                    js.backoff[w] = 0.0
+                js.backoff[w] = d if now - js.back_at[w] <= SKIP_AGAIN_WITHIN * d else 0.0
         js.absent |= new
         out = []
         for seq, slot in list(js.open.items()):
