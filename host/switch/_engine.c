@@ -46,6 +46,7 @@
 #define SEQ_HALF 0x80000000u
 #define MAX_MEMBERS 32
 #define SKIP_AGAIN_WITHIN 2              /* model.py: bounded-skip's back-off, in deadlines */
+#define SKIP_STREAK 2                    /* ... that many times in a row */
 #define BATCH 16                 /* 16 x 64 KB still in L2 when they are summed */
 #define RXBUF 65536
 #define SENDQ 512
@@ -93,6 +94,7 @@ typedef struct {
     double absent_since[MAX_MEMBERS];   /* when each became absent (the model's) */
     double backoff[MAX_MEMBERS];        /* the model's back-off, per worker */
     double back_at[MAX_MEMBERS];        /* when each last came back (-inf: never) */
+    int streak[MAX_MEMBERS];            /* quick re-skips in a row */
     uint32_t window, elements;
     double deadline;
     uint64_t session;            /* the run's session id: DATA must carry it, RESULTs do */
@@ -525,7 +527,11 @@ static void skip_absent(Engine *e, Sink *k, Job *j, uint32_t bitmap, double now)
     for (int w = 0; w < j->n; w++) {
         if (!(fresh >> w & 1u)) continue;
         j->absent_since[w] = now;
-        j->backoff[w] = now - j->back_at[w] <= SKIP_AGAIN_WITHIN * d ? d : 0.0;
+        if (now - j->back_at[w] <= SKIP_AGAIN_WITHIN * d)
+            j->streak[w] = j->streak[w] + 1 < SKIP_STREAK ? j->streak[w] + 1 : SKIP_STREAK;
+        else
+            j->streak[w] = 0;
+        j->backoff[w] = j->streak[w] >= SKIP_STREAK ? d : 0.0;
     }
     j->absent |= fresh;
     for (;;) {                           /* the oldest qualifying open slot, one by one */

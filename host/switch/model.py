@@ -32,13 +32,16 @@ call of P datagrams, bounded mode waits for it up to ceil(P/W) deadlines.
 
 The back-off (issue 18, runs 40-45) is 0 for a worker skipped once, so its first late
 DATA brings it back (a straggler that finished its compute delivers everything from then
-on). A worker skipped again within two deadlines of coming back (``SKIP_AGAIN_WITHIN``)
-is held off for one deadline; one skipped later than that starts from 0 again. That is a
-worker behind a flooded uplink: it loses some DATA and delivers the rest a queue's delay
+on). A worker skipped again within two deadlines of coming back (``SKIP_AGAIN_WITHIN``),
+twice in a row (``SKIP_STREAK``), is held off for one deadline; one skipped later than
+that starts from 0 again. A straggler is often skipped in two calls in a row (its next
+call starts behind), seldom in three; a worker behind a flooded uplink is skipped again
+and again, for as long as the flood lasts: it loses some DATA and delivers the rest a queue's delay
 late, and if its late DATA brought it back at once, every DATA of it that the flood drops
 would hold a slot for a whole deadline again, several times a call. (Longer back-offs,
 doubling up to 8 deadlines, dropped more and sent RESULTs in larger bursts: run 43; one
-deadline for every skip cost stragglers' gradients: run 42.)
+deadline for every skip, or from the first quick re-skip on, cost stragglers'
+gradients: runs 42 and 46.)
 
 Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result is
 saturated to int32 when it is emitted, with OVERFLOW set if any element saturated.
@@ -69,6 +72,8 @@ SEQ_MASK = 0xFFFFFFFF
 #: bounded-skip's back-off (the module's docstring): skipped again within this many
 #: deadlines of coming back, a worker is held off for one deadline
 SKIP_AGAIN_WITHIN = 2
+#: ... that many times in a row
+SKIP_STREAK = 2
 
 COUNTERS = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
@@ -132,6 +137,7 @@ class _JobState:
         self.absent_since = [0.0] * cfg.n
         self.backoff = [0.0] * cfg.n
         self.back_at = [float("-inf")] * cfg.n
+        self.streak = [0] * cfg.n     # quick re-skips in a row
         self.group = [cfg.mcast] if cfg.mcast else [m.addr for m in cfg.members]
 
 
@@ -283,7 +289,9 @@ class SwitchModel:
         for w in range(js.cfg.n):
             if new >> w & 1:
                 js.absent_since[w] = now
-                js.backoff[w] = d if now - js.back_at[w] <= SKIP_AGAIN_WITHIN * d else 0.0
+                quick = now - js.back_at[w] <= SKIP_AGAIN_WITHIN * d
+                js.streak[w] = min(js.streak[w] + 1, SKIP_STREAK) if quick else 0
+                js.backoff[w] = d if js.streak[w] >= SKIP_STREAK else 0.0
         js.absent |= new
         out = []
         for seq, slot in list(js.open.items()):
