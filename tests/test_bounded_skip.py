@@ -68,47 +68,36 @@ def test_a_straggler_is_skipped_after_one_deadline_and_waited_for_once_it_is_bac
     assert m.counters["skipped"] == 2
 
 
-def test_a_worker_skipped_again_and_again_soon_after_it_came_back_is_held_off():
-    """The back-off (runs 40-47): a skipped worker's first late DATA brings it back (a
-    straggler, even one skipped in two calls in a row); skipped again within two
-    deadlines of coming back twice in a row (a worker behind a flooded uplink), its late
-    DATA is held off for one deadline, while a contribution in time brings it back at
-    once; skipped long after it came back, it starts from 0."""
+def test_late_data_within_a_deadline_of_the_skip_does_not_re_admit_the_worker():
+    """The hold-off (run 40): a worker behind a flooded uplink delivers DATA a queue's
+    delay late. That DATA is answered, but for one deadline after the skip it does not
+    make the next slots wait for the worker again; a contribution in time does, and so
+    does late DATA once the deadline has passed."""
     for engine in _engines():
         m = engine([job("bounded-skip")])
-        absent = lambda: m.status()["jobs"][1]["absent"]          # noqa: E731
-
-        def skip(seq, t):
-            """workers 0 and 1 send ``seq`` at t; its slot closes without 2 at t + 0.11"""
-            m.process(data(0, seq), ADDR[0], t)
-            m.process(data(1, seq), ADDR[1], t)
-            m.tick(t + 0.11)
-            assert absent() == [2]
-
-        skip(0, 0.0)
-        out = m.process(data(2, 0), ADDR[2], 0.12)    # late: answered, and back at once
-        assert len(out) == 1 and out[0][0] == ADDR[2] and absent() == []
-        skip(1, 0.13)                                 # again 0.12 s after coming back
-        m.process(data(2, 1), ADDR[2], 0.25)          # still back at once
-        assert absent() == []
-        skip(2, 0.26)                                 # and again: held off 0.1 s
-        assert len(m.process(data(2, 2), ADDR[2], 0.38)) == 1   # late: answered only
-        assert absent() == [2]
-        m.process(data(0, 3), ADDR[0], 0.39)
-        assert results(m.process(data(1, 3), ADDR[1], 0.39)) == [(3, 0b011, True)]
-        # a contribution in time (it joins open slot 4) brings it back at once
-        m.process(data(0, 4), ADDR[0], 0.40)
-        m.process(data(2, 4), ADDR[2], 0.40)
-        assert absent() == []
-        assert results(m.process(data(1, 4), ADDR[1], 0.40)) == [(4, 0b111, False)]
-        skip(5, 0.41)                                 # soon again: held off again
-        m.process(data(2, 3), ADDR[2], 0.55)
-        assert absent() == [2]
-        m.process(data(2, 3), ADDR[2], 0.63)          # a deadline after the skip: back
-        assert absent() == []
-        skip(6, 1.0)                                  # long after: from 0 again
-        m.process(data(2, 6), ADDR[2], 1.12)
-        assert absent() == []
+        m.process(data(0, 0), ADDR[0], 0.0)
+        m.process(data(1, 0), ADDR[1], 0.0)
+        m.tick(0.1)                                   # slot 0 closes without worker 2
+        assert m.status()["jobs"][1]["absent"] == [2]
+        out = m.process(data(2, 0), ADDR[2], 0.12)    # late: answered, still absent
+        assert len(out) == 1 and out[0][0] == ADDR[2]
+        assert m.status()["jobs"][1]["absent"] == [2]
+        m.process(data(0, 1), ADDR[0], 0.13)
+        assert results(m.process(data(1, 1), ADDR[1], 0.13)) == [(1, 0b011, True)]
+        # a contribution in time (it joins open slot 2): waited for again at once
+        m.process(data(0, 2), ADDR[0], 0.14)
+        m.process(data(2, 2), ADDR[2], 0.14)
+        assert m.status()["jobs"][1]["absent"] == []
+        assert results(m.process(data(1, 2), ADDR[1], 0.15)) == [(2, 0b111, False)]
+        # absent again; late DATA a deadline after the skip re-admits it
+        m.process(data(0, 3), ADDR[0], 0.2)
+        m.process(data(1, 3), ADDR[1], 0.2)
+        m.tick(0.31)
+        assert m.status()["jobs"][1]["absent"] == [2]
+        m.process(data(2, 1), ADDR[2], 0.4)           # late: before the hold-off ends
+        assert m.status()["jobs"][1]["absent"] == [2]
+        m.process(data(2, 1), ADDR[2], 0.42)          # late, a deadline on
+        assert m.status()["jobs"][1]["absent"] == []
 
 
 def _engines():

@@ -32,7 +32,6 @@
 #include <Python.h>
 
 #include <errno.h>
-#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdint.h>
@@ -45,8 +44,6 @@
 
 #define SEQ_HALF 0x80000000u
 #define MAX_MEMBERS 32
-#define SKIP_AGAIN_WITHIN 2              /* model.py: bounded-skip's back-off, in deadlines */
-#define SKIP_STREAK 2                    /* ... that many times in a row */
 #define BATCH 16                 /* 16 x 64 KB still in L2 when they are summed */
 #define RXBUF 65536
 #define SENDQ 512
@@ -92,9 +89,6 @@ typedef struct {
     int id, n, bounded, skip, ngroup, nopen;
     uint32_t absent;             /* bounded-skip: skipped workers (the model's absent) */
     double absent_since[MAX_MEMBERS];   /* when each became absent (the model's) */
-    double backoff[MAX_MEMBERS];        /* the model's back-off, per worker */
-    double back_at[MAX_MEMBERS];        /* when each last came back (-inf: never) */
-    int streak[MAX_MEMBERS];            /* quick re-skips in a row */
     uint32_t window, elements;
     double deadline;
     uint64_t session;            /* the run's session id: DATA must carry it, RESULTs do */
@@ -523,16 +517,8 @@ static inline uint32_t full_mask(const Job *j) {
 static void skip_absent(Engine *e, Sink *k, Job *j, uint32_t bitmap, double now) {
     uint32_t full = full_mask(j), w2 = 2 * j->window;
     uint32_t fresh = full & ~bitmap & ~j->absent;
-    double d = j->deadline;
-    for (int w = 0; w < j->n; w++) {
-        if (!(fresh >> w & 1u)) continue;
-        j->absent_since[w] = now;
-        if (now - j->back_at[w] <= SKIP_AGAIN_WITHIN * d)
-            j->streak[w] = j->streak[w] + 1 < SKIP_STREAK ? j->streak[w] + 1 : SKIP_STREAK;
-        else
-            j->streak[w] = 0;
-        j->backoff[w] = j->streak[w] >= SKIP_STREAK ? d : 0.0;
-    }
+    for (int w = 0; w < j->n; w++)
+        if (fresh >> w & 1u) j->absent_since[w] = now;
     j->absent |= fresh;
     for (;;) {                           /* the oldest qualifying open slot, one by one */
         Slot *best = NULL;
@@ -594,10 +580,8 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
     Slot *s = slot_of(j, seq);
     uint32_t bit = 1u << worker;
-    if ((j->absent & bit) && now >= j->absent_since[worker] + j->backoff[worker]) {
-        j->absent &= ~bit;               /* back: slots wait for it again */
-        j->back_at[worker] = now;
-    }
+    if ((j->absent & bit) && now >= j->absent_since[worker] + j->deadline)
+        j->absent &= ~bit;               /* heard from a deadline on: waited for again */
     if (seq == s->tag + w2 && s->complete) {
         s->tag = seq;
         s->complete = 0;
@@ -629,10 +613,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if (nelem != s->nelem) { c[C_DROP_MALFORMED]++; return 0; }
     c[C_ACCEPTED]++;
     j->active = now;
-    if (j->absent & bit) {               /* in step again: slots wait for it again */
-        j->absent &= ~bit;
-        j->back_at[worker] = now;
-    }
+    j->absent &= ~bit;                   /* in step again: slots wait for it again */
     s->bitmap |= bit;
     int ex = (int8_t)d[L->exponent];
     if (ex > s->exponent) s->exponent = ex;
@@ -766,7 +747,6 @@ static PyObject *Engine_add_job(Engine *e, PyObject *args) {
     j->id = id; j->n = n; j->ngroup = ngroup; j->bounded = mode >= 1; j->skip = mode == 2;
     j->window = window; j->elements = elements; j->deadline = deadline;
     j->session = session; j->active = now;
-    for (int w = 0; w < MAX_MEMBERS; w++) j->back_at[w] = -INFINITY;   /* never came back */
     size_t w2 = 2 * (size_t)window, rlen = ((size_t)e->L.header + 4 * elements + 63) & ~63u;
     j->slots = calloc(w2, sizeof(Slot));
     j->accmem = malloc(w2 * elements * sizeof(int64_t));

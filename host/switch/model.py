@@ -24,24 +24,18 @@ the exact contributor bitmap. *bounded-skip* (software switches only): bounded, 
 worker that a slot closed without at its deadline is *absent*: every open or later slot
 of the job closes as soon as all the other workers contributed (counted ``skipped``),
 until the absent worker is back: a contribution of its own (DATA that opens a slot or
-joins an open one: it is in step again), or any DATA of its own that passes the job's
-checks (session, source, size), late, duplicate or stale included, once the worker's
-*back-off* has passed since it became absent. A compute straggler then holds the job for
-one deadline, not one per window of slots (issue 18, run 7): with a window of W and a
-call of P datagrams, bounded mode waits for it up to ceil(P/W) deadlines.
-
-The back-off (issue 18, runs 40-45) is 0 for a worker skipped once, so its first late
-DATA brings it back (a straggler that finished its compute delivers everything from then
-on). A worker skipped again within two deadlines of coming back (``SKIP_AGAIN_WITHIN``),
-twice in a row (``SKIP_STREAK``), is held off for one deadline; one skipped later than
-that starts from 0 again. A straggler is often skipped in two calls in a row (its next
-call starts behind), seldom in three; a worker behind a flooded uplink is skipped again
-and again, for as long as the flood lasts: it loses some DATA and delivers the rest a queue's delay
-late, and if its late DATA brought it back at once, every DATA of it that the flood drops
-would hold a slot for a whole deadline again, several times a call. (Longer back-offs,
-doubling up to 8 deadlines, dropped more and sent RESULTs in larger bursts: run 43; one
-deadline for every skip, or from the first quick re-skip on, cost stragglers'
-gradients: runs 42 and 46.)
+joins an open one: it is in step again), or, once one deadline has passed since it
+became absent, any DATA of its own that passes the job's checks (session, source,
+size), late, duplicate or stale included. A compute straggler then holds the job for one
+deadline, not one per window of slots (issue 18, run 7): with a window of W and a call of
+P datagrams, bounded mode waits for it up to ceil(P/W) deadlines. The hold-off (issue 18,
+runs 40-48): a worker behind a flooded uplink loses some DATA and delivers the rest a
+queue's delay late; if its late DATA re-admitted it at once, every DATA of it that the
+flood drops would hold a slot for a whole deadline again, several times a call. A late
+worker is still waited for again within one deadline, so one that is merely last at
+every slot (a slower host) is not skipped for long. (Back-offs that start at 0 and grow
+on repeated skips were tried on the lab: no better for compute stragglers, where the
+hold-off costs nothing measurable, and worse beside a flood; docs/tail.md, "Runs 40-48".)
 
 Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result is
 saturated to int32 when it is emitted, with OVERFLOW set if any element saturated.
@@ -69,11 +63,6 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 #: the modes whose slots close at a deadline (jobtable.MODES)
 BOUNDED = ("bounded", "bounded-skip")
 SEQ_MASK = 0xFFFFFFFF
-#: bounded-skip's back-off (the module's docstring): skipped again within this many
-#: deadlines of coming back, a worker is held off for one deadline
-SKIP_AGAIN_WITHIN = 2
-#: ... that many times in a row
-SKIP_STREAK = 2
 
 COUNTERS = (
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
@@ -131,13 +120,9 @@ class _JobState:
                       for s in range(2)]
         self.open = {}  # seq -> slot, in opening order (deadline order within a job)
         #: bounded-skip: workers a slot closed without at its deadline, not back since
-        #: (a bitmap; always 0 in the other modes); per worker, when it became absent,
-        #: its back-off, and when it last came back
+        #: (a bitmap; always 0 in the other modes), and when each became absent
         self.absent = 0
         self.absent_since = [0.0] * cfg.n
-        self.backoff = [0.0] * cfg.n
-        self.back_at = [float("-inf")] * cfg.n
-        self.streak = [0] * cfg.n     # quick re-skips in a row
         self.group = [cfg.mcast] if cfg.mcast else [m.addr for m in cfg.members]
 
 
@@ -285,13 +270,9 @@ class SwitchModel:
         window of slots)."""
         full = (1 << js.cfg.n) - 1
         new = full & ~bitmap & ~js.absent
-        d = js.cfg.deadline
         for w in range(js.cfg.n):
             if new >> w & 1:
                 js.absent_since[w] = now
-                quick = now - js.back_at[w] <= SKIP_AGAIN_WITHIN * d
-                js.streak[w] = min(js.streak[w] + 1, SKIP_STREAK) if quick else 0
-                js.backoff[w] = d if js.streak[w] >= SKIP_STREAK else 0.0
         js.absent |= new
         out = []
         for seq, slot in list(js.open.items()):
@@ -385,9 +366,8 @@ class SwitchModel:
         w = cfg.window
         slot = js.slots[(seq // w) % 2][seq % w]
         bit = 1 << worker
-        if js.absent & bit and now >= js.absent_since[worker] + js.backoff[worker]:
-            js.absent &= ~bit      # back (bounded-skip): slots wait for it again
-            js.back_at[worker] = now
+        if js.absent & bit and now >= js.absent_since[worker] + cfg.deadline:
+            js.absent &= ~bit      # heard from a deadline on (bounded-skip): waited for again
         if seq == (slot.tag + 2 * w) & SEQ_MASK and slot.complete:
             slot.tag, slot.complete, slot.result = seq, False, None
             slot.acc = np.zeros(nelem, np.int64)
@@ -420,9 +400,7 @@ class SwitchModel:
             return out
         c["accepted"] += 1
         js.active = now
-        if js.absent & bit:        # in step again (bounded-skip): slots wait for it again
-            js.absent &= ~bit
-            js.back_at[worker] = now
+        js.absent &= ~bit          # in step again (bounded-skip): slots wait for it again
         if nelem:
             slot.acc += np.frombuffer(datagram, ELEM_DTYPE, count=nelem, offset=HEADER_BYTES)
         slot.bitmap |= bit
