@@ -7,6 +7,7 @@
                                                fitted from real curves, 3 seeds
                                                (control_real.json, control_real_lab.png)
     ina bench control --plot 'X_{link}.png' where the knob trace PNGs go
+    ina bench control --rate-price 2          lambda of the pace-knob comparison (0: skip it)
 
 Figures are ratios of time to target (other controller / Joint) measured in one run.
 """
@@ -18,8 +19,9 @@ import sys
 
 def main(argv=None) -> int:
     from ina_fabric.bench import _results
-    from ina_fabric.host.control.experiments import (real_comparison, real_trace, sim_comparison,
-                                          trace_figure)
+    from ina_fabric.host.control.experiments import (RATE_PRICE, real_comparison, real_trace,
+                                                     sim_comparison, sim_pace_comparison,
+                                                     trace_figure)
     ap = argparse.ArgumentParser(prog="ina bench control", description=__doc__.strip().splitlines()[0])
     ap.add_argument("--real", action="store_true", help="also run the real-training comparison")
     ap.add_argument("--real-levels", default="light,heavy")
@@ -28,6 +30,13 @@ def main(argv=None) -> int:
     ap.add_argument("--real-plot", default=str(_results.RESULTS / "control_real.png"))
     ap.add_argument("--real-trace", default=str(_results.RESULTS / "control_real_trace.png"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rate-price", type=float, default=None, metavar="LAMBDA",
+                    help="price of holding a whole link per second, relative to the job's "
+                         "workers, for the simulated pace-knob comparison (default 2; 0 "
+                         "skips it); with --lab, the lab runs' objective (default 0)")
+    ap.add_argument("--paces", default="1,0.5,0.25",
+                    help="pace choices (fractions of the link) when the objective prices "
+                         "the link (--rate-price > 0)")
     ap.add_argument("--lab", action="store_true",
                     help="run only the lab comparison (needs root; about 40 minutes)")
     ap.add_argument("--lab-levels", default="light,heavy")
@@ -47,10 +56,25 @@ def main(argv=None) -> int:
                     help="reuse the fitting runs saved in a previous run's "
                          "control_real_raw.json instead of running them again")
     args = ap.parse_args(argv)
+    try:
+        args.paces = tuple(float(x) for x in args.paces.split(",") if x.strip())
+        from ina_fabric.host.control.knobs import KnobSpace
+        KnobSpace(paces=args.paces)           # 1 (unpaced, the default) must be there
+    except ValueError as e:
+        print(f"ina bench control: --paces {args.paces!r}: {e}", file=sys.stderr)
+        return 2
+    if args.rate_price is not None and not args.rate_price >= 0:
+        print(f"ina bench control: --rate-price {args.rate_price!r}: must be >= 0",
+              file=sys.stderr)
+        return 2
     _results.RESULTS.mkdir(parents=True, exist_ok=True)
     if args.lab or args.lab_analyze:
         return _lab(args, _results)
     figures = sim_comparison(seed=args.seed)
+    price = RATE_PRICE if args.rate_price is None else args.rate_price
+    if price > 0:
+        figures.update(sim_pace_comparison(seed=args.seed, rate_price=price,
+                                           paces=args.paces))
     for link in ("10G", "100G"):
         figures.update(trace_figure(args.plot.format(link=link), link=link, seed=args.seed))
     if args.real:
@@ -81,8 +105,10 @@ def _lab(args, _results):
     if args.lab_micro_batch < 1:
         print("ina bench control: --lab-micro-batch must be >= 1", file=sys.stderr)
         return 2
+    price = args.rate_price or 0.0
     setup = LabSetup(rate=args.lab_rate, lab_id=args.lab_id, micro_batch=args.lab_micro_batch,
-                     exchange=args.lab_exchange)
+                     exchange=args.lab_exchange, rate_price=price,
+                     paces=args.paces if price > 0 else (1.0,))
     if args.lab_analyze:
         import json
         from ina_fabric.host.control.labexp import TARGET_LOSS, analyze

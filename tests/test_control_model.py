@@ -322,3 +322,87 @@ def test_real_controller_keeps_codec_and_step_overhead_out_of_compute(monkeypatc
     assert entry["t_compute"] == pytest.approx(0.06)
     assert entry["latency"] == pytest.approx(0.15)
     assert entry["codec_s"] == pytest.approx(0.1) and entry["overhead_s"] == pytest.approx(0.5)
+
+
+# ---- the pace knob ----------------------------------------------------------------------
+
+def test_pace_knob_is_checked():
+    for bad in (0, 0.0, 1.5, -0.25, float("nan"), "1"):
+        with pytest.raises(ConfigError, match="pace"):
+            Knobs(32, 1, bad)
+    with pytest.raises(ConfigError, match="empty knob set: no pace"):
+        KnobSpace(paces=())
+    with pytest.raises(ConfigError, match="duplicate"):
+        KnobSpace(paces=(1.0, 0.5, 0.5))
+    with pytest.raises(ConfigError, match="not in the knob set"):
+        KnobSpace(paces=(0.5,))                   # the default (unpaced) missing
+    sp = KnobSpace(precisions=(32, 4), accums=(1, 2), paces=(1.0, 0.5))
+    assert len(sp.all()) == 8 and Knobs(4, 2, 0.5) in sp.all()
+    assert str(Knobs(4, 2, 0.5)) == "int4/a=2/pace=0.5" and str(Knobs(4, 2)) == "int4/a=2"
+    with pytest.raises(ConfigError, match="rate_price"):
+        JobParams(params=10, workers=2, micro_batch=1, t_compute=0.1, bandwidth=1e6,
+                  b_noise=1.0, rate_price=-1.0)
+
+
+def test_pace_in_the_cost_model_by_hand():
+    """1e6 fp32 elements (4 MB) to 1 peer; share 100 MB/s of a 400 MB/s link; compute
+    0.1 s, no overlap. Paced at 0.5 the cap (200 MB/s) is above the share: no change; at
+    0.125 (50 MB/s) the transfer takes 0.08 s instead of 0.04 s. The price multiplies."""
+    m = CostModel(JobParams(params=1_000_000, workers=2, micro_batch=4, t_compute=0.1,
+                            bandwidth=100e6, b_noise=0.0, link_rate=400e6, rate_price=2.0))
+    assert m.comm_time(32, 1.0) == pytest.approx(0.04)
+    assert m.comm_time(32, 0.5) == pytest.approx(0.04)
+    assert m.comm_time(32, 0.125) == pytest.approx(0.08)
+    assert m.step_time(Knobs(32, 1, 0.125)) == pytest.approx(0.18)
+    assert m.price(Knobs(32, 1, 0.125)) == pytest.approx(1.25)
+    assert m.rate(Knobs(32, 1, 0.125)) == pytest.approx(0.18 * 1.25)
+    assert m.rate(Knobs(32, 1, 1.0)) == pytest.approx(0.14 * 3.0)
+    assert m.cost_to_target(Knobs(32, 1, 0.5)) == pytest.approx(0.14 * 2.0)
+    assert m.best([Knobs(32, 1, r) for r in (1.0, 0.5, 0.125)]) == Knobs(32, 1, 0.125)
+    # without a price, pacing is never chosen: it can only slow the job
+    free = CostModel(m.p.with_(rate_price=0.0))
+    assert free.best([Knobs(32, 1, r) for r in (0.125, 0.5, 1.0)]) == Knobs(32, 1, 0.5) or \
+        free.rate(Knobs(32, 1, 0.5)) == free.rate(Knobs(32, 1, 1.0))
+    assert free.rate(Knobs(32, 1, 0.125)) > free.rate(Knobs(32, 1, 1.0))
+
+
+def test_joint_paces_where_decoupled_cannot_see_that_pacing_is_cheap():
+    """The thin link's model, the job alone on its 10 Gb/s link, and a priced link share:
+    Joint pairs int4 with a = 2, where the exchange is a small part of a step, and paces
+    down to half the link; Decoupled's network half prices pacing at a = 1, where the
+    exchange is a larger part of the step, and keeps the full link. Joint's choice is the
+    brute-force argmin, and cheaper than Decoupled's."""
+    sp = KnobSpace(paces=(1.0, 0.5, 0.25))
+    m = CostModel(thin_link().p.with_(rate_price=2.0, link_rate=1.25e9, bandwidth=1.25e9))
+    joint, dec = Joint(sp).propose(m), Decoupled(sp).propose(m)
+    assert joint == min(sp.all(), key=m.rate)
+    assert joint.pace < 1.0 and dec.pace == 1.0
+    assert m.rate(dec) > 1.1 * m.rate(joint)
+    # at lambda = 0 neither paces
+    m0 = CostModel(m.p.with_(rate_price=0.0))
+    assert Joint(sp).propose(m0).pace == Decoupled(sp).propose(m0).pace == 1.0
+
+
+def test_a_paced_transfer_in_the_simulator_by_hand():
+    """A 10 MB transfer on a link whose share is 100 MB/s, then 25 MB/s from t = 0.05 s;
+    capped at 50 MB/s it takes 0.1 s at 50 then 25 MB/s: 2.5 MB by 0.05 s, the rest
+    7.5 MB at 25 MB/s, 0.3 s more."""
+    from ina_fabric.host.control.contention import BandwidthTrace
+    tr = BandwidthTrace([0.0, 0.05], [100e6, 25e6])
+    assert tr.transfer_end(0.0, 10e6) == pytest.approx(0.05 + 5e6 / 25e6)
+    assert tr.capped(50e6).transfer_end(0.0, 10e6) == pytest.approx(0.05 + 7.5e6 / 25e6)
+    with pytest.raises(ConfigError, match="cap"):
+        tr.capped(0.0)
+
+
+def test_simulated_cost_counts_the_price_of_the_pace():
+    from ina_fabric.host.control.contention import BandwidthTrace
+    from ina_fabric.host.control.simulate import paper_scenario, simulate
+    sc = paper_scenario(kappa2=30.0, space=KnobSpace(paces=(1.0, 0.25)), s_min=50.0)
+    sc.job = sc.job.with_(bandwidth=1.25e9, rate_price=2.0)
+    trace = BandwidthTrace.constant(1.25e9 / 3)
+    static = simulate(make_controller("static", sc.space), sc, trace, seed=0)
+    assert static.cost == pytest.approx(3.0 * static.time_to_target)   # unpaced: 1 + 2
+    joint = simulate(make_controller("joint", sc.space), sc, trace, seed=0)
+    assert (joint.log["pace"] < 1.0).any()
+    assert joint.time_to_target < joint.cost < 3.0 * joint.time_to_target

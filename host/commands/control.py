@@ -70,7 +70,7 @@ def run(args):
                                     micro_batch=args.micro_batch, t_compute=args.t_compute,
                                     bandwidth=args.bandwidth, b_noise=args.b_noise,
                                     overlap=args.overlap, kappa2=args.kappa2))
-            t = m.table(space) / m.time_to_target(m.best(space.all()))
+            t = m.table(space) / m.cost_to_target(m.best(space.all()))
             print("time to target relative to the best (rows: bits, columns: accumulation)")
             print("bits " + "".join(f"{a:>8d}" for a in space.accums))
             for q, row in zip(space.precisions, t):

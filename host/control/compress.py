@@ -37,6 +37,8 @@ __all__ = ["quantize", "dequantize", "expected_sq_error", "relative_errors", "en
 HEADER = 8
 #: how the messages travel (``CompressedCollective.exchange``)
 EXCHANGES = ("ring", "direct")
+#: bytes of each worker's message per paced gather (``CompressedCollective.set_pace``)
+PACE_CHUNK = 16384
 
 
 def _levels(bits):
@@ -210,7 +212,7 @@ class CompressedCollective:
 
     def __init__(self, rank, world, bits=32, chunk=1024, rate_fn=None, group=None,
                  seed=0, error_every=10, start=None, epoch_file=None, probe_every=10,
-                 exchange="ring"):
+                 exchange="ring", link_rate=None, pace=1.0, pace_chunk=PACE_CHUNK):
         import torch.distributed as dist
         _check_bits(bits)
         if exchange not in EXCHANGES:
@@ -222,6 +224,15 @@ class CompressedCollective:
         self.rank, self.world, self.bits, self.chunk = rank, world, bits, chunk
         self.group = group if group is not None else dist.new_group(backend="gloo")
         self.bucket = TokenBucket(rate_fn, start=start) if rate_fn is not None else None
+        #: the pace knob: payload paced at ``pace * link_rate`` bytes/s, ``pace_chunk``
+        #: bytes of each message at a time (``set_pace``)
+        if link_rate is not None and not (math.isfinite(link_rate) and link_rate > 0):
+            raise ConfigError(f"link_rate {link_rate!r} bytes/s: must be > 0")
+        if int(pace_chunk) < 1:
+            raise ConfigError(f"pace_chunk {pace_chunk!r}: must be >= 1 byte")
+        self.link_rate, self.pace_chunk = link_rate, int(pace_chunk)
+        self.pace, self.pacer = 1.0, None
+        self.set_pace(pace)
         self.rng = np.random.default_rng(seed * 7919 + rank)
         self.error_every = error_every
         # the fixed cost of an all-gather is measured on every probe_every-th call (the
@@ -239,12 +250,26 @@ class CompressedCollective:
 
     def _reset(self):
         self.m = {"bytes": 0, "seconds": 0.0, "calls": 0, "elements": 0, "sync_s": 0.0,
-                  "fixed_s": 0.0, "byte_s": 0.0, "codec_s": 0.0, "small_sq": 0.0, "big_sq": 0.0,
+                  "fixed_s": 0.0, "byte_s": 0.0, "codec_s": 0.0, "pace_wait_s": 0.0, "small_sq": 0.0, "big_sq": 0.0,
                   "rq_sum": {}, "rq_n": 0}
 
     def set_precision(self, bits: int):
         _check_bits(bits)
         self.bits = int(bits)
+
+    def set_pace(self, pace: float):
+        """Pace the payload at ``pace`` times the link rate (1: unpaced). The pacer is
+        a token bucket of one chunk per peer: each chunk of the message waits for its
+        credit, so the bytes leave spread over the exchange, not in one burst."""
+        if not (isinstance(pace, (int, float)) and math.isfinite(pace) and 0 < pace <= 1):
+            raise ConfigError(f"pace {pace!r}: must be a fraction of the link in (0, 1]")
+        if pace < 1 and self.link_rate is None:
+            raise ConfigError("pace < 1 needs the link rate (CompressedCollective(link_rate=))")
+        if pace != self.pace or (pace < 1 and self.pacer is None):
+            self.pace = float(pace)
+            rate = self.pace * self.link_rate if pace < 1 else None
+            self.pacer = TokenBucket(lambda t: rate, burst=(self.world - 1) * self.pace_chunk) \
+                if pace < 1 else None
 
     def take_measurements(self) -> dict:
         with self._lock:
@@ -290,7 +315,7 @@ class CompressedCollective:
         if self.bucket is not None:
             self.bucket.take(sent)
         out = [torch.empty(body.size, dtype=torch.uint8) for _ in range(N)]
-        self._gather(out, torch.from_numpy(body))
+        paced = self._paced_gather(out, torch.from_numpy(body))
         t2 = time.perf_counter()
         parts = [decode(np.concatenate([h.numpy(), o.numpy()]), n, bits, self.chunk)
                  for h, o in zip(heads, out)]
@@ -309,7 +334,10 @@ class CompressedCollective:
             m["seconds"] += t2 - t1
             m["sync_s"] += sync
             m["fixed_s"] += fixed
-            m["byte_s"] += max(t2 - t1 - fixed, 1e-6)
+            # the pacer's waits are left out: the meter measures the share the link
+            # gives, which the cost model caps by the pace itself
+            m["byte_s"] += max(t2 - t1 - fixed - paced, 1e-6)
+            m["pace_wait_s"] += paced
             m["codec_s"] += codec
             m["calls"] += 1
             m["elements"] += n
@@ -323,6 +351,20 @@ class CompressedCollective:
         self.total_bytes += sent
         return total, {"bytes": sent, "seconds": t2 - t1, "sync_seconds": sync,
                        "fixed_seconds": fixed, "bits": bits}
+
+    def _paced_gather(self, outs, mine):
+        """``_gather`` of the payload, through the pacer when one is set: one gather per
+        ``pace_chunk`` bytes, each after its credit ((N-1) x the chunk, the bytes it puts
+        on the uplink). Returns the seconds the pacer waited."""
+        if self.pacer is None:
+            self._gather(outs, mine)
+            return 0.0
+        waited, step = 0.0, self.pace_chunk
+        for lo in range(0, max(mine.numel(), 1), step):
+            hi = min(lo + step, mine.numel())
+            waited += self.pacer.take((self.world - 1) * (hi - lo))
+            self._gather([o[lo:hi] for o in outs], mine[lo:hi])
+        return waited
 
     def _gather(self, outs, mine):
         """Every worker's ``mine`` into ``outs`` (one tensor per rank, ``outs[rank]``

@@ -59,6 +59,12 @@ class BandwidthTrace:
         i = int(np.searchsorted(self._cum, target, side="right")) - 1
         return float(self.times[i] + (target - self._cum[i]) / self.rates[i])
 
+    def capped(self, cap: float) -> "BandwidthTrace":
+        """This trace with every rate limited to ``cap`` bytes/s (a paced sender)."""
+        if not cap > 0:
+            raise ConfigError(f"bandwidth cap {cap!r} bytes/s: must be > 0")
+        return BandwidthTrace(self.times, np.minimum(self.rates, cap))
+
     def mean_rate(self, t0: float, t1: float) -> float:
         return float((self._bytes_until(t1) - self._bytes_until(t0)) / (t1 - t0))
 

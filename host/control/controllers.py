@@ -5,11 +5,14 @@ Every control interval the caller builds a ``CostModel`` from what it measured
 until the next interval. The controllers differ only in which candidates they consider:
 
 * ``Static``: always ``space.default`` (float32, a=1 unless configured otherwise).
-* ``PrecisionOnly``: best precision, accumulation kept at the default.
-* ``AccumulationOnly``: best accumulation, precision kept at the default (float32).
-* ``Decoupled``: each knob tuned on its own with the other at its default, then the two
-  choices combined: (best q | a=a0, best a | q=q0). This is what two independent
-  controllers, one in the network stack and one in the training framework, would do.
+* ``PrecisionOnly``: the network knobs, best precision (and pace, when the space offers
+  more than one), accumulation kept at the default.
+* ``AccumulationOnly``: best accumulation, the network knobs kept at their defaults
+  (float32, unpaced).
+* ``Decoupled``: the network knobs and the ML knob each tuned with the other at its
+  default, then the choices combined: ((q, r) best | a=a0, a best | q=q0, r=r0). This is
+  what two independent controllers, one in the network stack and one in the training
+  framework, would do.
 * ``Joint``: argmin of predicted time to target over the whole product space.
 
 All adaptive controllers share the same hysteresis, so the comparison isolates the
@@ -75,20 +78,23 @@ class PrecisionOnly(Controller):
     name = "precision-only"
 
     def candidates(self):
-        return [Knobs(q, self.space.default.accum) for q in self.space.precisions]
+        a = self.space.default.accum
+        return [Knobs(q, a, r) for q in self.space.precisions for r in self.space.paces]
 
 
 class AccumulationOnly(Controller):
     name = "accumulation-only"
 
     def candidates(self):
-        return [Knobs(self.space.default.precision, a) for a in self.space.accums]
+        d = self.space.default
+        return [Knobs(d.precision, a, d.pace) for a in self.space.accums]
 
 
 class Decoupled(Controller):
-    """A precision controller and an accumulation controller that do not know about each
-    other: each runs its own one-knob rule (with its own hysteresis) as if the other knob
-    were at its default, and the job uses both outputs."""
+    """A network controller (precision, and pace when offered) and an accumulation
+    controller that do not know about each other: each runs its own rule (with its own
+    hysteresis) as if the other's knobs were at their defaults, and the job uses both
+    outputs."""
     name = "decoupled"
 
     def __init__(self, space=None, hysteresis=0.05, dwell=1):
@@ -100,10 +106,12 @@ class Decoupled(Controller):
         return self.space.all()
 
     def propose(self, model):
-        return Knobs(self.net.propose(model).precision, self.ml.propose(model).accum)
+        net = self.net.propose(model)
+        return Knobs(net.precision, self.ml.propose(model).accum, net.pace)
 
     def decide(self, model):
-        new = Knobs(self.net.decide(model).precision, self.ml.decide(model).accum)
+        net = self.net.decide(model)
+        new = Knobs(net.precision, self.ml.decide(model).accum, net.pace)
         if new != self.current:
             self.current = new
             self.changes += 1

@@ -38,6 +38,21 @@ does not shrink when the batch grows, which is why the two knobs interact. Time 
 is ``S(q, a) * t_step(q, a)``. When B_noise changes during training, the controller
 minimizes the rate form ``t_step * (1 + B_noise/B + rho)``, seconds per unit of S_min
 progress, which has the same argmin.
+
+The pace knob ``r`` (``knobs``) caps the rate a worker's pacer lets its messages onto its
+access link at ``r * link_rate``, so the payload moves at ``min(bandwidth, r * link_rate)``.
+With the job's own time as the only cost, pacing never pays. What it buys is what the
+job leaves to the other tenants of the link: paced at ``r`` it holds at most a share
+``r`` of the link at any moment, and the rest is theirs. The objective prices that
+share::
+
+    cost per unit of progress = t_step * (1 + B_noise/B + rho) * (1 + rate_price * r)
+
+``rate_price`` (lambda) is what holding the whole link for a second costs relative to
+the job's other resources for that second (its workers), the price a shared cloud puts
+on a bandwidth tier. At lambda = 0 (the default) the objective is time to target and
+every controller keeps ``r = 1``. A per-byte price would not do: in a work-conserving
+network the bytes are the same at any pace, so their price would not depend on ``r``.
 """
 
 from dataclasses import dataclass, field, replace
@@ -94,6 +109,10 @@ class JobParams:
     quant_ratio: dict = field(default_factory=dict)  # precision -> r_q (measured)
     kappa2: float = GAUSS_KAPPA2                      # for precisions not measured
     codec_s: dict = field(default_factory=dict)       # precision -> seconds per step
+    link_rate: float = 0.0      # bytes/s of a worker's access link (the pace's reference);
+    #                             0: the measured bandwidth
+    rate_price: float = 0.0     # lambda: price of holding the whole link, per second,
+    #                             relative to the job's other costs per second
 
     def __post_init__(self):
         for name in ("params", "workers", "micro_batch", "chunk"):
@@ -107,6 +126,8 @@ class JobParams:
         _positive("wire_factor", self.wire_factor)
         _positive("latency", self.latency, allow_zero=True)
         _positive("kappa2", self.kappa2, allow_zero=True)
+        _positive("link_rate", self.link_rate, allow_zero=True)
+        _positive("rate_price", self.rate_price, allow_zero=True)
         if not 0.0 <= self.overlap <= 1.0:
             raise ConfigError(f"overlap={self.overlap!r}: must be in [0, 1]")
         for q, r in self.quant_ratio.items():
@@ -128,13 +149,22 @@ class CostModel:
         r = self.p.quant_ratio.get(precision)
         return model_quant_ratio(precision, self.p.kappa2) if r is None else float(r)
 
-    def comm_time(self, precision: int) -> float:
+    def paced_bandwidth(self, pace: float = 1.0) -> float:
+        """Bytes/s the payload moves at under this pace: the share the job measured, or
+        the pacer's cap ``pace * link_rate`` if that is lower."""
         p = self.p
-        return p.latency + p.wire_factor * payload_bytes(p.params, precision, p.chunk) / p.bandwidth
+        if pace >= 1.0:
+            return p.bandwidth
+        return min(p.bandwidth, pace * (p.link_rate or p.bandwidth))
+
+    def comm_time(self, precision: int, pace: float = 1.0) -> float:
+        p = self.p
+        return p.latency + p.wire_factor * payload_bytes(p.params, precision, p.chunk) / \
+            self.paced_bandwidth(pace)
 
     def step_time(self, k: Knobs) -> float:
         p = self.p
-        comm = self.comm_time(k.precision)
+        comm = self.comm_time(k.precision, k.pace)
         hidden = min(comm, p.overlap * p.t_compute)
         return k.accum * p.t_compute + p.codec_s.get(k.precision, 0.0) + comm - hidden
 
@@ -157,12 +187,22 @@ class CostModel:
     def steps_to_target(self, k: Knobs) -> float:
         return self.p.s_min * self.noise_factor(k)
 
+    def price(self, k: Knobs) -> float:
+        """Cost of one second of the job relative to its workers alone: 1 + lambda r."""
+        return 1.0 + self.p.rate_price * k.pace
+
     def rate(self, k: Knobs) -> float:
-        """Seconds per unit of S_min progress: what the controllers minimize."""
-        return self.step_time(k) * self.noise_factor(k)
+        """Cost per unit of S_min progress, what the controllers minimize: seconds per
+        unit of progress times the price of a second at this pace (at lambda = 0, the
+        seconds alone)."""
+        return self.step_time(k) * self.noise_factor(k) * self.price(k)
 
     def time_to_target(self, k: Knobs) -> float:
         return self.steps_to_target(k) * self.step_time(k)
+
+    def cost_to_target(self, k: Knobs) -> float:
+        """Time to target times the price of a second (seconds at lambda = 0)."""
+        return self.time_to_target(k) * self.price(k)
 
     def best(self, candidates) -> Knobs:
         """The candidate with the lowest predicted time to target (ties: first listed)."""
@@ -173,6 +213,8 @@ class CostModel:
         return candidates[int(np.argmin(rates))]
 
     def table(self, space: KnobSpace) -> np.ndarray:
-        """Predicted time to target, rows = space.precisions, columns = space.accums."""
-        return np.array([[self.time_to_target(Knobs(q, a)) for a in space.accums]
+        """Predicted cost to target (time to target at lambda = 0), rows =
+        space.precisions, columns = space.accums, at the default pace."""
+        r = space.default.pace
+        return np.array([[self.cost_to_target(Knobs(q, a, r)) for a in space.accums]
                          for q in space.precisions])

@@ -8,7 +8,8 @@ from .contention import LEVELS, background_trace
 from .controllers import CONTROLLERS, make_controller
 from .simulate import paper_scenario, simulate
 
-__all__ = ["LINKS", "KAPPA2", "sim_comparison", "trace_figure", "real_comparison",
+__all__ = ["LINKS", "KAPPA2", "sim_comparison", "sim_pace_comparison", "trace_figure",
+           "real_comparison", "RATE_PRICE",
            "real_trace", "measure_kappa2", "TRACE_SCHEDULE", "REAL_TRACE_SCHEDULE"]
 
 # Bottleneck capacity per worker: a datacenter link, and a thin (oversubscribed or
@@ -17,6 +18,9 @@ LINKS = {"100G": 12.5e9, "10G": 1.25e9}
 # Chunk max^2 / mean square of real gradients (`ina control kappa`: digits CNN 20-55,
 # small transformer 15-20); Gaussian would be 10.9.
 KAPPA2 = 30.0
+# lambda for the pace comparison: holding a whole link for a second costs twice what the
+# job's workers cost for it (``costmodel``); ``ina bench control --rate-price``
+RATE_PRICE = 2.0
 # Changing contention for the trace: (start second, background jobs).
 TRACE_SCHEDULE = [(0.0, 0), (1500.0, 1), (3000.0, 4), (5000.0, 2), (6500.0, 0), (8000.0, 4)]
 # The same for real runs, in seconds of training.
@@ -53,6 +57,41 @@ def sim_comparison(links=("100G", "10G"), levels=("light", "medium", "heavy"), s
                 figures[f"sim_{link}_{level}_{n}_over_joint"] = r.time_to_target / tj
                 figures[f"sim_{link}_{level}_{n}_knob_changes"] = r.changes
             figures[f"sim_{link}_{level}_share_of_link"] = trace.mean_rate(0, tj) / cap
+    return figures
+
+
+def sim_pace_comparison(links=("100G", "10G"), levels=("light", "medium", "heavy"), seed=0,
+                        rate_price=RATE_PRICE, paces=None, hysteresis=0.05, out=print):
+    """The pace knob beside precision and accumulation, with the objective pricing the
+    link share a job holds (``costmodel``: cost = time x (1 + lambda r)): simulated cost
+    and time to target per controller, ratios to Joint, and the mean pace each kept."""
+    from .knobs import PACES, KnobSpace
+    figures = {}
+    names = list(CONTROLLERS)
+    space = KnobSpace(paces=tuple(paces or PACES))
+    for link in links:
+        cap = LINKS[link]
+        sc = paper_scenario(kappa2=KAPPA2, space=space)
+        sc.job = sc.job.with_(bandwidth=cap, rate_price=rate_price)
+        out(f"\nthe pace knob {space.paces}, lambda = {rate_price:g}, {link} bottleneck: "
+            "cost to target relative to Joint (time relative to Joint; mean pace)")
+        out(f"{'contention':12s}" + "".join(f"{n:>26s}" for n in names))
+        for i, level in enumerate(levels):
+            trace = background_trace(cap, sc.background, [(0.0, LEVELS[level])],
+                                     _horizon(cap), seed=seed + 1000 * i)
+            res = {n: simulate(make_controller(n, sc.space, hysteresis=hysteresis), sc, trace,
+                               seed=seed) for n in names}
+            cj, tj = res["joint"].cost, res["joint"].time_to_target
+            out(f"{level:12s}" + "".join(
+                f"{r.cost / cj:9.2f}x ({r.time_to_target / tj:4.2f}x; "
+                f"{float(np.mean(r.log['pace'])):.2f})" for r in res.values()))
+            for n, r in res.items():
+                key = f"pace_{link}_{level}_{n}"
+                figures[f"{key}_cost_over_joint"] = r.cost / cj
+                figures[f"{key}_time_over_joint"] = r.time_to_target / tj
+                figures[f"{key}_mean_pace"] = float(np.mean(r.log["pace"]))
+    figures["pace_rate_price"] = rate_price
+    figures["pace_choices"] = list(space.paces)
     return figures
 
 

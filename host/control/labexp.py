@@ -125,25 +125,32 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
     bg = BackgroundJob(wire, wire / capacity, jitter=0.1)
     sched = schedule_for(level, seed, setup.phase_s, horizon)
     trace = background_trace(capacity, bg, sched, horizon, seed=seed)
-    space = KnobSpace(tuple(setup.precisions), tuple(setup.accums))
+    space = KnobSpace(tuple(setup.precisions), tuple(setup.accums),
+                      paces=tuple(setup.paces))
     ctl = make_controller(controller_name, space)
+    link = setup.capacity()
     base = JobParams(params=params, workers=N, micro_batch=b, t_compute=t_compute,
                      bandwidth=capacity, b_noise=64.0, wire_factor=float(N - 1),
-                     latency=latency, quant_ratio=dict(model.quant_ratio))
+                     latency=latency, quant_ratio=dict(model.quant_ratio), link_rate=link,
+                     rate_price=setup.rate_price)
     tel = Telemetry(base=base)
     knobs = ctl.current
     goal = model.total(target_loss)
-    t, u, step = 0.0, 0.0, 0
-    used = {}
+    t, u, step, cost = 0.0, 0.0, 0, 0.0
+    used, paced = {}, {}
     while u < goal and t < horizon:
-        q, a = knobs.precision, knobs.accum
-        used[f"int{q}/a={a}"] = used.get(f"int{q}/a={a}", 0) + 1
+        q, a, r = knobs.precision, knobs.accum, knobs.pace
+        name = _knob_name(q, a, r)
+        used[name] = used.get(name, 0) + 1
         comp = t_compute * rng.lognormal(0.0, 0.1, a).sum()
         nbytes = (N - 1) * payload_bytes(params, q)
         start = t + comp
-        end = trace.transfer_end(start, nbytes)
-        tel.bandwidth.record(nbytes, end - start)
+        if r < 1.0 and r not in paced:
+            paced[r] = trace.capped(r * link)
+        end = (paced[r] if r < 1.0 else trace).transfer_end(start, nbytes)
+        tel.bandwidth.record(nbytes, trace.transfer_end(start, nbytes) - start)
         tel.compute.record(comp, a)
+        cost += (end + latency - t) * (1.0 + setup.rate_price * r)
         t = end + latency
         u += model.step_progress(u, q, a)
         step += 1
@@ -153,8 +160,26 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
             from .costmodel import CostModel
             knobs = ctl.decide(CostModel(p))
     if detail:
-        return t, step, {k: round(v / max(step, 1), 3) for k, v in sorted(used.items())}
+        return t, step, {k: round(v / max(step, 1), 3) for k, v in sorted(used.items())}, cost
     return t
+
+
+def _knob_name(q, a, r=1.0):
+    return f"int{q}/a={a}" + ("" if r == 1.0 else f"/pace={r:g}")
+
+
+def run_cost(run, seconds):
+    """The objective's cost of a lab run that reached the target in ``seconds``: the
+    seconds times the mean price ``1 + lambda r`` over the run's control intervals
+    (weighted by their optimizer steps; the first interval, before any decision, is
+    unpaced). Equal to the seconds when lambda is 0."""
+    lam = run.get("rate_price", 0.0)
+    log = run.get("log") or []
+    steps = [e.get("steps", 1) for e in log]
+    paces = [1.0] + [e.get("pace", 1.0) for e in log[:-1]]
+    if not log or not lam:
+        return seconds
+    return seconds * (1.0 + lam * float(np.average(paces, weights=steps)))
 
 
 def _params(workload):
@@ -219,6 +244,7 @@ def lab_experiment(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2),
                                                   progress=model.to_dict())
                     raw["lab_runs"].append({
                         "level": level, "seed": seed, "controller": name,
+                        "rate_price": setup.rate_price, "wall_s": time.time() - t,
                         "loss_curve": res.loss_curve, "knobs": res.knobs,
                         "schedule": sched, "log": log, "steps": res.steps,
                         "time_to_loss_eval": res.time_to_loss, "background": bg})
@@ -289,7 +315,7 @@ def analyze(raw, setup: LabSetup, plot=None, out=print):
     out("5./6. Decoupled / Joint, seconds to target: per seed, geometric mean, 95% CI; "
         "simulated with the fitted model")
     for level in levels:
-        ratios, per_seed, lat, tc = [], [], [], []
+        ratios, per_seed, lat, tc, costs = [], [], [], [], []
         for seed in seeds:
             if (level, seed, "decoupled") not in runs or (level, seed, "joint") not in runs:
                 continue
@@ -302,7 +328,13 @@ def analyze(raw, setup: LabSetup, plot=None, out=print):
                              "joint_samples": crossing(rj["loss_curve"], target_loss, 2),
                              "decoupled_steps": rd["steps"], "joint_steps": rj["steps"],
                              "decoupled_knobs": _knob_share(rd),
-                             "joint_knobs": _knob_share(rj)})
+                             "joint_knobs": _knob_share(rj),
+                             "decoupled_cost": run_cost(rd, td) if td else None,
+                             "joint_cost": run_cost(rj, tj) if tj else None,
+                             "decoupled_background_steps": _bg_steps(rd),
+                             "joint_background_steps": _bg_steps(rj)})
+            if td and tj and setup.rate_price:
+                costs.append(run_cost(rd, td) / run_cost(rj, tj))
             for r in (rd, rj):
                 for entry in r["log"][1:]:
                     lat.append(entry["latency"])
@@ -322,7 +354,7 @@ def analyze(raw, setup: LabSetup, plot=None, out=print):
                for seed in seeds]
         for ps in per_seed:
             for name in ("decoupled", "joint"):
-                t, steps, used = simruns[(ps["seed"], name)]
+                t, steps, used, _ = simruns[(ps["seed"], name)]
                 ps[f"sim_{name}_s"], ps[f"sim_{name}_steps"] = t, steps
                 ps[f"sim_{name}_knobs"] = used
         sim_m = float(np.exp(np.mean(np.log(sim))))
@@ -336,6 +368,18 @@ def analyze(raw, setup: LabSetup, plot=None, out=print):
             "sim_per_seed": sim, "sim_over_measured": sim_m / m - 1,
             "sim_within_15pct": abs(sim_m / m - 1) <= 0.15,
             "sim_inputs": {"t_compute_s": t_c, "latency_s": latency, "capacity_Bps": cap}}
+        if setup.rate_price:
+            cm, clo, chi = ratio_ci(costs)
+            sim_c = float(np.exp(np.mean(np.log(
+                [simruns[(seed, "decoupled")][3] / simruns[(seed, "joint")][3]
+                 for seed in seeds]))))
+            figures["levels"][level].update({
+                "rate_price": setup.rate_price, "paces": list(setup.paces),
+                "cost_decoupled_over_joint": cm, "cost_ci95_low": clo,
+                "cost_ci95_high": chi, "cost_per_seed_ratio": costs,
+                "sim_cost_decoupled_over_joint": sim_c})
+            out(f"   {level:6s}: cost (lambda {setup.rate_price:g}) decoupled / joint "
+                f"{cm:.3f}x [{clo:.3f}, {chi:.3f}]; simulated {sim_c:.3f}x")
         out(f"   {level:6s}: measured {m:.3f}x [{lo:.3f}, {hi:.3f}] over {len(ratios)} seeds "
             f"({', '.join(f'{r:.2f}' for r in ratios)}): {verdict}; simulated {sim_m:.3f}x "
             f"({sim_m / m - 1:+.1%} from measured)")
@@ -352,13 +396,20 @@ def analyze(raw, setup: LabSetup, plot=None, out=print):
     return figures
 
 
+def _bg_steps(run):
+    """Steps the background jobs made during the run (their rank 0s)."""
+    return sum(x.get("steps", 0) for x in run.get("background") or [] if x.get("rank") == 0)
+
+
 def _knob_share(run):
     """Share of optimizer steps at each knob setting ('int4/a=2': 0.4, ...)."""
-    marks = [(0, 32, 1)] + [(int(st), int(p), int(a)) for _, st, a, p in run["knobs"]]
+    pace = {int(e["step"]): e.get("pace", 1.0) for e in run.get("log") or [] if "step" in e}
+    marks = [(0, 32, 1, 1.0)] + [(int(st), int(p), int(a), pace.get(int(st), 1.0))
+                                 for _, st, a, p in run["knobs"]]
     out = {}
-    for (s0, p, a), nxt in zip(marks, marks[1:] + [(run["steps"], 0, 0)]):
+    for (s0, p, a, r), nxt in zip(marks, marks[1:] + [(run["steps"], 0, 0, 1.0)]):
         if nxt[0] > s0:
-            k = f"int{p}/a={a}"
+            k = _knob_name(p, a, r)
             out[k] = round(out.get(k, 0) + (nxt[0] - s0) / max(run["steps"], 1), 3)
     return out
 
@@ -368,8 +419,9 @@ def _plot(path, runs, levels, seeds, target_loss, setup):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     seed = seeds[0]
-    fig, ax = plt.subplots(3, len(levels), figsize=(6 * len(levels), 7), sharex="col",
-                           squeeze=False)
+    rows = 4 if len(setup.paces) > 1 else 3
+    fig, ax = plt.subplots(rows, len(levels), figsize=(6 * len(levels), 2.3 * rows + 0.5),
+                           sharex="col", squeeze=False)
     styles = {"joint": dict(color="C0", lw=1.8), "decoupled": dict(color="C3", lw=1.2,
                                                                    ls="--")}
     for i, level in enumerate(levels):
@@ -389,13 +441,19 @@ def _plot(path, runs, levels, seeds, target_loss, setup):
             ax[1][i].step(t, [32] + [e["precision"] for e in log], where="post", label=lab_,
                           **st)
             ax[2][i].step(t, [1] + [e["accum"] for e in log], where="post", **st)
+            if rows == 4:
+                ax[3][i].step(t, [1.0] + [e.get("pace", 1.0) for e in log], where="post",
+                              **st)
         ax[1][i].set_ylabel("precision (bits)")
         ax[1][i].set_yticks([4, 8, 16, 32])
         ax[1][i].legend(fontsize=8)
         ax[2][i].set_ylabel("accumulation a")
         ax[2][i].set_yscale("log", base=2)
         ax[2][i].set_yticks([1, 2, 4, 8, 16], ["1", "2", "4", "8", "16"])
-        ax[2][i].set_xlabel("seconds of training")
+        ax[rows - 1][i].set_xlabel("seconds of training")
+        if rows == 4:
+            ax[3][i].set_ylabel("pace (share of link)")
+            ax[3][i].set_ylim(0, 1.1)
     fig.suptitle(f"charlm on a {setup.hosts}-host lab at {setup.rate}, background jobs "
                  "arriving and leaving")
     fig.tight_layout()

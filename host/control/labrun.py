@@ -54,6 +54,10 @@ class LabSetup:
     micro_batch: int = 8
     #: how our messages travel (``CompressedCollective.exchange``): "ring" or "direct"
     exchange: str = "ring"
+    #: the pace knob's choices and the objective's price of a whole link (``costmodel``);
+    #: (1.0,) and 0: no pacing, time to target alone
+    paces: tuple = (1.0,)
+    rate_price: float = 0.0
     lab_id: str = "ctl"
     base_port: int = 6200
     extra: dict = field(default_factory=dict)   # more TrainConfig fields
@@ -146,7 +150,8 @@ def lab_run(lab, setup: LabSetup, controller: str, level: str, seed: int, script
                     horizon=setup.horizon, seed=seed, precisions=tuple(setup.precisions),
                     accums=tuple(setup.accums), throttle=False, epoch_file=epoch_file,
                     log_path=log_path, script=script, progress=progress,
-                    exchange=setup.exchange)
+                    exchange=setup.exchange, paces=tuple(setup.paces),
+                    rate_price=setup.rate_price)
     cfg = TrainConfig(workload=setup.workload, workers=len(hosts), seed=seed,
                       backend="ina_fabric.host.control.realrun:collective",
                       controller="ina_fabric.host.control.realrun:controller",

@@ -47,7 +47,7 @@ class RealSpec:
     accums: tuple = (1, 2, 4, 8)
     b_noise_prior: float = 64.0
     log_path: str | None = None           # controller's per-interval log (JSON)
-    script: list | None = None            # [(from step, bits, accum)]: fixed knobs, no control
+    script: list | None = None            # [(from step, bits, accum[, pace])]: fixed knobs
     # False: no token bucket; the links themselves limit (a lab run, ``labrun``)
     throttle: bool = True
     epoch_file: str | None = None         # rank 0 writes the training clock's start here
@@ -56,13 +56,18 @@ class RealSpec:
     progress: dict | None = None
     # how the messages travel: "ring" (Gloo's all-gather) or "direct" (to every peer at once)
     exchange: str = "ring"
+    # the pace knob: the choices (fractions of ``capacity``, each worker's link; (1.0,):
+    # no pacing) and the objective's price of holding the whole link (``costmodel``)
+    paces: tuple = (1.0,)
+    rate_price: float = 0.0
 
     def trace(self):
         return background_trace(self.capacity, BackgroundJob(self.bg_bytes, self.bg_compute),
                                 [tuple(s) for s in self.schedule], self.horizon, self.seed)
 
     def space(self):
-        return KnobSpace(tuple(self.precisions), tuple(self.accums))
+        return KnobSpace(tuple(self.precisions), tuple(self.accums),
+                         paces=tuple(float(r) for r in self.paces))
 
 
 def _spec() -> RealSpec:
@@ -81,7 +86,7 @@ def collective(rank, world, cfg):
     return CompressedCollective(rank, world, bits=bits,
                                 rate_fn=spec.trace() if spec.throttle else None,
                                 seed=cfg.seed, epoch_file=spec.epoch_file,
-                                exchange=spec.exchange)
+                                exchange=spec.exchange, link_rate=spec.capacity)
 
 
 class RealController:
@@ -106,7 +111,8 @@ class RealController:
         return JobParams(params=max(int(elements), 1), workers=w,
                          micro_batch=max(int(info["batch"]) // w, 1), t_compute=0.0,
                          bandwidth=self.spec.capacity, b_noise=self.spec.b_noise_prior,
-                         wire_factor=float(max(w - 1, 1)))
+                         wire_factor=float(max(w - 1, 1)), link_rate=self.spec.capacity,
+                         rate_price=self.spec.rate_price)
 
     def on_step(self, info: dict) -> dict:
         from .compress import current_collective
@@ -151,12 +157,13 @@ class RealController:
         model = CostModel(tel.params().with_(**extra))
         self.knobs = self.ctl.decide(model)
         if self.spec.script:
-            for start, bits, acc in sorted(self.spec.script):
+            for start, bits, acc, *pace in sorted(self.spec.script):
                 if info["step"] >= start:
-                    self.knobs = Knobs(int(bits), int(acc))
+                    self.knobs = Knobs(int(bits), int(acc), float(pace[0]) if pace else 1.0)
         p = model.p
         self.log.append({"time": info["time"], "step": info["step"], "epoch": info["epoch"],
                          "precision": self.knobs.precision, "accum": self.knobs.accum,
+                         "pace": self.knobs.pace, "pace_wait_s": m.get("pace_wait_s", 0.0),
                          "bandwidth": p.bandwidth, "t_compute": p.t_compute,
                          "b_noise": p.b_noise, "latency": p.latency, "bytes": m["bytes"], "comm_s": m["seconds"],
                          "calls": m["calls"], "steps": dsteps, "sync_s": m["sync_s"],
@@ -165,7 +172,8 @@ class RealController:
         if self.spec.log_path:
             with open(self.spec.log_path, "w") as f:
                 json.dump(self.log, f)
-        return {"precision_bits": self.knobs.precision, "accum_steps": self.knobs.accum}
+        return {"precision_bits": self.knobs.precision, "accum_steps": self.knobs.accum,
+                "pace": self.knobs.pace}
 
 
 def controller(cfg):

@@ -17,6 +17,12 @@ comes from the estimator fed with squared norms of simulated gradients. Those ar
 as ``G + noise`` in ``grad_dims`` dimensions, where worker noise has variance
 ``tr(Sigma)/(a b)`` and the all-reduced gradient is the mean of the N workers.
 Quantization error ratios come from ``kappa2`` (measured on real gradients, see docs).
+
+A paced step (knob ``pace`` r < 1) sends at ``min(share, r * link)``, the contention
+trace capped; the bandwidth meter then records the share the transfer would have had
+unpaced (what ``CompressedCollective``'s meter approximates by leaving the pacer's waits
+out). The result's ``cost`` integrates the objective's price ``1 + rate_price * r`` over
+time (it equals the time when ``rate_price`` is 0).
 """
 
 from dataclasses import dataclass, field
@@ -69,7 +75,12 @@ class SimResult:
     time_to_target: float
     steps: int
     changes: int
-    log: dict          # per-step arrays: t, precision, accum, bandwidth_true, bandwidth_meas, b_noise_est
+    log: dict          # per-step arrays: t, precision, accum, pace, bw_true, bw_meas, b_noise_est
+    cost: float = None  # time to target times the price of each second (= time at lambda 0)
+
+    def __post_init__(self):
+        if self.cost is None:
+            self.cost = self.time_to_target
 
 
 def simulate(controller: Controller, sc: Scenario, trace: BandwidthTrace, seed: int = 0,
@@ -78,25 +89,30 @@ def simulate(controller: Controller, sc: Scenario, trace: BandwidthTrace, seed: 
     p0 = sc.job
     tel = Telemetry(base=p0.with_(b_noise=sc.b_noise_start))
     knobs = controller.current
-    t, progress, steps = 0.0, 0.0, 0
+    t, progress, steps, cost = 0.0, 0.0, 0, 0.0
+    link = p0.link_rate or p0.bandwidth
+    paced = {}                                   # pace -> the trace capped by the pacer
     next_control = sc.control_interval
     D, N, b = sc.grad_dims, p0.workers, p0.micro_batch
     r_q = {q: CostModel(p0).quant_ratio(q) for q in sc.space.precisions}
     G = np.full(D, 1.0 / np.sqrt(D))           # |G|^2 = 1, so tr(Sigma) = B_noise
-    log = {k: [] for k in ("t", "precision", "accum", "bw_true", "bw_meas", "b_noise_est",
-                           "b_noise_true")}
+    log = {k: [] for k in ("t", "precision", "accum", "pace", "bw_true", "bw_meas",
+                           "b_noise_est", "b_noise_true")}
     while progress < sc.s_min and t < horizon:
         frac = progress / sc.s_min
         bn = sc.b_noise(frac)
-        q, a = knobs.precision, knobs.accum
+        q, a, r = knobs.precision, knobs.accum, knobs.pace
         micro = p0.t_compute * rng.lognormal(0.0, sc.compute_jitter, a)
         t_comp = micro.sum()
         nbytes = p0.wire_factor * payload_bytes(p0.params, q, p0.chunk)
         start = t + t_comp - p0.overlap * micro[-1]
-        end = trace.transfer_end(start, nbytes) + p0.latency
+        if r < 1.0 and r not in paced:
+            paced[r] = trace.capped(r * link)
+        end = (paced[r] if r < 1.0 else trace).transfer_end(start, nbytes) + p0.latency
         t_next = max(t + t_comp, end)
-        # what the job measures
-        tel.bandwidth.record(nbytes, end - start - p0.latency)
+        cost += (t_next - t) * (1.0 + p0.rate_price * r)
+        # what the job measures (the share, not the pacer's cap)
+        tel.bandwidth.record(nbytes, trace.transfer_end(start, nbytes) - start)
         tel.compute.record(t_comp, a)
         sd = np.sqrt(bn / (a * b * D))
         g_workers = G + sd * rng.standard_normal((N, D))
@@ -108,6 +124,7 @@ def simulate(controller: Controller, sc: Scenario, trace: BandwidthTrace, seed: 
         log["t"].append(t)
         log["precision"].append(q)
         log["accum"].append(a)
+        log["pace"].append(r)
         log["bw_true"].append(trace.mean_rate(start, end - p0.latency))
         log["bw_meas"].append(tel.bandwidth.value)
         log["b_noise_est"].append(tel.noise.value if tel.noise.value is not None else np.nan)
@@ -117,7 +134,7 @@ def simulate(controller: Controller, sc: Scenario, trace: BandwidthTrace, seed: 
             knobs = controller.decide(tel.model())
             next_control = t + sc.control_interval
     return SimResult(controller.name, t, steps, controller.changes,
-                     {k: np.asarray(v, float) for k, v in log.items()})
+                     {k: np.asarray(v, float) for k, v in log.items()}, cost)
 
 
 def compare_levels(sc: Scenario, levels=("light", "medium", "heavy"), controllers=None,

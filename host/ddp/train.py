@@ -17,9 +17,10 @@ Plug-in points (strings, so they cross process boundaries):
   ``on_step(info: dict) -> dict`` called on rank 0 every ``control_interval`` optimizer
   steps. ``info`` has step, epoch, time, loss, comm_seconds, compute_seconds, bytes,
   accum_steps, precision_bits and batch (``compute_seconds`` is forward+backward wall
-  time, which includes any wait for the comm hook at the end of backward). It may return ``accum_steps`` and ``precision_bits``; rank 0
+  time, which includes any wait for the comm hook at the end of backward). It may return ``accum_steps``, ``precision_bits`` and ``pace``; rank 0
   broadcasts them so every rank applies the same knobs. ``precision_bits`` is passed to
-  the collective's ``set_precision(bits)`` when it has one.
+  the collective's ``set_precision(bits)`` and ``pace`` (a fraction of the link, to a
+  thousandth) to its ``set_pace(pace)`` when it has them.
 """
 
 from dataclasses import dataclass, field, asdict
@@ -351,12 +352,15 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
                             "accum_steps": accum, "precision_bits": precision,
                             "batch": batch * world}
                     knobs = [controller.on_step(info) or {}]
-                # one broadcast of two integers (-1: keep), not broadcast_object_list's
-                # two (size, then pickle): each is a trip through the links' queues
+                # one broadcast of three integers (-1: keep; the pace in thousandths),
+                # not broadcast_object_list's two (size, then pickle): each is a trip
+                # through the links' queues
                 k = knobs[0] or {}
                 word = torch.tensor([int(k.get("accum_steps", -1)),
-                                     int(k.get("precision_bits", -1))], dtype=torch.int64) \
-                    if rank == 0 else torch.empty(2, dtype=torch.int64)
+                                     int(k.get("precision_bits", -1)),
+                                     int(round(1000 * k["pace"])) if "pace" in k else -1],
+                                    dtype=torch.int64) \
+                    if rank == 0 else torch.empty(3, dtype=torch.int64)
                 dist.broadcast(word, src=0)
                 if word[0] > 0:
                     accum = int(word[0])
@@ -366,6 +370,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
                     precision = int(word[1])
                 if state is not None and hasattr(state.collective, "set_precision"):
                     state.collective.set_precision(precision)
+                if word[2] > 0 and state is not None and hasattr(state.collective, "set_pace"):
+                    state.collective.set_pace(int(word[2]) / 1000.0)
                 if rank == 0:
                     queue.put(("knobs", (time.perf_counter() - t0, step, accum, precision)))
             if cfg.max_steps and step >= cfg.max_steps:
