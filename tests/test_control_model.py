@@ -272,6 +272,20 @@ def test_cli_rejects_bad_configuration_with_one_line():
     assert main(["control", "model", "--precisions", ""]) == 2
     assert main(["control", "model", "--bandwidth", "-1"]) == 2
     assert main(["control", "model", "--bandwidth", "6.25e8", "--b-noise", "256"]) == 0
+    assert main(["control", "model", "--rate-price", "-1"]) == 2
+    assert main(["control", "model", "--rate-price", "1", "--paces", "0.5"]) == 2   # no 1
+    assert main(["control", "model", "--rate-price", "1", "--paces", "x"]) == 2
+
+
+def test_cli_model_with_the_pace_knob(capsys):
+    from ina_fabric.host.cli import main
+    assert main(["control", "model", "--bandwidth", "1.25e9", "--rate-price", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("cost to target relative to the best") == 3
+    assert "best: int4/a=2/pace=0.5" in out
+    assert main(["control", "model", "--bandwidth", "1.25e9"]) == 0
+    out = capsys.readouterr().out
+    assert "time to target" in out and "best: int4/a=2\n" in out
 
 
 def test_compute_meter_does_not_average_in_the_warm_up_interval():

@@ -1,7 +1,9 @@
-"""Joint network/ML controller: gradient precision and accumulation chosen together.
+"""Joint network/ML controller: gradient precision, pace and accumulation chosen together.
 
     ina control model --bandwidth 1.25e9 --b-noise 256     predicted time to target per knob pair
+    ina control model --rate-price 2                        ... with the pace knob, cost to target
     ina control simulate                                    paper-scale simulation, 5 controllers
+    ina control simulate --rate-price 2                     ... with the pace knob (cost to target)
     ina control trace --link 10G                          knobs vs time, changing contention
     ina control real --levels light,heavy --plot          real training (digits, 4 workers)
 
@@ -11,7 +13,7 @@ Figures go to --out DIR (default ina-out/control): trace_<link>.png, real.png.
 See docs/control.md.
 """
 
-HELP = "joint precision/accumulation controller: cost model, simulation, real runs"
+HELP = "joint precision/pace/accumulation controller: cost model, simulation, real runs"
 
 
 def add_arguments(p):
@@ -28,10 +30,21 @@ def add_arguments(p):
     m.add_argument("--kappa2", type=float, default=30.0)
     m.add_argument("--precisions", default="32,16,8,4")
     m.add_argument("--accums", default="1,2,4,8,16")
+    m.add_argument("--rate-price", type=float, default=0.0, metavar="LAMBDA",
+                   help="price of holding the whole link per second, relative to the "
+                        "workers (0: time to target, no pace knob)")
+    m.add_argument("--paces", default="1,0.5,0.25",
+                   help="pace choices, shares of the link (with --rate-price > 0)")
+    m.add_argument("--link-rate", type=float, default=None,
+                   help="bytes/s of a worker's link, the pace's reference (default: "
+                        "--bandwidth)")
     s = sub.add_parser("simulate", help="simulated time to target, five controllers")
     s.add_argument("--links", default="100G,10G")
     s.add_argument("--levels", default="light,medium,heavy")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--rate-price", type=float, default=0.0, metavar="LAMBDA",
+                   help="> 0: the pace knob's comparison (cost to target) instead")
+    s.add_argument("--paces", default="1,0.5,0.25", help="pace choices (with --rate-price)")
     t = sub.add_parser("trace", help="PNG of knobs vs time under changing contention")
     add_output_arguments(t, "control", plot=False)
     t.add_argument("--link", default="10G", choices=["10G", "100G"])
@@ -58,6 +71,16 @@ def _ints(text, what):
     return vals
 
 
+def _paces(text, price):
+    from ..cli import CliError
+    if not price:
+        return (1.0,)
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise CliError(f"--paces {text!r}: expected a comma-separated list of fractions")
+
+
 def run(args):
     from ..cli import CliError
     from ..control.knobs import ConfigError
@@ -65,21 +88,35 @@ def run(args):
         if args.what == "model":
             from ..control.costmodel import CostModel, JobParams
             from ..control.knobs import Knobs, KnobSpace
-            space = KnobSpace(_ints(args.precisions, "precisions"), _ints(args.accums, "accums"))
+            space = KnobSpace(_ints(args.precisions, "precisions"), _ints(args.accums, "accums"),
+                              paces=_paces(args.paces, args.rate_price))
             m = CostModel(JobParams(params=args.params, workers=args.workers,
                                     micro_batch=args.micro_batch, t_compute=args.t_compute,
                                     bandwidth=args.bandwidth, b_noise=args.b_noise,
-                                    overlap=args.overlap, kappa2=args.kappa2))
-            t = m.table(space) / m.cost_to_target(m.best(space.all()))
-            print("time to target relative to the best (rows: bits, columns: accumulation)")
-            print("bits " + "".join(f"{a:>8d}" for a in space.accums))
-            for q, row in zip(space.precisions, t):
-                print(f"{q:4d} " + "".join(f"{v:8.2f}" for v in row))
+                                    overlap=args.overlap, kappa2=args.kappa2,
+                                    link_rate=args.link_rate or 0.0,
+                                    rate_price=args.rate_price))
+            best = m.cost_to_target(m.best(space.all()))
+            what = "cost" if args.rate_price else "time"
+            for r in space.paces:
+                sp = KnobSpace(space.precisions, space.accums, Knobs(32, 1, r), paces=(r,))
+                t = m.table(sp) / best
+                print(f"{what} to target relative to the best (rows: bits, columns: "
+                      "accumulation)" + (f", pace {r:g}" if args.rate_price else ""))
+                print("bits " + "".join(f"{a:>8d}" for a in space.accums))
+                for q, row in zip(space.precisions, t):
+                    print(f"{q:4d} " + "".join(f"{v:8.2f}" for v in row))
             print(f"best: {m.best(space.all())}")
         elif args.what == "simulate":
-            from ..control.experiments import sim_comparison
-            sim_comparison(links=tuple(args.links.split(",")),
-                           levels=tuple(args.levels.split(",")), seed=args.seed)
+            from ..control.experiments import sim_comparison, sim_pace_comparison
+            if args.rate_price:
+                sim_pace_comparison(links=tuple(args.links.split(",")),
+                                    levels=tuple(args.levels.split(",")), seed=args.seed,
+                                    rate_price=args.rate_price,
+                                    paces=_paces(args.paces, args.rate_price))
+            else:
+                sim_comparison(links=tuple(args.links.split(",")),
+                               levels=tuple(args.levels.split(",")), seed=args.seed)
         elif args.what == "trace":
             from ..control.experiments import trace_figure
             args.out.mkdir(parents=True, exist_ok=True)
