@@ -48,6 +48,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lab-exchange", choices=("ring", "direct"), default="ring",
                     help="how our messages travel: Gloo's ring all-gather, or to every "
                          "peer at once (one trip through the queues instead of N-1)")
+    ap.add_argument("--lab-pace-ab", type=float, metavar="PACE",
+                    help="run only an A/B on the lab: fixed knobs int4/a=4, unpaced against "
+                         "paced at PACE, interleaved, --lab-levels x --lab-seeds "
+                         "(control_pace_ab.json; about 12 minutes)")
     ap.add_argument("--lab-plot", default=str(_results.RESULTS / "control_real_lab.png"))
     ap.add_argument("--lab-analyze", metavar="RAW_JSON",
                     help="run nothing: redo the analysis (fit, check, statistics, "
@@ -68,7 +72,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     _results.RESULTS.mkdir(parents=True, exist_ok=True)
-    if args.lab or args.lab_analyze:
+    if args.lab or args.lab_analyze or args.lab_pace_ab is not None:
         return _lab(args, _results)
     figures = sim_comparison(seed=args.seed)
     price = RATE_PRICE if args.rate_price is None else args.rate_price
@@ -132,6 +136,18 @@ def _lab(args, _results):
     if why:
         print(f"ina bench control: the lab is not available here: {why}", file=sys.stderr)
         return 2
+    if args.lab_pace_ab is not None:
+        from ina_fabric.host.control.knobs import ConfigError, Knobs
+        from ina_fabric.host.control.labexp import pace_ab
+        try:
+            Knobs(4, 4, args.lab_pace_ab)
+        except ConfigError as e:
+            print(f"ina bench control: --lab-pace-ab: {e}", file=sys.stderr)
+            return 2
+        figures = pace_ab(setup, levels, tuple(range(args.seed, args.seed + args.lab_seeds)),
+                          pace=args.lab_pace_ab)
+        _results.write("control_pace_ab", figures)
+        return 0
     figures = lab_experiment(setup, levels, tuple(range(args.seed, args.seed + args.lab_seeds)),
                              plot=args.lab_plot,
                              raw_path=str(_results.RESULTS / "control_real_raw.json"),

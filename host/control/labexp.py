@@ -36,7 +36,7 @@ import numpy as np
 from .labrun import LAB_LEVELS, LabSetup, lab_run, schedule_for
 
 __all__ = ["FIT_KNOBS", "HELD_OUT_KNOBS", "GRID", "fit_runs", "lab_experiment", "analyze",
-           "crossing", "ratio_ci", "simulate_fitted"]
+           "crossing", "ratio_ci", "simulate_fitted", "pace_ab"]
 
 FIT_KNOBS = [(32, 1), (32, 4), (32, 16)]
 HELD_OUT_KNOBS = [(4, 1), (4, 4), (32, 2)]
@@ -263,6 +263,67 @@ def lab_experiment(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2),
             out(f"   raw curves and logs: {raw_path}")
     figures = analyze(raw, setup, plot=plot, out=out)
     figures["wall_seconds"] = time.time() - t_start
+    return figures
+
+
+def pace_ab(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2), pace=0.5,
+            knobs=(4, 4), target_loss=TARGET_LOSS, out=print):
+    """Does pacing change our own time? Fixed knobs (``knobs`` = (bits, a)), unpaced
+    against paced at ``pace``, interleaved (the order alternates by seed), paired per
+    seed and level on the same background schedule. Returns the figures: per level the
+    geometric mean of paced / unpaced seconds to target with its 95% interval, per seed
+    the seconds and what the meters saw, and the background jobs' steps per second."""
+    from ..lab import training_lab
+    q, a = knobs
+    setup = LabSetup(**{**setup.__dict__, "extra": {**setup.extra, "target_loss": target_loss}})
+    lab, _, _ = training_lab("rack", setup.hosts, {"rate": setup.rate, "mtu": 1500,
+                                                    "queue_ms": setup.queue_ms},
+                             lab_id=setup.lab_id)
+    rows = []
+    try:
+        for seed in seeds:
+            for level in levels:
+                for r in ((1.0, pace) if seed % 2 == 0 else (pace, 1.0)):
+                    t = time.time()
+                    res, _, log, bg = lab_run(lab, setup, "static", level, seed,
+                                              script=[(0, q, a, r)])
+                    wall = log[-1]["time"] if log else float("nan")
+                    med = (lambda k: float(np.median([e[k] / e["calls"] for e in log[1:]]))
+                           if len(log) > 1 else float("nan"))
+                    row = {"level": level, "seed": seed, "pace": r,
+                           "seconds": crossing(res.loss_curve, target_loss, 0),
+                           "steps": res.steps, "background_steps_per_s":
+                               sum(x["steps"] for x in bg if x["rank"] == 0) / wall,
+                           "sync_s_per_call": med("sync_s"),
+                           "payload_s_per_call": med("comm_s"),
+                           "pace_wait_s_per_call": med("pace_wait_s"),
+                           "t_compute_s": float(np.median([e["t_compute"] for e in log[1:]]))
+                           if len(log) > 1 else float("nan")}
+                    rows.append(row)
+                    out(f"   seed {seed} {level:6s} pace {r:g}: "
+                        + (f"{row['seconds']:.1f} s" if row["seconds"] else "missed")
+                        + f", {res.steps} steps; per exchange: sync {row['sync_s_per_call']:.3f}"
+                        f" s, payload {row['payload_s_per_call']:.3f} s; compute "
+                        f"{row['t_compute_s'] * 1e3:.1f} ms/micro-step; background "
+                        f"{row['background_steps_per_s']:.2f} steps/s "
+                        f"[{time.time() - t:.0f} s wall]")
+    finally:
+        lab.down()
+    figures = {"knobs": f"int{q}/a={a}", "pace": pace, "exchange": setup.exchange,
+               "rate": setup.rate, "target_loss": target_loss, "runs": rows, "levels": {}}
+    for level in levels:
+        pairs = [(next(x for x in rows if x["level"] == level and x["seed"] == s
+                       and x["pace"] == pace),
+                  next(x for x in rows if x["level"] == level and x["seed"] == s
+                       and x["pace"] == 1.0)) for s in seeds]
+        ratios = [p["seconds"] / u["seconds"] for p, u in pairs if p["seconds"] and u["seconds"]]
+        if not ratios:
+            continue
+        m, lo, hi = ratio_ci(ratios)
+        figures["levels"][level] = {"paced_over_unpaced": m, "ci95_low": lo, "ci95_high": hi,
+                                    "seeds": len(ratios), "per_seed_ratio": ratios}
+        out(f"   {level:6s}: paced / unpaced seconds to target {m:.3f}x [{lo:.3f}, {hi:.3f}] "
+            f"({', '.join(f'{x:.2f}' for x in ratios)})")
     return figures
 
 
