@@ -82,14 +82,34 @@ def test_token_bucket_holds_back_to_its_rate():
         TokenBucket(lambda t: -1.0, burst=0).take(10)
 
 
-def _exchange_worker(rank, world, port, q, exchange="ring"):
+def _collective(rank, world, port, **kw):
+    """A CompressedCollective on a fresh Gloo group, and this rank's 50,000 values."""
     import torch.distributed as dist
     from ina_fabric.host.control.compress import CompressedCollective
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    c = CompressedCollective(rank, world, bits=32, seed=1, exchange=exchange)
-    rng = np.random.default_rng(rank)
-    x = rng.standard_normal(50_000).astype(np.float32)
+    x = np.random.default_rng(rank).standard_normal(50_000).astype(np.float32)
+    return CompressedCollective(rank, world, bits=32, seed=1, **kw), x
+
+
+def _spawn(worker, world, *args):
+    """Run ``worker(rank, world, port, queue, *args)`` on ``world`` processes; returns
+    what each put on the queue."""
+    ctx = mp.get_context("spawn")
+    q, port = ctx.Queue(), free_tcp_port()
+    procs = [ctx.Process(target=worker, args=(r, world, port, q) + args)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    out = [q.get(timeout=120) for _ in range(world)]
+    for p in procs:
+        p.join(timeout=30)
+    return out
+
+
+def _exchange_worker(rank, world, port, q, exchange="ring"):
+    import torch.distributed as dist
+    c, x = _collective(rank, world, port, exchange=exchange)
     out = {}
     for bits in (32, 16, 8, 4):
         c.set_precision(bits)
@@ -103,15 +123,8 @@ def _exchange_worker(rank, world, port, q, exchange="ring"):
 
 @pytest.mark.parametrize("exchange", ["ring", "direct"])
 def test_collective_sends_fewer_bytes_at_lower_precision_and_sums_right(exchange):
-    ctx = mp.get_context("spawn")
-    q, world, port = ctx.Queue(), 3, free_tcp_port()
-    procs = [ctx.Process(target=_exchange_worker, args=(r, world, port, q, exchange))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    res = dict((r, (x, out)) for r, x, out in (q.get(timeout=120) for _ in range(world)))
-    for p in procs:
-        p.join(timeout=30)
+    world = 3
+    res = dict((r, (x, out)) for r, x, out in _spawn(_exchange_worker, world, exchange))
     exact = sum(res[r][0].astype(np.float64) for r in range(world))
     for r in range(world):
         out = res[r][1]
@@ -130,12 +143,7 @@ def test_collective_sends_fewer_bytes_at_lower_precision_and_sums_right(exchange
 
 def _paced_worker(rank, world, port, q, exchange):
     import torch.distributed as dist
-    from ina_fabric.host.control.compress import CompressedCollective
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    c = CompressedCollective(rank, world, bits=32, seed=1, exchange=exchange,
-                             link_rate=4e6)
-    x = np.random.default_rng(rank).standard_normal(50_000).astype(np.float32)
+    c, x = _collective(rank, world, port, exchange=exchange, link_rate=4e6)
     out = {}
     for pace in (1.0, 0.25):
         c.set_pace(pace)
@@ -154,15 +162,8 @@ def test_a_paced_exchange_spreads_its_bytes_at_the_pace_and_sums_the_same(exchan
     (1 MB/s) takes at least 0.35 s where the unpaced exchange on loopback takes a few
     milliseconds; the sums are bit-identical, and the bandwidth meter leaves the pacer's
     waits out."""
-    ctx = mp.get_context("spawn")
-    q, world, port = ctx.Queue(), 3, free_tcp_port()
-    procs = [ctx.Process(target=_paced_worker, args=(r, world, port, q, exchange))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    res = dict(q.get(timeout=120) for _ in range(world))
-    for p in procs:
-        p.join(timeout=30)
+    world = 3
+    res = dict(_spawn(_paced_worker, world, exchange))
     for r in range(world):
         (t1, wall1, m1), (tq, wallq, mq) = res[r][1.0], res[r][0.25]
         np.testing.assert_array_equal(t1, tq)

@@ -31,6 +31,16 @@ def _horizon(capacity):
     return 60_000.0 * 12.5e9 / capacity
 
 
+def _per_level(sc, cap, levels, seed, hysteresis):
+    """(level, trace, {controller: SimResult}) for each constant contention level: every
+    controller on the same trace."""
+    for i, level in enumerate(levels):
+        trace = background_trace(cap, sc.background, [(0.0, LEVELS[level])],
+                                 _horizon(cap), seed=seed + 1000 * i)
+        yield level, trace, {n: simulate(make_controller(n, sc.space, hysteresis=hysteresis),
+                                         sc, trace, seed=seed) for n in CONTROLLERS}
+
+
 def sim_comparison(links=("100G", "10G"), levels=("light", "medium", "heavy"), seed=0,
                    hysteresis=0.05, out=print):
     """Simulated time to target (hours) per link, level and controller; ratios to Joint."""
@@ -43,11 +53,7 @@ def sim_comparison(links=("100G", "10G"), levels=("light", "medium", "heavy"), s
         out(f"\nGPT-2 Large (774M) on 8 workers, {link} bottleneck, GPT-1B background jobs;"
             " simulated hours to target (x = slower than Joint)")
         out(f"{'contention':12s}" + "".join(f"{n:>22s}" for n in names))
-        for i, level in enumerate(levels):
-            trace = background_trace(cap, sc.background, [(0.0, LEVELS[level])],
-                                     _horizon(cap), seed=seed + 1000 * i)
-            res = {n: simulate(make_controller(n, sc.space, hysteresis=hysteresis), sc, trace,
-                               seed=seed) for n in names}
+        for level, trace, res in _per_level(sc, cap, levels, seed, hysteresis):
             tj = res["joint"].time_to_target
             out(f"{level:12s}" + "".join(
                 f"{r.time_to_target / 3600:12.2f} h {r.time_to_target / tj:6.2f}x"
@@ -76,11 +82,7 @@ def sim_pace_comparison(links=("100G", "10G"), levels=("light", "medium", "heavy
         out(f"\nthe pace knob {space.paces}, lambda = {rate_price:g}, {link} bottleneck: "
             "cost to target relative to Joint (time relative to Joint; mean pace)")
         out(f"{'contention':12s}" + "".join(f"{n:>26s}" for n in names))
-        for i, level in enumerate(levels):
-            trace = background_trace(cap, sc.background, [(0.0, LEVELS[level])],
-                                     _horizon(cap), seed=seed + 1000 * i)
-            res = {n: simulate(make_controller(n, sc.space, hysteresis=hysteresis), sc, trace,
-                               seed=seed) for n in names}
+        for level, trace, res in _per_level(sc, cap, levels, seed, hysteresis):
             cj, tj = res["joint"].cost, res["joint"].time_to_target
             out(f"{level:12s}" + "".join(
                 f"{r.cost / cj:9.2f}x ({r.time_to_target / tj:4.2f}x; "
