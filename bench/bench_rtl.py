@@ -43,7 +43,7 @@ def _mmm(xs):
 
 class Verilator:
     def __init__(self, P, n_idle, n_slots):
-        from ina_fabric.sim.verilator.core import RtlCore, load_job
+        from ina_fabric.hw.verilator.core import RtlCore, load_job
         from ina_fabric.protocol.jobtable import JobConfig
         self.P, self.n_idle, self.n_slots = P, n_idle, n_slots
         self.core = RtlCore(P)

@@ -2,7 +2,7 @@
 
 ``ina switch --engine rtl`` serves the same UDP interface as the software switch, but
 every datagram other than CONTROL and STATUS_REQ goes as beats into the INA core
-(``hw/ina``), simulated by Verilator (``ina_fabric.sim.verilator``), and what the core
+(``hw/ina``), simulated by Verilator (``ina_fabric.hw.verilator``), and what the core
 sends goes back out as UDP to the destination it names. Beside it runs the reference
 model (``model.py``) on the very same datagrams at the very same times: a live
 scoreboard. Every output datagram (bytes and destination, and the length and IPv4
@@ -13,7 +13,7 @@ what each side did and the counters.
 Control plane: CONTROL and STATUS_REQ go through the model's rules (authentication,
 admission, install / live update / removal) exactly as in the software switch; a job
 that is installed, updated or removed there is loaded into the core by :func:`load_job`
-(``ina_fabric.sim.verilator.core``: the register path of ``ina hw-config``; it is the
+(``ina_fabric.hw.verilator.core``: the register path of ``ina hw-config``; it is the
 one function to change once the core parses CONTROL in band) and into the scoreboard.
 
 Time: the core's time is its cycle count. The scoreboard model runs on the same clock,
@@ -70,7 +70,7 @@ def rtl_params():
 def why_not() -> str | None:
     """Why the RTL engine cannot run here, or None."""
     try:
-        from ina_fabric.sim.verilator.build import why_not as vwhy
+        from ina_fabric.hw.verilator.build import why_not as vwhy
         import amaranth  # noqa: F401
     except ImportError as e:
         return f"the gateware packages are not installed ({e}): pip install '.[hw]'"
@@ -105,7 +105,7 @@ class RtlSwitchModel(SwitchModel):
 
     def __init__(self, jobs=(), *, params=None, log=None, planted_bug=None, **kw):
         kw.setdefault("modes", GATEWARE_MODES)
-        from ina_fabric.sim.verilator.core import RtlCore
+        from ina_fabric.hw.verilator.core import RtlCore
         self.params = params or rtl_params()
         self.core = RtlCore(self.params, planted_bug=planted_bug, log=log)
         #: the scoreboard: the reference model fed exactly what the core is fed
@@ -135,7 +135,7 @@ class RtlSwitchModel(SwitchModel):
 
     def add_job(self, cfg, now=None):
         from ina_fabric.protocol.jobtable import ConfigError
-        from ina_fabric.sim.verilator.core import load_job
+        from ina_fabric.hw.verilator.core import load_job
         P = self.params
         if cfg.window > P.window or cfg.window & (cfg.window - 1):
             raise ConfigError(f"job {cfg.job}: window {cfg.window} does not fit the core "
@@ -165,7 +165,7 @@ class RtlSwitchModel(SwitchModel):
         self._sync_clock_start()
 
     def remove_job(self, job: int, session: int = 0):
-        from ina_fabric.sim.verilator.core import unload_job
+        from ina_fabric.hw.verilator.core import unload_job
         super().remove_job(job, session)
         index = self._index.pop(job, None)
         if index is not None:
@@ -175,7 +175,7 @@ class RtlSwitchModel(SwitchModel):
 
     def _retune(self, js, cfg):
         from ina_fabric.protocol.regs import job_reg_addr
-        from ina_fabric.sim.verilator.core import set_deadline
+        from ina_fabric.hw.verilator.core import set_deadline
         from ina_fabric.protocol.jobtable import ConfigError
         if cfg.mode not in self.modes:
             raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} runs on the software "

@@ -1,5 +1,5 @@
 // The INA core (Verilated) behind a C ABI: datagrams in, beats through the RTL, datagrams
-// out. Loaded with ctypes by ina_fabric.sim.verilator.core (which builds this file with
+// out. Loaded with ctypes by ina_fabric.hw.verilator.core (which builds this file with
 // the Verilog of hw/ina and a generated ports.h that holds the stream layouts' offsets).
 //
 // One cycle (step): with clk low, drive the input beat (valid when one is queued) and

@@ -1,6 +1,6 @@
 """The INA core running in Verilator, driven from Python through ctypes.
 
-    from ina_fabric.sim.verilator.core import RtlCore, load_job
+    from ina_fabric.hw.verilator.core import RtlCore, load_job
     core = RtlCore(CoreParams(workers=32, window=16, elements=256, lanes=8, jobs=2))
     load_job(core, job_config, index=0, deadline_cycles=...)
     core.push(datagram, ("10.0.0.1", 20000))     # queued as beats
