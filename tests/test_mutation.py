@@ -22,39 +22,39 @@ pytestmark = [
 
 #: (name, module, old, new): each a bug a reviewer could plant or a designer could make
 MUTANTS = [
-    ("expiry one cycle late", "header", "return ~(ts - due)[31]", "return ~(ts - due - 1)[31]"),
-    ("expiry one cycle early", "header", "return ~(ts - due)[31]", "return ~(ts - due + 1)[31]"),
-    ("non-modular seq compare", "header", "return ~(tag[:32] - seq[:32])[31]",
+    ("expiry one cycle late", "slot", "return ~(ts - due)[31]", "return ~(ts - due - 1)[31]"),
+    ("expiry one cycle early", "slot", "return ~(ts - due)[31]", "return ~(ts - due + 1)[31]"),
+    ("non-modular seq compare", "slot", "return ~(tag[:32] - seq[:32])[31]",
      "return seq[:32] <= tag[:32]"),
-    ("reuse compare on 34 bits", "header", "eq_chain(mdx.tag[:32], op.seqm[:32])",
+    ("reuse compare on 34 bits", "slot", "eq_chain(mdx.tag[:32], op.seqm[:32])",
      "eq_chain(mdx.tag, op.seqm)"),
-    ("set bit from the wrong seq bit", "header", "wset = (seq_low & wbit[:lwm + 1]).any()",
+    ("set bit from the wrong seq bit", "slot", "wset = (seq_low & wbit[:lwm + 1]).any()",
      "wset = (seq_low & (wbit << 1)[:lwm + 1]).any()"),
     ("checksum folds the carry once", "replicator", "s2 = s1[0:16] + s1[16:]", "s2 = s1"),
     ("saturation off by one", "replicator", "hi = v >= (1 << 31)", "hi = v > (1 << 31)"),
     ("no forwarding of the last write", "element",
      "e1_f1.eq(e2_valid & (e2_addr == s1_addr))", "e1_f1.eq(0)"),
-    ("late counter not raised", "header", 'inc["late"].append(resend & ~isdup)',
+    ("late counter not raised", "slot_effects", 'inc["late"].append(resend & ~isdup)',
      'inc["late"].append(C(0))'),
-    ("duplicate on an open slot not counted", "header",
+    ("duplicate on an open slot not counted", "slot_effects",
      'inc["duplicates"] += [resend & isdup, v2 & dup_only]',
      'inc["duplicates"] += [resend & isdup, C(0)]'),
-    ("scanner skips the last record", "header",
+    ("scanner skips the last record", "slot_issue",
      "scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))",
      "scan_ptr.eq(Mux(scan_ptr >= R - 2, 0, scan_ptr + 1))"),
-    ("scanner uses the current time", "header",
+    ("scanner uses the current time", "header_pop",
      "horizon = Mux(collecting, ts_reg, Mux(avail, b.ts, now))", "horizon = now"),
-    ("re-run skips the source check", "header",
+    ("re-run skips the source check", "slot_compare",
      "src_ok1 = Mux(p1_reinj, p1_op.src_ok, Array(p1_src_eq)[p1_job].all())",
      "src_ok1 = p1_reinj | Array(p1_src_eq)[p1_job].all()"),
-    ("reuse not deferred while the result is sent", "header",
+    ("reuse not deferred while the result is sent", "slot_rules",
      "k_defer1 = k_reuse1 & q1m.nelem_nz & (k_expire1 | q1m.pend)",
      "k_defer1 = k_reuse1 & q1m.nelem_nz & k_expire1"),
-    ("completion at count == N (one late)", "header", '"cnt1_n": mdx.count == nm1,',
+    ("completion at count == N (one late)", "slot", '"cnt1_n": mdx.count == nm1,',
      '"cnt1_n": mdx.count == nm1 + 1,'),
     ("unicast copies one short", "replicator",
      'Mux(one0, 0, jf("nworkers", nxt0.job) - 1)', 'Mux(one0, 0, jf("nworkers", nxt0.job) - 2)'),
-    ("larger exponent compare inverted", "header",
+    ("larger exponent compare inverted", "slot_rules",
      "(q1_op.exp > q1_mdx.exponent)", "(q1_op.exp < q1_mdx.exponent)"),
     ("overflow bit of the last beat only", "element",
      "ovf_now = Mux(e2_first, beat_ovf, ovf_run | beat_ovf)", "ovf_now = beat_ovf"),
@@ -65,6 +65,10 @@ _RUNNER = textwrap.dedent('''
     import importlib, json, sys, dataclasses
     spec = json.loads(sys.argv[1])
     import ina_fabric.hw.ina as pkg
+    # every module that imports from a mutated one, in import order (hw/ina/*.py)
+    DEPENDENTS = ("slot", "element", "header_pop", "header_decode", "slot_issue",
+                  "slot_compare", "slot_rules", "slot_effects", "header", "replicator",
+                  "core")
     bug = spec.get("planted")
     if spec.get("module"):
         name = "ina_fabric.hw.ina." + spec["module"]
@@ -73,7 +77,7 @@ _RUNNER = textwrap.dedent('''
         assert src.count(spec["old"]) == 1, "mutation site not found once: " + spec["old"]
         src = src.replace(spec["old"], spec["new"])
         exec(compile(src, mod.__file__, "exec"), mod.__dict__)
-        for dep in ("element", "replicator", "header", "core"):
+        for dep in DEPENDENTS:
             if dep != spec["module"]:
                 importlib.reload(importlib.import_module("ina_fabric.hw.ina." + dep))
     import pytest
