@@ -109,6 +109,16 @@ def _rules(o):
     return SlotRules(_P(**o["core"]), duplicate_check=o.get("duplicate_check", True))
 
 
+def _effects(o):
+    from ina_fabric.hw.ina.slot_effects import SlotEffects
+    return SlotEffects(_P(**o["core"]))
+
+
+def _compare(o):
+    from ina_fabric.hw.ina.slot_compare import SlotCompare
+    return SlotCompare(_P(**o["core"]))
+
+
 #: (block class name, factory(options), cocotb module, [options: default first; the rest
 #: run with INA_SIM_FULL])
 BENCHES = [
@@ -167,6 +177,18 @@ BENCHES = [
        "idle": 0.1, "seed": 2},
       {"core": {"workers": 4, "window": 2, "elements": 4, "lanes": 8, "jobs": 2}, "n": 3000,
        "idle": 0.1, "seed": 3, "duplicate_check": False}]),
+    ("SlotEffects", _effects, "ina_fabric.sim.ina.tb_slot_effects",
+     [{"core": {"workers": 8, "window": 4, "elements": 8, "lanes": 1, "jobs": 2}, "n": 300,
+       "idle": 0.2},
+      {"core": {"workers": 32, "window": 8, "elements": 16, "lanes": 4, "jobs": 3}, "n": 3000,
+       "idle": 0.1, "seed": 2}]),
+    ("SlotCompare", _compare, "ina_fabric.sim.ina.tb_slot_compare",
+     [{"core": {"workers": 8, "window": 4, "elements": 8, "lanes": 1, "jobs": 2}, "n": 300,
+       "idle": 0.2},
+      {"core": {"workers": 32, "window": 8, "elements": 16, "lanes": 4, "jobs": 3}, "n": 3000,
+       "idle": 0.1, "seed": 2},
+      {"core": {"workers": 4, "window": 1, "elements": 4, "lanes": 8, "jobs": 2}, "n": 3000,
+       "idle": 0.1, "seed": 3}]),
 ]
 
 

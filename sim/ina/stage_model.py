@@ -51,3 +51,71 @@ def rules_py(q, op, md, duplicate_check=True):
          "pkt": pkt, "scan": op["kind"] == OpKind.SCAN.value and q["enable"],
          "init": op["kind"] == OpKind.INIT.value, "pkt_ok": pkt_ok, "cnt_lt_n": q["cnt_lt_n"]}
     return {k: int(bool(v)) for k, v in c.items()}
+
+
+def _mask(v, bits):
+    return v & ((1 << bits) - 1)
+
+
+def effects_py(P, v, op, c, md, bit, cnt1, due, init_tag, job):
+    """P2's effects (``slot_effects``): the metadata write, the requests and the counter
+    events of a valid operation (``v``: valid and not to be re-run), unsigned fields."""
+    from ina_fabric.hw.ina.layout import AccMode
+    is_pkt, is_init = v and c["pkt"], v and c["init"]
+    expired = v and c["expire"]
+    reuse = c["reuse"]
+    isdup = not reuse and c["dup"]
+    nelem_bad = not reuse and c["nelem_ne"]
+    join, cc = c["join"], c["cur_complete"]
+    resend_ = join and cc
+    dup_only = join and not cc and isdup
+    malf3 = join and not cc and not isdup and nelem_bad
+    accept = join and not cc and not isdup and not nelem_bad
+    completes = accept and (c["one_n"] if reuse else c["cnt1_n"])
+    cur_bitmap = 0 if reuse else md["bitmap"]
+    cur_count = 0 if reuse else md["count"]
+    cur_exp = 0x80 if reuse else md["exponent"]
+    cur_nelem = op["nelem"] if reuse else md["nelem"]
+    cur_tag = op["seq"] if reuse else md["tag"]
+    new_count = 1 if reuse else cnt1
+    new_exp = op["exp"] if c["new_exp"] else md["exponent"]
+    if is_init:
+        w3 = {"en": 1, "addr": op["rec"], "data": {"tag": init_tag, "complete": 1,
+                                                   "bitmap": 0, "count": 0, "exponent": 0x80,
+                                                   "due": 0, "nelem": 0}}
+    else:
+        w3 = {"en": int(v), "addr": op["rec"], "data": {
+            "tag": cur_tag, "complete": int((not reuse and (md["complete"] or c["expire"]))
+                                            or completes),
+            "bitmap": cur_bitmap | (bit if accept else 0),
+            "count": new_count if accept else cur_count,
+            "exponent": new_exp if accept else cur_exp,
+            "due": due if reuse else md["due"], "nelem": cur_nelem}}
+    a = {"rec": op["rec"], "job": job, "unicast": 0, "worker": 0, "seq": _mask(md["tag"], 32),
+         "count": md["count"], "bitmap": md["bitmap"], "exponent": md["exponent"],
+         "nelem": md["nelem"], "partial": 1}
+    bq = {"rec": op["rec"], "job": job, "unicast": int(resend_), "worker": op["worker"] & 31,
+          "seq": _mask(cur_tag, 32), "count": new_count if completes else cur_count,
+          "bitmap": (cur_bitmap | bit) if completes else cur_bitmap,
+          "exponent": new_exp if completes else cur_exp, "nelem": cur_nelem,
+          "partial": 0 if completes else c["cnt_lt_n"]}
+    resend = v and resend_
+    r = op["reason"]
+    ev = {"rx": [is_pkt and not c["defer"]], "rx_data": [v and c["pkt_ok"] and not c["defer"]],
+          "drop_truncated": [is_pkt and r == Reason.TRUNCATED.value],
+          "drop_bad_version": [is_pkt and r == Reason.BAD_VERSION.value],
+          "drop_malformed": [is_pkt and r == Reason.MALFORMED.value, v and c["bignelem"],
+                             v and malf3],
+          "drop_unknown_job": [is_pkt and r == Reason.UNKNOWN_JOB.value],
+          "drop_bad_session": [is_pkt and r == Reason.BAD_SESSION.value],
+          "drop_unknown_source": [v and c["unksrc"]], "drop_stale": [v and c["stale"]],
+          "drop_out_of_window": [v and c["oow"]],
+          "duplicates": [resend and isdup, v and dup_only], "late": [resend and not isdup],
+          "resent": [resend], "accepted": [v and accept], "results": [expired, v and completes],
+          "partials": [expired]}
+    events = {k: sum(int(bool(x)) << n for n, x in enumerate(bits)) for k, bits in ev.items()}
+    mode = (AccMode.OPEN if c["opens"] else AccMode.ADD) if accept else AccMode.NONE
+    return {"w3": w3, "push_a": int(bool(expired)), "a": a,
+            "push_b": int(bool(v and (resend_ or completes))), "b": bq, "events": events,
+            "accepted": int(bool(v and accept)) << job,
+            "elem_start": int(bool(is_pkt and not (v and c["defer"]))), "mode": mode.value}
