@@ -119,6 +119,11 @@ def _compare(o):
     return SlotCompare(_P(**o["core"]))
 
 
+def _issue(o):
+    from ina_fabric.hw.ina.slot_issue import SlotIssue
+    return SlotIssue(_P(**o["core"]))
+
+
 #: (block class name, factory(options), cocotb module, [options: default first; the rest
 #: run with INA_SIM_FULL])
 BENCHES = [
@@ -189,6 +194,13 @@ BENCHES = [
        "idle": 0.1, "seed": 2},
       {"core": {"workers": 4, "window": 1, "elements": 4, "lanes": 8, "jobs": 2}, "n": 3000,
        "idle": 0.1, "seed": 3}]),
+    ("SlotIssue", _issue, "ina_fabric.sim.ina.tb_slot_issue",
+     [{"core": {"workers": 8, "window": 2, "elements": 8, "lanes": 1, "jobs": 2}, "n": 400,
+       "packets": 0.3, "enables": 0.03},
+      {"core": {"workers": 8, "window": 4, "elements": 8, "lanes": 8, "jobs": 3}, "n": 4000,
+       "packets": 0.5, "enables": 0.01, "seed": 2},
+      {"core": {"workers": 4, "window": 1, "elements": 4, "lanes": 2, "jobs": 2}, "n": 4000,
+       "packets": 0.1, "enables": 0.05, "seed": 3}]),
 ]
 
 
