@@ -124,6 +124,11 @@ def _issue(o):
     return SlotIssue(_P(**o["core"]))
 
 
+def _pop(o):
+    from ina_fabric.hw.ina.header_pop import HeaderPop
+    return HeaderPop(_P(**o["core"]))
+
+
 #: (block class name, factory(options), cocotb module, [options: default first; the rest
 #: run with INA_SIM_FULL])
 BENCHES = [
@@ -201,6 +206,13 @@ BENCHES = [
        "packets": 0.5, "enables": 0.01, "seed": 2},
       {"core": {"workers": 4, "window": 1, "elements": 4, "lanes": 2, "jobs": 2}, "n": 4000,
        "packets": 0.1, "enables": 0.05, "seed": 3}]),
+    ("HeaderPop", _pop, "ina_fabric.sim.ina.tb_header_pop",
+     [{"core": {"workers": 8, "window": 4, "elements": 8, "lanes": 2, "jobs": 2}, "n": 30,
+       "empty": 0.2, "wait": 0.2},
+      {"core": {"workers": 32, "window": 8, "elements": 8, "lanes": 1, "jobs": 3}, "n": 300,
+       "empty": 0.3, "wait": 0.1, "seed": 2},
+      {"core": {"workers": 8, "window": 2, "elements": 16, "lanes": 8, "jobs": 2}, "n": 300,
+       "empty": 0.0, "wait": 0.0, "seed": 3}]),
 ]
 
 
