@@ -1,7 +1,9 @@
 """Mutation harness (opt-in: ``INA_MUTATION=1``): realistic bugs planted in a copy of
 hw/ina's source, one at a time; each must be killed by the suite (the block tests and
-proofs of tests/test_hw_ina_blocks.py first, then the cocotb benches: directed L = 8
-and L = 1, coverage L = 4 and L = 1). Prints killed/total.
+proofs of tests/test_hw_ina_blocks.py first, then the cocotb benches of the mutated
+module's own blocks (tests/test_sim_blocks.py, seconds each), then the core's benches:
+directed L = 8 and L = 1, coverage L = 4 and L = 1). Prints what killed each mutant and
+after how many seconds.
 
 Each mutant runs in its own process: the mutated module's source is executed over the
 imported module, and the modules that import from it are reloaded, so the core built
@@ -65,6 +67,13 @@ _RUNNER = textwrap.dedent('''
     import importlib, json, sys, dataclasses
     spec = json.loads(sys.argv[1])
     import ina_fabric.hw.ina as pkg
+    # each mutated module's (or planted bug's) blocks, whose own benches run first
+    BLOCKS = {"slot": ("SlotCompare", "SlotRules", "HeaderPop"),
+              "header_pop": ("HeaderPop",), "slot_issue": ("SlotIssue",),
+              "slot_compare": ("SlotCompare",), "slot_rules": ("SlotRules",),
+              "slot_effects": ("SlotEffects",), "element": ("ElementPath",),
+              "replicator": ("Replicator",), "wrapping_adder": ("ElementPath",),
+              "no_duplicate_check": ("SlotRules",)}
     # every module that imports from a mutated one, in import order (hw/ina/*.py)
     DEPENDENTS = ("slot", "element", "header_pop", "header_decode", "slot_issue",
                   "slot_compare", "slot_rules", "slot_effects", "header", "replicator",
@@ -80,10 +89,27 @@ _RUNNER = textwrap.dedent('''
         for dep in DEPENDENTS:
             if dep != spec["module"]:
                 importlib.reload(importlib.import_module("ina_fabric.hw.ina." + dep))
-    import pytest
+    import pytest, time
+    t0 = time.time()
+    def killed(by):
+        print(f"KILLED by {by} after {time.time() - t0:.0f} s"); sys.exit(0)
     # 1. block tests and proofs, on the mutated modules (in this process)
     if pytest.main(["-q", "-x", "-p", "no:cacheprovider", "tests/test_hw_ina_blocks.py"]) != 0:
-        print("KILLED by tests/test_hw_ina_blocks.py"); sys.exit(0)
+        killed("tests/test_hw_ina_blocks.py")
+    # 2. the cocotb benches of the blocks the mutated module holds (seconds each)
+    sys.path.insert(0, "tests")
+    from test_sim_blocks import bench_of, run_block
+    for name in BLOCKS.get(spec.get("module") or bug, ()):
+        try:
+            n, make, module, options = bench_of(name)
+        except KeyError:        # (a block with no bench of its own yet)
+            continue
+        if bug:
+            options["planted"] = bug
+        try:
+            run_block(n, make, module, options, tag="mut_" + spec["tag"] + "_")
+        except AssertionError:
+            killed("the " + name + " bench")
     from ina_fabric.hw.ina.core import InaCore
     from ina_fabric.sim.common import run_cocotb
     sys.path.insert(0, "tests")
@@ -108,7 +134,7 @@ _RUNNER = textwrap.dedent('''
             if isinstance(cov, dict) and [n for n in cov["required"] if not cov["hits"].get(n)]:
                 raise AssertionError("coverage holes")
         except AssertionError as e:
-            print("KILLED by " + what); sys.exit(0)
+            killed(what)
     print("SURVIVED"); sys.exit(0)
 ''')
 
