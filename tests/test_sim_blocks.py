@@ -130,6 +130,11 @@ def _pop(o):
     return HeaderPop(_P(**o["core"]))
 
 
+def _decode(o):
+    from ina_fabric.hw.ina.header_decode import HeaderDecode
+    return HeaderDecode(_P(**o["core"]))
+
+
 #: (block class name, factory(options), cocotb module, [options: default first; the rest
 #: run with INA_SIM_FULL])
 BENCHES = [
@@ -214,6 +219,12 @@ BENCHES = [
        "empty": 0.3, "wait": 0.1, "seed": 2},
       {"core": {"workers": 8, "window": 2, "elements": 16, "lanes": 8, "jobs": 2}, "n": 300,
        "empty": 0.0, "wait": 0.0, "seed": 3}]),
+    ("HeaderDecode", _decode, "ina_fabric.sim.ina.tb_header_decode",
+     [{"core": {"workers": 8, "window": 4, "elements": 8, "lanes": 2, "jobs": 2}, "n": 200},
+      {"core": {"workers": 32, "window": 8, "elements": 16, "lanes": 1, "jobs": 4}, "n": 2000,
+       "seed": 2},
+      {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 8, "jobs": 3}, "n": 2000,
+       "seed": 3}]),
 ]
 
 
