@@ -135,6 +135,11 @@ def _decode(o):
     return HeaderDecode(_P(**o["core"]))
 
 
+def _parser(o):
+    from ina_fabric.hw.ina.entry import EntryParser
+    return EntryParser(cycles_per_us=o["cycles_per_us"], max_words=512)
+
+
 #: (block class name, factory(options), cocotb module, [options: default first; the rest
 #: run with INA_SIM_FULL])
 BENCHES = [
@@ -225,6 +230,9 @@ BENCHES = [
        "seed": 2},
       {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 8, "jobs": 3}, "n": 2000,
        "seed": 3}]),
+    ("EntryParser", _parser, "ina_fabric.sim.ina.tb_entry_parser",
+     [{"cycles_per_us": 3, "n": 25}, {"cycles_per_us": 75, "n": 200, "seed": 2},
+      {"cycles_per_us": 1, "n": 300, "seed": 3}]),
 ]
 
 
