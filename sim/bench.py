@@ -100,6 +100,8 @@ class _Sink:
         self.ready = 1
 
     def before(self):
+        if self.bp is None:         # (an ``always_ready`` stream: no ready port)
+            return
         self.ready = 0 if self.b.rng.random() < self.bp else 1
         self.b.wr(f"{self.prefix}__ready", self.ready)
 
@@ -145,6 +147,7 @@ class Bench:
         return s
 
     def sink(self, prefix, layout=None, *, backpressure=0.0):
+        """(``backpressure=None``: the stream is ``always_ready``, it has no ``ready``.)"""
         s = _Sink(self, prefix, layout, backpressure)
         self.parts.append(s)
         return s
@@ -157,7 +160,7 @@ class Bench:
             if isinstance(p, _Source):
                 self.wr(f"{p.prefix}__valid", 0)
                 self.wr(f"{p.prefix}__payload", 0)
-            else:
+            elif p.bp is not None:
                 self.wr(f"{p.prefix}__ready", 0)
         for k, v in init.items():
             self.wr(k, v)
@@ -176,6 +179,14 @@ class Bench:
             self.cycle += 1
             for p in self.parts:
                 p.after()
+
+    def run_in_background(self):
+        """Step every stream part on every cycle from now on, beside the test (which
+        then waits on the clock, e.g. for a cocotbext-eth model)."""
+        async def loop():
+            while True:
+                await self.step()
+        return cocotb.start_soon(loop())
 
     async def settle(self):
         """To the falling edge: reads show this cycle's settled values (registers after

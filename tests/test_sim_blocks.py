@@ -140,6 +140,11 @@ def _parser(o):
     return EntryParser(cycles_per_us=o["cycles_per_us"], max_words=512)
 
 
+def _macrx(o):
+    from ina_fabric.hw.eth.mac import MacRx
+    return MacRx(max_frame=o["max_frame"])
+
+
 #: (block class name, factory(options), cocotb module, [options: default first; the rest
 #: run with INA_SIM_FULL])
 BENCHES = [
@@ -233,6 +238,8 @@ BENCHES = [
     ("EntryParser", _parser, "ina_fabric.sim.ina.tb_entry_parser",
      [{"cycles_per_us": 3, "n": 25}, {"cycles_per_us": 75, "n": 200, "seed": 2},
       {"cycles_per_us": 1, "n": 300, "seed": 3}]),
+    ("MacRx", _macrx, "ina_fabric.sim.eth.tb_mac_rx",
+     [{"max_frame": 128, "n": 12}, {"max_frame": 1522, "n": 60, "seed": 2}]),
 ]
 
 
