@@ -145,6 +145,16 @@ def _macrx(o):
     return MacRx(max_frame=o["max_frame"])
 
 
+def _mactx(o):
+    from ina_fabric.hw.eth.mac import MacTx
+    return MacTx()
+
+
+def _pbuf(o):
+    from ina_fabric.hw.eth.mac import PacketBuffer
+    return PacketBuffer(depth=o["depth"])
+
+
 #: (block class name, factory(options), cocotb module, [options: default first; the rest
 #: run with INA_SIM_FULL])
 BENCHES = [
@@ -240,6 +250,13 @@ BENCHES = [
       {"cycles_per_us": 1, "n": 300, "seed": 3}]),
     ("MacRx", _macrx, "ina_fabric.sim.eth.tb_mac_rx",
      [{"max_frame": 128, "n": 12}, {"max_frame": 1522, "n": 60, "seed": 2}]),
+    ("MacTx", _mactx, "ina_fabric.sim.eth.tb_mac_tx",
+     [{"n": 8, "idle": 0.5}, {"n": 60, "idle": 0.0, "seed": 2}, {"n": 60, "idle": 0.9, "seed": 3}]),
+    ("PacketBuffer", _pbuf, "ina_fabric.sim.eth.tb_packet_buffer",
+     [{"depth": 64, "n": 30, "max_len": 40, "idle": 0.2, "bp": 0.3},
+      {"depth": 256, "n": 200, "max_len": 60, "idle": 0.0, "bp": 0.0, "seed": 2,
+       "no_overflow": True},
+      {"depth": 32, "n": 200, "max_len": 40, "idle": 0.0, "bp": 0.8, "seed": 3}]),
 ]
 
 
