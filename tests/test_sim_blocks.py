@@ -155,6 +155,11 @@ def _pbuf(o):
     return PacketBuffer(depth=o["depth"])
 
 
+def _ingress(o):
+    from ina_fabric.hw.eth.ingress import Ingress
+    return Ingress()
+
+
 #: (block class name, factory(options), cocotb module, [options: default first; the rest
 #: run with INA_SIM_FULL])
 BENCHES = [
@@ -257,6 +262,9 @@ BENCHES = [
       {"depth": 256, "n": 200, "max_len": 60, "idle": 0.0, "bp": 0.0, "seed": 2,
        "no_overflow": True},
       {"depth": 32, "n": 200, "max_len": 40, "idle": 0.0, "bp": 0.8, "seed": 3}]),
+    ("Ingress", _ingress, "ina_fabric.sim.eth.tb_ingress",
+     [{"n": 13, "idle": 0.2, "bp": 0.3}, {"n": 150, "idle": 0.0, "bp": 0.0, "seed": 2},
+      {"n": 150, "idle": 0.5, "bp": 0.7, "seed": 3}]),
 ]
 
 
