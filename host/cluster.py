@@ -244,7 +244,7 @@ class LocalCluster:
         self.config = JobConfig.from_settings(spec.job, addrs, spec.settings, mcast,
                                               spec.session or None)
         if self.switch_proc is not None:
-            from .switch import send_job
+            from ina_fabric.protocol.control_client import send_job
             send_job(self.switch, self.config)
         for c in self.conns:
             c.send(("session", self.config.session))
@@ -263,7 +263,7 @@ class LocalCluster:
             results.append(val)
         counters = {}
         if self.switch_proc is not None:
-            from .switch import query_status
+            from ina_fabric.protocol.control_client import query_status
             counters = {k: v for k, v in query_status(self.switch)["counters"].items() if v}
         return {
             "seconds": max(r["seconds"] for r in results),

@@ -231,7 +231,7 @@ class InaHookState:
         ok = 1
         if configure and rank == 0:
             from ina_fabric.protocol.jobtable import JobConfig
-            from ..switch import send_job
+            from ina_fabric.protocol.control_client import send_job
             mcast = group if all(g == group for _, g in members) else None
             cfg = JobConfig(job, tuple(m for m, _ in members), window, elements, deadline,
                             mode, mcast, client.session)
@@ -279,7 +279,7 @@ class InaHookState:
 
     def job_installed(self) -> bool:
         """Whether the switch's job table holds this job (OSError: no answer)."""
-        from ..switch import query_status
+        from ina_fabric.protocol.control_client import query_status
         jobs = query_status(self.collective.switch, timeout=1.0).get("jobs", {})
         return str(self.collective.job) in {str(j) for j in jobs}
 
@@ -316,7 +316,7 @@ class InaHookState:
         if remove and self.installed and self.use_switch:
             self.installed = False
             from ..switch.model import IDLE_RECLAIM_S
-            from ..switch.server import remove_job
+            from ina_fabric.protocol.control_client import remove_job
             c = self.collective
             try:
                 remove_job(c.switch, c.job, c.session, timeout=1.0)
@@ -375,7 +375,7 @@ class InaHookState:
         if abs(d - cur) <= RETUNE_CHANGE * cur:
             return
         import dataclasses
-        from ..switch import send_job
+        from ina_fabric.protocol.control_client import send_job
         new = dataclasses.replace(self.job_config, deadline=d)
         try:
             send_job(c.switch, new, timeout=1.0, update=True)

@@ -311,7 +311,7 @@ class SwitchClient:
         fails as this one did, instead of the ranks' replicas going apart. Best effort:
         without the control key, or with the switch gone, the others fail only when they
         too fall behind."""
-        from ..switch.server import remove_job
+        from ina_fabric.protocol.control_client import remove_job
         try:
             remove_job(self.switch, self.job, self.session, timeout=0.5)
         except Exception:  # noqa: BLE001 (no key, no answer: nothing more to do here)
@@ -517,7 +517,7 @@ class SwitchClient:
 
     def _switch_says(self, waiting) -> str:
         """What the switch's STATUS tells about this job, as the end of an error."""
-        from ..switch.server import query_status
+        from ina_fabric.protocol.control_client import query_status
         try:
             jobs = query_status(self.switch, timeout=0.5).get("jobs", {})
         except Exception as e:  # noqa: BLE001 (no answer, no key: say so)
