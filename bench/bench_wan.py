@@ -16,7 +16,7 @@ __all__ = ["main"]
 
 def _sizes(text) -> list[float]:
     """``--memory``: comma-separated sizes, or a one-line usage error."""
-    from ina_fabric.host.commands._common import parse_size
+    from ina_fabric.host.commands import parse_size
     try:
         out = [float(parse_size(m)) for m in text.split(",")]
     except ValueError as e:

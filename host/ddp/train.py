@@ -70,7 +70,7 @@ class TrainConfig:
     elements: int = _LOOPBACK.elements   # per packet (LINK_DEFAULTS: loopback)
     window: int = _LOOPBACK.window
     #: bounded mode's slot deadline; None: derived from the link rate and the ranks'
-    #: timeouts (``host.transport.slot_deadline``, moved live by rank 0)
+    #: timeouts (``host.deadline``, moved live by rank 0)
     deadline_ms: float | None = _LOOPBACK.deadline_ms
     #: the derived deadline's rule (``slot_deadline.RULES``): ``derived`` (wire + 2 rto)
     #: or ``loss-aware`` (one window more than the wire while no RESULT is lost)
@@ -141,7 +141,7 @@ class TrainConfig:
                                  f"comma-separated ranks below {self.workers}")
         if self.accum_steps < 1:
             raise ValueError(f"accum_steps={self.accum_steps}: need >= 1")
-        from ..transport.slot_deadline import RULES
+        from ..deadline import RULES
         if self.deadline_rule not in RULES:
             raise ValueError(f"deadline_rule={self.deadline_rule!r}: one of {', '.join(RULES)}")
         if self.lr_scaling not in LR_SCALING:
