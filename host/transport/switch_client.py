@@ -56,7 +56,7 @@ import time
 import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
-                                        GROUP_WORKER)
+                                        GROUP_WORKER, Refusal)
 from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_SESSION, H_BITMAP
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS, MAX_ELEMENTS
 from ina_fabric.protocol.fields import c_layout
@@ -67,11 +67,12 @@ from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Aband
 
 _D = LINK_DEFAULTS["ethernet"]
 _LAYOUT = c_layout()
-_DATA, _RESULT = int(MsgType.DATA), int(MsgType.RESULT)
+_DATA, _RESULT, _ERROR = int(MsgType.DATA), int(MsgType.RESULT), int(MsgType.ERROR)
 _PARTIAL, _OVERFLOW = int(Flags.PARTIAL), int(Flags.OVERFLOW)
 _RETRANSMIT, _LAST = int(Flags.RETRANSMIT), int(Flags.LAST)
 
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
+           "SwitchRefused",
            "AllreduceTimeout", "AllreduceTooLate", "AllreduceInconsistent", "JobFailed",
            "warm_up"]
 
@@ -84,6 +85,17 @@ def warm_up():
 
 class SwitchUnavailable(ConnectionError):
     """No RESULT came back from the switch at all (down, wrong address, job unknown)."""
+
+
+class SwitchRefused(ConnectionError):
+    """The switch answered this worker's DATA with an ERROR (``fields.Refusal``): a
+    mistake the sender can fix (unknown job, not a member, wrong length, another
+    session, a seq the job has passed). ``reason`` is the ``Refusal``, ``figure`` the
+    switch's figure (members, elements, or the job's position)."""
+
+    def __init__(self, message, reason=None, figure=0):
+        super().__init__(message)
+        self.reason, self.figure = reason, figure
 
 
 class AllreduceTimeout(TimeoutError):
@@ -409,6 +421,12 @@ class SwitchClient:
                     h = unpack_from(rx)
                     p = result_index(h, nbytes)
                     if p is None:
+                        if h[1] == _ERROR and nbytes == HEADER_BYTES:
+                            q = call.error_index(h)
+                            if q is not None and (h[6] != Refusal.STALE or
+                                                  not win.received[q]):
+                                raise self._refused(h[6], h[H_BITMAP], h[7],
+                                                    call.nelem_of(q))
                         call.stats.foreign_ignored += 1
                         continue
                     if reliable and h[2] & _PARTIAL:
@@ -483,6 +501,9 @@ class SwitchClient:
                 raise self._stalled(e.remaining, K + W) from None
             if e.code == fastcall.TOO_LATE:
                 raise self._too_late(None, K + W, W) from None
+            if e.code == fastcall.REFUSED:
+                raise self._refused(e.reason, e.figure, (base + e.p) & 0xFFFFFFFF,
+                                    min(E, n - (e.p - W) * E) if e.p >= W else 0) from None
             if e.code == fastcall.INCONSISTENT:
                 raise AllreduceInconsistent(
                     f"job {self.job} worker {self.worker}: the switch answered a "
@@ -490,6 +511,45 @@ class SwitchClient:
                     f"again as bounded?)") from None
             raise OSError(-e.code, f"allreduce socket: {os.strerror(-e.code)}") from None
         return st
+
+    def _refused(self, reason, figure, seq, nelem) -> Exception:
+        """The one-line error for an ERROR of the switch (``fields.Refusal``) answering
+        this worker's DATA of ``seq`` (``nelem`` elements). Bounded mode, a seq the job
+        has passed is ``AllreduceTooLate`` (this worker fell behind)."""
+        who = f"job {self.job} worker {self.worker}"
+        at = f"the switch at {self.switch[0]}:{self.switch[1]}"
+        try:
+            reason = Refusal(reason)
+        except ValueError:
+            return SwitchRefused(f"{who}: {at} refused its DATA (reason {reason}, unknown "
+                                 f"to this client: a newer switch?)", reason, figure)
+        if reason == Refusal.UNKNOWN_JOB:
+            msg = (f"{at} has no job {self.job} (never installed, removed, or the switch "
+                   f"restarted): check the job id (--job / INA_JOB) and that the job is "
+                   f"installed")
+        elif reason == Refusal.NOT_MEMBER:
+            msg = (f"{at} holds job {self.job} with {figure} member(s), and worker "
+                   f"{self.worker} at {self.address[0]}:{self.address[1]} is not one of "
+                   f"them: start as many workers as the job has members, each bound to "
+                   f"the address the job table gives it (--workers, --base-port)")
+        elif reason == Refusal.BAD_LENGTH:
+            msg = (f"{at} takes {figure} elements in this packet of job {self.job}, and "
+                   f"this worker sent {nelem}: the switch and every worker must use the "
+                   f"same element count (--elements / INA_ELEMENTS; the job has "
+                   f"{figure if nelem > figure else 'at least ' + str(nelem)}) and the "
+                   f"same call sizes")
+        elif reason == Refusal.BAD_SESSION:
+            msg = (f"{at} holds job {self.job} under another session (another run "
+                   f"installed it, or it was installed again): give this run the job's "
+                   f"session (--session / INA_SESSION), or install the job again")
+        else:
+            msg = (f"{at} has passed seq {seq} of job {self.job} (the job is at seq "
+                   f"{figure}): this worker is behind the job (a second run of a static "
+                   f"job that did not resume at the switch's position, or a worker that "
+                   f"fell more than a window behind)")
+            if self.mode != "reliable":
+                return AllreduceTooLate(f"{who}: bounded mode, {msg}")
+        return SwitchRefused(f"{who}: {msg}", reason, figure)
 
     def _stalled(self, remaining, packets) -> "AllreduceTimeout":
         """The stall error, saying who stalls the job when the switch can tell: the
@@ -624,6 +684,15 @@ class AllreduceCall:
     def nelem_of(self, p) -> int:
         """Elements packet ``p`` carries (and its RESULT must carry)."""
         return min(self.E, self.n - (p - self.W) * self.E) if p >= self.W else 0
+
+    def error_index(self, h):
+        """The packet index of an ERROR (``h``, a header-only datagram) that answers a
+        DATA of this call (version, job, worker, session and seq checked), or None."""
+        p = (h[7] - self.base) & 0xFFFFFFFF
+        if (h[0] == VERSION and h[4] == self.job and h[5] == self.worker and p < self.P
+                and h[H_SESSION] == self.session):
+            return p
+        return None
 
     def result_index(self, h, nbytes):
         """The packet index of a RESULT of this call (header ``h``, a ``HEADER_STRUCT``
