@@ -42,7 +42,8 @@
 
 enum { A_SEND = 1, A_DELIVER, A_ABANDON, A_HOLD, A_FAIL };
 enum { FAIL_UNAVAILABLE = 0, FAIL_STALLED = 1 };
-enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_REFUSED };
+enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_REFUSED,
+       RC_MEMBERS_DIFFER };
 #define REFUSAL_STALE 5          /* fields.Refusal.STALE */
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
        S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, NSTATS };
@@ -766,6 +767,10 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                         continue;
                     }
                     if (!w->bounded && (d[L->flags] & L->f_partial)) return RC_INCONSISTENT;
+                    if (!(d[L->flags] & L->f_partial) && d[L->count] != c->nworkers) {
+                        c->refusal_figure = d[L->count];   /* the job's member count */
+                        return RC_MEMBERS_DIFFER;
+                    }
                     win_on_result(w, p, now);
                     if (w->nact) {
                         useful = 1;
@@ -815,6 +820,7 @@ static int get_buf(PyObject *o, Py_buffer *b, int writable, Py_ssize_t itemsize,
  * code: 0 done, 1 switch unavailable, 2 stalled, 3 PARTIAL in a reliable call,
  * 4 a result gone for good (bounded: too late), 5 the switch refused a DATA (an ERROR:
  * then reason, figure and the packet index follow the code and the remaining count),
+ * 6 a complete RESULT of another member count (figure: the count),
  * -errno: a socket error. rtt (float64[5]) and stats (int64[10]) are updated in place. */
 static PyObject *run_call(PyObject *self, PyObject *args) {
     PyObject *layout, *fdt, *ox, *oout, *oring, *oexp, *ocfg, *ortt, *ostats;

@@ -35,7 +35,7 @@ _RTT = ("srtt", "rttvar", "answered", "peak", "last_peak")
 _KINDS = {1: lambda p, f: Send(p, bool(f)), 2: lambda p, f: Deliver(p),
           3: lambda p, f: Abandon(p), 4: lambda p, f: Hold(p),
           5: lambda p, f: Fail(("unavailable", "stalled")[p])}
-UNAVAILABLE, STALLED, INCONSISTENT, TOO_LATE, REFUSED = 1, 2, 3, 4, 5
+UNAVAILABLE, STALLED, INCONSISTENT, TOO_LATE, REFUSED, MEMBERS_DIFFER = 1, 2, 3, 4, 5, 6
 
 
 def available() -> bool:

@@ -196,6 +196,9 @@ class SwitchClient:
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
         self._residual = {}     # carry mode: call size -> what the last one left out
+        #: the session ``seq`` counts in: a client given another session (the job
+        #: installed again) starts its sequence at 0 and forgets its failure (issue 43)
+        self._run = self.session
         if self.carry and self.mode == "reliable":
             raise ValueError("carry: only in a bounded mode (reliable sums are complete)")
         if self.engine not in ("auto", "c", "python"):
@@ -300,6 +303,9 @@ class SwitchClient:
         is gone for good (``AllreduceTooLate``) also ends the job at the switch, so every
         other rank's next call raises too instead of carrying on without it (see the
         README's trust model)."""
+        if self.session != self._run:     # a new install: sequence afresh, failure cleared
+            self._run, self.seq, self.failed = self.session, 0, None
+            self._residual.clear()
         if self.failed is not None and self.failed[0] == self.session:
             raise JobFailed(f"job {self.job} worker {self.worker}: an earlier call failed "
                             f"({self.failed[1]}); the job's slots and sequence numbers no "
@@ -434,6 +440,8 @@ class SwitchClient:
                             f"job {self.job} worker {self.worker}: the switch answered a "
                             f"reliable call with a PARTIAL result (was the job installed "
                             f"again as bounded?)")
+                    if not h[2] & _PARTIAL and h[6] != self.nworkers:
+                        raise self._members_differ(h[6])
                     actions = win.on_result(p, clock())
                     if actions:
                         useful = True
@@ -504,6 +512,8 @@ class SwitchClient:
             if e.code == fastcall.REFUSED:
                 raise self._refused(e.reason, e.figure, (base + e.p) & 0xFFFFFFFF,
                                     min(E, n - (e.p - W) * E) if e.p >= W else 0) from None
+            if e.code == fastcall.MEMBERS_DIFFER:
+                raise self._members_differ(e.figure) from None
             if e.code == fastcall.INCONSISTENT:
                 raise AllreduceInconsistent(
                     f"job {self.job} worker {self.worker}: the switch answered a "
@@ -511,6 +521,14 @@ class SwitchClient:
                     f"again as bounded?)") from None
             raise OSError(-e.code, f"allreduce socket: {os.strerror(-e.code)}") from None
         return st
+
+    def _members_differ(self, count) -> "AllreduceInconsistent":
+        """A complete RESULT (no PARTIAL flag) counts every member of the switch's job:
+        ``count`` workers, where this run has ``nworkers``."""
+        return AllreduceInconsistent(
+            f"job {self.job} worker {self.worker}: the switch's job has {count} member(s) "
+            f"and this run {self.nworkers} workers: start as many workers as the job has "
+            f"members (--workers), or install the job for {self.nworkers}")
 
     def _refused(self, reason, figure, seq, nelem) -> Exception:
         """The one-line error for an ERROR of the switch (``fields.Refusal``) answering
