@@ -119,8 +119,9 @@ def test_flood_of_wrong_length_data_gets_fewer_bytes_back(engine, ports):
 
 # -- every mismatch raises within 5 s on every rank, naming the cause -------------------
 def _serve(jobs, engine="fast"):
+    """A switch in a thread, with the machine's control key (STATUS answered)."""
     server = SwitchServer(jobs, "127.0.0.1", 0, engine=engine if engine in SWITCHES
-                          else "model", key=None)
+                          else "model")
     t = threading.Thread(target=server.serve_forever, kwargs={"install_signals": False},
                          daemon=True)
     t.start()
@@ -243,3 +244,39 @@ def test_client_reused_under_a_new_session(engine, ports, switch_of):
     for r, secs in _ranks(cs):
         assert not isinstance(r, Exception), r
         assert np.all(r == 3) and secs < 5
+
+
+# -- a static job can be run again ------------------------------------------------------
+def test_static_job_runs_twice_and_never_sees_stored_results(switch_of):
+    """A static job (in the switch's table beforehand, as on an FPGA) run twice by
+    `ina allreduce --switch` (LocalCluster): the second run resumes at the switch's
+    position (STATUS) instead of starting at seq 0, where its DATA was stale (or took
+    the first run's stored results: "refetched 16"). A run after one that left slots
+    open (failed mid-call) is refused at once, naming it."""
+    from conftest import consecutive_free_ports
+    from ina_fabric.host.cluster import LocalCluster, WorkerSpec
+    from ina_fabric.protocol.jobtable import job_defaults
+    base = consecutive_free_ports(2)
+    settings = job_defaults("ethernet")
+    job = JobConfig(5, (f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"), settings.window,
+                    settings.elements, session=0x436)
+    server = switch_of([job])
+    switch = f"127.0.0.1:{server.address[1]}"
+    spec = WorkerSpec(job=5, nworkers=2, settings=settings, base_port=base, session=0x436)
+    for run in range(2):
+        with LocalCluster(spec, switch=switch) as cluster:
+            res = cluster.allreduce_check(10_000, 2)
+        assert res["within_bound"], run
+        assert all(r["stats"]["refetched"] == 0 for r in res["per_worker"]), run
+    position = server.model.status()["jobs"][5]["position"]
+    assert position > 0
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)      # worker 0 starts a call
+    s.bind(("127.0.0.1", base))
+    s.sendto(pack(np.ones(0), job=5, worker=0, seq=position, session=0x436), server.address)
+    s.close()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    with pytest.raises(SwitchRefused, match="open slot"):
+        with LocalCluster(spec, switch=switch) as cluster:
+            cluster.allreduce_check(10_000, 1)
+    assert time.monotonic() - t0 < 5

@@ -74,7 +74,7 @@ _RETRANSMIT, _LAST = int(Flags.RETRANSMIT), int(Flags.LAST)
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
            "SwitchRefused",
            "AllreduceTimeout", "AllreduceTooLate", "AllreduceInconsistent", "JobFailed",
-           "warm_up"]
+           "warm_up", "static_position"]
 
 
 def warm_up():
@@ -96,6 +96,52 @@ class SwitchRefused(ConnectionError):
     def __init__(self, message, reason=None, figure=0):
         super().__init__(message)
         self.reason, self.figure = reason, figure
+
+
+def static_position(switch, job: int, session: int, timeout=1.0, key=None,
+                    settle=1.0) -> int | None:
+    """Where a new run of a static job (loaded into the switch beforehand, no CONTROL)
+    starts: the job's position, the seq after the newest slot it opened, asked with
+    STATUS. A static job cannot be reset by its workers (the FPGA's table is loaded by
+    ``ina hw-config``, and a run has no key to install it again), so a second run
+    *resumes*: its first packet opens a slot whose previous result (of the earlier
+    run) is complete and is overwritten, so no stored result of an earlier run reaches
+    the new one. Raises SwitchRefused when the switch holds no such job, holds it under
+    another session, or has slots of an earlier run still open after ``settle`` seconds
+    (a reliable run that failed mid-call: its contributions would mix into the new
+    run's sums; load the job again). Returns None when the switch does not answer
+    STATUS (no control key here): the run then starts at 0, and the switch's STALE
+    answer names the position if the job is further on. Call it on one rank before
+    any rank sends, and give every rank the same answer (``SwitchClient.start``)."""
+    from ..switch.server import query_status
+    at = f"the switch at {switch[0]}:{switch[1]}"
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            jobs = query_status(switch, timeout=timeout, key=key).get("jobs", {})
+        except Exception:  # noqa: BLE001 (no key, no answer: the STALE answer tells)
+            return None
+        st = jobs.get(str(job))
+        if st is None:
+            raise SwitchRefused(f"{at} has no job {job} (a static job must be in its "
+                                f"table: `ina hw-config`, `ina switch --local-workers`)",
+                                Refusal.UNKNOWN_JOB)
+        if st.get("session") not in (None, f"{session:016x}"):
+            raise SwitchRefused(f"{at} holds job {job} under another session than "
+                                f"{session:#x}: give the session of its [[job]] table "
+                                f"(--session / INA_SESSION)", Refusal.BAD_SESSION)
+        if "position" not in st:
+            return None
+        if not st.get("open_slots"):
+            return int(st["position"])
+        if time.monotonic() >= deadline:
+            raise SwitchRefused(
+                f"{at} holds {st['open_slots']} open slot(s) of an earlier run of static "
+                f"job {job} (waiting for worker(s) "
+                f"{', '.join(map(str, st.get('waiting_for', [])))}): that run failed "
+                f"mid-call and its partial sums would mix into this run's; load the job "
+                f"again (`ina hw-config`, or restart `ina switch`)", Refusal.STALE)
+        time.sleep(0.05)
 
 
 class AllreduceTimeout(TimeoutError):
@@ -250,6 +296,13 @@ class SwitchClient:
             if s is not None:
                 self._poll.register(s.fileno(), select.POLLIN)
         Q.warm_up()
+
+    def start(self, session: int, seq: int = 0):
+        """Begin a run: ``session`` (the job's install), the first ``seq`` (0 after an
+        install; a static job's position, ``static_position``), no failure."""
+        self.session = self._run = session
+        self.seq, self.failed = seq & 0xFFFFFFFF, None
+        self._residual.clear()
 
     def _join(self, group):
         iface = self.address[0]
