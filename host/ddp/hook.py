@@ -224,10 +224,25 @@ class InaHookState:
             client.close()
             raise ValueError("a job the switch already holds (no CONTROL): give its session "
                              "id in INA_SESSION (the `session` of its [[job]] table)")
+        position = 0      # a static job: rank 0 asks where a new run resumes
+        if not configure and rank == 0:
+            from ..transport.switch_client import static_position
+            try:
+                position = static_position(addr, job, session, timeout=connect_timeout)
+            except OSError as e:      # SwitchRefused: no such job, another session, ...
+                position = f"error: {e}"
         gathered = [json.loads(t) for t in peers.gather(json.dumps(
-            [f"{client.address[0]}:{client.address[1]}", client.group, str(session)]))]
-        members = [(m, tuple(g) if g else None) for m, g, _ in gathered]
-        client.session = int(gathered[0][2])
+            [f"{client.address[0]}:{client.address[1]}", client.group, str(session),
+             position]))]
+        members = [(m, tuple(g) if g else None) for m, g, _, _ in gathered]
+        refused = gathered[0][3][7:] if isinstance(gathered[0][3], str) else None
+        if not configure and gathered[0][3] is None:
+            warnings.warn(f"INA: switch {addr[0]}:{addr[1]} did not answer STATUS (no "
+                          f"control key here?): static job {job} starts at seq 0; a run "
+                          f"after an earlier one may then be refused (STALE) or, after "
+                          f"a run shorter than two windows, take its stored results",
+                          RuntimeWarning, stacklevel=2)
+        client.start(int(gathered[0][2]), 0 if refused else gathered[0][3] or 0)
         ok = 1
         if configure and rank == 0:
             from ina_fabric.protocol.jobtable import JobConfig
@@ -253,7 +268,11 @@ class InaHookState:
             state.deadline_rule = rule
             state.deadline_history.append((0, deadline))
         try:
-            state.probe(ok, query=configure)
+            if refused:       # every rank alike: rank 0's reason, raised or warned
+                from ..transport.switch_client import SwitchRefused
+                state._fall_back(refused, SwitchRefused)
+            else:
+                state.probe(ok, query=configure)
         except BaseException:
             client.close()
             raise
