@@ -113,7 +113,7 @@ def static_position(switch, job: int, session: int, timeout=1.0, key=None,
     STATUS (no control key here): the run then starts at 0, and the switch's STALE
     answer names the position if the job is further on. Call it on one rank before
     any rank sends, and give every rank the same answer (``SwitchClient.start``)."""
-    from ..switch.server import query_status
+    from ina_fabric.protocol.control_client import query_status
     at = f"the switch at {switch[0]}:{switch[1]}"
     deadline = time.monotonic() + settle
     while True:
