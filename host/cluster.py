@@ -158,8 +158,8 @@ def _worker_main(spec, w, switch, conn, group, barrier):
         cmd = conn.recv()
         if cmd is None:
             break
-        if cmd[0] == "session":       # the install's, from the parent
-            client.session = cmd[1]
+        if cmd[0] == "start":         # the install's session and first seq, from the parent
+            client.start(cmd[1], cmd[2])
             continue
         n, iters = cmd
         from .transport import quantize as Q
@@ -243,11 +243,19 @@ class LocalCluster:
                              f"its [[job]] table, --session)")
         self.config = JobConfig.from_settings(spec.job, addrs, spec.settings, mcast,
                                               spec.session or None)
+        position = 0
         if self.switch_proc is not None:
             from ina_fabric.protocol.control_client import send_job
             send_job(self.switch, self.config)
+        else:     # a static job: a second run resumes at the switch's position
+            from .transport.switch_client import static_position
+            try:
+                position = static_position(self.switch, spec.job, self.config.session) or 0
+            except OSError:
+                self.close()
+                raise
         for c in self.conns:
-            c.send(("session", self.config.session))
+            c.send(("start", self.config.session, position))
         return self
 
     def allreduce_check(self, n, iters=1):

@@ -450,8 +450,9 @@ def setup_hook_state(process_group=None, switch=None, job=None, mode=None, windo
     1. :func:`hook_settings`: the environment over the arguments, over the defaults of
        the link towards the switch (loopback or Ethernet);
     2. :func:`bind_client`: this rank's UDP socket, on the interface facing the switch;
-    3. :func:`exchange_addresses`: the ranks' addresses and rank 0's session id, over
-       ``peers`` (default ``DistPeers(process_group)``);
+    3. :func:`exchange_addresses`: the ranks' addresses, rank 0's session id and (a
+       static job) where a new run resumes, over ``peers`` (default
+       ``DistPeers(process_group)``);
     4. :func:`install_job`: rank 0 installs the job with a CONTROL datagram
        (``configure=False`` when the switch's job table is loaded another way, as on the
        FPGA, which takes its jobs from ``ina hw-config``: then rank r binds
@@ -473,7 +474,8 @@ def setup_hook_state(process_group=None, switch=None, job=None, mode=None, windo
         fields["fallback_to_gloo"] = s.fallback
     client = bind_client(s, peers.rank, peers.world, configure, impairment, connect_timeout)
     try:
-        members = exchange_addresses(peers, client, s.session if not configure else None)
+        members, refused = exchange_addresses(
+            peers, client, s.session if not configure else None, connect_timeout)
         state = InaHookState(client, process_group, peers=peers, **fields)
         ok = 1
         if configure and peers.rank == 0:
@@ -483,7 +485,11 @@ def setup_hook_state(process_group=None, switch=None, job=None, mode=None, windo
             from ..deadline import SlotDeadlineTuner
             state.tuner = SlotDeadlineTuner(s.rule, s.link_rate)
             state.tuner.moved(s.deadline)
-        state.probe(ok, query=configure)
+        if refused:       # every rank alike: rank 0's reason, raised or warned
+            from ..transport.switch_client import SwitchRefused
+            state._fall_back(refused, SwitchRefused)
+        else:
+            state.probe(ok, query=configure)
     except BaseException:
         client.close()
         raise
@@ -505,16 +511,36 @@ def bind_client(s: HookSettings, rank: int, world: int, configure: bool = True,
                         pace_rate=s.pace_rate, carry=s.carry)
 
 
-def exchange_addresses(peers, client: SwitchClient, session=None) -> list:
-    """Every rank's (address, multicast group or None), gathered over ``peers``; the
-    client takes rank 0's session id (a fresh one, or ``session``: a static job's)."""
+def exchange_addresses(peers, client: SwitchClient, session=None,
+                       connect_timeout: float = 2.0):
+    """Every rank's (address, multicast group or None), gathered over ``peers``, and
+    rank 0's refusal reason (or None). Every rank's client starts with rank 0's session
+    id (a fresh one, or ``session``: a static job's) and, for a static job, at the
+    position rank 0 read from the switch (where a new run resumes; STATUS)."""
     import json
     from ina_fabric.protocol.jobtable import new_session
     mine = session if session is not None else new_session()
+    position = 0      # a static job: rank 0 asks where a new run resumes
+    if session is not None and peers.rank == 0:
+        from ..transport.switch_client import static_position
+        try:
+            position = static_position(client.switch, client.job, mine,
+                                       timeout=connect_timeout)
+        except OSError as e:      # SwitchRefused: no such job, another session, ...
+            position = f"error: {e}"
     gathered = [json.loads(t) for t in peers.gather(json.dumps(
-        [f"{client.address[0]}:{client.address[1]}", client.group, str(mine)]))]
-    client.session = int(gathered[0][2])
-    return [(m, tuple(g) if g else None) for m, g, _ in gathered]
+        [f"{client.address[0]}:{client.address[1]}", client.group, str(mine), position]))]
+    members = [(m, tuple(g) if g else None) for m, g, _, _ in gathered]
+    refused = gathered[0][3][7:] if isinstance(gathered[0][3], str) else None
+    if session is not None and gathered[0][3] is None:
+        sw = client.switch
+        warnings.warn(f"INA: switch {sw[0]}:{sw[1]} did not answer STATUS (no "
+                      f"control key here?): static job {client.job} starts at seq 0; a run "
+                      f"after an earlier one may then be refused (STALE) or, after "
+                      f"a run shorter than two windows, take its stored results",
+                      RuntimeWarning, stacklevel=2)
+    client.start(int(gathered[0][2]), 0 if refused else gathered[0][3] or 0)
+    return members, refused
 
 
 def install_job(s: HookSettings, client: SwitchClient, members: list,
