@@ -496,7 +496,7 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     r[L->exponent] = (uint8_t)(int8_t)s->exponent;
     wr16(r + L->job, j->id);
     r[L->worker] = L->group_worker;
-    r[L->count] = s->count;
+    ina_wr16(r + L->count, s->count);
     wr32(r + L->seq, s->tag);
     wr16(r + L->nelem, s->nelem);
     wr32(r + L->bitmap, s->bitmap);

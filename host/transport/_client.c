@@ -511,7 +511,7 @@ static int result_index(const Call *c, const uint8_t *d, size_t n) {
             (int)ina_rd16(d + L->job) != c->job || p >= (uint32_t)c->P ||
             ina_rd64(d + L->session) != c->session ||
             nel != nelem_of(c, (int)p) || 4 * (size_t)nel != n - L->header ||
-            d[L->count] > c->nworkers || (w != c->worker && w != L->group_worker))
+            (int)ina_rd16(d + L->count) > c->nworkers || (w != c->worker && w != L->group_worker))
         return -1;
     return (int)p;
 }
@@ -522,7 +522,7 @@ static void apply(Call *c, int p, const uint8_t *d) {
     if (held) d = held;
     int64_t *st = c->stats;
     st[S_RESULTS]++;
-    int flags = d[L->flags], count = d[L->count], nel = ina_rd16(d + L->nelem);
+    int flags = d[L->flags], count = (int)ina_rd16(d + L->count), nel = ina_rd16(d + L->nelem);
     if (p < c->K) c->shared_exp[p] = (int8_t)d[L->exponent];
     if (flags & L->f_overflow) st[S_OVERFLOW]++;
     /* the first RESULT of p came re-served to this worker (unicast, RETRANSMIT) and its

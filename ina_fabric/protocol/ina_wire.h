@@ -66,8 +66,8 @@ static int ina_layout_from_dict(PyObject *d, InaLayout *L) {
     struct { const char *name; int *off; int width; } f[] = {
         {"version", &L->version, 1}, {"type", &L->type, 1}, {"flags", &L->flags, 1},
         {"exponent", &L->exponent, 1}, {"job", &L->job, 2}, {"worker", &L->worker, 1},
-        {"count", &L->count, 1}, {"seq", &L->seq, 4}, {"nelem", &L->nelem, 2},
-        {"reserved", &L->reserved, 2}, {"bitmap", &L->bitmap, 4},
+        {"count", &L->count, 2}, {"seq", &L->seq, 4}, {"nelem", &L->nelem, 2},
+        {"reserved", &L->reserved, 1}, {"bitmap", &L->bitmap, 4},
         {"session", &L->session, 8},
     };
     if (!PyDict_Check(d)) {
