@@ -73,6 +73,10 @@ class FastSwitchModel(SwitchModel):
 
     # -- the job table: the model's, mirrored into the engine ------------------------
     def add_job(self, cfg, now=None):
+        if cfg.tree:
+            from ina_fabric.protocol.jobtable import ConfigError
+            raise ConfigError(f"job {cfg.job}: the compiled engine does not run tree jobs "
+                              f"yet; run this switch with --engine model")
         js = self.jobs.get(cfg.job)
         if js is not None:          # the engine knows when the job last took DATA
             js.active = max(js.active, self.engine.active(cfg.job) or 0.0)
