@@ -23,6 +23,8 @@ from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, c_layout
 from ina_fabric.protocol.jobtable import MODES
 from .model import SwitchModel, COUNTERS
 
+_JOB = c_layout()["job"]
+
 try:
     from . import _engine
     WHY_NOT = None
@@ -69,14 +71,11 @@ class FastSwitchModel(SwitchModel):
             raise EngineUnavailable(WHY_NOT)
         self.engine = _engine.Engine(layout())
         self._data = (VERSION, int(MsgType.DATA))
+        self._result = (VERSION, int(MsgType.RESULT))
         super().__init__(jobs, **kw)
 
     # -- the job table: the model's, mirrored into the engine ------------------------
     def add_job(self, cfg, now=None):
-        if cfg.tree:
-            from ina_fabric.protocol.jobtable import ConfigError
-            raise ConfigError(f"job {cfg.job}: the compiled engine does not run tree jobs "
-                              f"yet; run this switch with --engine model")
         js = self.jobs.get(cfg.job)
         if js is not None:          # the engine knows when the job last took DATA
             js.active = max(js.active, self.engine.active(cfg.job) or 0.0)
@@ -84,7 +83,9 @@ class FastSwitchModel(SwitchModel):
         self.engine.add_job(cfg.job, [(ip_int(m.ip), m.port) for m in cfg.members],
                             cfg.window, cfg.elements, MODES.index(cfg.mode), cfg.deadline,
                             [(ip_int(ip), port) for ip, port in self.jobs[cfg.job].group],
-                            cfg.session, self.jobs[cfg.job].active)
+                            cfg.session, self.jobs[cfg.job].active,
+                            (ip_int(cfg.parent[0]), cfg.parent[1]) if cfg.parent else None,
+                            cfg.index, cfg.children, cfg.total)
 
     def remove_job(self, job: int, session: int = 0):
         super().remove_job(job, session)
@@ -104,6 +105,9 @@ class FastSwitchModel(SwitchModel):
         if "absent" in st:
             st["absent"] = self._missing(js.cfg.n, ~self.engine.absent(js.cfg.job))
         return st
+
+    def _awaiting_parent(self, js) -> int:
+        return self.engine.awaiting_parent(js.cfg.job)
 
     def _waiting_for(self, js):
         bitmap = self.engine.oldest_open_bitmap(js.cfg.job)
@@ -127,7 +131,14 @@ class FastSwitchModel(SwitchModel):
         return [((ip_str(ip), port), data) for ip, port, data in pairs]
 
     def is_data(self, datagram) -> bool:
-        return len(datagram) >= HEADER_BYTES and (datagram[0], datagram[1]) == self._data
+        """DATA, or a RESULT of a job with a parent (a tree's RESULT coming down): what
+        the engine takes."""
+        if len(datagram) < HEADER_BYTES:
+            return False
+        if (datagram[0], datagram[1]) == self._data:
+            return True
+        return (datagram[0], datagram[1]) == self._result and self._has_parent(
+            {"job": int.from_bytes(datagram[_JOB:_JOB + 2], "big")})
 
     def process(self, datagram, source, now: float):
         if self.is_data(datagram):

@@ -121,6 +121,6 @@ def c_layout() -> dict:
              RESULT=int(MsgType.RESULT), PARTIAL=int(Flags.PARTIAL),
              OVERFLOW=int(Flags.OVERFLOW), RETRANSMIT=int(Flags.RETRANSMIT),
              LAST=int(Flags.LAST), NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER,
-             NONFINITE=NONFINITE_EXPONENT)
+             NONFINITE=NONFINITE_EXPONENT, MAX_JOB_WORKERS=MAX_JOB_WORKERS)
     return d
 
