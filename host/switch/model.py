@@ -173,13 +173,16 @@ class SwitchModel:
 
     def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
                  max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES,
-                 modes=None):
+                 modes=None, parent=None):
         """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
         are taken only when sealed with it; without a key, none is taken over the wire
         (jobs come from ``jobs`` and ``add_job``). ``modes``: the modes this switch runs
         (default: all of ``jobtable.MODES``; the gateware's scoreboard passes
         ``GATEWARE_MODES``): a CONTROL entry with another is ``drop_malformed``, as the
-        gateware's parse drops it, and ``add_job`` refuses it."""
+        gateware's parse drops it, and ``add_job`` refuses it. ``parent``: this switch's
+        parent ``(ip, port)`` (``ina switch --parent``): a tree entry naming another
+        parent is refused (None: whatever parent an entry names)."""
+        self.parent = None if parent is None else (str(parent[0]), int(parent[1]))
         from ina_fabric.protocol.jobtable import MODES
         self.modes = tuple(MODES if modes is None else modes)
         self.key = key
@@ -205,6 +208,10 @@ class SwitchModel:
         if cfg.mode not in self.modes:
             raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} is not run by this switch "
                               f"(it runs {', '.join(self.modes)})")
+        if self.parent is not None and cfg.parent is not None and cfg.parent != self.parent:
+            raise ConfigError(f"job {cfg.job}: its entry names parent {cfg.parent[0]}:"
+                              f"{cfg.parent[1]}, but this switch's parent is "
+                              f"{self.parent[0]}:{self.parent[1]}")
         held = self.jobs.get(cfg.job)
         if now is not None and held is not None and held.cfg.session != cfg.session \
                 and now - held.active < IDLE_RECLAIM_S:
