@@ -225,27 +225,40 @@ def test_a_leaf_refuses_an_entry_for_another_parent(tree_of, tmp_path):
         send_job(t.leaves[0], cfg, key=switch_key(path=t.keys[t.leaves[0]]))
 
 
+#: the scale tier: 64 worker processes (4 racks of 16) or INA_TREE_WORKERS in racks of
+#: INA_TREE_RACK; about 100 s on this shared 2-core machine under load, so behind
+#: INA_TREE_SCALE=1 (the default suite runs 2 racks of 4)
 WORKERS = int(os.environ.get("INA_TREE_WORKERS", "64"))
 RACK = int(os.environ.get("INA_TREE_RACK", "16"))
+SCALE = pytest.param(max(1, WORKERS // RACK), RACK, id=f"{WORKERS}-workers", marks=[
+    pytest.mark.skipif(not os.environ.get("INA_TREE_SCALE"),
+                       reason="scale tier: INA_TREE_SCALE=1")])
 
 
-def test_64_worker_processes_on_a_two_level_tree_agree_bitwise(tree_of, tmp_path):
-    racks = max(1, WORKERS // RACK)
-    t = tree_of(racks, RACK)
+@pytest.mark.parametrize("racks,per_rack", [pytest.param(2, 4, id="8-workers"), SCALE])
+def test_worker_processes_on_a_two_level_tree_agree_bitwise(tree_of, tmp_path, racks,
+                                                             per_rack):
+    t = tree_of(racks, per_rack)
     r = t.install(64, "--elements", "256")
     assert r.returncode == 0, r.stderr
     roles, session = roles_of(r.stdout)
-    assert len(roles) == racks * RACK >= 64
+    assert len(roles) == racks * per_rack
     out = tmp_path / "out"
     out.mkdir()
     n, calls = 1000, 2
+    t0 = time.monotonic()
     procs = run_workers(roles, 64, session, n, 256, out, calls=calls)
     for p in procs:
-        p.join(120)
+        p.join(300)
+    print(f"{len(roles)} workers, {racks} racks: {calls} calls in "
+          f"{time.monotonic() - t0:.1f} s (processes started included)")
     check_results(roles, out, n, 256, calls)
     from ina_fabric.protocol.keys import switch_key
-    spine = query_status(t.spine, key=switch_key(path=t.keys[t.spine]))
+    spine = query_status(t.spine, key=switch_key(path=t.keys[t.spine]))["counters"]
     # one DATA per rack and packet reached the spine, one RESULT per packet left it
-    P = calls * ((n + 255) // 256 + 8)
-    assert spine["counters"]["accepted"] == racks * P
-    assert spine["counters"]["results"] == P
+    assert spine["results"] > 0
+    assert spine["accepted"] == racks * spine["results"]
+    assert spine["partials"] == 0
+    for leaf in t.leaves:
+        c = query_status(leaf, key=switch_key(path=t.keys[leaf]))["counters"]
+        assert c["up"] == c["relayed"] == spine["results"]
