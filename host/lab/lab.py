@@ -171,10 +171,16 @@ class Lab:
             "--stats", str(self.state_dir / f"{name}.json")], ready=True)
 
     def _wan_link(self, w):
-        """A routed link between two switches: TAPs ``w<peer>`` joined by the delay line."""
+        """A routed link between two switches, ends named ``w<peer>``: TAPs joined by the
+        delay line when it has delay, jitter or loss, else a veth pair (a fabric's
+        uplinks); tbf on both ends."""
         link = w.link
-        self._delay_line(f"wan-{w.a}-{w.b}", w.a, f"{self.ns(w.a)}:w{w.b}",
-                         f"{self.ns(w.b)}:w{w.a}", link)
+        if link.impaired:
+            self._delay_line(f"wan-{w.a}-{w.b}", w.a, f"{self.ns(w.a)}:w{w.b}",
+                             f"{self.ns(w.b)}:w{w.a}", link)
+        else:
+            with N.ipr(self.ns(w.a)) as ip:
+                N.add_veth(ip, f"w{w.b}", self.ns(w.b), f"w{w.a}")
         for node, peer, addr in ((w.a, w.b, w.addresses[0]), (w.b, w.a, w.addresses[1])):
             with N.ipr(self.ns(node)) as ip:
                 N.link_up(ip, f"w{peer}", mtu=link.mtu, address=addr,
@@ -296,6 +302,18 @@ class Lab:
         raise LabError(f"ina switch did not answer in {node}: "
                        f"{(self.state_dir / f'{name}.log').read_text()[-500:]}")
 
+    def start_fabric(self, tree=True, extra=(), leaf_extra=()):
+        """A fabric's switches: ``ina switch`` on the spine, then on each top-of-rack
+        switch, with ``--parent`` the spine's when ``tree`` (else each stands alone: the
+        flat mode puts a single switch at the spine and leaves the racks' idle). Returns
+        [(ip, port)] spine first, then the racks in order."""
+        if not self.topo.spine:
+            raise LabError(f"lab {self.id}: {self.topo.name} is not a fabric (no spine)")
+        spine = self.start_switch(self.topo.spine, extra=extra)
+        parent = ("--parent", f"{spine[0]}:{spine[1]}") if tree else ()
+        return [spine] + [self.start_switch(t, extra=(*parent, *extra, *leaf_extra))
+                          for t in self.topo.racks]
+
     # -- state ---------------------------------------------------------------------
     def _save(self, status=None):
         if status:
@@ -349,6 +367,8 @@ def _topology_from_state(t) -> Topology:
                             LinkSpec(w["rate"], w["delay_ms"], w["jitter_ms"], w["loss"],
                                      w["mtu"], w["queue_ms"])) for w in t.get("wan", [])]
     topo.routes, topo.labels = t.get("routes", {}), t.get("labels", {})
+    topo.racks, topo.spine = t.get("racks", []), t.get("spine")
+    topo.oversubscription = t.get("oversubscription")
     return topo
 
 
