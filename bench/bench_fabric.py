@@ -29,22 +29,6 @@ JOBS = {"tree": 1, "flat": 2, "tree-bounded": 3, "flat-bounded": 4}
 GLOO_PORT = 29500
 
 
-def tree_available() -> str | None:
-    """None when this checkout has the tree mechanism (issue 38: `ina switch --parent`
-    and a job installed on a tree), else why not."""
-    import argparse as A
-    from ina_fabric.host.commands import switch as S
-    p = A.ArgumentParser()
-    S.add_arguments(p)
-    if not any("--parent" in a.option_strings for a in p._actions):
-        return "`ina switch --parent` is not in this checkout (the tree mechanism, issue 38)"
-    try:
-        from ina_fabric.host.switch import tree as _  # noqa: F401
-    except ImportError:
-        return "no way to install a job on a tree in this checkout (host.switch.tree)"
-    return None
-
-
 def _quantiles(xs):
     import numpy as np
     return {"p50": float(np.percentile(xs, 50)), "p99": float(np.percentile(xs, 99)),
@@ -69,12 +53,38 @@ def _client(a, mode, bounded=False):
         os.environ["INA_SWITCH"] = a.spine
         state = InaHookState.from_env(**kw)
     else:
-        from ina_fabric.host.switch import tree
-        os.environ["INA_SWITCH"] = a.tor
-        state = tree.hook_state(spine=a.spine, **kw)
+        state = _tree_state(a, kw)
     if not state.use_switch:
         raise SystemExit(f"{name}: no switch answered in the lab")
     state.collective.max_inflight_bytes = a.inflight
+    return state
+
+
+def _tree_state(a, kw):
+    """A tree job: every rank a member of its rack's switch; rank 0 draws the session,
+    gathers the ranks' addresses and installs the tree (host.lab.fabric.tree_plan)."""
+    import torch.distributed as dist
+    from ina_fabric.host.ddp.hook import InaHookState
+    from ina_fabric.host.lab import fabric
+    from ina_fabric.protocol.jobtable import job_defaults, new_session
+    box = [new_session() if a.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    os.environ["INA_SWITCH"] = a.tor
+    state = InaHookState.from_env(configure=False, session=box[0], **kw)
+    c = state.collective
+    seen = [None] * a.world
+    dist.all_gather_object(seen, (a.tor, f"{c.address[0]}:{c.address[1]}"))
+    if a.rank == 0:
+        racks = {}
+        for tor, addr in seen:                   # ranks rack by rack: dicts keep order
+            racks.setdefault(tor, []).append(addr)
+        host, _, port = a.spine.rpartition(":")
+        s = job_defaults("ethernet", elements=c.elements, window=c.window, mode=c.mode,
+                         deadline=c.deadline)
+        fabric.install(fabric.tree_plan(
+            c.job, [((t.rpartition(":")[0], int(t.rpartition(":")[2])), w)
+                    for t, w in racks.items()], (host, int(port)), s, box[0]))
+    dist.barrier()
     return state
 
 
@@ -329,7 +339,8 @@ def main(argv=()):
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes) or a.reps < 1:
         raise SystemExit(f"fabric: --modes from {', '.join(MODES)}, --reps >= 1")
-    missing = tree_available() if "tree" in modes else None
+    from ina_fabric.host.lab.fabric import tree_missing
+    missing = tree_missing() if "tree" in modes else None
     if missing:
         print(f"fabric: tree mode left out: {missing}", flush=True)
         modes.remove("tree")

@@ -104,7 +104,10 @@ def _up(args):
     lab = Lab(topo, args.id).up()
     switches = []
     if args.switch and topo.spine:
-        switches = lab.start_fabric()
+        from ..lab.fabric import tree_missing
+        if tree_missing():
+            print(f"ina lab: switches stand alone (no tree): {tree_missing()}")
+        switches = lab.start_fabric(tree=not tree_missing())
     elif args.switch:
         switches = [lab.start_switch(s.name) for s in topo.switches]
     print(f"lab {lab.id} up: {topo.name}, {len(topo.hosts)} hosts, "

@@ -309,6 +309,9 @@ class Lab:
         [(ip, port)] spine first, then the racks in order."""
         if not self.topo.spine:
             raise LabError(f"lab {self.id}: {self.topo.name} is not a fabric (no spine)")
+        from .fabric import tree_missing
+        if tree and tree_missing():
+            raise LabError(f"lab {self.id}: no tree of switches here: {tree_missing()}")
         spine = self.start_switch(self.topo.spine, extra=extra)
         parent = ("--parent", f"{spine[0]}:{spine[1]}") if tree else ()
         return [spine] + [self.start_switch(t, extra=(*parent, *extra, *leaf_extra))
