@@ -61,16 +61,20 @@ def _client(a, mode, bounded=False):
 
 
 def _tree_state(a, kw):
-    """A tree job: every rank a member of its rack's switch; rank 0 draws the session,
-    gathers the ranks' addresses and installs the tree (host.lab.fabric.tree_plan)."""
+    """A tree job: every rank a member of its rack's switch (its id there: --worker-id);
+    rank 0 draws the session, gathers the ranks' addresses and installs the job on the
+    tree (``host.switch.tree.install_tree``: each rack's switch, then the spine's)."""
     import torch.distributed as dist
     from ina_fabric.host.ddp.hook import InaHookState
-    from ina_fabric.host.lab import fabric
+    from ina_fabric.host.switch.tree import Leaf, Tree, install_tree
     from ina_fabric.protocol.jobtable import job_defaults, new_session
     box = [new_session() if a.rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    os.environ["INA_SWITCH"] = a.tor
-    state = InaHookState.from_env(configure=False, session=box[0], **kw)
+    os.environ["INA_SWITCH"], os.environ["INA_WORKER"] = a.tor, str(a.worker_id)
+    try:
+        state = InaHookState.from_env(configure=False, session=box[0], **kw)
+    finally:
+        os.environ.pop("INA_WORKER")
     c = state.collective
     seen = [None] * a.world
     dist.all_gather_object(seen, (a.tor, f"{c.address[0]}:{c.address[1]}"))
@@ -78,12 +82,15 @@ def _tree_state(a, kw):
         racks = {}
         for tor, addr in seen:                   # ranks rack by rack: dicts keep order
             racks.setdefault(tor, []).append(addr)
-        host, _, port = a.spine.rpartition(":")
+
+        def ip_port(text):
+            ip, _, port = text.rpartition(":")
+            return ip, int(port)
         s = job_defaults("ethernet", elements=c.elements, window=c.window, mode=c.mode,
                          deadline=c.deadline)
-        fabric.install(fabric.tree_plan(
-            c.job, [((t.rpartition(":")[0], int(t.rpartition(":")[2])), w)
-                    for t, w in racks.items()], (host, int(port)), s, box[0]))
+        install_tree(Tree(ip_port(a.spine), tuple(Leaf(ip_port(t), tuple(w))
+                                                  for t, w in racks.items())),
+                     c.job, s, session=box[0], timeout=2.0)
     dist.barrier()
     return state
 
@@ -230,8 +237,9 @@ def measure(a, racks, per_rack, modes):
         procs = []
         for r, h in enumerate(lab.hosts):             # ranks rack by rack
             tor = lab.topo.host(h).switch
+            index = lab.topo.rack_hosts(tor).index(h)
             argv = [sys.executable, "-m", "ina_fabric.bench.bench_fabric", "--worker",
-                    "--rank", r, "--world", world, "--master", master, "--spine", spine,
+                    "--rank", r, "--world", world, "--worker-id", index, "--master", master, "--spine", spine,
                     "--tor", f"{lab.address(tor)}:{switches[0][1]}", "--modes",
                     ",".join(modes), "--size", a.size, "--reps", a.reps, "--elements",
                     a.elements, "--window", a.window, "--inflight", a.inflight,
@@ -321,7 +329,7 @@ def main(argv=()):
     # the worker side (run by the bench inside each host's namespace)
     for flag, kind in (("--worker", None), ("--rank", int), ("--world", int),
                        ("--master", str), ("--spine", str), ("--tor", str),
-                       ("--straggler-rank", int), ("--flat-pace", int), ("--tree-pace", int)):
+                       ("--straggler-rank", int), ("--worker-id", int), ("--flat-pace", int), ("--tree-pace", int)):
         if kind is None:
             ap.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
         else:

@@ -92,9 +92,9 @@ WORKER = r"""
 import hashlib, json, sys
 import numpy as np
 from ina_fabric.host.transport.switch_client import SwitchClient
-switch, rank, world, session, bind, n = json.loads(sys.argv[1])
+switch, worker, world, rank, session, bind, n = json.loads(sys.argv[1])
 x = (np.arange(n, dtype=np.float32) % 97) * (rank + 1)
-c = SwitchClient(tuple(switch), 1, rank, world, window=8, elements=256,
+c = SwitchClient(tuple(switch), 1, worker, world, window=8, elements=256,
                  bind=tuple(bind), session=session, connect_timeout=10.0)
 z, _ = c.allreduce(x)
 want = (np.arange(n, dtype=np.float32) % 97) * (world * (world + 1) // 2)
@@ -102,35 +102,20 @@ print(json.dumps({"digest": hashlib.sha256(z.tobytes()).hexdigest(),
                   "exact": bool(np.array_equal(z, want))}))
 """
 
-INSTALL = r"""
-import json, sys
-from ina_fabric.host.lab import fabric as F
-from ina_fabric.protocol.jobtable import job_defaults
-kind, job_args = json.loads(sys.argv[1])
-s = job_defaults("ethernet", window=8, elements=256)
-plan = F.flat_plan(1, job_args["workers"], tuple(job_args["spine"]), s, job_args["session"]) \
-    if kind == "flat" else F.tree_plan(1, [(tuple(a), w) for a, w in job_args["racks"]],
-                                      tuple(job_args["spine"]), s, job_args["session"])
-F.install(plan, timeout=5.0)
-"""
 
-
-def _allreduce(lab, kind, switches, n=4096, session=0x5EED38B):
-    """Install job 1 as ``kind`` (from r0h0, inside the lab), run one allreduce on every
-    host (worker port 20000, rank = host order, rack by rack); per rank (digest, exact)."""
+def _allreduce(lab, kind, n=4096, session=0x5EED38B):
+    """Install job 1 as ``kind`` (from inside the lab), run one allreduce on every host
+    (worker port 20000, ranks in host order: rack by rack); per rank (digest, exact)."""
     import subprocess
-    spine, port = switches[0]
-    racks = [((lab.address(t), port), [f"{lab.address(h)}:20000"
-                                       for h in lab.topo.rack_hosts(t)])
-             for t in lab.topo.racks]
-    workers = [w for _, ws in racks for w in ws]
-    job = {"spine": [spine, port], "workers": workers, "racks": racks, "session": session}
-    r = lab.run("r0h0", [sys.executable, "-c", INSTALL, json.dumps([kind, job])], timeout=60)
-    assert r.returncode == 0, r.stderr
+    from ina_fabric.protocol.jobtable import job_defaults
+    members = [f"{lab.address(h)}:20000" for h in lab.hosts]
+    roles = F.install_in_lab(lab, kind, 1, job_defaults("ethernet", window=8, elements=256),
+                             session, members)
     procs = []
-    for rank, h in enumerate(lab.hosts):
-        to = [spine, port] if kind == "flat" else [lab.address(lab.topo.host(h).switch), port]
-        arg = [to, rank, len(lab.hosts), session, [lab.address(h), 20000], n]
+    for rank, (h, role) in enumerate(zip(lab.hosts, roles)):
+        ip, _, port = role["switch"].rpartition(":")
+        arg = [[ip, int(port)], role["worker"], role["nworkers"], rank, session,
+               [lab.address(h), 20000], n]
         procs.append(lab.popen(h, [sys.executable, "-c", WORKER, json.dumps(arg)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=120) for p in procs]
@@ -179,7 +164,7 @@ def test_fabric_lab_routes_through_shaped_uplinks(fabric_lab):
 def test_one_allreduce_through_a_single_switch_at_the_spine(fabric_lab):
     switches = fabric_lab.switches
     assert [s[0] for s in switches] == ["198.18.255.254", "198.18.0.254", "198.18.1.254"]
-    got = _allreduce(fabric_lab, "flat", switches)
+    got = _allreduce(fabric_lab, "flat")
     assert all(r["exact"] for r in got) and len({r["digest"] for r in got}) == 1
 
 
@@ -187,5 +172,5 @@ def test_one_allreduce_through_a_single_switch_at_the_spine(fabric_lab):
 def test_one_allreduce_through_the_tree(fabric_lab):
     if F.tree_missing():
         pytest.skip(F.tree_missing())
-    got = _allreduce(fabric_lab, "tree", fabric_lab.switches, session=0x5EED38C)
+    got = _allreduce(fabric_lab, "tree", session=0x5EED38C)
     assert all(r["exact"] for r in got) and len({r["digest"] for r in got}) == 1

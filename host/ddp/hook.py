@@ -154,8 +154,9 @@ class InaHookState:
         ``deadline_rule``: that derivation's rule, ``loss-aware`` (the default) or
         ``derived``), INA_LINK_RATE (bit/s of the
         workers' links: the derived deadline's, and the client's pacing rate),
-        INA_PACE_RATE (bit/s, overrides the pacing rate; 0: none); RANK/WORLD_SIZE from
-        torchrun. Every rank binds a UDP port
+        INA_PACE_RATE (bit/s, overrides the pacing rate; 0: none), INA_WORKER (the
+        worker's id at its switch: its index at its leaf in a tree of switches; default
+        the rank); RANK/WORLD_SIZE from torchrun. Every rank binds a UDP port
         on the interface facing the switch; the ranks exchange addresses over the
         process group and rank 0 installs the job on the switch with a CONTROL datagram
         (``configure=False`` if the switch's job table is loaded another way, as on the
@@ -207,7 +208,10 @@ class InaHookState:
         group = loopback_group(addr, job) if configure else None
         # pacing at the link rate (INA_PACE_RATE bit/s overrides INA_LINK_RATE; 0: none)
         pace = env.get("INA_PACE_RATE", env.get("INA_LINK_RATE", "")).strip()
-        client = SwitchClient(addr, job, rank, world, window, elements, mode,
+        # a tree of switches (docs/fabric.md): the worker's id is its index at its own
+        # switch (INA_WORKER), the job's workers the whole tree's
+        worker = int(env.get("INA_WORKER", rank))
+        client = SwitchClient(addr, job, worker, world, window, elements, mode,
                               bind=(local_address_towards(addr), base + rank if base else 0),
                               deadline=deadline, group=group,
                               connect_timeout=connect_timeout, impairment=impairment,

@@ -1,26 +1,29 @@
-"""A job on a fabric lab's switches: flat (one switch, every host a member) or a tree
-(each rack's switch sums its hosts, the spine sums the racks; docs/fabric.md).
+"""A job on a fabric lab's switches: flat (the spine's switch alone, every host a member)
+or a tree (each rack's switch sums its hosts, the spine's sums the racks: the tree
+mechanism of ``host.switch.tree``, docs/fabric.md).
 
-The plan is pure: :func:`flat_plan` and :func:`tree_plan` turn the workers' addresses,
-grouped by rack, into ``[(switch address, JobConfig)]``, root first (a parent holds its
-entry before its children send to it); :func:`install` sends each with the switch's
-control key. :func:`tree_missing` says why a checkout cannot build trees (None when it
-can), so benches and tests leave the tree out with the reason instead of failing.
+:func:`lab_tree` turns the workers' addresses (ranks numbered rack by rack) into the
+lab's ``Tree``; :func:`install_in_lab` installs a job, flat or as a tree, from inside the
+lab (its switches listen on lab addresses, which the default namespace cannot reach) and
+returns what each worker passes its client (:func:`roles`). :func:`tree_missing` says
+why a checkout cannot build trees (None when it can), so benches and tests leave the tree
+out with the reason instead of failing.
 """
 
-import dataclasses
+import json
+import sys
 
-__all__ = ["tree_missing", "flat_plan", "tree_plan", "install", "rack_of"]
+__all__ = ["tree_missing", "rack_of", "lab_tree", "roles", "install_in_lab"]
 
 
 def tree_missing() -> str | None:
-    """None when this checkout has the tree mechanism (issue 38): ``JobConfig`` with a
-    parent and child switches, and ``ina switch --parent``; else what is missing."""
+    """None when this checkout has the tree mechanism (issue 38: ``host.switch.tree`` and
+    ``ina switch --parent``); else what is missing."""
     import argparse
-    from ina_fabric.protocol.jobtable import JobConfig
-    have = {f.name for f in dataclasses.fields(JobConfig)}
-    if not {"parent", "index", "children", "workers"} <= have:
-        return "JobConfig has no parent/children fields (the tree mechanism, issue 38)"
+    try:
+        from ina_fabric.host.switch import tree  # noqa: F401
+    except ImportError:
+        return "no host.switch.tree in this checkout (the tree mechanism, issue 38)"
     from ina_fabric.host.commands import switch as S
     p = argparse.ArgumentParser()
     S.add_arguments(p)
@@ -39,40 +42,84 @@ def rack_of(topo, address: str) -> str:
     raise ValueError(f"{address} is in none of the racks {', '.join(topo.racks)}")
 
 
-def flat_plan(job, workers, spine, settings, session):
-    """One switch at ``spine`` ((ip, port)); ``workers``: every worker's "ip:port" in
-    rank order."""
-    from ina_fabric.protocol.jobtable import JobConfig
-    return [(spine, JobConfig.from_settings(job, workers, settings, session=session))]
+def _spine(lab):
+    from .lab import SWITCH_PORT
+    return (lab.address(lab.topo.spine), SWITCH_PORT)
 
 
-def tree_plan(job, racks, spine, settings, session):
-    """A two-level tree. ``racks``: [(the rack switch's (ip, port), [its workers' "ip:port"
-    in rank order])], in rank order (ranks numbered rack by rack). The spine's members are
-    the rack switches (member k = rack k, covering its workers); each rack's entry has the
-    spine as parent. Worker ranks are global: rank = the rack's first rank + the index in
-    its rack."""
-    from ina_fabric.protocol.jobtable import JobConfig
-    why = tree_missing()
-    if why:
-        raise NotImplementedError(why)
-    s = settings
-    total = sum(len(w) for _, w in racks)
-    plan = [(spine, JobConfig(job, tuple(f"{a[0]}:{a[1]}" for a, _ in racks), s.window,
-                              s.elements, s.deadline, s.mode, None, session, children=True,
-                              workers=total))]
-    for k, (addr, workers) in enumerate(racks):
-        plan.append((addr, JobConfig(job, tuple(workers), s.window, s.elements, s.deadline,
-                                     s.mode, None, session, parent=tuple(spine), index=k)))
-    return plan
+def lab_tree(lab, members):
+    """The ``Tree`` of fabric ``lab`` for workers ``members`` ("ip:port", rank order,
+    ranks rack by rack): a leaf per rack that has workers, the spine as root."""
+    from ina_fabric.host.switch.tree import Leaf, Tree
+    from .lab import SWITCH_PORT
+    racks = {}
+    for m in members:
+        racks.setdefault(rack_of(lab.topo, m.rpartition(":")[0]), []).append(m)
+    order = [t for t in lab.topo.racks if t in racks]
+    if [m for t in order for m in racks[t]] != list(members):
+        raise ValueError("a tree needs its ranks numbered rack by rack")
+    return Tree(_spine(lab), tuple(Leaf((lab.address(t), SWITCH_PORT), tuple(racks[t]))
+                                   for t in order))
 
 
-def install(plan, timeout=2.0, key=None):
-    """Send each entry of ``plan`` to its switch (root first). Raises JobRefused (the
-    switch's reason) or OSError (no answer) naming the switch."""
-    from ina_fabric.host.switch import send_job
-    for addr, cfg in plan:
-        try:
-            send_job(tuple(addr), cfg, timeout=timeout, key=key)
-        except OSError as e:
-            raise OSError(f"switch {addr[0]}:{addr[1]}: {e}") from None
+def roles(lab, kind, members) -> list[dict]:
+    """Per worker (rank order): ``switch`` ("ip:port" its client sends to), ``worker``
+    (its id there) and ``nworkers`` (the job's)."""
+    if kind == "flat":
+        s = "%s:%d" % _spine(lab)
+        return [{"switch": s, "worker": r, "nworkers": len(members)}
+                for r in range(len(members))]
+    from ina_fabric.host.switch.tree import worker_roles
+    return worker_roles(lab_tree(lab, members))
+
+
+def install_in_lab(lab, kind, job, settings, session, members, node=None, timeout=30.0):
+    """Install job ``job`` (``settings``: a ``JobSettings``; ``session``) for workers
+    ``members`` on fabric ``lab``: ``kind`` "flat" (the spine's switch, worker r =
+    members[r]) or "tree" (``host.switch.tree.install_tree``: leaves, then the spine,
+    all or nothing). Runs inside the lab, on host ``node`` (default the first). Returns
+    :func:`roles`."""
+    if kind not in ("flat", "tree"):
+        raise ValueError(f"kind {kind!r}: flat or tree")
+    if kind == "tree" and tree_missing():
+        raise NotImplementedError(tree_missing())
+    doc = {"kind": kind, "job": job, "session": session, "members": list(members),
+           "spine": list(_spine(lab)), "window": settings.window,
+           "elements": settings.elements, "deadline": settings.deadline,
+           "mode": settings.mode}
+    if kind == "tree":
+        t = lab_tree(lab, members)
+        doc["leaves"] = [[list(leaf.switch), list(leaf.workers)] for leaf in t.leaves]
+    r = lab.run(node or lab.hosts[0], [sys.executable, "-m", "ina_fabric.host.lab.fabric",
+                                       json.dumps(doc)], timeout=timeout)
+    if r.returncode:
+        from .lab import LabError
+        raise LabError(f"installing job {job} ({kind}) on the fabric: "
+                       f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+    return roles(lab, kind, members)
+
+
+def _install_main(argv):
+    """``python -m ina_fabric.host.lab.fabric JSON``: what :func:`install_in_lab` runs
+    inside the lab."""
+    from ina_fabric.protocol.jobtable import JobConfig, JobSettings
+    d = json.loads(argv[0])
+    s = JobSettings(d["window"], d["elements"], d["deadline"], d["mode"])
+    if d["kind"] == "flat":
+        from ina_fabric.host.switch import send_job
+        send_job(tuple(d["spine"]), JobConfig.from_settings(d["job"], d["members"], s,
+                                                            session=d["session"]),
+                 timeout=2.0)
+        return 0
+    from ina_fabric.host.switch.tree import Leaf, Tree, install_tree
+    tree = Tree(tuple(d["spine"]), tuple(Leaf(tuple(a), tuple(w)) for a, w in d["leaves"]))
+    install_tree(tree, d["job"], s, session=d["session"], timeout=2.0)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(_install_main(sys.argv[1:]))
+    except (OSError, ValueError) as e:          # JobRefused and ConfigError are ValueErrors
+        print(f"{type(e).__name__}: {e}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -378,17 +378,27 @@ def _topology_from_state(t) -> Topology:
 def training_lab(topology: str, hosts: int, sets: dict | None = None, lab_id="train",
                  pace_switch=False):
     """A lab for training and benches (``ina train --lab``, ``ina bench train --lab``):
-    ``hosts`` hosts and jumbo frames unless ``sets`` says otherwise, ``ina switch`` started
-    in it (``pace_switch``: its RESULTs to a host no faster than the slowest host link,
-    ``ina switch --pace-rate``). Returns ``(lab, "ip:port" of the switch, elements per
+    ``hosts`` hosts and jumbo frames unless ``sets`` says otherwise (a fabric: racks of
+    ``hosts_per_rack``, default 4, its switches a tree where the checkout has one, the
+    spine's address returned), ``ina switch`` started in it (``pace_switch``: its RESULTs
+    to a host no faster than the slowest host link, ``ina switch --pace-rate``). Returns ``(lab, "ip:port" of the switch, elements per
     packet)``, the elements being the most (a power of two) that fit the lab's MTU. The
     caller calls ``down()``."""
     from .topology import load
-    topo = load(topology, {"hosts": hosts, "mtu": 9000, **(sets or {})})
+    sets = dict(sets or {})
+    extra = ("--pace-rate", "{rate}") if pace_switch else ()
+    if load(topology).spine:
+        topo = load(topology, {"mtu": 9000, **sets, **_fabric_shape(topology, hosts, sets)})
+    else:
+        topo = load(topology, {"hosts": hosts, "mtu": 9000, **sets})
     lab = Lab(topo, lab_id).up()
-    extra = ("--pace-rate", str(min(h.link.rate for h in topo.hosts))) if pace_switch else ()
+    extra = tuple(a.format(rate=min(h.link.rate for h in topo.hosts)) for a in extra)
     try:
-        host, port = lab.start_switch(extra=extra)
+        if topo.spine:
+            from .fabric import tree_missing
+            host, port = lab.start_fabric(tree=tree_missing() is None, extra=extra)[0]
+        else:
+            host, port = lab.start_switch(extra=extra)
     except BaseException:
         lab.down()
         raise
@@ -396,3 +406,20 @@ def training_lab(topology: str, hosts: int, sets: dict | None = None, lab_id="tr
     elements = 1 << (((mtu - 48) // 4).bit_length() - 1)
     return lab, f"{host}:{port}", elements
 
+
+def _params(topology) -> dict:
+    from .topology import load
+    return load(topology).params
+
+
+def _fabric_shape(topology, hosts, sets) -> dict:
+    """A fabric for ``hosts`` training hosts: racks of ``hosts_per_rack`` (set, or the
+    topology's default when the hosts fill them, else one rack of them all)."""
+    per = int(sets.get("hosts_per_rack", 0)) or int(_params(topology)["hosts_per_rack"])
+    if "hosts_per_rack" not in sets and hosts % per:
+        per = hosts
+    racks = int(sets.get("racks", 0)) or max(1, hosts // per)
+    if racks * per != hosts:
+        raise LabError(f"{hosts} hosts do not fill {racks} racks of {per}: set racks and "
+                       f"hosts_per_rack (--lab-set) so that racks x hosts_per_rack = {hosts}")
+    return {"racks": racks, "hosts_per_rack": per}
