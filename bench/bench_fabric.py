@@ -3,7 +3,9 @@ uplinks to a spine, 4:1 oversubscribed by default), three ways on the same links
 tree (each rack's `ina switch` sums its hosts and sends one partial sum up to the spine's),
 flat (a single `ina switch` at the spine, every host a direct member: each uplink carries
 one copy per host) and real Gloo (torch.distributed, ranks numbered rack by rack, so its
-ring crosses each uplink once each way: Gloo's best case). Needs root.
+ring crosses each uplink once each way: Gloo's best case). With a single rack, "tree" is
+that rack's switch alone (the baseline of `tree_over_one_rack`: a job inside one rack
+needs no spine). Needs root.
 
 One row per (hosts, racks) in bench/results/fabric.json: the medians of interleaved
 repetitions (the order rotates), each time the slowest rank's; every result checked
@@ -63,7 +65,9 @@ def _client(a, mode, bounded=False):
 def _tree_state(a, kw):
     """A tree job: every rank a member of its rack's switch (its id there: --worker-id);
     rank 0 draws the session, gathers the ranks' addresses and installs the job on the
-    tree (``host.switch.tree.install_tree``: each rack's switch, then the spine's)."""
+    tree (``host.switch.tree.install_tree``: each rack's switch, then the spine's). With
+    one rack, the job is the rack switch's alone (it needs no spine): the one-rack
+    baseline of ``tree_over_one_rack``."""
     import torch.distributed as dist
     from ina_fabric.host.ddp.hook import InaHookState
     from ina_fabric.host.switch.tree import Leaf, Tree, install_tree
@@ -88,9 +92,16 @@ def _tree_state(a, kw):
             return ip, int(port)
         s = job_defaults("ethernet", elements=c.elements, window=c.window, mode=c.mode,
                          deadline=c.deadline)
-        install_tree(Tree(ip_port(a.spine), tuple(Leaf(ip_port(t), tuple(w))
-                                                  for t, w in racks.items())),
-                     c.job, s, session=box[0], timeout=2.0)
+        if len(racks) == 1:      # one rack: its switch alone (the one-rack baseline)
+            from ina_fabric.host.switch import send_job
+            from ina_fabric.protocol.jobtable import JobConfig
+            (tor, workers), = racks.items()
+            send_job(ip_port(tor), JobConfig.from_settings(c.job, workers, s,
+                                                           session=box[0]), timeout=2.0)
+        else:
+            install_tree(Tree(ip_port(a.spine), tuple(Leaf(ip_port(t), tuple(w))
+                                                      for t, w in racks.items())),
+                         c.job, s, session=box[0], timeout=2.0)
     dist.barrier()
     return state
 

@@ -92,9 +92,9 @@ WORKER = r"""
 import hashlib, json, sys
 import numpy as np
 from ina_fabric.host.transport.switch_client import SwitchClient
-switch, worker, world, rank, session, bind, n = json.loads(sys.argv[1])
+switch, job, worker, world, rank, session, bind, n = json.loads(sys.argv[1])
 x = (np.arange(n, dtype=np.float32) % 97) * (rank + 1)
-c = SwitchClient(tuple(switch), 1, worker, world, window=8, elements=256,
+c = SwitchClient(tuple(switch), job, worker, world, window=8, elements=256,
                  bind=tuple(bind), session=session, connect_timeout=10.0)
 z, _ = c.allreduce(x)
 want = (np.arange(n, dtype=np.float32) % 97) * (world * (world + 1) // 2)
@@ -103,24 +103,26 @@ print(json.dumps({"digest": hashlib.sha256(z.tobytes()).hexdigest(),
 """
 
 
-def _allreduce(lab, kind, n=4096, session=0x5EED38B):
-    """Install job 1 as ``kind`` (from inside the lab), run one allreduce on every host
-    (worker port 20000, ranks in host order: rack by rack); per rank (digest, exact)."""
+def _allreduce(lab, kind, job, n=4096, session=0x5EED38B):
+    """Install job ``job`` as ``kind`` (from inside the lab), run one allreduce on every
+    host (worker port 20000, ranks in host order: rack by rack), remove the job; per rank
+    (digest, exact)."""
     import subprocess
     from ina_fabric.protocol.jobtable import job_defaults
     members = [f"{lab.address(h)}:20000" for h in lab.hosts]
-    roles = F.install_in_lab(lab, kind, 1, job_defaults("ethernet", window=8, elements=256),
-                             session, members)
+    roles = F.install_in_lab(lab, kind, job, job_defaults("ethernet", window=8,
+                                                          elements=256), session, members)
     procs = []
     for rank, (h, role) in enumerate(zip(lab.hosts, roles)):
         ip, _, port = role["switch"].rpartition(":")
-        arg = [[ip, int(port)], role["worker"], role["nworkers"], rank, session,
+        arg = [[ip, int(port)], job, role["worker"], role["nworkers"], rank, session,
                [lab.address(h), 20000], n]
         procs.append(lab.popen(h, [sys.executable, "-c", WORKER, json.dumps(arg)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (o, e) in zip(procs, outs):
         assert p.returncode == 0, e[-2000:]
+    F.remove_in_lab(lab, kind, job, session, members)
     return [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
 
 
@@ -164,7 +166,7 @@ def test_fabric_lab_routes_through_shaped_uplinks(fabric_lab):
 def test_one_allreduce_through_a_single_switch_at_the_spine(fabric_lab):
     switches = fabric_lab.switches
     assert [s[0] for s in switches] == ["198.18.255.254", "198.18.0.254", "198.18.1.254"]
-    got = _allreduce(fabric_lab, "flat")
+    got = _allreduce(fabric_lab, "flat", 1)
     assert all(r["exact"] for r in got) and len({r["digest"] for r in got}) == 1
 
 
@@ -172,5 +174,5 @@ def test_one_allreduce_through_a_single_switch_at_the_spine(fabric_lab):
 def test_one_allreduce_through_the_tree(fabric_lab):
     if F.tree_missing():
         pytest.skip(F.tree_missing())
-    got = _allreduce(fabric_lab, "tree", session=0x5EED38C)
+    got = _allreduce(fabric_lab, "tree", 2, session=0x5EED38C)
     assert all(r["exact"] for r in got) and len({r["digest"] for r in got}) == 1

@@ -617,11 +617,6 @@ def run_training_lab(cfg: TrainConfig, lab, progress=None, timeout=1800, port=29
     on each host's ``eth0``), gradients through the lab's switch (started by the caller:
     ``lab.start_switch()``; a fabric's: ``lab.start_fabric()``, see ``_fabric_job``).
     Ranks report on their stdout as JSON lines."""
-    import json
-    import queue as Q
-    import subprocess
-    import sys
-    import threading
     cfg.validate()
     hosts = lab.hosts[:cfg.workers]
     if len(hosts) < cfg.workers:
@@ -630,6 +625,26 @@ def run_training_lab(cfg: TrainConfig, lab, progress=None, timeout=1800, port=29
     per_host = {}                  # a fabric's tree: each host's rack switch, its id there
     if lab.topo.spine:
         cfg, switch, per_host = _fabric_job(cfg, lab, hosts)
+    try:
+        return _run_lab(cfg, lab, hosts, switch, per_host, progress, timeout, port)
+    finally:
+        if per_host:               # the tree job this run installed: the id free at once
+            from ..lab import fabric as F
+            try:
+                F.remove_in_lab(lab, "tree", cfg.job, cfg.session,
+                                [f"{lab.address(h)}:{cfg.worker_base_port + r}"
+                                 for r, h in enumerate(hosts)])
+            except Exception as e:  # noqa: BLE001 (a clean-up: the switch reclaims it idle)
+                import warnings
+                warnings.warn(f"could not remove the tree job: {e}", RuntimeWarning)
+
+
+def _run_lab(cfg, lab, hosts, switch, per_host, progress, timeout, port):
+    import json
+    import queue as Q
+    import subprocess
+    import sys
+    import threading
     events = Q.Queue()
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
            "INA_SWITCH": f"{switch[0]}:{switch[1]}",

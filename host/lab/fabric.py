@@ -13,7 +13,8 @@ out with the reason instead of failing.
 import json
 import sys
 
-__all__ = ["tree_missing", "rack_of", "lab_tree", "roles", "install_in_lab"]
+__all__ = ["tree_missing", "rack_of", "lab_tree", "roles", "install_in_lab",
+           "remove_in_lab"]
 
 
 def tree_missing() -> str | None:
@@ -79,11 +80,24 @@ def install_in_lab(lab, kind, job, settings, session, members, node=None, timeou
     members[r]) or "tree" (``host.switch.tree.install_tree``: leaves, then the spine,
     all or nothing). Runs inside the lab, on host ``node`` (default the first). Returns
     :func:`roles`."""
+    _run_in_lab(lab, "install", kind, job, settings, session, members, node, timeout)
+    return roles(lab, kind, members)
+
+
+def remove_in_lab(lab, kind, job, session, members, node=None, timeout=30.0):
+    """Remove what :func:`install_in_lab` installed (only while the switches hold
+    ``session``), so the job id is free at once for the next run."""
+    from ina_fabric.protocol.jobtable import job_defaults
+    _run_in_lab(lab, "remove", kind, job, job_defaults("ethernet"), session, members, node,
+                timeout)
+
+
+def _run_in_lab(lab, action, kind, job, settings, session, members, node, timeout):
     if kind not in ("flat", "tree"):
         raise ValueError(f"kind {kind!r}: flat or tree")
     if kind == "tree" and tree_missing():
         raise NotImplementedError(tree_missing())
-    doc = {"kind": kind, "job": job, "session": session, "members": list(members),
+    doc = {"action": action, "kind": kind, "job": job, "session": session, "members": list(members),
            "spine": list(_spine(lab)), "window": settings.window,
            "elements": settings.elements, "deadline": settings.deadline,
            "mode": settings.mode}
@@ -94,9 +108,8 @@ def install_in_lab(lab, kind, job, settings, session, members, node=None, timeou
                                        json.dumps(doc)], timeout=timeout)
     if r.returncode:
         from .lab import LabError
-        raise LabError(f"installing job {job} ({kind}) on the fabric: "
-                       f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
-    return roles(lab, kind, members)
+        why = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode
+        raise LabError(f"{action} job {job} ({kind}) on the fabric: {why}")
 
 
 def _install_main(argv):
@@ -106,14 +119,19 @@ def _install_main(argv):
     d = json.loads(argv[0])
     s = JobSettings(d["window"], d["elements"], d["deadline"], d["mode"])
     if d["kind"] == "flat":
-        from ina_fabric.host.switch import send_job
-        send_job(tuple(d["spine"]), JobConfig.from_settings(d["job"], d["members"], s,
-                                                            session=d["session"]),
-                 timeout=2.0)
+        from ina_fabric.host.switch import remove_job, send_job
+        if d["action"] == "remove":
+            remove_job(tuple(d["spine"]), d["job"], d["session"], timeout=2.0)
+        else:
+            send_job(tuple(d["spine"]), JobConfig.from_settings(
+                d["job"], d["members"], s, session=d["session"]), timeout=2.0)
         return 0
-    from ina_fabric.host.switch.tree import Leaf, Tree, install_tree
+    from ina_fabric.host.switch.tree import Leaf, Tree, install_tree, remove_tree
     tree = Tree(tuple(d["spine"]), tuple(Leaf(tuple(a), tuple(w)) for a, w in d["leaves"]))
-    install_tree(tree, d["job"], s, session=d["session"], timeout=2.0)
+    if d["action"] == "remove":
+        remove_tree(tree, d["job"], d["session"], timeout=2.0)
+    else:
+        install_tree(tree, d["job"], s, session=d["session"], timeout=2.0)
     return 0
 
 
