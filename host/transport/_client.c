@@ -515,7 +515,7 @@ static int result_index(const Call *c, const uint8_t *d, size_t n) {
             (int)ina_rd16(d + L->job) != c->job || p >= (uint32_t)c->P ||
             ina_rd64(d + L->session) != c->session ||
             nel != nelem_of(c, (int)p) || 4 * (size_t)nel != n - L->header ||
-            d[L->count] > c->nworkers || (w != c->worker && w != L->group_worker))
+            (int)ina_rd16(d + L->count) > c->nworkers || (w != c->worker && w != L->group_worker))
         return -1;
     return (int)p;
 }
@@ -539,7 +539,7 @@ static void apply(Call *c, int p, const uint8_t *d) {
     if (held) d = held;
     int64_t *st = c->stats;
     st[S_RESULTS]++;
-    int flags = d[L->flags], count = d[L->count], nel = ina_rd16(d + L->nelem);
+    int flags = d[L->flags], count = (int)ina_rd16(d + L->count), nel = ina_rd16(d + L->nelem);
     if (p < c->K) c->shared_exp[p] = (int8_t)d[L->exponent];
     if (flags & L->f_overflow) st[S_OVERFLOW]++;
     /* the first RESULT of p came re-served to this worker (unicast, RETRANSMIT) and its
@@ -757,8 +757,8 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                     int p = result_index(c, d, n);
                     if (p < 0) {
                         int q = error_index(c, d, n);
-                        if (q >= 0 && (d[L->count] != REFUSAL_STALE || !w->received[q])) {
-                            c->refusal = d[L->count];
+                        if (q >= 0 && ((int)ina_rd16(d + L->count) != REFUSAL_STALE || !w->received[q])) {
+                            c->refusal = (int)ina_rd16(d + L->count);
                             c->refusal_figure = ina_rd32(d + L->bitmap);
                             c->refused_p = q;
                             return RC_REFUSED;
@@ -767,8 +767,8 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                         continue;
                     }
                     if (!w->bounded && (d[L->flags] & L->f_partial)) return RC_INCONSISTENT;
-                    if (!(d[L->flags] & L->f_partial) && d[L->count] != c->nworkers) {
-                        c->refusal_figure = d[L->count];   /* the job's member count */
+                    if (!(d[L->flags] & L->f_partial) && (int)ina_rd16(d + L->count) != c->nworkers) {
+                        c->refusal_figure = (int)ina_rd16(d + L->count);   /* the job's member count */
                         return RC_MEMBERS_DIFFER;
                     }
                     win_on_result(w, p, now);
