@@ -104,6 +104,7 @@ class HookSettings:
     bind_base: int              # INA_PORT: rank r binds base + r (0: any port)
     session: object             # INA_SESSION (a static job's), else None
     fallback: bool | None       # INA_FALLBACK: gloo -> True, raise -> False
+    worker: int | None = None   # INA_WORKER: the id at its own switch (a tree's leaf)
 
 
 def link_towards(switch) -> str:
@@ -127,7 +128,9 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
     and the ranks' timeouts, ``host.deadline``), INA_DEADLINE_RULE (or ``deadline_rule``:
     ``loss-aware``, the default, or ``derived``), INA_LINK_RATE (bit/s of the workers'
     links: the derived deadline's, and the pacing rate), INA_PACE_RATE (bit/s, overrides
-    the pacing rate; 0: none), INA_PORT, INA_SESSION and INA_FALLBACK (gloo|raise).
+    the pacing rate; 0: none), INA_PORT, INA_SESSION, INA_FALLBACK (gloo|raise) and
+    INA_WORKER (the worker's id at its switch: its index at its leaf in a tree of
+    switches, docs/fabric.md; default the rank).
     ValueError with a one-line reason on a bad value."""
     from ina_fabric.protocol.jobtable import parse_session
     from ..deadline import RULES, slot_deadline
@@ -168,7 +171,8 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
         rule=rule, link_rate=link_rate, pace_rate=float(pace) if pace else 0.0,
         carry=env.get("INA_CARRY", "1" if carry else "0") == "1",
         bind_base=int(env.get("INA_PORT", bind_port or 0)), session=session,
-        fallback=fallback)
+        fallback=fallback,
+        worker=int(env["INA_WORKER"]) if env.get("INA_WORKER") else None)
 
 
 class InaHookState:
@@ -503,7 +507,10 @@ def bind_client(s: HookSettings, rank: int, world: int, configure: bool = True,
     on this host, its RESULTs may come to a multicast group, one copy for all ranks."""
     from ina_fabric.protocol.jobtable import loopback_group
     group = loopback_group(s.switch, s.job) if configure else None
-    return SwitchClient(s.switch, s.job, rank, world, s.window, s.elements, s.mode,
+    # a tree of switches (docs/fabric.md): the worker's id is its index at its own
+    # switch (INA_WORKER), the job's workers the whole tree's
+    worker = rank if s.worker is None else s.worker
+    return SwitchClient(s.switch, s.job, worker, world, s.window, s.elements, s.mode,
                         bind=(local_address_towards(s.switch),
                               s.bind_base + rank if s.bind_base else 0),
                         deadline=s.deadline, group=group,
