@@ -154,7 +154,8 @@ class InaHookState:
         ``deadline_rule``: that derivation's rule, ``loss-aware`` (the default) or
         ``derived``), INA_LINK_RATE (bit/s of the
         workers' links: the derived deadline's, and the client's pacing rate),
-        INA_PACE_RATE (bit/s, overrides the pacing rate; 0: none); RANK/WORLD_SIZE from
+        INA_PACE_RATE (bit/s, overrides the pacing rate; 0: none), INA_CONGESTION
+        (``aimd``, the default, or ``off``: ``SwitchClient.congestion``); RANK/WORLD_SIZE from
         torchrun. Every rank binds a UDP port
         on the interface facing the switch; the ranks exchange addresses over the
         process group and rank 0 installs the job on the switch with a CONTROL datagram
@@ -212,6 +213,7 @@ class InaHookState:
                               deadline=deadline, group=group,
                               connect_timeout=connect_timeout, impairment=impairment,
                               pace_rate=float(pace) if pace else 0.0,
+                              congestion=env.get("INA_CONGESTION", "aimd").strip() or "aimd",
                               carry=env.get("INA_CARRY", "1" if carry else "0") == "1")
         import json    # a text per rank: its address, the group it joined (or null) and a
         # session id; rank 0's is the run's (a fresh one; a static job's is INA_SESSION)
@@ -408,6 +410,10 @@ class InaHookState:
         self.call_seconds.append(dt)
         if isinstance(st, AllreduceStats):
             self.stats.add(st)
+            rt = getattr(self.collective, "_rtt", None)
+            if rt is not None:      # congestion control: where the window stands
+                self.extra_stats["cwnd"] = rt.cwnd
+                self.extra_stats["cwnd_cuts"] = rt.cuts
         elif isinstance(st, dict):  # other collectives: sum what is numeric
             for k, v in st.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):

@@ -67,6 +67,9 @@ typedef struct {
     uint8_t *state;                /* 0 not released, 1 released and waiting, 2 sent */
     int low;                       /* no packet below it lacks its result */
     double t_first;                /* when the call's first RESULT came in */
+    int *lost, nlostq, caplost, lhead;  /* reliable: packets marked lost at a timeout, */
+    uint8_t *lostf;                /* not re-sent yet (flag), nlost of them */
+    int nlost;
     uint8_t *received, *held, *where;   /* where: 0 none, 1 fresh, 2 resent */
     uint8_t *tries;                /* 0: never re-sent (Karn: RTT samples allowed) */
     uint8_t *later;                /* results in of packets sent after it (FAST_RESEND) */
@@ -89,8 +92,10 @@ static int win_init(Win *w, int P, int W, const double cfg[NCFG], double *rtt) {
     w->cc = cfg[7] != 0.0;
     w->rtt = rtt;
     w->ready = malloc(P * sizeof(int)); w->state = calloc(P, 1);
+    w->caplost = P;
+    w->lost = malloc(P * sizeof(int)); w->lostf = calloc(P, 1);
     w->t_first = INFINITY;
-    if (!w->ready || !w->state) return -1;
+    if (!w->ready || !w->state || !w->lost || !w->lostf) return -1;
     if (w->cc && rtt[T_CWND] == 0.0) rtt[T_CWND] = (double)W;   /* the first call */
     w->received = calloc(P, 1); w->held = calloc(P, 1); w->where = calloc(P, 1);
     w->tries = calloc(P, 1); w->tsent = calloc(P, sizeof(double));
@@ -113,7 +118,7 @@ static int win_init(Win *w, int P, int W, const double cfg[NCFG], double *rtt) {
 static void win_free(Win *w) {
     free(w->received); free(w->held); free(w->where); free(w->tries); free(w->tsent);
     free(w->later); free(w->prev); free(w->next); free(w->scratch); free(w->act);
-    free(w->ready); free(w->state);
+    free(w->ready); free(w->state); free(w->lost); free(w->lostf);
 }
 
 static double win_rto(const Win *w) {
@@ -186,8 +191,16 @@ static void append(Win *w, int p, int list) {
     if (list == 1) w->nfresh++; else w->nresent++;
 }
 
+static void unlose(Win *w, int p) {
+    if (w->lostf[p]) {
+        w->lostf[p] = 0;
+        w->nlost--;
+    }
+}
+
 static void win_send(Win *w, int p, double now, int retransmit) {
     if (retransmit) {
+        unlose(w, p);
         int t = w->tries[p] ? w->tries[p] * 2 : 2;
         int cap = w->bounded ? BOUNDED_MAX_BACKOFF : MAX_BACKOFF;
         w->tries[p] = t > cap ? cap : t;
@@ -211,8 +224,14 @@ static int win_limit(const Win *w) {
 
 /* window.py's SendWindow._pump */
 static void win_pump(Win *w, double now) {
-    int limit = win_limit(w), i = w->qhead;
-    while (i < w->nready && w->nfresh + w->nresent < limit) {
+    int limit = win_limit(w), i = w->lhead;
+    while (i < w->nlostq && w->nfresh + w->nresent - w->nlost < limit) {
+        int p = w->lost[i++];
+        if (w->lostf[p]) win_send(w, p, now, 1);
+    }
+    w->lhead = i;
+    i = w->qhead;
+    while (i < w->nready && w->nfresh + w->nresent - w->nlost < limit) {
         int p = w->ready[i++];
         if (w->state[p] == 1 && !w->received[p]) win_send(w, p, now, 0);
     }
@@ -235,6 +254,15 @@ static void win_cut(Win *w, double now, double factor) {
     r[T_CUTS] += 1;
 }
 
+/* window.py's SendWindow._grow */
+static void win_grow(Win *w) {
+    double *r = w->rtt;
+    if (r[T_CWND] < w->W) {
+        double c = r[T_CWND] + (r[T_CWND] < r[T_SSTHRESH] ? 1.0 : 1.0 / r[T_CWND]);
+        r[T_CWND] = c < w->W ? c : (double)w->W;
+    }
+}
+
 /* window.py's SendWindow._on_rtt */
 static void win_on_rtt(Win *w, double s, double t_sent, double now) {
     if (t_sent < w->t_first) return;
@@ -244,9 +272,8 @@ static void win_on_rtt(Win *w, double s, double t_sent, double now) {
     if (s > target) {
         double f = 1.0 - DELAY_BETA * (s - target) / s;
         win_cut(w, now, f > 1.0 - MAX_DELAY_CUT ? f : 1.0 - MAX_DELAY_CUT);
-    } else if (r[T_CWND] < w->W) {
-        double c = r[T_CWND] + (r[T_CWND] < r[T_SSTHRESH] ? 1.0 : 1.0 / r[T_CWND]);
-        r[T_CWND] = c < w->W ? c : (double)w->W;
+    } else {
+        win_grow(w);
     }
 }
 
@@ -288,6 +315,8 @@ static void win_on_result(Win *w, int p, double now) {
         return;
     }
     double t = INFINITY;
+    int sampled = 0;
+    unlose(w, p);
     if (w->where[p]) {
         t = w->tsent[p];
         unlink_p(w, p);
@@ -296,8 +325,10 @@ static void win_on_result(Win *w, int p, double now) {
         if (!w->tries[p] && t <= now) {
             rtt_sample(w->rtt, now - t);
             if (w->cc) win_on_rtt(w, now - t, t, now);
+            sampled = 1;
         }
     }
+    if (!sampled && w->cc) win_grow(w);   /* no sample (Karn), but delivered: ACK clock */
     push(w, A_DELIVER, p, 0);
     win_release(w, p + w->W, now);
     win_pump(w, now);
@@ -368,6 +399,7 @@ static void win_on_timer(Win *w, double now) {
             int p = od[i];
             w->received[p] = 1;
             w->remaining--;
+            unlose(w, p);
             unlink_p(w, p);
             push(w, A_ABANDON, p, 0);
             win_release(w, p + w->W, now);
@@ -380,9 +412,42 @@ static void win_on_timer(Win *w, double now) {
         push(w, A_FAIL, FAIL_STALLED, 0);
         return;
     }
+    if (w->cc && w->started) {
+        /* a loss (before the call's first RESULT: late peers, not the network) */
+        win_cut(w, now, LOSS_BETA);
+        if (!w->bounded) {        /* window.py: at most the cut window re-sent at once */
+            int lim = win_limit(w);
+            for (int i = lim; i < n; i++) {   /* the others: marked lost, their timers */
+                int p = od[i], list = w->where[p];  /* restart unsent; win_pump */
+                unlink_p(w, p);                     /* re-sends them first */
+                append(w, p, list);
+                w->tsent[p] = now;
+                if (!w->lostf[p]) {
+                    w->lostf[p] = 1;
+                    w->nlost++;
+                    if (w->nlostq == w->caplost) {
+                        /* full: keep the first entry of each packet still marked
+                         * (win_pump skips the others: the same order) */
+                        uint8_t *seen = calloc(w->P, 1);
+                        int k = 0;
+                        for (int j = w->lhead; seen && j < w->nlostq; j++) {
+                            int x = w->lost[j];
+                            if (w->lostf[x] && !seen[x]) {
+                                seen[x] = 1;
+                                w->lost[k++] = x;
+                            }
+                        }
+                        free(seen);
+                        w->nlostq = k;
+                        w->lhead = 0;
+                    }
+                    w->lost[w->nlostq++] = p;
+                }
+            }
+            if (n > lim) n = lim;
+        }
+    }
     for (int i = 0; i < n; i++) win_send(w, od[i], now, 1);
-    /* a loss (before the call's first RESULT: late peers, not the network) */
-    if (w->cc && w->started) win_cut(w, now, LOSS_BETA);
 }
 
 /* ---- the call's data side (switch_client.py's AllreduceCall) ---------------------- */

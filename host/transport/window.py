@@ -214,7 +214,8 @@ class SendWindow:
 
     __slots__ = ("P", "W", "cfg", "rtt", "bounded", "received", "remaining", "fresh",
                  "resent", "tries", "last_progress", "held", "started", "later", "fast",
-                 "cc", "ready", "qhead", "state", "low", "t_first")
+                 "cc", "ready", "qhead", "state", "low", "t_first", "lost", "lhead",
+                 "lostf", "nlost")
 
     def __init__(self, packets: int, window: int, cfg: WindowConfig,
                  rtt: RttEstimator | None = None):
@@ -242,6 +243,10 @@ class SendWindow:
         self.cc = cfg.congestion
         self.ready, self.qhead, self.state, self.low = [], 0, bytearray(packets), 0
         self.t_first = float("inf")   # when the call's first RESULT came in
+        # reliable mode, a timeout re-sends at most ``limit()`` packets; the others are
+        # marked lost (``lostf``, ``nlost`` of them, queued in ``lost`` from ``lhead``):
+        # no longer counted in flight, they go again first as results make room
+        self.lost, self.lhead, self.lostf, self.nlost = [], 0, bytearray(packets), 0
         if self.cc and not self.rtt.cwnd:
             self.rtt.cwnd = float(window)    # a client's first call: the whole window
 
@@ -289,6 +294,9 @@ class SendWindow:
 
     def _send(self, p, now, retransmit=False):
         if retransmit:
+            if self.lostf[p]:
+                self.lostf[p] = 0
+                self.nlost -= 1
             self.tries[p] = min(self.tries.get(p, 1) * 2,
                                 BOUNDED_MAX_BACKOFF if self.bounded else MAX_BACKOFF)
             self.fresh.pop(p, None)
@@ -300,14 +308,21 @@ class SendWindow:
         return Send(p, retransmit)
 
     def _pump(self, now, acts):
-        """Send released packets, in release order, while fewer than ``limit()`` are in
-        flight; then the lowest packet still without a result, if it waits, goes in any
+        """Send packets marked lost (re-sends), then released packets in release order,
+        while fewer than ``limit()`` are in flight (the lost ones not counted); then the lowest packet still without a result, if it waits, goes in any
         case: every worker then sends the packet the switch waits on longest, so windows
         of different sizes never wait on each other (worker A's window full of packets
         whose slots wait for B, B's full of packets that wait for A)."""
         limit, ready, state, received = self.limit(), self.ready, self.state, self.received
+        lost, i, n = self.lost, self.lhead, len(self.lost)
+        while i < n and len(self.fresh) + len(self.resent) - self.nlost < limit:
+            p = lost[i]
+            i += 1
+            if self.lostf[p]:
+                acts.append(self._send(p, now, retransmit=True))
+        self.lhead = i
         i, n = self.qhead, len(ready)
-        while i < n and len(self.fresh) + len(self.resent) < limit:
+        while i < n and len(self.fresh) + len(self.resent) - self.nlost < limit:
             p = ready[i]
             i += 1
             if state[p] == 1 and not received[p]:
@@ -346,11 +361,19 @@ class SendWindow:
         if r > target:
             f = 1.0 - DELAY_BETA * (r - target) / r
             self._cut(now, f if f > 1.0 - MAX_DELAY_CUT else 1.0 - MAX_DELAY_CUT)
-        elif rt.cwnd < self.W:
+        else:
+            self._grow()
+
+    def _grow(self):
+        rt = self.rtt
+        if rt.cwnd < self.W:
             c = rt.cwnd + (1.0 if rt.cwnd < rt.ssthresh else 1.0 / rt.cwnd)
             rt.cwnd = c if c < self.W else float(self.W)
 
     def _sent_at(self, p):
+        if self.lostf[p]:
+            self.lostf[p] = 0
+            self.nlost -= 1
         t = self.fresh.pop(p, None)
         return self.resent.pop(p, None) if t is None else t
 
@@ -389,6 +412,8 @@ class SendWindow:
             self.rtt.sample(now - t_sent)
             if self.cc:
                 self._on_rtt(now - t_sent, t_sent, now)
+        elif self.cc:
+            self._grow()         # no sample (Karn), but the path delivered: ACK clock
         acts = [Deliver(p)]
         self._release(p + self.W, now, acts)
         self._pump(now, acts)
@@ -457,8 +482,29 @@ class SendWindow:
             return acts
         if not self.bounded and idle > cfg.stall_timeout:
             return [Fail("stalled")]
-        acts = [self._send(p, now, retransmit=True) for p in overdue]
         if self.cc and self.started:
             # a loss (before the call's first RESULT: late peers, not the network)
             self._cut(now, LOSS_BETA)
-        return acts
+            if not self.bounded:
+                # reliable: no more re-sends at once than the cut window (a whole
+                # window re-sent into the queue that just overflowed overflows it
+                # again); the others are marked lost: _pump re-sends them as results
+                # make room (their timers start again from now, unsent)
+                n = self.limit()
+                for p in overdue[n:]:
+                    self._rearm(p, now)
+                    if not self.lostf[p]:
+                        self.lostf[p] = 1
+                        self.nlost += 1
+                        self.lost.append(p)
+                overdue = overdue[:n]
+        return [self._send(p, now, retransmit=True) for p in overdue]
+
+    def _rearm(self, p, now):
+        """Restart ``p``'s timer from ``now`` without sending it (its backoff stays)."""
+        if p in self.fresh:
+            del self.fresh[p]
+            self.fresh[p] = now
+        else:
+            del self.resent[p]
+            self.resent[p] = now
