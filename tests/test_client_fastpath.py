@@ -24,14 +24,14 @@ def test_c_window_takes_the_same_actions_as_send_window(seed):
     """Random event sequences (results in any order, duplicates, results for packets not
     sent yet, timers early and late, long stalls) to both windows; every action list
     and the timers after every event must be equal, and so must the congestion window
-    (``RttEstimator``'s fields, ``limit()``), with congestion control on (3 seeds in 4)
-    and off."""
+    (``RttEstimator``'s fields, ``limit()``), in every congestion mode (aimd, delay,
+    off by turns)."""
     rng = np.random.default_rng(seed)
     mode = "bounded" if seed % 2 else "reliable"
     cfg = WindowConfig(mode, rto=0.02, min_rto=0.01, deadline=float(rng.choice([0.002, 0.01])),
                        connect_timeout=0.5, stall_timeout=float(rng.choice([0.3, 2.0])),
                        start_wait=float(rng.choice([0.0, 0.05])),
-                       congestion=seed % 4 != 3)
+                       congestion=("aimd", "delay", "off")[seed % 3])
     r1, r2 = RttEstimator(), RttEstimator()
     now = 0.0
     for call in range(3):

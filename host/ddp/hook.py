@@ -155,7 +155,8 @@ class InaHookState:
         ``derived``), INA_LINK_RATE (bit/s of the
         workers' links: the derived deadline's, and the client's pacing rate),
         INA_PACE_RATE (bit/s, overrides the pacing rate; 0: none), INA_CONGESTION
-        (``aimd``, the default, or ``off``: ``SwitchClient.congestion``); RANK/WORLD_SIZE from
+        (``aimd``, the default, ``delay`` or ``off``: ``SwitchClient.congestion``);
+        RANK/WORLD_SIZE from
         torchrun. Every rank binds a UDP port
         on the interface facing the switch; the ranks exchange addresses over the
         process group and rank 0 installs the job on the switch with a CONTROL datagram

@@ -60,7 +60,7 @@ enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK, T_CWND, T_SSTHRESH, T_
 typedef struct { int kind, p, flag; } Action;
 
 typedef struct {
-    int P, W, bounded, cc;
+    int P, W, bounded, cc, delay;
     double rto0, min_rto, deadline, connect_timeout, stall_timeout, start_wait;
     double *rtt;                   /* RttEstimator: srtt, rttvar, ... (T_*) */
     int *ready, nready, qhead;     /* released packets waiting for cwnd, release order */
@@ -89,7 +89,8 @@ static int win_init(Win *w, int P, int W, const double cfg[NCFG], double *rtt) {
     w->bounded = cfg[0] != 0.0;
     w->rto0 = cfg[1]; w->min_rto = cfg[2]; w->deadline = cfg[3];
     w->connect_timeout = cfg[4]; w->stall_timeout = cfg[5]; w->start_wait = cfg[6];
-    w->cc = cfg[7] != 0.0;
+    w->cc = cfg[7] != 0.0;           /* fastcall.config_tuple: 0 off, 1 aimd, 2 delay */
+    w->delay = cfg[7] == 2.0;
     w->rtt = rtt;
     w->ready = malloc(P * sizeof(int)); w->state = calloc(P, 1);
     w->caplost = P;
@@ -265,6 +266,10 @@ static void win_grow(Win *w) {
 
 /* window.py's SendWindow._on_rtt */
 static void win_on_rtt(Win *w, double s, double t_sent, double now) {
+    if (!w->delay) {
+        win_grow(w);
+        return;
+    }
     if (t_sent < w->t_first) return;
     double *r = w->rtt;
     if (r[T_BASE] == 0.0 || s < r[T_BASE]) r[T_BASE] = s;

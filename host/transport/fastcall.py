@@ -60,7 +60,7 @@ def say_why_not():
 def config_tuple(cfg: WindowConfig):
     return (1.0 if cfg.mode == "bounded" else 0.0, cfg.rto, cfg.min_rto, cfg.deadline,
             cfg.connect_timeout, cfg.stall_timeout, cfg.start_wait,
-            1.0 if cfg.congestion else 0.0)
+            {"off": 0.0, "aimd": 1.0, "delay": 2.0}[cfg.congestion])
 
 
 def rtt_to_array(rtt: RttEstimator, arr=None):

@@ -164,10 +164,11 @@ class SwitchClient:
     #: 10 Mbit/s a tbf queue of 20 ms holds 3 jumbo datagrams, and every call's first
     #: window of 8 lost a few of them there, each costing an rto)
     pace_rate: float = 0.0
-    #: congestion control (issue 39, docs/congestion.md): "aimd" (a congestion window
-    #: that halves on loss, follows a delay target on the RESULTs' round trips and grows
-    #: back on a clear path; the DDP hook takes it from INA_CONGESTION) or "off" (the
-    #: fixed call window of before)
+    #: congestion control (issue 39, docs/congestion.md; the DDP hook takes it from
+    #: INA_CONGESTION): "aimd" (a congestion window that halves on loss and grows back
+    #: on a clear path), "delay" (the same, also cut when RESULT round trips exceed a
+    #: delay target; it starves beside bulk TCP, which keeps the queue full) or "off"
+    #: (the fixed call window of before)
     congestion: str = "aimd"
     group: tuple[str, int] | None = None   # multicast group of the job's RESULTs
     engine: str = "auto"           # the call loop: "c" (fastcall), "python", or "auto"
@@ -191,8 +192,10 @@ class SwitchClient:
         self._residual = {}     # carry mode: call size -> what the last one left out
         if self.carry and self.mode == "reliable":
             raise ValueError("carry: only in a bounded mode (reliable sums are complete)")
-        if self.congestion not in ("aimd", "off"):
-            raise ValueError(f"congestion {self.congestion!r}: expected aimd or off")
+        from .window import CONGESTION
+        if self.congestion not in CONGESTION:
+            raise ValueError(f"congestion {self.congestion!r}: expected one of "
+                             f"{', '.join(CONGESTION)}")
         if self.engine not in ("auto", "c", "python"):
             raise ValueError(f"engine {self.engine!r}: expected auto, c or python")
         impaired = self.impairment is not None and self.impairment.active

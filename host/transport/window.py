@@ -104,6 +104,8 @@ DELAY_FACTOR = 1.5
 DELAY_SLACK = 0.002
 #: cwnd never goes below this (one datagram in flight)
 MIN_CWND = 1.0
+#: the congestion modes (``WindowConfig.congestion``, ``SwitchClient.congestion``)
+CONGESTION = ("aimd", "delay", "off")
 
 
 class Send(NamedTuple):
@@ -137,8 +139,15 @@ class WindowConfig:
     connect_timeout: float = 2.0
     stall_timeout: float = 30.0
     start_wait: float = 0.25       # reliable: timeout floor until the call's first RESULT
-    #: congestion control (issue 39): False: the fixed call window of before
-    congestion: bool = True
+    #: congestion control (issue 39): "aimd" (a congestion window, halved on loss),
+    #: "delay" (the same, also cut when RESULT round trips exceed the delay target) or
+    #: "off" (the fixed call window of before)
+    congestion: str = "aimd"
+
+    def __post_init__(self):
+        if self.congestion not in CONGESTION:
+            raise ValueError(f"congestion {self.congestion!r}: expected one of "
+                             f"{', '.join(CONGESTION)}")
 
     @classmethod
     def of(cls, c):
@@ -146,7 +155,7 @@ class WindowConfig:
         # the client's timers are those of bounded mode for every mode with a deadline
         mode = "reliable" if c.mode == "reliable" else "bounded"
         return cls(mode, c.rto, c.min_rto, c.deadline, c.connect_timeout, c.stall_timeout,
-                   c.start_wait, getattr(c, "congestion", "aimd") != "off")
+                   c.start_wait, getattr(c, "congestion", "aimd"))
 
 
 @dataclass
@@ -215,7 +224,7 @@ class SendWindow:
     __slots__ = ("P", "W", "cfg", "rtt", "bounded", "received", "remaining", "fresh",
                  "resent", "tries", "last_progress", "held", "started", "later", "fast",
                  "cc", "ready", "qhead", "state", "low", "t_first", "lost", "lhead",
-                 "lostf", "nlost")
+                 "lostf", "nlost", "delay")
 
     def __init__(self, packets: int, window: int, cfg: WindowConfig,
                  rtt: RttEstimator | None = None):
@@ -240,7 +249,8 @@ class SendWindow:
         # congestion control: released packets wait in ``ready`` (release order, from
         # ``qhead``) while ``cwnd`` packets are in flight; ``state``: 0 not released,
         # 1 released and waiting, 2 sent; ``low``: no packet below it lacks its result
-        self.cc = cfg.congestion
+        self.cc = cfg.congestion != "off"
+        self.delay = cfg.congestion == "delay"
         self.ready, self.qhead, self.state, self.low = [], 0, bytearray(packets), 0
         self.t_first = float("inf")   # when the call's first RESULT came in
         # reliable mode, a timeout re-sends at most ``limit()`` packets; the others are
@@ -350,8 +360,12 @@ class SendWindow:
         rt.cuts += 1
 
     def _on_rtt(self, r, t_sent, now):
-        """A round trip ``r`` of a packet sent once, at ``t_sent``: only one sent after
-        the call's first RESULT counts (before it, the wait for late peers is in it)."""
+        """A round trip ``r`` of a packet sent once, at ``t_sent``. "aimd": the window
+        grows. "delay": compared with the delay target; only a packet sent after the
+        call's first RESULT counts (before it, the wait for late peers is in it)."""
+        if not self.delay:
+            self._grow()
+            return
         if t_sent < self.t_first:
             return
         rt = self.rtt
