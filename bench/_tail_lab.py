@@ -178,7 +178,7 @@ def _switch_counters(lab, switch):
     import sys
     host, port = switch.rsplit(":", 1)
     probe = [sys.executable, "-c",
-             "import json; from ina_fabric.host.switch import query_status as q; "
+             "import json; from ina_fabric.protocol.control_client import query_status as q; "
              f"print(json.dumps(q(('{host}', {int(port)}), timeout=1.0)['counters']))"]
     try:
         r = lab.run(lab.topo.switches[0].name, probe, timeout=20)

@@ -141,7 +141,7 @@ def test_the_installer_removes_its_job_at_shutdown(env, switch):
     done), so the next run may take the same id at once. Before, the id stayed held by
     the ended run's session and the next run was refused ("taken by another run") for
     the switch's idle reclaim time (60 s)."""
-    from ina_fabric.host.switch.server import query_status
+    from ina_fabric.protocol.control_client import query_status
     for run in range(2):                # the same job id, two runs, two sessions
         pg = init(job=97)
         t = torch.ones(100)

@@ -227,14 +227,29 @@ class InaHookState:
             client.close()
             raise ValueError("a job the switch already holds (no CONTROL): give its session "
                              "id in INA_SESSION (the `session` of its [[job]] table)")
+        position = 0      # a static job: rank 0 asks where a new run resumes
+        if not configure and rank == 0:
+            from ..transport.switch_client import static_position
+            try:
+                position = static_position(addr, job, session, timeout=connect_timeout)
+            except OSError as e:      # SwitchRefused: no such job, another session, ...
+                position = f"error: {e}"
         gathered = [json.loads(t) for t in peers.gather(json.dumps(
-            [f"{client.address[0]}:{client.address[1]}", client.group, str(session)]))]
-        members = [(m, tuple(g) if g else None) for m, g, _ in gathered]
-        client.session = int(gathered[0][2])
+            [f"{client.address[0]}:{client.address[1]}", client.group, str(session),
+             position]))]
+        members = [(m, tuple(g) if g else None) for m, g, _, _ in gathered]
+        refused = gathered[0][3][7:] if isinstance(gathered[0][3], str) else None
+        if not configure and gathered[0][3] is None:
+            warnings.warn(f"INA: switch {addr[0]}:{addr[1]} did not answer STATUS (no "
+                          f"control key here?): static job {job} starts at seq 0; a run "
+                          f"after an earlier one may then be refused (STALE) or, after "
+                          f"a run shorter than two windows, take its stored results",
+                          RuntimeWarning, stacklevel=2)
+        client.start(int(gathered[0][2]), 0 if refused else gathered[0][3] or 0)
         ok = 1
         if configure and rank == 0:
             from ina_fabric.protocol.jobtable import JobConfig
-            from ..switch import send_job
+            from ina_fabric.protocol.control_client import send_job
             mcast = group if all(g == group for _, g in members) else None
             cfg = JobConfig(job, tuple(m for m, _ in members), window, elements, deadline,
                             mode, mcast, client.session)
@@ -256,7 +271,11 @@ class InaHookState:
             state.deadline_rule = rule
             state.deadline_history.append((0, deadline))
         try:
-            state.probe(ok, query=configure)
+            if refused:       # every rank alike: rank 0's reason, raised or warned
+                from ..transport.switch_client import SwitchRefused
+                state._fall_back(refused, SwitchRefused)
+            else:
+                state.probe(ok, query=configure)
         except BaseException:
             client.close()
             raise
@@ -282,7 +301,7 @@ class InaHookState:
 
     def job_installed(self) -> bool:
         """Whether the switch's job table holds this job (OSError: no answer)."""
-        from ..switch import query_status
+        from ina_fabric.protocol.control_client import query_status
         jobs = query_status(self.collective.switch, timeout=1.0).get("jobs", {})
         return str(self.collective.job) in {str(j) for j in jobs}
 
@@ -319,7 +338,7 @@ class InaHookState:
         if remove and self.installed and self.use_switch:
             self.installed = False
             from ..switch.model import IDLE_RECLAIM_S
-            from ..switch.server import remove_job
+            from ina_fabric.protocol.control_client import remove_job
             c = self.collective
             try:
                 remove_job(c.switch, c.job, c.session, timeout=1.0)
@@ -378,7 +397,7 @@ class InaHookState:
         if abs(d - cur) <= RETUNE_CHANGE * cur:
             return
         import dataclasses
-        from ..switch import send_job
+        from ina_fabric.protocol.control_client import send_job
         new = dataclasses.replace(self.job_config, deadline=d)
         try:
             send_job(c.switch, new, timeout=1.0, update=True)

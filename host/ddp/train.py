@@ -500,7 +500,7 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         if switch_proc is not None:
             for p in procs:   # the switch's counters once every rank has closed (rank
                 p.join(timeout=10)   # 0 removes the job after the final barrier)
-            from ..switch import query_status
+            from ina_fabric.protocol.control_client import query_status
             try:
                 st = query_status(switch)
                 result.switch_counters = {k: v for k, v in st["counters"].items() if v}

@@ -287,7 +287,7 @@ class Lab:
                                             "switch", "--listen", f"{host}:{SWITCH_PORT}",
                                             *extra])
         probe = [sys.executable, "-c",
-                 "import sys; from ina_fabric.host.switch import query_status as q; "
+                 "import sys; from ina_fabric.protocol.control_client import query_status as q; "
                  f"q(('{host}', {SWITCH_PORT}), timeout=0.5)"]
         for _ in range(40):
             if self.run(node, probe, timeout=10).returncode == 0:

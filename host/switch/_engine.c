@@ -14,6 +14,10 @@
  * has no JIT warm-up. The wire layout is not written here: Engine() takes the field
  * offsets from ina_fabric.protocol.fields (the one definition; ina_fabric/protocol/ina_wire.h).
  *
+ * Refusals (issue 43): DATA dropped for a reason its sender can fix is answered with an
+ * ERROR, the DATA's header with type ERROR, the reason (fields.Refusal) in ``count`` and
+ * a figure in ``bitmap``, rate-limited per source bucket, as the model's _refuse.
+ *
  * Two ways in:
  *   Engine.process(datagram, ip, port, now) -> [(ip, port, bytes)]   pure, for tests
  *   Engine.serve(fd, max_wait) -> [(bytes, ip, port)]                 the socket loop:
@@ -52,12 +56,15 @@
 #define PACE_DESTS 64      /* destinations paced separately (a worker's downlink each) */
 #define PACE_BURST 0.002   /* seconds of credit a destination may send at once */
 #define WIRE_EXTRA 46      /* bytes a datagram costs on the wire beyond its UDP payload */
+#define ERROR_SOURCES 256  /* fields.ERROR_SOURCES: rate-limit buckets of ERROR replies */
+/* the reasons of fields.Refusal */
+enum { R_UNKNOWN_JOB = 1, R_NOT_MEMBER, R_BAD_LENGTH, R_BAD_SESSION, R_STALE };
 
 enum {
     C_RX, C_RX_DATA, C_ACCEPTED, C_DUPLICATES, C_LATE, C_RESULTS, C_PARTIALS,
     C_OVERFLOWS, C_RESENT, C_DROP_TRUNCATED, C_DROP_MALFORMED, C_DROP_UNKNOWN_JOB,
     C_DROP_UNKNOWN_SOURCE, C_DROP_BAD_SESSION, C_DROP_STALE, C_DROP_OUT_OF_WINDOW,
-    C_SKIPPED,
+    C_SKIPPED, C_ERRORS_SENT, C_ERRORS_LIMITED,
     /* the engine's own (not model counters) */
     C_SEND_ERRORS, C_RX_BATCHES, C_TX_BATCHES, C_PACE_HELD, NCOUNTERS
 };
@@ -65,7 +72,7 @@ static const char *COUNTER_NAMES[NCOUNTERS] = {
     "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials",
     "overflows", "resent", "drop_truncated", "drop_malformed", "drop_unknown_job",
     "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-    "skipped", "send_errors", "rx_batches", "tx_batches", "pace_held",
+    "skipped", "errors_sent", "errors_limited", "send_errors", "rx_batches", "tx_batches", "pace_held",
 };
 
 typedef InaLayout Layout;
@@ -92,6 +99,7 @@ typedef struct {
     uint32_t window, elements;
     double deadline;
     uint64_t session;            /* the run's session id: DATA must carry it, RESULTs do */
+    uint32_t head;               /* the seq after the newest slot opened (its position) */
     double active;               /* install or last accepted DATA (ids held by sessions) */
     Addr members[MAX_MEMBERS];
     Addr group[MAX_MEMBERS];
@@ -134,6 +142,12 @@ typedef struct {
     double pace, pace_wake;
     struct { uint32_t ip; uint16_t port; double next; } dests[PACE_DESTS];
     int ndests;
+    /* refusals: answer them (the model's ``answers``), at most once per error_interval
+     * per source bucket (fields.error_bucket) */
+    int answers;
+    double error_interval;
+    double answered[ERROR_SOURCES];
+    uint8_t answered_set[ERROR_SOURCES];
 } Engine;
 
 #define rd16 ina_rd16
@@ -357,6 +371,58 @@ static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
     k->msgs[i].msg_hdr.msg_iovlen = 1;
 }
 
+/* The model's _refuse: the ERROR answering DATA ``d`` from ``to`` (its header, type
+ * ERROR, ``reason`` in count, ``figure`` in bitmap), unless the source's bucket was
+ * answered within error_interval. */
+static void refuse(Engine *e, Sink *k, Addr to, const uint8_t *d, int reason,
+                   uint32_t figure, double now) {
+    const Layout *L = &e->L;
+    if (!e->answers) return;
+    uint32_t b = ((to.ip ^ ((uint32_t)to.port << 16) ^ to.port) * 0x9E3779B1u) >> 24;
+    if (e->answered_set[b] && now - e->answered[b] < e->error_interval) {
+        e->c[C_ERRORS_LIMITED]++;
+        return;
+    }
+    e->answered_set[b] = 1;
+    e->answered[b] = now;
+    e->c[C_ERRORS_SENT]++;
+    uint8_t r[64];
+    size_t len = (size_t)L->header;
+    memcpy(r, d, len);
+    r[L->type] = L->t_error;
+    r[L->flags] = 0;
+    r[L->exponent] = 0;
+    r[L->count] = reason;
+    wr16(r + L->nelem, 0);
+    wr16(r + L->reserved, 0);
+    wr32(r + L->bitmap, figure);
+    if (k->list) {
+        if (k->failed) return;
+        PyObject *t = Py_BuildValue("(kiy#)", (unsigned long)to.ip, (int)to.port,
+                                    (const char *)r, (Py_ssize_t)len);
+        if (!t || PyList_Append(k->list, t) < 0) k->failed = 1;
+        Py_XDECREF(t);
+        return;
+    }
+    if (k->n == SENDQ || k->scratch_used + len > SCRATCH) sink_flush(e, k);
+    int i = k->n++;
+    uint8_t *data = k->scratch + k->scratch_used;
+    k->scratch_used += (len + 7) & ~(size_t)7;
+    memcpy(data, r, len);
+    k->ref[i] = NULL;
+    k->held[i] = 0;
+    k->iov[i].iov_base = data;
+    k->iov[i].iov_len = len;
+    k->addr[i].sin_family = AF_INET;
+    k->addr[i].sin_port = htons(to.port);
+    k->addr[i].sin_addr.s_addr = htonl(to.ip);
+    memset(&k->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
+    k->msgs[i].msg_hdr.msg_name = &k->addr[i];
+    k->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+    k->msgs[i].msg_hdr.msg_iov = &k->iov[i];
+    k->msgs[i].msg_hdr.msg_iovlen = 1;
+}
+
 /* the element loops, built for AVX2 and for any x86-64 (one is picked at load time) */
 #define TARGETS __attribute__((target_clones("avx2", "default")))
 
@@ -567,15 +633,28 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if (body < 4 * (size_t)nelem) { c[C_DROP_TRUNCATED]++; return 0; }
     if (body != 4 * (size_t)nelem) { c[C_DROP_MALFORMED]++; return 0; }
     Job *j = e->jobs[rd16(d + L->job)];
-    if (!j) { c[C_DROP_UNKNOWN_JOB]++; return 0; }
-    if (ina_rd64(d + L->session) != j->session) { c[C_DROP_BAD_SESSION]++; return 0; }
+    if (!j) {
+        c[C_DROP_UNKNOWN_JOB]++;
+        refuse(e, k, src, d, R_UNKNOWN_JOB, 0, now);
+        return 0;
+    }
+    if (ina_rd64(d + L->session) != j->session) {
+        c[C_DROP_BAD_SESSION]++;
+        refuse(e, k, src, d, R_BAD_SESSION, 0, now);
+        return 0;
+    }
     uint32_t worker = d[L->worker];
     if ((int)worker >= j->n || j->members[worker].ip != src.ip ||
             j->members[worker].port != src.port) {
         c[C_DROP_UNKNOWN_SOURCE]++;
+        refuse(e, k, src, d, R_NOT_MEMBER, (uint32_t)j->n, now);
         return 0;
     }
-    if (nelem > j->elements) { c[C_DROP_MALFORMED]++; return 0; }
+    if (nelem > j->elements) {
+        c[C_DROP_MALFORMED]++;
+        refuse(e, k, src, d, R_BAD_LENGTH, j->elements, now);
+        return 0;
+    }
     c[C_RX_DATA]++;
     uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
     Slot *s = slot_of(j, seq);
@@ -593,24 +672,35 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         s->opened_at = now;
         s->order = ++e->opened;
         j->nopen++;
+        if (seq + 1 - j->head < SEQ_HALF) j->head = seq + 1;
         if (j->bounded) {
             Entry x = {now + j->deadline, (uint32_t)j->id, seq, now};
             if (heap_push(e, x) < 0) return -1;
         }
     } else if (seq != s->tag) {
         uint32_t behind = s->tag - seq;
-        c[behind > 0 && behind < SEQ_HALF ? C_DROP_STALE : C_DROP_OUT_OF_WINDOW]++;
+        int stale = behind > 0 && behind < SEQ_HALF;
+        c[stale ? C_DROP_STALE : C_DROP_OUT_OF_WINDOW]++;
+        if (stale) refuse(e, k, src, d, R_STALE, j->head, now);
         return 0;
     }
     if (s->complete) {
-        if (!s->has_result) { c[C_DROP_STALE]++; return 0; }  /* before the job began */
+        if (!s->has_result) {                /* before the job began */
+            c[C_DROP_STALE]++;
+            refuse(e, k, src, d, R_STALE, j->head, now);
+            return 0;
+        }
         c[(s->bitmap & bit) ? C_DUPLICATES : C_LATE]++;
         c[C_RESENT]++;
         sink_push(e, k, j->members[worker], s, (int)worker);
         return 0;
     }
     if (s->bitmap & bit) { c[C_DUPLICATES]++; return 0; }
-    if (nelem != s->nelem) { c[C_DROP_MALFORMED]++; return 0; }
+    if (nelem != s->nelem) {
+        c[C_DROP_MALFORMED]++;
+        refuse(e, k, src, d, R_BAD_LENGTH, s->nelem, now);
+        return 0;
+    }
     c[C_ACCEPTED]++;
     j->active = now;
     j->absent &= ~bit;                   /* in step again: slots wait for it again */
@@ -676,7 +766,10 @@ static void Engine_dealloc(Engine *e) {
  * ("<name>_bytes") from protocol.fields, plus the constants the data path needs. */
 static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     PyObject *d;
-    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
+    e->answers = 1;
+    e->error_interval = 0.1;
+    if (!PyArg_ParseTuple(args, "O!|pd", &PyDict_Type, &d, &e->answers, &e->error_interval))
+        return -1;
     if (ina_layout_from_dict(d, &e->L) < 0) return -1;
     e->sink = calloc(1, sizeof(Sink));
     e->rmsgs = calloc(BATCH, sizeof(struct mmsghdr));
@@ -834,7 +927,17 @@ static PyObject *Engine_start_at(Engine *e, PyObject *args) {
         s->exponent = e->L.no_exponent;
     }
     j->nopen = 0;
+    j->head = (uint32_t)seq;
     Py_RETURN_NONE;
+}
+
+/* position(id): the job's head (the seq after the newest slot it opened), or None */
+static PyObject *Engine_position(Engine *e, PyObject *args) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
+    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    if (!j) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(j->head);
 }
 
 /* oldest_open_bitmap(id): the contributor bitmap of the job's oldest open slot (the
@@ -1068,6 +1171,7 @@ static PyMethodDef Engine_methods[] = {
     {"oldest_open_bitmap", (PyCFunction)Engine_oldest_open_bitmap, METH_VARARGS,
      "oldest_open_bitmap(id): contributors of the oldest open slot, or None"},
     {"open_slots", (PyCFunction)Engine_open_slots, METH_VARARGS, "open_slots(id)"},
+    {"position", (PyCFunction)Engine_position, METH_VARARGS, "position(id): the job's head"},
     {"process", (PyCFunction)Engine_process, METH_VARARGS,
      "process(datagram, ip, port, now) -> [(ip, port, bytes)]: tick, then one DATA"},
     {"tick", (PyCFunction)Engine_tick, METH_VARARGS, "tick(now) -> [(ip, port, bytes)]"},

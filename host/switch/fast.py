@@ -19,7 +19,7 @@ model with that message.
 from collections import Counter
 import socket
 
-from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, c_layout
+from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, c_layout, ERROR_INTERVAL
 from ina_fabric.protocol.jobtable import MODES
 from .model import SwitchModel, COUNTERS
 
@@ -67,7 +67,7 @@ class FastSwitchModel(SwitchModel):
     def __init__(self, jobs=(), **kw):
         if _engine is None:
             raise EngineUnavailable(WHY_NOT)
-        self.engine = _engine.Engine(layout())
+        self.engine = _engine.Engine(layout(), kw.get("answers", True), ERROR_INTERVAL)
         self._data = (VERSION, int(MsgType.DATA))
         super().__init__(jobs, **kw)
 
@@ -97,6 +97,8 @@ class FastSwitchModel(SwitchModel):
     def _job_status(self, js) -> dict:
         st = super()._job_status(js)
         st["open_slots"] = self.engine.open_slots(js.cfg.job)
+        if "position" in st:
+            st["position"] = self.engine.position(js.cfg.job)
         if "absent" in st:
             st["absent"] = self._missing(js.cfg.n, ~self.engine.absent(js.cfg.job))
         return st
@@ -109,7 +111,7 @@ class FastSwitchModel(SwitchModel):
     def counters(self) -> Counter:
         c = Counter(self._counts)
         for name, v in self.engine.counters().items():
-            if name in COUNTERS:
+            if name in self._counts:
                 c[name] += v
         return c
 

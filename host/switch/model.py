@@ -41,6 +41,15 @@ Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result
 saturated to int32 when it is emitted, with OVERFLOW set if any element saturated.
 Saturating at each add would make the result depend on arrival order; this way every
 order gives the same bytes, which the gateware matches with 37-bit accumulators.
+
+Refusals (issue 43). DATA dropped for a reason its sender can fix (an unknown job, a
+source that is not the job's member, more elements than the job's or than the slot's,
+another session, a seq behind the job) is answered with one ERROR (``fields.Refusal``):
+the header alone, never larger than the DATA, at most once per ``ERROR_INTERVAL`` per
+source bucket (``fields.error_bucket``; the drop is counted either way). A STALE answer
+carries the job's *position*: the seq after the newest slot it opened (``head``), the
+seq a new run of a static job resumes at. Truncated, malformed and out-of-window DATA
+(the sender is ahead: it only has to wait) get no answer.
 """
 
 from collections import Counter
@@ -50,14 +59,16 @@ import json
 import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
-                                        GROUP_WORKER, field_offsets)
+                                        GROUP_WORKER, field_offsets, Refusal,
+                                        ERROR_INTERVAL, ERROR_SOURCES, error_bucket)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.jobtable import IDLE_RECLAIM_S
 from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
                                       control_length_ok, STATUS_MIN_REQUEST,
                                       status_length_ok)
 
-__all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER", "BOUNDED"]
+__all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER", "BOUNDED",
+           "ANSWER_COUNTERS", "error_datagram"]
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 #: the modes whose slots close at a deadline (jobtable.MODES)
@@ -71,7 +82,11 @@ COUNTERS = (
     "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
     "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
     "skipped",     # bounded-skip: slots closed before their deadline without an absent worker
+    "errors_sent",     # ERROR replies to DATA dropped for a reason the sender can fix
+    "errors_limited",  # ... not sent: that source was answered within ERROR_INTERVAL
 )
+#: the counters of a switch that does not answer refused DATA (the gateware, for now)
+ANSWER_COUNTERS = ("errors_sent", "errors_limited")
 
 _OFF = field_offsets()
 
@@ -119,6 +134,7 @@ class _JobState:
         self.slots = [[_Slot((i + s * w - 2 * w) & SEQ_MASK) for i in range(w)]
                       for s in range(2)]
         self.open = {}  # seq -> slot, in opening order (deadline order within a job)
+        self.head = 0   # the job's position: the seq after the newest slot it opened
         #: bounded-skip: workers a slot closed without at its deadline, not back since
         #: (a bitmap; always 0 in the other modes), and when each became absent
         self.absent = 0
@@ -131,21 +147,26 @@ class SwitchModel:
 
     def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
                  max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES,
-                 modes=None):
+                 modes=None, answers=True):
         """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
         are taken only when sealed with it; without a key, none is taken over the wire
         (jobs come from ``jobs`` and ``add_job``). ``modes``: the modes this switch runs
         (default: all of ``jobtable.MODES``; the gateware's scoreboard passes
         ``GATEWARE_MODES``): a CONTROL entry with another is ``drop_malformed``, as the
-        gateware's parse drops it, and ``add_job`` refuses it."""
+        gateware's parse drops it, and ``add_job`` refuses it. ``answers``: DATA refused
+        for a reason the sender can fix is answered with an ERROR (the module's
+        docstring); False for the gateware's scoreboards until the gateware answers."""
         from ina_fabric.protocol.jobtable import MODES
         self.modes = tuple(MODES if modes is None else modes)
         self.key = key
         self._replay = ReplayGuard()
         self.jobs: dict[int, _JobState] = {}
         # (a switch without bounded-skip, as the gateware, has no "skipped" counter)
+        self.answers = answers
+        self._answered = [None] * ERROR_SOURCES    # when each source bucket was answered
         self._counts = Counter({name: 0 for name in COUNTERS
-                                if name != "skipped" or "bounded-skip" in self.modes})
+                                if (name != "skipped" or "bounded-skip" in self.modes)
+                                and (answers or name not in ANSWER_COUNTERS)})
         self.max_jobs, self.max_job_bytes = max_jobs, max_job_bytes
         self.max_total_bytes = max_total_bytes
         self._deadlines = []   # heap of (time, job, seq, opened_at): bounded open slots
@@ -237,6 +258,7 @@ class SwitchModel:
             slot = js.slots[k // js.cfg.window][k % js.cfg.window]
             slot.__init__((seq - w2 + ((k - seq) % w2)) & SEQ_MASK)
         js.open.clear()
+        js.head = seq & SEQ_MASK
 
     # -- deadlines -------------------------------------------------------------------
     # Bounded open slots sit in one heap by deadline, so a packet's cost does not grow
@@ -349,18 +371,19 @@ class SwitchModel:
         js = self.jobs.get(int(h["job"]))
         if js is None:
             c["drop_unknown_job"] += 1
-            return out
+            return out + self._refuse(Refusal.UNKNOWN_JOB, 0, datagram, source, now)
         cfg = js.cfg
         if int(h["session"]) != cfg.session:
             c["drop_bad_session"] += 1
-            return out
+            return out + self._refuse(Refusal.BAD_SESSION, 0, datagram, source, now)
         worker = int(h["worker"])
         if worker >= cfg.n or cfg.members[worker].addr != tuple(source):
             c["drop_unknown_source"] += 1
-            return out
+            return out + self._refuse(Refusal.NOT_MEMBER, cfg.n, datagram, source, now)
         if nelem > cfg.elements:
             c["drop_malformed"] += 1
-            return out
+            return out + self._refuse(Refusal.BAD_LENGTH, cfg.elements, datagram, source,
+                                      now)
         c["rx_data"] += 1
         seq = int(h["seq"])
         w = cfg.window
@@ -374,18 +397,22 @@ class SwitchModel:
             slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
             slot.exponent, slot.opened_at = NO_EXPONENT, now
             js.open[seq] = slot
+            if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
+                js.head = (seq + 1) & SEQ_MASK
             if cfg.mode in BOUNDED:
                 heapq.heappush(self._deadlines, (now + cfg.deadline, cfg.job, seq, now))
         elif seq != slot.tag:
             behind = 0 < ((slot.tag - seq) & SEQ_MASK) < 1 << 31
             c["drop_stale" if behind else "drop_out_of_window"] += 1
+            if behind:
+                out += self._refuse(Refusal.STALE, js.head, datagram, source, now)
             return out
         if slot.complete:
             if slot.result is None:
                 # the virtual seq a record holds before the job's first traffic: the
                 # sender is more than 2W behind the job's start; nothing to re-send
                 c["drop_stale"] += 1
-                return out
+                return out + self._refuse(Refusal.STALE, js.head, datagram, source, now)
             if slot.bitmap & bit:
                 c["duplicates"] += 1
             else:
@@ -397,7 +424,7 @@ class SwitchModel:
             return out
         if nelem != slot.nelem:
             c["drop_malformed"] += 1
-            return out
+            return out + self._refuse(Refusal.BAD_LENGTH, slot.nelem, datagram, source, now)
         c["accepted"] += 1
         js.active = now
         js.absent &= ~bit          # in step again (bounded-skip): slots wait for it again
@@ -412,6 +439,22 @@ class SwitchModel:
             del js.open[seq]
             out += self._emit(js, slot)
         return out
+
+    def _refuse(self, reason, figure, datagram, source, now):
+        """The ERROR answering a refused DATA (the module's docstring), or nothing when
+        this switch does not answer or answered the source's bucket within
+        ``ERROR_INTERVAL``."""
+        if not self.answers:
+            return []
+        import socket
+        b = error_bucket(int.from_bytes(socket.inet_aton(source[0]), "big"), source[1])
+        last = self._answered[b]
+        if last is not None and now - last < ERROR_INTERVAL:
+            self._counts["errors_limited"] += 1
+            return []
+        self._answered[b] = now
+        self._counts["errors_sent"] += 1
+        return [(source, error_datagram(datagram, reason, figure))]
 
     def _authentic(self, datagram):
         """(datagram without trailer, nonce) for a control datagram sealed with our key
@@ -492,6 +535,7 @@ class SwitchModel:
                 "mode": js.cfg.mode, "deadline_ms": js.cfg.deadline * 1e3,
                 "open_slots": len(js.open), "waiting_for": self._waiting_for(js),
                 "session": f"{js.cfg.session:016x}"} | (
+                    {"position": js.head} if self.answers else {}) | (
                     {"absent": self._missing(js.cfg.n, ~js.absent)}
                     if js.cfg.mode == "bounded-skip" else {})
 
@@ -531,3 +575,17 @@ class SwitchModel:
             doc["jobs"][j] = entry
             size += add
         return self._status_bytes(doc)
+
+
+def error_datagram(data: bytes, reason, figure: int) -> bytes:
+    """The ERROR that answers DATA ``data`` (``fields.Refusal``): its header with type
+    ERROR, ``count`` the reason, ``bitmap`` the figure, no elements and no flags."""
+    b = bytearray(data[:HEADER_BYTES])
+    b[_OFF["type"]] = MsgType.ERROR
+    b[_OFF["flags"]] = 0
+    b[_OFF["exponent"]] = 0
+    b[_OFF["count"]] = int(reason)
+    b[_OFF["nelem"]:_OFF["nelem"] + 2] = bytes(2)
+    b[_OFF["reserved"]:_OFF["reserved"] + 2] = bytes(2)
+    b[_OFF["bitmap"]:_OFF["bitmap"] + 4] = (figure & SEQ_MASK).to_bytes(4, "big")
+    return bytes(b)

@@ -105,11 +105,12 @@ class RtlSwitchModel(SwitchModel):
 
     def __init__(self, jobs=(), *, params=None, log=None, planted_bug=None, **kw):
         kw.setdefault("modes", GATEWARE_MODES)
+        kw.setdefault("answers", False)   # the gateware does not answer refused DATA yet
         from ina_fabric.hw.verilator.core import RtlCore
         self.params = params or rtl_params()
         self.core = RtlCore(self.params, planted_bug=planted_bug, log=log)
         #: the scoreboard: the reference model fed exactly what the core is fed
-        self.ref = SwitchModel(modes=GATEWARE_MODES)
+        self.ref = SwitchModel(modes=GATEWARE_MODES, answers=False)
         self._index = {}            # job id -> entry of the core's job table
         self._deadline_cycles = {}  # job id -> its deadline in cycles
         self._expected = {}         # key -> deque of (cycle, dest, bytes): model's, unmatched

@@ -49,7 +49,9 @@
 
 enum { A_SEND = 1, A_DELIVER, A_ABANDON, A_HOLD, A_FAIL };
 enum { FAIL_UNAVAILABLE = 0, FAIL_STALLED = 1 };
-enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE };
+enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_REFUSED,
+       RC_MEMBERS_DIFFER };
+#define REFUSAL_STALE 5          /* fields.Refusal.STALE */
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
        S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, NSTATS };
 enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK, T_CWND, T_SSTHRESH, T_BASE,
@@ -473,6 +475,8 @@ typedef struct {
     uint8_t **heldbuf;
     int64_t *stats;
     uint8_t *missed;             /* carry mode: a flag per chunk left out (else NULL) */
+    int refusal, refused_p;      /* RC_REFUSED: the switch's reason, for packet refused_p */
+    uint32_t refusal_figure;
 } Call;
 
 static inline int nelem_of(const Call *c, int p) {
@@ -664,6 +668,19 @@ static int result_index(const Call *c, const uint8_t *d, size_t n) {
             ina_rd64(d + L->session) != c->session ||
             nel != nelem_of(c, (int)p) || 4 * (size_t)nel != n - L->header ||
             d[L->count] > c->nworkers || (w != c->worker && w != L->group_worker))
+        return -1;
+    return (int)p;
+}
+
+/* the packet index of an ERROR answering a DATA of this call (header only; version, job,
+ * worker, session and seq checked), or -1: switch_client.AllreduceCall.error_index */
+static int error_index(const Call *c, const uint8_t *d, size_t n) {
+    const InaLayout *L = &c->L;
+    if (n != (size_t)L->header || d[L->type] != L->t_error) return -1;
+    uint32_t p = ina_rd32(d + L->seq) - c->base;
+    if (d[L->version] != L->v_version || (int)ina_rd16(d + L->job) != c->job ||
+            d[L->worker] != c->worker || p >= (uint32_t)c->P ||
+            ina_rd64(d + L->session) != c->session)
         return -1;
     return (int)p;
 }
@@ -891,10 +908,21 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                     if (n < (size_t)L->header) continue;
                     int p = result_index(c, d, n);
                     if (p < 0) {
+                        int q = error_index(c, d, n);
+                        if (q >= 0 && (d[L->count] != REFUSAL_STALE || !w->received[q])) {
+                            c->refusal = d[L->count];
+                            c->refusal_figure = ina_rd32(d + L->bitmap);
+                            c->refused_p = q;
+                            return RC_REFUSED;
+                        }
                         c->stats[S_FOREIGN]++;
                         continue;
                     }
                     if (!w->bounded && (d[L->flags] & L->f_partial)) return RC_INCONSISTENT;
+                    if (!(d[L->flags] & L->f_partial) && d[L->count] != c->nworkers) {
+                        c->refusal_figure = d[L->count];   /* the job's member count */
+                        return RC_MEMBERS_DIFFER;
+                    }
                     win_on_result(w, p, now);
                     if (w->nact) {
                         useful = 1;
@@ -942,8 +970,11 @@ static int get_buf(PyObject *o, Py_buffer *b, int writable, Py_ssize_t itemsize,
 /* run_call(layout, fds, switch_ip, switch_port, x, out, ring, local_exp, job, worker,
  *          nworkers, elements, base, window, cfg, rtt, stats, session) -> (code, remaining)
  * code: 0 done, 1 switch unavailable, 2 stalled, 3 PARTIAL in a reliable call,
- * 4 a result gone for good (bounded: too late),
- * -errno: a socket error. rtt (float64[NRTT]: RttEstimator's fields) and stats (int64[10]) are updated in place. */
+ * 4 a result gone for good (bounded: too late), 5 the switch refused a DATA (an ERROR:
+ * then reason, figure and the packet index follow the code and the remaining count),
+ * 6 a complete RESULT of another member count (figure: the count),
+ * -errno: a socket error. rtt (float64[NRTT]: RttEstimator's fields) and stats (int64[10])
+ * are updated in place. */
 static PyObject *run_call(PyObject *self, PyObject *args) {
     PyObject *layout, *fdt, *ox, *oout, *oring, *oexp, *ocfg, *ortt, *ostats;
     PyObject *omissed = Py_None;  /* carry mode: uint8 per chunk, or None */
@@ -1024,7 +1055,8 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
         code = loop(&w, &c, q, rq, fds, nfds, (uint32_t)sw_ip, (uint16_t)sw_port);
         if (code == RC_OK) flush(q, &c);
         Py_END_ALLOW_THREADS
-        res = Py_BuildValue("(ii)", code, w.remaining);
+        res = Py_BuildValue("(iiiki)", code, w.remaining, c.refusal,
+                            (unsigned long)c.refusal_figure, c.refused_p);
     }
     win_free(&w);
     if (c.heldbuf)

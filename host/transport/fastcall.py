@@ -37,7 +37,7 @@ _RTT = ("srtt", "rttvar", "answered", "peak", "last_peak", "cwnd", "ssthresh", "
 _KINDS = {1: lambda p, f: Send(p, bool(f)), 2: lambda p, f: Deliver(p),
           3: lambda p, f: Abandon(p), 4: lambda p, f: Hold(p),
           5: lambda p, f: Fail(("unavailable", "stalled")[p])}
-UNAVAILABLE, STALLED, INCONSISTENT, TOO_LATE = 1, 2, 3, 4
+UNAVAILABLE, STALLED, INCONSISTENT, TOO_LATE, REFUSED, MEMBERS_DIFFER = 1, 2, 3, 4, 5, 6
 
 
 def available() -> bool:
@@ -143,11 +143,13 @@ def exponents(x, elements, out) -> int:
 
 class CallFailed(Exception):
     """A compiled call ended without its results: ``code`` (UNAVAILABLE, STALLED,
-    INCONSISTENT, or -errno) and the packets still ``remaining``."""
+    INCONSISTENT, TOO_LATE, REFUSED, or -errno) and the packets still ``remaining``;
+    REFUSED: the switch's ERROR (``reason``, ``figure``) answered packet ``p``."""
 
-    def __init__(self, code, remaining):
+    def __init__(self, code, remaining, reason=0, figure=0, p=0):
         super().__init__(code, remaining)
         self.code, self.remaining = code, remaining
+        self.reason, self.figure, self.p = reason, figure, p
 
 
 def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers,
@@ -162,7 +164,7 @@ def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers
     counts = np.zeros(len(STATS), np.int64)
     ip = int.from_bytes(socket.inet_aton(switch[0]), "big")
     try:
-        code, remaining = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
+        code, remaining, reason, figure, p = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
                                            local_exp, job, worker, nworkers, elements,
                                            base, window, config_tuple(cfg), arr, counts,
                                            session, float(pace_rate or 0.0), missed)
@@ -171,4 +173,4 @@ def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers
         for name, v in zip(STATS, counts.tolist()):
             setattr(stats, name, getattr(stats, name) + v)
     if code:
-        raise CallFailed(code, remaining)
+        raise CallFailed(code, remaining, reason, figure, p)

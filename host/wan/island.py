@@ -136,7 +136,7 @@ def _sleep_until(t: float):
 
 
 def run_schedule(plan: dict):
-    from ina_fabric.host.switch import send_job
+    from ina_fabric.protocol.control_client import send_job
     from .exchange import Quantizer, exchange, island_mean, mix, paced
     from .plan import intra_job, island_plan
     k, names = plan["island"], plan["names"]

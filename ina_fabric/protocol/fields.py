@@ -21,7 +21,8 @@ import enum
 
 __all__ = [
     "Field", "HEADER_FIELDS", "HEADER_BYTES", "VERSION", "INA_UDP_PORT",
-    "MsgType", "Flags", "NO_EXPONENT", "MAX_WORKERS", "GROUP_WORKER", "NONFINITE_EXPONENT",
+    "MsgType", "Flags", "Refusal", "ERROR_INTERVAL", "ERROR_SOURCES", "error_bucket",
+    "NO_EXPONENT", "MAX_WORKERS", "GROUP_WORKER", "NONFINITE_EXPONENT",
     "field_offsets", "c_layout",
 ]
 
@@ -44,6 +45,37 @@ class MsgType(enum.IntEnum):
     STATUS_REQ = 3  # anyone -> switch: ask for counters
     STATUS = 4    # switch -> asker: counters as UTF-8 JSON in the payload
     CONTROL = 5   # host -> switch/FPGA: a job-table entry in the payload (see jobtable)
+    ERROR = 6     # switch -> sender of a DATA it dropped for a reason the sender can fix
+
+
+class Refusal(enum.IntEnum):
+    """Why a switch dropped a DATA, in the ERROR it answers with (the ``count`` field).
+
+    An ERROR is the header alone (28 bytes, never larger than the DATA it answers, so
+    the switch is no amplifier): ``job``, ``worker``, ``seq`` and ``session`` are the
+    DATA's (a sender takes only an ERROR that names its own DATA), ``count`` is the
+    reason, ``bitmap`` a figure that helps fix it, ``nelem`` 0. A switch answers one
+    source at most once per ``ERROR_INTERVAL`` (``error_bucket``); the drop is counted
+    whether or not it answers."""
+    UNKNOWN_JOB = 1     # no job with this id; bitmap: 0
+    NOT_MEMBER = 2      # the source is not the job's member ``worker``; bitmap: members
+    BAD_LENGTH = 3      # more elements than the job's, or not the slot's; bitmap: the
+                        # job's elements per packet
+    BAD_SESSION = 4     # the job is held by another session (another run); bitmap: 0
+    STALE = 5           # the seq is behind the job (its slot moved on, its result is
+                        # gone); bitmap: the job's position (the next seq it opens)
+
+
+#: a switch answers one source (a bucket of ``error_bucket``) at most this often, seconds
+ERROR_INTERVAL = 0.1
+#: buckets of the per-source rate limit (sources that share a bucket share its budget)
+ERROR_SOURCES = 256
+
+
+def error_bucket(ip: int, port: int) -> int:
+    """The rate-limit bucket of a source (``ip`` as a 32-bit int), as every switch
+    computes it: a multiplicative hash of ip and port, its top 8 bits."""
+    return (((ip ^ (port << 16) ^ port) * 0x9E3779B1) & 0xFFFFFFFF) >> 24
 
 
 class Flags(enum.IntFlag):
@@ -106,7 +138,7 @@ def c_layout() -> dict:
     d = dict(field_offsets())
     d.update({f"{f.name}_bytes": f.nbytes for f in HEADER_FIELDS})
     d.update(header=HEADER_BYTES, VERSION=VERSION, DATA=int(MsgType.DATA),
-             RESULT=int(MsgType.RESULT), PARTIAL=int(Flags.PARTIAL),
+             RESULT=int(MsgType.RESULT), ERROR=int(MsgType.ERROR), PARTIAL=int(Flags.PARTIAL),
              OVERFLOW=int(Flags.OVERFLOW), RETRANSMIT=int(Flags.RETRANSMIT),
              LAST=int(Flags.LAST), NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER,
              NONFINITE=NONFINITE_EXPONENT)

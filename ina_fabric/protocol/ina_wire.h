@@ -16,7 +16,7 @@
 typedef struct {
     int header, version, type, flags, exponent, job, worker, count, seq, nelem,
         reserved, bitmap, session;
-    int v_version, t_data, t_result, f_partial, f_overflow, f_retransmit, f_last,
+    int v_version, t_data, t_result, t_error, f_partial, f_overflow, f_retransmit, f_last,
         no_exponent, group_worker, nonfinite;
 } InaLayout;
 
@@ -89,6 +89,7 @@ static int ina_layout_from_dict(PyObject *d, InaLayout *L) {
     }
     if (ina_get_int(d, "header", &L->header) < 0 || ina_get_int(d, "VERSION", &L->v_version) < 0 ||
         ina_get_int(d, "DATA", &L->t_data) < 0 || ina_get_int(d, "RESULT", &L->t_result) < 0 ||
+        ina_get_int(d, "ERROR", &L->t_error) < 0 ||
         ina_get_int(d, "PARTIAL", &L->f_partial) < 0 ||
         ina_get_int(d, "OVERFLOW", &L->f_overflow) < 0 ||
         ina_get_int(d, "RETRANSMIT", &L->f_retransmit) < 0 ||
