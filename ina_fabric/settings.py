@@ -64,6 +64,10 @@ SETTINGS = (
             "session=", _J),
     Setting("INA_FALLBACK", "job", "no switch answers: raise, or warn and use Gloo",
             "raise (backend), gloo (hook)", "fallback_to_gloo=", _J),
+    Setting("INA_WORKER", "job", "the worker's id at its own switch (its index at its "
+            "leaf in a tree of switches, docs/fabric.md)", "the rank", "", _J),
+    Setting("INA_CONGESTION", "job", "the client's congestion control: aimd | delay | off",
+            "aimd", "", _J),
     Setting("INA_STATIC_JOB", "job", "1: the switch has the job already (as on the FPGA)",
             "0", "configure=False", _H),
     Setting("INA_DTYPES", "job", "convert (float16/bfloat16 to float32 on the wire; "
@@ -108,6 +112,12 @@ SETTINGS = (
     Setting("INA_SIM_FULL", "tests", "1: the long cocotb tier", "0", "", "tests/"),
     Setting("INA_SIM_SEEDS", "tests", "seeds per cocotb coverage run", "jobs", "", "sim/ina"),
     Setting("INA_MUTATION", "tests", "1: the mutation harness", "0", "", "tests/"),
+    Setting("INA_TREE_SCALE", "tests", "1: the tree-of-switches scale tier", "0", "",
+            "tests/test_tree_service.py"),
+    Setting("INA_TREE_WORKERS", "tests", "the scale tier's workers", "64", "",
+            "tests/test_tree_service.py"),
+    Setting("INA_TREE_RACK", "tests", "the scale tier's workers per rack", "16", "",
+            "tests/test_tree_service.py"),
     Setting("INA_LINE_RATE_SEQS", "tests", "sequences of the board's line-rate test", "250",
             "", "tests/test_eth_board.py"),
     Setting("INA_PARAMS", "tests", "a cocotb bench's core (CoreParams as JSON)", "", "",

@@ -104,6 +104,8 @@ class HookSettings:
     bind_base: int              # INA_PORT: rank r binds base + r (0: any port)
     session: object             # INA_SESSION (a static job's), else None
     fallback: bool | None       # INA_FALLBACK: gloo -> True, raise -> False
+    worker: int | None = None   # INA_WORKER: the id at its own switch (a tree's leaf)
+    congestion: str = "aimd"    # INA_CONGESTION: aimd | delay | off (SwitchClient.congestion)
 
 
 #: bytes per switch call when the ``ina`` backend splits a tensor (``INA_STAGE_BYTES``), by
@@ -133,7 +135,10 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
     and the ranks' timeouts, ``host.deadline``), INA_DEADLINE_RULE (or ``deadline_rule``:
     ``loss-aware``, the default, or ``derived``), INA_LINK_RATE (bit/s of the workers'
     links: the derived deadline's, and the pacing rate), INA_PACE_RATE (bit/s, overrides
-    the pacing rate; 0: none), INA_PORT, INA_SESSION and INA_FALLBACK (gloo|raise).
+    the pacing rate; 0: none), INA_PORT, INA_SESSION, INA_FALLBACK (gloo|raise) and
+    INA_WORKER (the worker's id at its switch: its index at its leaf in a tree of
+    switches, docs/fabric.md; default the rank), INA_CONGESTION (``aimd``, the default,
+    ``delay`` or ``off``: ``SwitchClient.congestion``).
     ValueError with a one-line reason on a bad value."""
     from ina_fabric.protocol.jobtable import parse_session
     from ..deadline import RULES, slot_deadline
@@ -174,7 +179,9 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
         rule=rule, link_rate=link_rate, pace_rate=float(pace) if pace else 0.0,
         carry=env.get("INA_CARRY", "1" if carry else "0") == "1",
         bind_base=int(env.get("INA_PORT", bind_port or 0)), session=session,
-        fallback=fallback)
+        fallback=fallback,
+        worker=int(env["INA_WORKER"]) if env.get("INA_WORKER") else None,
+        congestion=env.get("INA_CONGESTION", "aimd").strip() or "aimd")
 
 
 class InaHookState:
@@ -394,6 +401,10 @@ class InaHookState:
         self.call_seconds.append(dt)
         if isinstance(st, AllreduceStats):
             self.stats.add(st)
+            rt = getattr(self.collective, "_rtt", None)
+            if rt is not None:      # congestion control: where the window stands
+                self.extra_stats["cwnd"] = rt.cwnd
+                self.extra_stats["cwnd_cuts"] = rt.cuts
         elif isinstance(st, dict):  # other collectives: sum what is numeric
             for k, v in st.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -509,12 +520,15 @@ def bind_client(s: HookSettings, rank: int, world: int, configure: bool = True,
     on this host, its RESULTs may come to a multicast group, one copy for all ranks."""
     from ina_fabric.protocol.jobtable import loopback_group
     group = loopback_group(s.switch, s.job) if configure else None
-    return SwitchClient(s.switch, s.job, rank, world, s.window, s.elements, s.mode,
+    # a tree of switches (docs/fabric.md): the worker's id is its index at its own
+    # switch (INA_WORKER), the job's workers the whole tree's
+    worker = rank if s.worker is None else s.worker
+    return SwitchClient(s.switch, s.job, worker, world, s.window, s.elements, s.mode,
                         bind=(local_address_towards(s.switch),
                               s.bind_base + rank if s.bind_base else 0),
                         deadline=s.deadline, group=group,
                         connect_timeout=connect_timeout, impairment=impairment,
-                        pace_rate=s.pace_rate, carry=s.carry)
+                        pace_rate=s.pace_rate, congestion=s.congestion, carry=s.carry)
 
 
 def exchange_addresses(peers, client: SwitchClient, session=None,

@@ -602,21 +602,72 @@ def _finish(result, done):
     return result
 
 
+def _fabric_job(cfg: TrainConfig, lab, hosts):
+    """On a fabric lab (``lab.topo.spine``): ``(cfg, switch, {host: its environment})``. With
+    the tree mechanism and an ``ina`` backend, the job is installed on the tree here, from
+    inside the lab (each rank a member of its rack's switch, rank r on port 20000 + r, a
+    fresh session; a bounded job's deadline derived from the host links as the hook
+    derives it, fixed for the run; the spine's twice that) and the ranks take it as a
+    static job, each with INA_WORKER its id at its rack's switch; otherwise (Gloo,
+    or no tree in this checkout) a single switch at the spine, installed by rank 0."""
+    from dataclasses import replace
+    from ..lab import fabric as F
+    from ..lab.lab import SWITCH_PORT
+    spine = (lab.address(lab.topo.spine), SWITCH_PORT)
+    if cfg.backend not in INA_BACKENDS or F.tree_missing():
+        return cfg, spine, {}
+    from ina_fabric.protocol.fields import HEADER_BYTES
+    from ina_fabric.protocol.jobtable import job_defaults, new_session
+    from ..transport.slot_deadline import slot_deadline
+    mode = INA_BACKENDS[cfg.backend][0]
+    s = job_defaults("ethernet", elements=cfg.elements, window=cfg.window, mode=mode,
+                     deadline=None if cfg.deadline_ms is None else cfg.deadline_ms / 1e3)
+    if mode != "reliable" and cfg.deadline_ms is None:
+        s = replace(s, deadline=slot_deadline(s.window, HEADER_BYTES + 4 * s.elements,
+                                              min(h.link.rate for h in lab.topo.hosts)))
+    base, session = 20000, new_session()
+    members = [f"{lab.address(h)}:{base + r}" for r, h in enumerate(hosts)]
+    roles = F.install_in_lab(lab, "tree", cfg.job, s, session, members)
+    cfg = replace(cfg, static_job=True, worker_base_port=base, session=session,
+                  switch=f"{spine[0]}:{spine[1]}", deadline_ms=s.deadline * 1e3)
+    return cfg, spine, {h: {"INA_SWITCH": r["switch"], "INA_WORKER": str(r["worker"])}
+                        for h, r in zip(hosts, roles)}
+
+
 def run_training_lab(cfg: TrainConfig, lab, progress=None, timeout=1800, port=29400):
     """The same training, one ``torchrun`` per host namespace of ``lab`` (multi-node:
     ``--nnodes N --node_rank i``, rendezvous on the first host over the lab network, Gloo
     on each host's ``eth0``), gradients through the lab's switch (started by the caller:
-    ``lab.start_switch()``). Ranks report on their stdout as JSON lines."""
-    import json
-    import queue as Q
-    import subprocess
-    import sys
-    import threading
+    ``lab.start_switch()``; a fabric's: ``lab.start_fabric()``, see ``_fabric_job``).
+    Ranks report on their stdout as JSON lines."""
     cfg.validate()
     hosts = lab.hosts[:cfg.workers]
     if len(hosts) < cfg.workers:
         raise ValueError(f"{cfg.workers} workers but the lab has {len(lab.hosts)} hosts")
     switch = lab.switch_address
+    per_host = {}                  # a fabric's tree: each host's rack switch, its id there
+    if lab.topo.spine:
+        cfg, switch, per_host = _fabric_job(cfg, lab, hosts)
+    try:
+        return _run_lab(cfg, lab, hosts, switch, per_host, progress, timeout, port)
+    finally:
+        if per_host:               # the tree job this run installed: the id free at once
+            from ..lab import fabric as F
+            try:
+                F.remove_in_lab(lab, "tree", cfg.job, cfg.session,
+                                [f"{lab.address(h)}:{cfg.worker_base_port + r}"
+                                 for r, h in enumerate(hosts)])
+            except Exception as e:  # noqa: BLE001 (a clean-up: the switch reclaims it idle)
+                import warnings
+                warnings.warn(f"could not remove the tree job: {e}", RuntimeWarning)
+
+
+def _run_lab(cfg, lab, hosts, switch, per_host, progress, timeout, port):
+    import json
+    import queue as Q
+    import subprocess
+    import sys
+    import threading
     events = Q.Queue()
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
            "INA_SWITCH": f"{switch[0]}:{switch[1]}",
@@ -637,7 +688,8 @@ def run_training_lab(cfg: TrainConfig, lab, progress=None, timeout=1800, port=29
                           "--master-addr", master, "--master-port", port, "-m",
                           "ina_fabric.host.ddp.lab_worker", json.dumps(asdict(cfg)),
                           f"{switch[0]}:{switch[1]}"],
-                      env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+                      env={**env, **per_host.get(h, {})},
+                      stdout=subprocess.PIPE, stderr=log, text=True)
         threading.Thread(target=pump, args=(p.stdout,), daemon=True).start()
         procs.append(p)
         logs.append(log)

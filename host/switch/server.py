@@ -38,11 +38,13 @@ class SwitchServer:
     key file, made on first use); ``key=None`` takes no CONTROL or STATUS_REQ at all."""
 
     def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None,
-                 key=_DEFAULT, engine="auto", pace_rate=0.0):
+                 key=_DEFAULT, engine="auto", pace_rate=0.0, parent=None):
         """``engine``: "fast", "model", "rtl", or "auto" (fast where it is built and no
         impairment is asked for, else the model, saying why through ``log``).
         ``pace_rate``: bit/s, RESULTs to any one worker no faster than this (its
-        downlink's rate; the fast engine only); 0: as fast as they are formed."""
+        downlink's rate; the fast engine only); 0: as fast as they are formed.
+        ``parent``: this switch's parent in a tree of switches, ``(ip, port)``
+        (docs/fabric.md): a tree entry that names another parent is refused."""
         if key is _DEFAULT:
             key = switch_key(create=True)
         impaired = impairment is not None and impairment.active
@@ -64,7 +66,7 @@ class SwitchServer:
             self.model = RtlSwitchModel(jobs, key=key, log=log)
         else:
             self.model = (fast.FastSwitchModel if engine == "fast" else SwitchModel)(
-                jobs, key=key)
+                jobs, key=key, parent=parent)
         if pace_rate:
             self.model.engine.set_pace(float(pace_rate))
         #: why the server stopped by itself (an RTL scoreboard disagreement), or None

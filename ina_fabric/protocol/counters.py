@@ -67,6 +67,12 @@ TABLE = (
     CounterDef("drop_out_of_window", (M, E, G), "DATA beyond the job's window", 17),
     CounterDef("skipped", (M, E), "bounded-skip: slots closed early without an absent "
                "worker"),
+    # trees of switches (docs/fabric.md)
+    CounterDef("up", (M, E), "partial sums sent to the parent switch"),
+    CounterDef("up_resent", (M, E), "partial sums sent to the parent again, on a member's "
+               "re-send"),
+    CounterDef("relayed", (M, E), "RESULTs from the parent relayed to the job's members"),
+    CounterDef("drop_result", (M, E), "RESULTs no slot awaited"),
     CounterDef("errors_sent", (M, E), "ERROR replies to DATA dropped for a fixable reason"),
     CounterDef("errors_limited", (M, E), "ERROR replies not sent (that source was answered "
                "within ERROR_INTERVAL)"),
