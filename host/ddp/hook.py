@@ -178,7 +178,7 @@ class InaHookState:
             raise ValueError(f"bad switch address {addr[0]}:{addr[1]}: {e}") from None
         job = int(os.environ.get("INA_JOB", job or 1)) + job_offset
         env = os.environ
-        if env.get("INA_FALLBACK") in ("gloo", "raise"):
+        if env.get("INA_FALLBACK") in ("gloo", "raise", "never"):
             fields["fallback_to_gloo"] = env["INA_FALLBACK"] == "gloo"
         # the slot deadline: INA_DEADLINE_MS (a number, or "auto"), else ``deadline``
         # (seconds, or "auto"); "auto" in bounded mode derives it from the link and the
@@ -445,12 +445,15 @@ class InaHookState:
                                          float(arr.max()), -float(arr.min()))
             in_place = isinstance(self.collective, SwitchClient)
             try:
-                # a SwitchClient sums the bucket in place (no output array per bucket);
-                # SwitchUnavailable means no RESULT ever came, so nothing was written yet
+                # a SwitchClient sums the bucket in place (no output array per bucket)
                 out = self.reduce_array(arr, in_place)
             except SwitchUnavailable as e:
+                # Not a fallback: the ranks decide that together, at setup (``probe``).
+                # A switch lost mid-run may have answered some ranks' last call and not
+                # others': a rank alone on Gloo would pair its calls with nobody's (the
+                # hang of issue 43), so every rank ends with the reason instead.
                 self.fallbacks += 1
-                self._fall_back(str(e))
+                raise self.diagnose(e) from None
             else:
                 result = tensor if in_place else torch.from_numpy(out)
                 if self.average:

@@ -78,6 +78,10 @@ class TrainConfig:
     static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
     worker_base_port: int = 0         # with static_job: worker r binds this + r
     session: int = 0                  # with static_job: the session id of the job it holds
+    #: a switch that cannot be used at setup: "gloo" (every rank falls back together,
+    #: with a warning on every rank and in the table) or "never" (every rank raises);
+    #: None: INA_FALLBACK, else ``default_fallback`` (never for a static job, else gloo)
+    fallback: str | None = None
     # uplink impairment (userspace, per worker, seeded)
     loss: float = 0.0
     duplicate: float = 0.0
@@ -105,6 +109,16 @@ class TrainConfig:
     straggler_ranks: str = "all"
     time_gloo: bool = False           # gloo: a timing comm hook records each allreduce
 
+    def resolved_fallback(self) -> str:
+        """gloo or never: INA_FALLBACK (gloo, never; raise = never) over ``fallback``
+        over ``default_fallback``."""
+        env = os.environ.get("INA_FALLBACK", "").strip().lower()
+        if env:
+            if env not in ("gloo", "never", "raise"):
+                raise ValueError(f"INA_FALLBACK={env!r}: expected gloo or never")
+            return "never" if env == "raise" else env
+        return self.fallback or default_fallback(self.static_job)
+
     def straggler_delay(self, rank: int, step: int) -> float:
         """Seconds rank ``rank`` sleeps before step ``step`` (0 when not a straggler)."""
         if self.straggler_ms <= 0:
@@ -128,6 +142,9 @@ class TrainConfig:
     def validate(self):
         if not 1 <= self.workers <= 32:
             raise ValueError(f"workers={self.workers}: need 1..32")
+        if self.fallback not in (None, "gloo", "never"):
+            raise ValueError(f"fallback {self.fallback!r}: expected gloo or never")
+        self.resolved_fallback()
         if self.straggler_ms < 0 or self.straggler_p99_over_p50 < 1:
             raise ValueError("straggler_ms >= 0 and straggler_p99_over_p50 >= 1")
         if self.straggler_ranks != "all":
@@ -224,6 +241,17 @@ def _params_hash(model):
     return h.hexdigest()
 
 
+def default_fallback(static_job: bool) -> str:
+    """The fallback when neither ``--fallback`` nor INA_FALLBACK chooses: ``never`` for a
+    static job, ``gloo`` otherwise. A static job names a switch that was set up by hand
+    for this run (an FPGA loaded with ``ina hw-config``): a run that could not use it
+    measures Gloo while its user believes it measured the board, so it stops with the
+    reason. A job installed by the run itself (a switch started here, or ``--switch``
+    with CONTROL) is a convenience whose absence should not lose the training: every
+    rank falls back together and says so (a warning on every rank, and the table)."""
+    return "never" if static_job else "gloo"
+
+
 def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
     """A rank: train, or report its own error (the parent shows that one, not the
     "connection closed" its peers see next)."""
@@ -264,6 +292,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
             deadline_rule=cfg.deadline_rule,
             impairment=imp, configure=not cfg.static_job,
+            fallback_to_gloo=cfg.resolved_fallback() == "gloo",
             bind_port=cfg.worker_base_port or None, session=cfg.session or None)
     elif cfg.backend != "gloo":
         collective = load_factory(cfg.backend)(rank, world, cfg)

@@ -1,0 +1,67 @@
+"""Issue 43, the command line: a missing extra is named before any work, nothing plots
+unless asked (results are written first), and a failure is one line."""
+
+import os
+import subprocess
+import sys
+import time
+
+BLOCKER = '''
+import sys
+BLOCKED = set(filter(None, __import__("os").environ.get("INA_TEST_BLOCK", "").split(",")))
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _Block())
+'''
+
+
+def _ina(tmp_path, block, *argv, timeout=300):
+    """``ina ARGV`` in a subprocess where the modules ``block`` cannot be imported (as
+    in an install without their extra)."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               INA_TEST_BLOCK=",".join(block))
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", *argv],
+                         capture_output=True, text=True, timeout=timeout, env=env,
+                         cwd=tmp_path)
+    return out, time.monotonic() - t0
+
+
+def test_missing_plot_extra_is_named_before_any_work(tmp_path):
+    """Before: `ina schedule optimize` plotted unasked and crashed after computing
+    (ModuleNotFoundError: matplotlib); `ina train --plot` crashed after training and
+    lost results.json."""
+    out, _ = _ina(tmp_path, ["matplotlib"], "schedule", "optimize", "--plot",
+                  "--time-budget", "1", "--out", str(tmp_path / "o"))
+    assert out.returncode == 2 and not (tmp_path / "o" / "schedule.json").exists()
+    assert out.stderr.strip().splitlines() == [
+        "ina schedule: error: --plot needs the plot extra (matplotlib is not "
+        "installed): pip install 'ina-fabric[plot]'"]
+    out, secs = _ina(tmp_path, ["matplotlib"], "train", "--plot", "--max-epochs", "1",
+                     "--out", str(tmp_path / "t"))
+    assert out.returncode == 2 and "pip install 'ina-fabric[plot]'" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and secs < 30   # before training
+
+
+def test_nothing_plots_unless_asked(tmp_path):
+    out, _ = _ina(tmp_path, ["matplotlib"], "schedule", "optimize", "--time-budget", "1",
+                  "--memory", "1e8", "--update-bytes", "1e9", "--out", str(tmp_path / "o"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "o" / "schedule.json").exists()
+    assert not (tmp_path / "o" / "schedule.png").exists()
+
+
+def test_core_only_install_names_the_torch_extra(tmp_path):
+    """Before: a core-only install crashed `ina train` with a ModuleNotFoundError
+    traceback."""
+    out, secs = _ina(tmp_path, ["torch", "sklearn"], "train", "--max-epochs", "1")
+    assert out.returncode == 2 and secs < 30
+    assert out.stderr.strip().splitlines() == [
+        "ina train: error: needs the torch extra (torch is not installed): "
+        "pip install 'ina-fabric[torch]'"]
