@@ -65,3 +65,40 @@ def test_core_only_install_names_the_torch_extra(tmp_path):
     assert out.stderr.strip().splitlines() == [
         "ina train: error: needs the torch extra (torch is not installed): "
         "pip install 'ina-fabric[torch]'"]
+
+
+def test_backend_without_a_switch_under_torchrun_is_one_line_per_rank(tmp_path):
+    """Before: the one-line reason sat inside about 100 lines, two ranks' tracebacks
+    interleaved (3 tracebacks: both ranks' and torchrun's own); now each rank prints one
+    line, and only torchrun's own report (its ChildFailedError) follows."""
+    script = tmp_path / "noswitch.py"
+    script.write_text("import torch.distributed as dist\n"
+                      "import ina_fabric.distributed  # noqa: F401\n"
+                      "dist.init_process_group('ina')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INA_")}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", str(script)], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=tmp_path)
+    text = out.stdout + out.stderr
+    mine = [ln for ln in text.splitlines() if ln.startswith("rank ")]
+    assert out.returncode != 0 and len(mine) == 2, text
+    for r, ln in enumerate(sorted(mine)):
+        assert ln == (f"rank {r}: ValueError: no switch address: set INA_SWITCH=ip:port or "
+                      f"pass switch= (INA_DEBUG=1 shows the traceback)")
+    assert text.count("Traceback (most recent call last)") <= 1    # torchrun's own
+    assert "ina_fabric" not in text and "/host/" not in text
+
+
+def test_ctrl_c_on_ina_allreduce_is_quiet(tmp_path):
+    """Before: Ctrl-C on `ina allreduce` printed KeyboardInterrupt tracebacks (of the
+    forked workers)."""
+    import signal
+    p = subprocess.Popen([sys.executable, "-m", "ina_fabric.host.cli", "allreduce",
+                          "--workers", "2", "--size", "16M", "--iterations", "200"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, cwd=tmp_path)
+    time.sleep(8)                 # imports, the switch, the workers: mid-run by now
+    os.killpg(p.pid, signal.SIGINT)   # as a terminal's Ctrl-C: the whole group
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

@@ -19,6 +19,8 @@ import socket
 import threading
 import warnings
 
+from .. import oneline
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -29,6 +31,9 @@ from ..transport.switch_client import SwitchClient, SwitchUnavailable, Allreduce
 
 __all__ = ["InaHookState", "ina_hook", "switch_from_env", "local_address_towards",
            "DistPeers", "JobNotInstalled"]
+
+
+oneline.install()      # an uncaught INA error: one line per rank (INA_DEBUG=1: traceback)
 
 
 class JobNotInstalled(SwitchUnavailable):
@@ -230,12 +235,12 @@ class InaHookState:
             try:
                 position = static_position(addr, job, session, timeout=connect_timeout)
             except OSError as e:      # SwitchRefused: no such job, another session, ...
-                position = f"error: {e}"
+                position = [int(getattr(e, "reason", 0) or 0), str(e)]
         gathered = [json.loads(t) for t in peers.gather(json.dumps(
             [f"{client.address[0]}:{client.address[1]}", client.group, str(session),
              position]))]
         members = [(m, tuple(g) if g else None) for m, g, _, _ in gathered]
-        refused = gathered[0][3][7:] if isinstance(gathered[0][3], str) else None
+        refused = gathered[0][3] if isinstance(gathered[0][3], list) else None
         if not configure and gathered[0][3] is None:
             warnings.warn(f"INA: switch {addr[0]}:{addr[1]} did not answer STATUS (no "
                           f"control key here?): static job {job} starts at seq 0; a run "
@@ -269,8 +274,10 @@ class InaHookState:
             state.deadline_history.append((0, deadline))
         try:
             if refused:       # every rank alike: rank 0's reason, raised or warned
+                from ina_fabric.protocol.fields import Refusal
                 from ..transport.switch_client import SwitchRefused
-                state._fall_back(refused, SwitchRefused)
+                state._fall_back(refused[1], JobNotInstalled
+                                 if refused[0] == Refusal.UNKNOWN_JOB else SwitchRefused)
             else:
                 state.probe(ok, query=configure)
         except BaseException:

@@ -255,6 +255,8 @@ def default_fallback(static_job: bool) -> str:
 def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
     """A rank: train, or report its own error (the parent shows that one, not the
     "connection closed" its peers see next)."""
+    from ..oneline import quiet_child
+    quiet_child()             # Ctrl-C: the parent ends the ranks, quietly
     try:
         _train_rank(rank, cfg_d, master_port, switch, queue, keep_params)
     except BaseException as e:
