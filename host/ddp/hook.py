@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from ina_fabric.protocol.jobtable import job_defaults
 
-from ..transport.switch_client import SwitchClient, SwitchUnavailable, AllreduceStats
+from ..transport.switch_client import (SwitchClient, SwitchUnavailable, AllreduceStats,
+                                      AllreduceTooLate)
 
 __all__ = ["InaHookState", "ina_hook", "switch_from_env", "local_address_towards",
            "DistPeers", "JobNotInstalled"]
@@ -123,6 +124,11 @@ class InaHookState:
     _tune_calls: int = 0
     _tune_window: int = 0
     error: BaseException | None = None   # the last bucket's error, if one failed
+    #: bounded mode rides out a stall (``host.ddp.rejoin``): a call too late for good
+    #: marks this rank ``behind`` (its later buckets skip the switch) instead of failing;
+    #: the training loop's ``Rejoin`` then gives it a peer's replica
+    rejoin: bool = False
+    behind: bool = False
 
     def raise_error(self, wrapped: BaseException):
         """Re-raise the error of a failed bucket (set by ``ina_hook``) in place of
@@ -445,6 +451,8 @@ class InaHookState:
     # the work of one bucket, on the hook thread
     def reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         world = self._peers.world
+        if self.use_switch and self.behind:
+            return tensor         # behind: this step's update is replaced by a replica
         if self.use_switch:
             arr = tensor.detach().numpy()
             if arr.size:
@@ -454,6 +462,11 @@ class InaHookState:
             try:
                 # a SwitchClient sums the bucket in place (no output array per bucket)
                 out = self.reduce_array(arr, in_place)
+            except AllreduceTooLate:
+                if not self.rejoin:
+                    raise
+                self.behind = True   # rejoin (host.ddp.rejoin) instead of ending the job
+                return tensor
             except SwitchUnavailable as e:
                 # Not a fallback: the ranks decide that together, at setup (``probe``).
                 # A switch lost mid-run may have answered some ranks' last call and not

@@ -225,6 +225,9 @@ class TrainResult:
     max_abs_grad: float = 0.0                     # largest local |gradient| of any rank
     call_seconds: list = field(default_factory=list)  # rank 0: each allreduce call's time
     rank_seconds: list = field(default_factory=list)  # each rank's wall time, in rank order
+    #: bounded modes: each rank's rejoins (host.ddp.rejoin): {"rejoins", "steps_skipped",
+    #: "seconds"}, in rank order (empty dicts where the run had none)
+    rejoin: list = field(default_factory=list)
 
 
 def load_factory(path: str):
@@ -311,6 +314,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
         opt = torch.optim.SGD(model.parameters(), lr=lr0, momentum=cfg.momentum)
     lossf = torch.nn.CrossEntropyLoss()
     controller = load_factory(cfg.controller)(cfg) if (cfg.controller and rank == 0) else None
+    rejoin = _rejoin(cfg, state, model, opt, rank, world)
     accum, precision = cfg.accum_steps, 32
     n_train = len(wl.y_train)
 
@@ -370,6 +374,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             samples += accum * batch * world
             micro = 0
             step += 1
+            if rejoin is not None:     # bounded: a rank that fell behind rejoins here
+                rejoin.after_step(step)
             if cfg.controller and step % cfg.control_interval == 0:
                 knobs = [None]
                 if rank == 0:
@@ -424,6 +430,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             stop = _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg)
         if epoch >= cfg.max_epochs:
             stop = True
+    if rejoin is not None:
+        rejoin.finish(step)
     seconds = time.perf_counter() - t0
     final, _ = evaluate()
     out = {"rank": rank, "hash": _params_hash(model.module), "steps": step,
@@ -435,6 +443,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
                          if state.deadline_history else {})}
                      if state is not None else {}),
            "fallbacks": int(state is not None and not state.use_switch),
+           "rejoin": ({"rejoins": rejoin.rejoins, "steps_skipped": rejoin.steps_skipped,
+                       "seconds": rejoin.seconds} if rejoin is not None else {}),
            "call_seconds": state.call_seconds if state is not None else gloo_times,
            "max_abs_local": state.max_abs_local if state is not None else 0.0}
     if keep_params and rank == 0:
@@ -444,6 +454,24 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     if state is not None:   # after the barrier: every rank is done with the job, so
         state.close()       # rank 0 may remove it from the switch
     dist.destroy_process_group()
+
+
+def _rejoin(cfg, state, model, opt, rank, world):
+    """Bounded modes with more than one rank: a rank that falls more than a window
+    behind rejoins from a peer's replica (``host.ddp.rejoin``) instead of ending the
+    job; INA_REJOIN_S is its give-up time (0: no rejoin, the job ends as before)."""
+    if state is None or cfg.backend not in INA_BACKENDS or world < 2 or \
+            INA_BACKENDS[cfg.backend][0] == "reliable" or not state.use_switch:
+        return None
+    import torch.distributed as dist
+    from .rejoin import Rejoin, REJOIN_GIVEUP_S
+    giveup = float(os.environ.get("INA_REJOIN_S", REJOIN_GIVEUP_S))
+    if giveup <= 0:
+        return None
+    state.rejoin = True
+    state.collective.end_on_too_late = False
+    return Rejoin(dist.distributed_c10d._get_default_store(), rank, world, state, model,
+                  opt, giveup)
 
 
 def _timed_gloo_hook(times, bucket):
@@ -512,7 +540,8 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
     from ..cluster import free_tcp_port
     port = free_tcp_port()
     procs = [ctx.Process(target=_worker, args=(r, asdict(cfg), port, switch, queue,
-                                               keep_params), daemon=True)
+                                               keep_params), daemon=True,
+                         name=f"ina-rank-{r}")
              for r in range(cfg.workers)]
     for p in procs:
         p.start()
@@ -601,6 +630,7 @@ def _finish(result, done):
     result.steps = r0["steps"]
     result.seconds = r0["seconds"]
     result.rank_seconds = [d["seconds"] for d in done]
+    result.rejoin = [d.get("rejoin", {}) for d in done]
     result.stats = r0["stats"]
     result.param_hashes = [d["hash"] for d in done]
     result.fallbacks = sum(d["fallbacks"] for d in done)
