@@ -229,6 +229,14 @@ def _report(results, args):
               f"{r.final_accuracy:9.3f} {r.steps:6d} "
               f"{s.get('packets_sent', '-'):>8} {s.get('retransmits', '-'):>8} "
               f"{s.get('partial_slots', '-'):>8} {s.get('entries_lost', '-'):>8} {same:>9s}")
+        rejoined = [d.get("rejoins", 0) for d in r.rejoin]
+        if any(rejoined):
+            share = s.get("entries_lost", 0) / max(1, s.get("elements", 0))
+            print(f"  {name}: rank(s) {', '.join(str(k) for k, n in enumerate(rejoined) if n)}"
+                  f" fell more than a window behind and rejoined from a peer's replica "
+                  f"({sum(rejoined)} time(s), "
+                  f"{sum(d.get('steps_skipped', 0) for d in r.rejoin)} step(s) taken "
+                  f"without the switch); dropped share {share:.1%} of rank 0's entries")
         if r.fallbacks:
             print(f"  WARNING {name}: the switch could not be used; {r.fallbacks} of "
                   f"{len(r.param_hashes)} ranks fell back to Gloo together (this row "
