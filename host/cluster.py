@@ -247,7 +247,7 @@ class LocalCluster:
                                               spec.session or None)
         position = 0
         if self.switch_proc is not None:
-            from .switch import send_job
+            from ina_fabric.protocol.control_client import send_job
             send_job(self.switch, self.config)
         else:     # a static job: a second run resumes at the switch's position
             from .transport.switch_client import static_position
@@ -273,7 +273,7 @@ class LocalCluster:
             results.append(val)
         counters = {}
         if self.switch_proc is not None:
-            from .switch import query_status
+            from ina_fabric.protocol.control_client import query_status
             counters = {k: v for k, v in query_status(self.switch)["counters"].items() if v}
         return {
             "seconds": max(r["seconds"] for r in results),

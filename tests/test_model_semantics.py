@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from ina_fabric.host.switch import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
 from ina_fabric.protocol import pack, unpack, MsgType, Flags, HEADER_BYTES
-from ina_fabric.protocol.fields import Refusal
+from ina_fabric.protocol.fields import VERSION, Refusal
 from ina_fabric.protocol.jobtable import JobConfig, MAX_ELEMENTS
 from ina_fabric.protocol.auth import seal, unseal, TRAILER_BYTES
 
@@ -170,7 +170,7 @@ def test_out_of_window():
 
 BAD = {
     "drop_truncated": [b"", b"\x01" * 7, data(0, 0)[:HEADER_BYTES + 5]],
-    "drop_bad_version": [b"\x02" + data(0, 0)[1:]],
+    "drop_bad_version": [bytes([VERSION ^ 3]) + data(0, 0)[1:]],
     "drop_unknown_job": [data(0, 0, job_id=99)],
     "drop_malformed": [data(0, 0) + b"\x00\x00\x00\x00",                     # longer than nelem
                        pack(np.zeros(E + 1), job=1, worker=0, seq=0, session=SESSION),        # too many elements

@@ -102,3 +102,56 @@ def test_ctrl_c_on_ina_allreduce_is_quiet(tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def _switch_proc(tmp_path, sport, base, *extra):
+    """`ina switch --local-workers 2` in a child, answering STATUS; killed by caller."""
+    from ina_fabric.host.switch import query_status
+    p = subprocess.Popen([sys.executable, "-m", "ina_fabric.host.cli", "switch", "--listen",
+                          f"127.0.0.1:{sport}", "--local-workers", "2", "--base-port",
+                          str(base), "--session", "0x43", *extra],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    for _ in range(300):
+        try:
+            query_status(("127.0.0.1", sport), timeout=0.1)
+            return p
+        except OSError:
+            time.sleep(0.1)
+    p.kill()
+    raise RuntimeError("ina switch did not start")
+
+
+def _allreduce(tmp_path, sport, base, *extra):
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "allreduce",
+                          "--switch", f"127.0.0.1:{sport}", "--workers", "2",
+                          "--base-port", str(base), "--session", "0x43", "--size", "64K",
+                          *extra], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    return out, time.monotonic() - t0
+
+
+def test_allreduce_cli_mismatches_are_named(tmp_path, ports):
+    """`ina allreduce --switch` against `ina switch --local-workers 2` (256 elements):
+    with its own default element count (16,368), a wrong job id, and run twice. Before:
+    a 30 s stall ending in "65 of 81 packets outstanding"; "give its session id" for a
+    job that does not exist; the second run "no answer from switch" (its DATA stale)."""
+    from conftest import consecutive_free_ports
+    sport, = ports(1)
+    base = consecutive_free_ports(2)
+    sw = _switch_proc(tmp_path, sport, base)
+    try:
+        out, secs = _allreduce(tmp_path, sport, base)           # 16,368 elements
+        assert out.returncode == 2 and secs < 30, out.stderr
+        err = out.stderr.strip().splitlines()
+        assert len(err) == 1 and "takes 256 elements" in err[0] and "sent 16368" in err[0]
+        out, secs = _allreduce(tmp_path, sport, base, "--job", "7", "--elements", "256")
+        assert out.returncode == 2 and "has no job 7" in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+        for run in range(2):                                    # a static job, twice
+            out, _ = _allreduce(tmp_path, sport, base, "--elements", "256")
+            assert out.returncode == 0, (run, out.stderr)
+            assert '"refetched": 0' in out.stdout and "must be <= 1" in out.stdout
+    finally:
+        sw.terminate()
+        sw.wait(10)

@@ -23,41 +23,7 @@ __all__ = ["parse_size", "size_arg", "add_job_arguments", "job_settings",
            "add_output_arguments", "parse_address", "HelpFormatter", "EXTRAS",
            "missing_extra", "require_extras"]
 
-#: the modules each extra of pyproject.toml brings (the ones a verb imports)
-EXTRAS = {
-    "torch": ("torch", "sklearn", "scipy", "tqdm"),
-    "plot": ("matplotlib",),
-    "hw": ("amaranth",),
-    "sim": ("cocotb", "cocotbext.eth"),
-    "lab": ("pyroute2",),
-}
-
-
-def missing_extra(module: str) -> str | None:
-    """The extra that brings ``module`` (a top-level or dotted name), or None."""
-    top = module.split(".")[0]
-    for extra, mods in EXTRAS.items():
-        if any(m.split(".")[0] == top for m in mods):
-            return extra
-    return None
-
-
-def require_extras(*extras: str, what: str = ""):
-    """Before any work: a one-line CliError naming the ``pip install`` that brings a
-    module of ``extras`` that is not installed (``what``: the option that needs it, as
-    ``--plot``; empty: the verb itself)."""
-    import importlib.util
-    from ..cli import CliError
-    for extra in extras:
-        for mod in EXTRAS[extra]:
-            try:
-                found = importlib.util.find_spec(mod) is not None
-            except (ImportError, ValueError):
-                found = False
-            if not found:
-                raise CliError(f"{what + ' ' if what else ''}needs the {extra} extra "
-                               f"({mod} is not installed): pip install "
-                               f"'ina-fabric[{extra}]'")
+from ..extras import EXTRAS, missing_extra, require_extras  # noqa: E402,F401
 
 _SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt])?(i?b)?\s*", re.I)

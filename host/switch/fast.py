@@ -23,6 +23,8 @@ from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, c_layout,
 from ina_fabric.protocol.jobtable import MODES
 from .model import SwitchModel, COUNTERS
 
+_JOB = c_layout()["job"]
+
 try:
     from . import _engine
     WHY_NOT = None
@@ -69,6 +71,7 @@ class FastSwitchModel(SwitchModel):
             raise EngineUnavailable(WHY_NOT)
         self.engine = _engine.Engine(layout(), kw.get("answers", True), ERROR_INTERVAL)
         self._data = (VERSION, int(MsgType.DATA))
+        self._result = (VERSION, int(MsgType.RESULT))
         super().__init__(jobs, **kw)
 
     # -- the job table: the model's, mirrored into the engine ------------------------
@@ -80,7 +83,9 @@ class FastSwitchModel(SwitchModel):
         self.engine.add_job(cfg.job, [(ip_int(m.ip), m.port) for m in cfg.members],
                             cfg.window, cfg.elements, MODES.index(cfg.mode), cfg.deadline,
                             [(ip_int(ip), port) for ip, port in self.jobs[cfg.job].group],
-                            cfg.session, self.jobs[cfg.job].active)
+                            cfg.session, self.jobs[cfg.job].active,
+                            (ip_int(cfg.parent[0]), cfg.parent[1]) if cfg.parent else None,
+                            cfg.index, cfg.children, cfg.total)
 
     def remove_job(self, job: int, session: int = 0):
         super().remove_job(job, session)
@@ -102,6 +107,9 @@ class FastSwitchModel(SwitchModel):
         if "absent" in st:
             st["absent"] = self._missing(js.cfg.n, ~self.engine.absent(js.cfg.job))
         return st
+
+    def _awaiting_parent(self, js) -> int:
+        return self.engine.awaiting_parent(js.cfg.job)
 
     def _waiting_for(self, js):
         bitmap = self.engine.oldest_open_bitmap(js.cfg.job)
@@ -125,7 +133,14 @@ class FastSwitchModel(SwitchModel):
         return [((ip_str(ip), port), data) for ip, port, data in pairs]
 
     def is_data(self, datagram) -> bool:
-        return len(datagram) >= HEADER_BYTES and (datagram[0], datagram[1]) == self._data
+        """DATA, or a RESULT of a job with a parent (a tree's RESULT coming down): what
+        the engine takes."""
+        if len(datagram) < HEADER_BYTES:
+            return False
+        if (datagram[0], datagram[1]) == self._data:
+            return True
+        return (datagram[0], datagram[1]) == self._result and self._has_parent(
+            {"job": int.from_bytes(datagram[_JOB:_JOB + 2], "big")})
 
     def process(self, datagram, source, now: float):
         if self.is_data(datagram):

@@ -42,6 +42,38 @@ saturated to int32 when it is emitted, with OVERFLOW set if any element saturate
 Saturating at each add would make the result depend on arrival order; this way every
 order gives the same bytes, which the gateware matches with 37-bit accumulators.
 
+Trees of switches (docs/fabric.md). A job entry may name a *parent* (``cfg.parent``, and
+this switch's member id there, ``cfg.index``) and may have *child switches* as members
+(``cfg.children``). Every switch of the tree holds the job under the same id and session,
+with its own window, mode and deadline. Per level:
+
+* a slot *closes* when every member contributed, or at this switch's deadline (bounded),
+  or when the members that are not absent did (bounded-skip): the same rules as above,
+  with "all members" read as the bitmap being full;
+* closing at a switch with a parent does not emit a RESULT: the switch sends one DATA to
+  the parent (``up``) as member ``cfg.index`` of the parent's job, with the saturated
+  int32 partial sum, ``count`` = the workers it covers, ``bitmap`` = its own members,
+  the exponent max, OVERFLOW if it saturated or a child's DATA had it. The slot is then
+  *up*: it takes no more contributions (a late member's DATA is counted ``late``), and a
+  member's re-sent DATA sends the stored upward DATA again (``up_resent``, RETRANSMIT),
+  which is how a lost upward DATA or a lost RESULT of the parent is recovered;
+* closing at the root emits the RESULT: ``count`` = workers in the sum (the DATA of a
+  worker counts 1, the DATA of a child switch its ``count``), PARTIAL when that is below
+  ``cfg.total`` (the job's workers), ``bitmap`` = the root's members;
+* the leaves relay (``relayed``): a RESULT from the parent, for a slot that is up, is
+  stored and sent to the switch's group, the same bytes except ``worker`` (GROUP_WORKER),
+  RETRANSMIT (cleared) and ``bitmap``, rewritten level by level to this switch's own
+  members: its slot's bitmap if the parent's bitmap has this switch's bit, else 0 (its
+  partial sum came too late: none of its members is in the sum). A worker thus reads
+  bit w of a RESULT as "my leaf's member w is in this sum", as with one switch, and every
+  worker gets the same payload, count, exponent and PARTIAL/OVERFLOW flags. The stored
+  result answers re-sends at the lowest level that has it.
+* a RESULT that no up slot awaits (a duplicate, a stale one) is ``drop_result``.
+
+Bounded mode has a deadline per level: a straggler costs its leaf one deadline, the
+leaf's partial sum then reaches the spine, whose deadline (longer than the leaves') only
+fires when a whole subtree is silent.
+
 Refusals (issue 43). DATA dropped for a reason its sender can fix (an unknown job, a
 source that is not the job's member, more elements than the job's or than the slot's,
 another session, a seq behind the job) is answered with one ERROR (``fields.Refusal``):
@@ -59,7 +91,7 @@ import json
 import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
-                                        GROUP_WORKER, field_offsets, Refusal,
+                                        GROUP_WORKER, MAX_JOB_WORKERS, field_offsets, Refusal,
                                         ERROR_INTERVAL, ERROR_SOURCES, error_bucket)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.jobtable import IDLE_RECLAIM_S
@@ -82,6 +114,9 @@ COUNTERS = (
     "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
     "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
     "skipped",     # bounded-skip: slots closed before their deadline without an absent worker
+    # trees (docs/fabric.md): partial sums sent to the parent, sent again on a member's
+    # re-send, RESULTs from the parent relayed to the group, RESULTs no slot awaited
+    "up", "up_resent", "relayed", "drop_result",
     "errors_sent",     # ERROR replies to DATA dropped for a reason the sender can fix
     "errors_limited",  # ... not sent: that source was answered within ERROR_INTERVAL
 )
@@ -105,6 +140,11 @@ MAX_TOTAL_BYTES = 1 << 30
 #: ina_fabric.protocol.jobtable, where the gateware reads it too)
 
 
+def _full(n: int) -> int:
+    """The bitmap of n members, all in."""
+    return (1 << n) - 1
+
+
 def job_bytes(cfg) -> int:
     """Slot memory a job may use in the software switch."""
     return 2 * cfg.window * cfg.elements * 12
@@ -112,7 +152,7 @@ def job_bytes(cfg) -> int:
 
 class _Slot:
     __slots__ = ("tag", "complete", "acc", "nelem", "bitmap", "count", "exponent",
-                 "opened_at", "result")
+                 "opened_at", "result", "up", "overflow")
 
     def __init__(self, tag):
         self.tag = tag
@@ -124,6 +164,8 @@ class _Slot:
         self.exponent = NO_EXPONENT
         self.opened_at = 0.0
         self.result = None  # header+payload bytes of the emitted RESULT
+        self.up = None      # tree: the DATA sent to the parent, while its RESULT is awaited
+        self.overflow = False   # a child switch's DATA was saturated (OVERFLOW)
 
 
 class _JobState:
@@ -147,7 +189,7 @@ class SwitchModel:
 
     def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
                  max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES,
-                 modes=None, answers=True):
+                 modes=None, answers=True, parent=None):
         """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
         are taken only when sealed with it; without a key, none is taken over the wire
         (jobs come from ``jobs`` and ``add_job``). ``modes``: the modes this switch runs
@@ -155,7 +197,10 @@ class SwitchModel:
         ``GATEWARE_MODES``): a CONTROL entry with another is ``drop_malformed``, as the
         gateware's parse drops it, and ``add_job`` refuses it. ``answers``: DATA refused
         for a reason the sender can fix is answered with an ERROR (the module's
-        docstring); False for the gateware's scoreboards until the gateware answers."""
+        docstring); False for the gateware's scoreboards until the gateware answers.
+        ``parent``: this switch's parent ``(ip, port)`` (``ina switch --parent``): a tree
+        entry naming another parent is refused (None: whatever parent an entry names)."""
+        self.parent = None if parent is None else (str(parent[0]), int(parent[1]))
         from ina_fabric.protocol.jobtable import MODES
         self.modes = tuple(MODES if modes is None else modes)
         self.key = key
@@ -184,6 +229,10 @@ class SwitchModel:
         if cfg.mode not in self.modes:
             raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} is not run by this switch "
                               f"(it runs {', '.join(self.modes)})")
+        if self.parent is not None and cfg.parent is not None and cfg.parent != self.parent:
+            raise ConfigError(f"job {cfg.job}: its entry names parent {cfg.parent[0]}:"
+                              f"{cfg.parent[1]}, but this switch's parent is "
+                              f"{self.parent[0]}:{self.parent[1]}")
         held = self.jobs.get(cfg.job)
         if now is not None and held is not None and held.cfg.session != cfg.session \
                 and now - held.active < IDLE_RECLAIM_S:
@@ -215,8 +264,10 @@ class SwitchModel:
             raise ConfigError(f"job {cfg.job}: live update of a job that is not installed")
         if js.cfg.session != cfg.session:
             raise ConfigError(f"job {cfg.job}: live update from another session")
-        if (js.cfg.members, js.cfg.window, js.cfg.elements, js.cfg.mode, js.cfg.mcast) != (
-                cfg.members, cfg.window, cfg.elements, cfg.mode, cfg.mcast):
+        if (js.cfg.members, js.cfg.window, js.cfg.elements, js.cfg.mode, js.cfg.mcast,
+                js.cfg.parent, js.cfg.index, js.cfg.children, js.cfg.total) != (
+                cfg.members, cfg.window, cfg.elements, cfg.mode, cfg.mcast,
+                cfg.parent, cfg.index, cfg.children, cfg.total):
             raise ConfigError(f"job {cfg.job}: a live update may change only the deadline; "
                               f"install the job anew to change anything else")
         self._retune(js, cfg)
@@ -279,8 +330,8 @@ class SwitchModel:
             if self._live(entry):
                 js = self.jobs[entry[1]]
                 slot = js.open.pop(entry[2])
-                out += self._emit(js, slot)
-                if js.cfg.mode == "bounded-skip" and slot.count < js.cfg.n:
+                out += self._close(js, slot)
+                if js.cfg.mode == "bounded-skip" and slot.bitmap != _full(js.cfg.n):
                     out += self._skip(js, slot.bitmap, now)
         return out
 
@@ -301,7 +352,7 @@ class SwitchModel:
             if slot.bitmap | js.absent == full:
                 self._counts["skipped"] += 1
                 del js.open[seq]
-                out += self._emit(js, slot)
+                out += self._close(js, slot)
         return out
 
     def next_deadline(self):
@@ -357,8 +408,8 @@ class SwitchModel:
             inner, nonce = opened
             return out + [(dest, seal(reply, self.key, nonce))
                           for dest, reply in self._control(inner, source, now)]
-        if mtype != MsgType.DATA:
-            c["drop_malformed"] += 1
+        if mtype != MsgType.DATA and not (mtype == MsgType.RESULT and self._has_parent(h)):
+            c["drop_malformed"] += 1          # (a switch takes RESULTs only from a parent)
             return out
         nelem = int(h["nelem"])
         body = n - HEADER_BYTES
@@ -373,6 +424,8 @@ class SwitchModel:
             c["drop_unknown_job"] += 1
             return out + self._refuse(Refusal.UNKNOWN_JOB, 0, datagram, source, now)
         cfg = js.cfg
+        if mtype == MsgType.RESULT:
+            return self._from_parent(js, h, datagram, source, now)
         if int(h["session"]) != cfg.session:
             c["drop_bad_session"] += 1
             return out + self._refuse(Refusal.BAD_SESSION, 0, datagram, source, now)
@@ -384,6 +437,11 @@ class SwitchModel:
             c["drop_malformed"] += 1
             return out + self._refuse(Refusal.BAD_LENGTH, cfg.elements, datagram, source,
                                       now)
+        # the workers this DATA covers: one for a worker, the count of a child switch
+        covers = int(h["count"]) if cfg.children else 1
+        if not 1 <= covers <= cfg.total:
+            c["drop_malformed"] += 1
+            return out
         c["rx_data"] += 1
         seq = int(h["seq"])
         w = cfg.window
@@ -396,6 +454,7 @@ class SwitchModel:
             slot.acc = np.zeros(nelem, np.int64)
             slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
             slot.exponent, slot.opened_at = NO_EXPONENT, now
+            slot.up, slot.overflow = None, False
             js.open[seq] = slot
             if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
                 js.head = (seq + 1) & SEQ_MASK
@@ -419,6 +478,13 @@ class SwitchModel:
                 c["late"] += 1
             c["resent"] += 1
             return out + [(cfg.members[worker].addr, self._unicast(slot.result, worker))]
+        if slot.up is not None:        # closed here, its RESULT awaited from the parent
+            if slot.bitmap & bit:
+                c["duplicates"] += 1
+                c["up_resent"] += 1
+                return out + [(cfg.parent, slot.up)]
+            c["late"] += 1
+            return out
         if slot.bitmap & bit:
             c["duplicates"] += 1
             return out
@@ -431,14 +497,75 @@ class SwitchModel:
         if nelem:
             slot.acc += np.frombuffer(datagram, ELEM_DTYPE, count=nelem, offset=HEADER_BYTES)
         slot.bitmap |= bit
-        slot.count += 1
+        slot.count += covers
         slot.exponent = max(slot.exponent, int(h["exponent"]))
-        if slot.count == cfg.n or slot.bitmap | js.absent == (1 << cfg.n) - 1:
-            if slot.count < cfg.n:
+        if cfg.children and h["flags"] & Flags.OVERFLOW:
+            slot.overflow = True
+        full = _full(cfg.n)
+        if slot.bitmap | js.absent == full:
+            if slot.bitmap != full:
                 c["skipped"] += 1
             del js.open[seq]
-            out += self._emit(js, slot)
+            out += self._close(js, slot)
         return out
+
+    def _has_parent(self, h) -> bool:
+        js = self.jobs.get(int(h["job"]))
+        return js is not None and js.cfg.parent is not None
+
+    def _from_parent(self, js, h, datagram, source, now):
+        """A RESULT: taken only from the job's parent, for a slot that is up (sent to the
+        parent and awaiting this); relayed to the group (the module's docstring)."""
+        c, cfg = self._counts, js.cfg
+        if tuple(source) != cfg.parent:
+            c["drop_unknown_source"] += 1
+            return []
+        if int(h["session"]) != cfg.session:
+            c["drop_bad_session"] += 1
+            return []
+        seq, w = int(h["seq"]), cfg.window
+        slot = js.slots[(seq // w) % 2][seq % w]
+        if slot.up is None or slot.tag != seq:
+            c["drop_result"] += 1
+            return []
+        if int(h["nelem"]) != slot.nelem or int(h["count"]) > MAX_JOB_WORKERS:
+            c["drop_malformed"] += 1
+            return []
+        b = bytearray(datagram)
+        b[_OFF["worker"]] = GROUP_WORKER
+        b[_OFF["flags"]] &= ~Flags.RETRANSMIT & 0xFF
+        mine = int(h["bitmap"]) >> cfg.index & 1
+        b[_OFF["bitmap"]:_OFF["bitmap"] + 4] = (slot.bitmap if mine else 0).to_bytes(4, "big")
+        slot.result, slot.up, slot.complete = bytes(b), None, True
+        js.active = now
+        c["relayed"] += 1
+        return [(dest, slot.result) for dest in js.group]
+
+    def _close(self, js, slot):
+        """A slot closes at this level: its RESULT at the root, its partial sum upward
+        at a switch with a parent."""
+        return self._emit(js, slot) if js.cfg.parent is None else self._send_up(js, slot)
+
+    def _send_up(self, js, slot):
+        c, cfg = self._counts, js.cfg
+        flags = Flags.OVERFLOW if slot.overflow else 0
+        if slot.count < cfg.total:
+            flags |= Flags.PARTIAL
+            c["partials"] += 1
+        clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
+        if slot.nelem and not np.array_equal(clipped, slot.acc):
+            flags |= Flags.OVERFLOW
+            c["overflows"] += 1
+        hdr = np.zeros((), HEADER_DTYPE)
+        hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.DATA, flags
+        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, cfg.index
+        hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
+        hdr["bitmap"], hdr["session"] = slot.bitmap, cfg.session
+        data = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
+        slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
+        slot.acc = None
+        c["up"] += 1
+        return [(cfg.parent, data)]
 
     def _refuse(self, reason, figure, datagram, source, now):
         """The ERROR answering a refused DATA (the module's docstring), or nothing when
@@ -503,8 +630,8 @@ class SwitchModel:
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
         c = self._counts
-        flags = 0
-        if slot.count < js.cfg.n:
+        flags = Flags.OVERFLOW if slot.overflow else 0
+        if slot.count < js.cfg.total:
             flags |= Flags.PARTIAL
             c["partials"] += 1
         clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
@@ -537,7 +664,19 @@ class SwitchModel:
                 "session": f"{js.cfg.session:016x}"} | (
                     {"position": js.head} if self.answers else {}) | (
                     {"absent": self._missing(js.cfg.n, ~js.absent)}
-                    if js.cfg.mode == "bounded-skip" else {})
+                    if js.cfg.mode == "bounded-skip" else {}) | (
+                    self._tree_status(js) if js.cfg.tree else {})
+
+    def _tree_status(self, js) -> dict:
+        """A tree job: where this switch sits, and how many of its slots closed here and
+        wait for the parent's RESULT (a stall above this switch)."""
+        cfg = js.cfg
+        return {"parent": f"{cfg.parent[0]}:{cfg.parent[1]}" if cfg.parent else None,
+                "index": cfg.index, "members_are": "switches" if cfg.children else "workers",
+                "total_workers": cfg.total, "awaiting_parent": self._awaiting_parent(js)}
+
+    def _awaiting_parent(self, js) -> int:
+        return sum(slot.up is not None for half in js.slots for slot in half)
 
     @staticmethod
     def _missing(n, bitmap):
@@ -584,8 +723,8 @@ def error_datagram(data: bytes, reason, figure: int) -> bytes:
     b[_OFF["type"]] = MsgType.ERROR
     b[_OFF["flags"]] = 0
     b[_OFF["exponent"]] = 0
-    b[_OFF["count"]] = int(reason)
+    b[_OFF["count"]:_OFF["count"] + 2] = int(reason).to_bytes(2, "big")
     b[_OFF["nelem"]:_OFF["nelem"] + 2] = bytes(2)
-    b[_OFF["reserved"]:_OFF["reserved"] + 2] = bytes(2)
+    b[_OFF["reserved"]] = 0
     b[_OFF["bitmap"]:_OFF["bitmap"] + 4] = (figure & SEQ_MASK).to_bytes(4, "big")
     return bytes(b)

@@ -150,6 +150,9 @@ class RtlSwitchModel(SwitchModel):
         if cfg.mode not in self.modes:
             raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} runs on the software "
                               f"switches only (the gateware has {', '.join(self.modes)})")
+        if cfg.tree:
+            raise ConfigError(f"job {cfg.job}: a tree of switches (docs/fabric.md) runs on "
+                              f"the software switches only; the gateware has no tree yet")
         index = self._index.get(cfg.job)
         if index is None:
             free = sorted(set(range(P.jobs)) - set(self._index.values()))

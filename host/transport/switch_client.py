@@ -57,9 +57,9 @@ import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                         GROUP_WORKER, Refusal)
-from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_SESSION, H_BITMAP
+from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_SESSION, H_BITMAP, H_COUNT
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS, MAX_ELEMENTS
-from ina_fabric.protocol.fields import c_layout
+from ina_fabric.protocol.fields import c_layout, MAX_WORKERS, MAX_JOB_WORKERS
 from . import quantize as Q
 from . import fastcall
 from .sockbuf import size_buffers, socket_drops, WORKER_RCVBUF
@@ -113,7 +113,7 @@ def static_position(switch, job: int, session: int, timeout=1.0, key=None,
     STATUS (no control key here): the run then starts at 0, and the switch's STALE
     answer names the position if the job is further on. Call it on one rank before
     any rank sends, and give every rank the same answer (``SwitchClient.start``)."""
-    from ..switch.server import query_status
+    from ina_fabric.protocol.control_client import query_status
     at = f"the switch at {switch[0]}:{switch[1]}"
     deadline = time.monotonic() + settle
     while True:
@@ -222,6 +222,12 @@ class SwitchClient:
     #: 10 Mbit/s a tbf queue of 20 ms holds 3 jumbo datagrams, and every call's first
     #: window of 8 lost a few of them there, each costing an rto)
     pace_rate: float = 0.0
+    #: congestion control (issue 39, docs/congestion.md; the DDP hook takes it from
+    #: INA_CONGESTION): "aimd" (a congestion window that halves on loss and grows back
+    #: on a clear path), "delay" (the same, also cut when RESULT round trips exceed a
+    #: delay target; it starves beside bulk TCP, which keeps the queue full) or "off"
+    #: (the fixed call window of before)
+    congestion: str = "aimd"
     group: tuple[str, int] | None = None   # multicast group of the job's RESULTs
     engine: str = "auto"           # the call loop: "c" (fastcall), "python", or "auto"
     #: the run's session id: the ``session`` of the job's install (``JobConfig``); every
@@ -251,6 +257,10 @@ class SwitchClient:
         self._run = self.session
         if self.carry and self.mode == "reliable":
             raise ValueError("carry: only in a bounded mode (reliable sums are complete)")
+        from .window import CONGESTION
+        if self.congestion not in CONGESTION:
+            raise ValueError(f"congestion {self.congestion!r}: expected one of "
+                             f"{', '.join(CONGESTION)}")
         if self.engine not in ("auto", "c", "python"):
             raise ValueError(f"engine {self.engine!r}: expected auto, c or python")
         impaired = self.impairment is not None and self.impairment.active
@@ -262,8 +272,12 @@ class SwitchClient:
         self._use_c = self.engine != "python" and fastcall.available() and not impaired
         if self.engine == "auto" and not fastcall.available():
             fastcall.say_why_not()
-        if not 0 <= self.worker < self.nworkers <= 32:
-            raise ValueError(f"worker {self.worker} of {self.nworkers}: need 0 <= w < N <= 32")
+        # worker: the id at its switch (its leaf's member index in a tree, docs/fabric.md);
+        # nworkers: the job's workers, the whole tree's
+        if not (0 <= self.worker < self.nworkers <= MAX_JOB_WORKERS
+                and self.worker < MAX_WORKERS):
+            raise ValueError(f"worker {self.worker} of {self.nworkers}: need 0 <= w < N <= "
+                             f"{MAX_JOB_WORKERS} and w < {MAX_WORKERS} (the id at its switch)")
         if not 1 <= self.elements <= MAX_ELEMENTS:
             raise ValueError(f"elements {self.elements} not in 1..{MAX_ELEMENTS} (a UDP "
                              f"datagram holds at most 65507 bytes)")
@@ -387,7 +401,7 @@ class SwitchClient:
         fails as this one did, instead of the ranks' replicas going apart. Best effort:
         without the control key, or with the switch gone, the others fail only when they
         too fall behind."""
-        from ..switch.server import remove_job
+        from ina_fabric.protocol.control_client import remove_job
         try:
             remove_job(self.switch, self.job, self.session, timeout=0.5)
         except Exception:  # noqa: BLE001 (no key, no answer: nothing more to do here)
@@ -487,9 +501,9 @@ class SwitchClient:
                     if p is None:
                         if h[1] == _ERROR and nbytes == HEADER_BYTES:
                             q = call.error_index(h)
-                            if q is not None and (h[6] != Refusal.STALE or
+                            if q is not None and (h[H_COUNT] != Refusal.STALE or
                                                   not win.received[q]):
-                                raise self._refused(h[6], h[H_BITMAP], h[7],
+                                raise self._refused(h[H_COUNT], h[H_BITMAP], h[7],
                                                     call.nelem_of(q))
                         call.stats.foreign_ignored += 1
                         continue
@@ -498,8 +512,8 @@ class SwitchClient:
                             f"job {self.job} worker {self.worker}: the switch answered a "
                             f"reliable call with a PARTIAL result (was the job installed "
                             f"again as bounded?)")
-                    if not h[2] & _PARTIAL and h[6] != self.nworkers:
-                        raise self._members_differ(h[6])
+                    if not h[2] & _PARTIAL and h[H_COUNT] != self.nworkers:
+                        raise self._members_differ(h[H_COUNT])
                     actions = win.on_result(p, clock())
                     if actions:
                         useful = True
@@ -653,7 +667,7 @@ class SwitchClient:
 
     def _switch_says(self, waiting) -> str:
         """What the switch's STATUS tells about this job, as the end of an error."""
-        from ..switch.server import query_status
+        from ina_fabric.protocol.control_client import query_status
         try:
             jobs = query_status(self.switch, timeout=0.5).get("jobs", {})
         except Exception as e:  # noqa: BLE001 (no answer, no key: say so)
@@ -778,7 +792,7 @@ class AllreduceCall:
         p = (h[7] - self.base) & 0xFFFFFFFF
         if (h[1] == _RESULT and h[0] == VERSION and h[4] == self.job and p < self.P
                 and h[8] == self.nelem_of(p) and 4 * h[8] == nbytes - HEADER_BYTES
-                and h[6] <= self.nworkers and (h[5] == self.worker or h[5] == GROUP_WORKER)
+                and h[H_COUNT] <= self.nworkers and (h[5] == self.worker or h[5] == GROUP_WORKER)
                 and h[H_SESSION] == self.session):
             return p
         return None
@@ -795,7 +809,7 @@ class AllreduceCall:
         st = self.stats
         st.results += 1
         W = self.W
-        flags, count, nel = h[2], h[6], h[8]
+        flags, count, nel = h[2], h[H_COUNT], h[8]
         if p < self.K:
             self.shared_exp[p] = h[3]
         if flags & _OVERFLOW:

@@ -22,13 +22,20 @@ import enum
 __all__ = [
     "Field", "HEADER_FIELDS", "HEADER_BYTES", "VERSION", "INA_UDP_PORT",
     "MsgType", "Flags", "Refusal", "ERROR_INTERVAL", "ERROR_SOURCES", "error_bucket",
-    "NO_EXPONENT", "MAX_WORKERS", "GROUP_WORKER", "NONFINITE_EXPONENT",
+    "NO_EXPONENT", "MAX_WORKERS", "MAX_JOB_WORKERS", "GROUP_WORKER", "NONFINITE_EXPONENT",
     "field_offsets", "c_layout",
 ]
 
-VERSION = 1
+#: 2: ``count`` grew to 16 bits (a RESULT of a tree covers up to MAX_JOB_WORKERS workers)
+#: and moved to the 16 bits that were reserved; a version-1 peer would read it wrong, so
+#: it drops version-2 datagrams (``drop_bad_version``) rather than misread them
+VERSION = 2
 INA_UDP_PORT = 19900
+#: members of one switch's job: workers of a leaf, or child switches of a spine (one
+#: bitmap bit each)
 MAX_WORKERS = 32
+#: workers of one job across a tree of switches (docs/fabric.md): 32 leaves of 32
+MAX_JOB_WORKERS = 1024
 #: exponent value meaning "no proposal" (int8 minimum)
 NO_EXPONENT = -128
 #: the worker field of a RESULT sent to the whole group (a unicast re-send names its worker)
@@ -108,12 +115,16 @@ HEADER_FIELDS: tuple[Field, ...] = (
           doc="DATA: proposed block exponent for the chunk sent one window later; "
               "RESULT: max of the proposals"),
     Field("job", 16, doc="job id"),
-    Field("worker", 8, doc="worker id (0..31); 255 in a multicast RESULT"),
-    Field("count", 8, doc="RESULT: number of contributors"),
+    Field("worker", 8, doc="member id at the receiving switch (0..31: a worker at its "
+                           "leaf, a child switch at its parent); 255 in a group RESULT"),
+    Field("reserved", 8, doc="zero"),
     Field("seq", 32, doc="packet sequence number within the job"),
     Field("nelem", 16, doc="number of int32 elements after the header"),
-    Field("reserved", 16, doc="zero"),
-    Field("bitmap", 32, doc="contributor bitmap, bit w = worker w"),
+    Field("count", 16, doc="RESULT: number of workers in the sum (the whole tree's); "
+                           "DATA from a child switch: workers its partial sum covers; "
+                           "0 in a worker's DATA"),
+    Field("bitmap", 32, doc="contributor bitmap of one level, bit m = member m: in a "
+                            "RESULT, of the workers of the receiving worker's leaf"),
     Field("session", 64, doc="the run's session id (random, drawn at install); "
                              "0 outside DATA and RESULT"),
 )
@@ -141,6 +152,6 @@ def c_layout() -> dict:
              RESULT=int(MsgType.RESULT), ERROR=int(MsgType.ERROR), PARTIAL=int(Flags.PARTIAL),
              OVERFLOW=int(Flags.OVERFLOW), RETRANSMIT=int(Flags.RETRANSMIT),
              LAST=int(Flags.LAST), NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER,
-             NONFINITE=NONFINITE_EXPONENT)
+             NONFINITE=NONFINITE_EXPONENT, MAX_JOB_WORKERS=MAX_JOB_WORKERS)
     return d
 
