@@ -54,10 +54,10 @@ from ina_fabric.protocol.fields import MAX_WORKERS
 from ..transport.switch_client import SwitchClient, SwitchUnavailable
 from .hook import InaHookState, JobNotInstalled
 from .staging import (CudaDevice, SimDevice, PinnedPool, StagedCall, reduce_host,
-                      stage_chunks, _write_result)
+                      stage_chunks, contiguous_float32, _write_result)
 
 __all__ = ["BACKEND", "InaOptions", "ProcessGroupIna", "InaWork", "WorldTooLarge",
-           "JobNotInstalled", "register"]
+           "JobNotInstalled", "monitored_barrier", "register"]
 
 BACKEND = "ina"
 _SWITCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -190,6 +190,7 @@ class ProcessGroupIna(ProcessGroup):
                 f"{MAX_WORKERS} ranks)")
         self.options = o
         self._store = store
+        self._timeout = timeout
         self.gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, world, timeout)
         # the size agreement's own Gloo group, used on the wire thread only (so its
         # calls can never interleave with the caller's delegated collectives)
@@ -352,6 +353,8 @@ class ProcessGroupIna(ProcessGroup):
     # -- routing -----------------------------------------------------------------
     def _carried(self, t: torch.Tensor) -> bool:
         """Whether the switch carries ``t``; refuse (strict) or say so once (float64)."""
+        if t.layout != torch.strided:     # sparse (COO, CSR, ...): Gloo, as it is
+            return False
         if t.dtype in _SWITCH_DTYPES and t.device.type in ("cpu", "cuda"):
             if t.dtype != torch.float32 and self.options.dtypes == "strict":
                 raise TypeError(f"INA: all_reduce of {t.dtype} refused (INA_DTYPES=strict); "
@@ -432,6 +435,9 @@ class ProcessGroupIna(ProcessGroup):
         return t.numpy()
 
     def _reduce_cpu(self, t, divide):
+        # the values, not the graph: a DDP bucket under backward(create_graph=True), or
+        # a non-leaf that requires grad, is written in place as Gloo writes it
+        t = t.detach()
         if t.dtype == torch.float32 and t.is_contiguous():
             # zero-copy: each stage chunk (cut as for any device, so all ranks make the
             # same calls) is summed in place in the tensor's memory; no output array
@@ -442,9 +448,28 @@ class ProcessGroupIna(ProcessGroup):
                 if out is not view or divide > 1:
                     _write_result(view, out, divide)
         else:
-            work = t.detach().to(torch.float32, memory_format=torch.contiguous_format)
+            # one float32 contiguous copy of any other layout (transposed, permuted,
+            # strided, fp16/bf16), summed, copied back through the tensor's own strides
+            work = contiguous_float32(t)
             reduce_host(work.view(-1), self.chunk, self._reduce, divide)
-            t.copy_(work.view_as(t))
+            t.copy_(work.view(t.shape))
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """``dist.monitored_barrier`` for an ``ina`` group: on its inner Gloo group.
+
+    torch refuses ``dist.monitored_barrier`` for a group whose backend is not named
+    gloo ("monitored_barrier is only implemented for GLOO backend", a check on the
+    backend's name in ``distributed_c10d``), so it never reaches this group's
+    ``monitored_barrier``. This runs the same Gloo barrier, with the same reporting
+    (the ranks that did not come, by number), on the group's inner Gloo group. Any other
+    group goes to ``dist.monitored_barrier``."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupIna):
+        return dist.monitored_barrier(group, timeout, wait_all_ranks)
+    if timeout is None:
+        timeout = pg._timeout
+    return pg.gloo.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
 def _create(dist_opts, pg_options):
