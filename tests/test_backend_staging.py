@@ -65,17 +65,28 @@ def test_copy_to_host_waits_for_work_queued_on_the_tensors_stream():
     dev.close()
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "strided"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "strided", "transposed",
+                                   "permuted", "in-graph"])
 def test_converted_and_strided_tensors_come_back_in_place(dtype):
+    """(transposed, permuted: float32 tensors that ``to(float32, contiguous_format)``
+    did not copy, "view size is not compatible"; in-graph: a non-leaf that requires
+    grad, which the copy back refused)"""
     dev = SimDevice()
     if dtype == "strided":
         t = torch.arange(60.0).reshape(6, 10)[:, ::2]
+    elif dtype == "transposed":
+        t = torch.arange(60.0).reshape(6, 10).t()
+    elif dtype == "permuted":
+        t = torch.arange(60.0).reshape(3, 4, 5).permute(2, 0, 1)
+    elif dtype == "in-graph":
+        t = torch.arange(30.0).requires_grad_() * 1.0
     else:
         t = torch.arange(30.0).to(dtype)
-    ref = t.float() * 2
+    ref = t.detach().float() * 2
     call = StagedCall(dev, PinnedPool(dev), t, chunk=7)
     dev.wait(call.run(wire([], 0.0, 2.0)))
-    assert torch.equal(t.float(), ref) and (dtype == "strided" or t.dtype == dtype)
+    assert torch.equal(t.detach().float(), ref)
+    assert isinstance(dtype, str) or t.dtype == dtype
     dev.close()
 
 
