@@ -107,14 +107,27 @@ if os.environ.get("UPSTREAM_BACKEND"):      # the driver and its spawned ranks
     Upstream = _define()
 
 
+#: a software switch until its stdin closes
+SWITCH = """
+import multiprocessing as mp, sys
+from ina_fabric.host.cluster import start_switch_process
+addr, proc = start_switch_process(mp.get_context("fork"))
+print(f"{addr[0]}:{addr[1]}", flush=True)
+sys.stdin.read()
+proc.terminate()
+proc.join(5)
+"""
+
+
 def drive(names, out):
     import unittest
-    from ina_fabric.host.cluster import start_switch_process
-    import multiprocessing as mp
     proc = None
     if os.environ["UPSTREAM_BACKEND"] == "ina" and not os.environ.get("INA_SWITCH"):
-        addr, proc = start_switch_process(mp.get_context("fork"))
-        os.environ["INA_SWITCH"] = f"{addr[0]}:{addr[1]}"
+        # in a process of its own, not a multiprocessing child: upstream's harness
+        # terminates every active child of this process when a rank errors
+        proc = subprocess.Popen([sys.executable, "-c", SWITCH], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        os.environ["INA_SWITCH"] = proc.stdout.readline().strip()
     all_names = [n for n in dir(Upstream) if n.startswith("test_")]
     names = names or selection(all_names)
     unknown = sorted(set(names) - set(all_names))
@@ -161,8 +174,8 @@ def drive(names, out):
         unittest.TextTestRunner(resultclass=Result, verbosity=2).run(suite)
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.join(5)
+            proc.stdin.close()              # it stops its switch
+            proc.wait(10)
 
 
 def run_upstream(backend, world, names=(), timeout=1800, per_test=180):

@@ -164,8 +164,8 @@ class InaHookState:
         and no STATUS probe is sent; a dead switch shows at the first bucket instead).
 
         ``session`` (or INA_SESSION): with ``configure=False``, the session id of the job
-        the switch holds (with ``configure``, rank 0 draws a fresh one and every rank
-        takes it). ``peers``: how the ranks talk before the switch is in use (default
+        the switch holds (with ``configure``, rank 0's, by default a fresh one, is the
+        one every rank takes). ``peers``: how the ranks talk before the switch is in use (default
         ``DistPeers(process_group)``); ``job_offset`` is added to the job id (a
         subgroup's job); ``fields``: other fields of the state (``average``,
         ``fallback_to_gloo``; INA_FALLBACK=gloo|raise overrides the latter)."""
@@ -217,7 +217,7 @@ class InaHookState:
         # session id; rank 0's is the run's (a fresh one; a static job's is INA_SESSION)
         from ina_fabric.protocol.jobtable import new_session, parse_session
         if configure:
-            session = new_session()
+            session = session or new_session()
         elif "INA_SESSION" in env or session:
             session = parse_session(env.get("INA_SESSION", session))
         else:
