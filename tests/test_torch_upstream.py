@@ -19,6 +19,10 @@ with its reason (docs/backend.md repeats them).
 In ``make test``: ``FAST`` at 2 ranks on ``ina`` (the failures of issue 44 among them).
 INA_UPSTREAM=1: the whole selection on Gloo and on ``ina`` at 2 and 4 ranks (minutes);
 every test that passes on Gloo passes on ``ina`` or is in ``EXCEPTIONS``.
+
+The script starts the ranks with ``spawn``, as upstream's driver does; the tests here
+set UPSTREAM_START=fork (unless it is set): each rank then starts from the driver's
+imports, about 3 s a test instead of 30 on this shared machine.
 """
 
 import argparse
@@ -42,12 +46,17 @@ SELECT = r"all_reduce|ddp|barrier|broadcast|all_gather|reduce_scatter|new_group|
 LEAVE_OUT = r"cuda|gpu|nccl|profil|compile|device_mesh|_v_cuda"
 
 #: in the default suite: one of each kind, and each failure of issue 44's table
-FAST = ["test_all_reduce_sum", "test_all_reduce_sum_async", "test_all_reduce_group_sum",
-        "test_sparse_all_reduce_sum", "test_ddp_create_graph", "test_broadcast",
-        "test_barrier", "test_all_gather", "test_monitored_barrier_gloo"]
+FAST = ["test_all_reduce_sum", "test_all_reduce_sum_async", "test_sparse_all_reduce_sum",
+        "test_ddp_create_graph", "test_broadcast", "test_barrier"]
 
 #: tests that pass on Gloo and cannot pass on ``ina``, with the reason (docs/backend.md)
-EXCEPTIONS: dict[str, str] = {}
+_MONITORED = ("calls dist.monitored_barrier, which torch refuses for a backend not named "
+              "gloo: \"monitored_barrier is only implemented for GLOO backend.\" "
+              "(ina_fabric.distributed.monitored_barrier runs it on the group's Gloo)")
+EXCEPTIONS: dict[str, str] = {
+    "test_monitored_barrier_gloo": _MONITORED,
+    "test_monitored_barrier_gloo_subgroup": _MONITORED,
+}
 
 
 def selection(names):
@@ -183,6 +192,7 @@ def run_upstream(backend, world, names=(), timeout=1800, per_test=180):
     with tempfile.TemporaryDirectory(prefix="ina-upstream-") as tmp:
         out = pathlib.Path(tmp) / "out.json"
         env = {**os.environ, "OMP_NUM_THREADS": "1", "UPSTREAM_TIMEOUT": str(per_test),
+               "UPSTREAM_START": os.environ.get("UPSTREAM_START", "fork"),
                "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         env.pop("INA_SWITCH", None)
         p = subprocess.run([sys.executable, __file__, "--backend", backend, "--world",
@@ -207,11 +217,10 @@ pytest.importorskip("expecttest", reason="torch's test utilities need expecttest
 
 
 def test_fast_subset_passes_on_ina():
-    res = run_upstream("ina", 2, FAST)
-    bad = {n: v for n, v in res.items() if not v.startswith(("pass", "skip"))}
-    assert not bad, bad
-    assert set(res) == set(FAST)
-    assert counts(res)["pass"] >= len(FAST) - 1, res   # (monitored_barrier: skipped)
+    """(test_sparse_all_reduce_sum raised NotImplementedError for SparseCPU, and
+    test_ddp_create_graph crashed both ranks with SIGSEGV, before issue 44)"""
+    res = run_upstream("ina", 2, FAST, timeout=600)
+    assert res == {n: "pass" for n in FAST}, res
 
 
 @pytest.mark.skipif(not os.environ.get("INA_UPSTREAM"),
