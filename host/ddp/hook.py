@@ -514,7 +514,8 @@ def setup_hook_state(process_group=None, switch=None, job=None, mode=None, windo
     client = bind_client(s, peers.rank, peers.world, configure, impairment, connect_timeout)
     try:
         members, refused = exchange_addresses(
-            peers, client, s.session if not configure else None, connect_timeout)
+            peers, client, s.session if not configure else None, connect_timeout,
+            fresh=session if configure else None)
         state = InaHookState(client, process_group, peers=peers, **fields)
         ok = 1
         if configure and peers.rank == 0:
@@ -556,14 +557,16 @@ def bind_client(s: HookSettings, rank: int, world: int, configure: bool = True,
 
 
 def exchange_addresses(peers, client: SwitchClient, session=None,
-                       connect_timeout: float = 2.0):
+                       connect_timeout: float = 2.0, fresh=None):
     """Every rank's (address, multicast group or None), gathered over ``peers``, and
     rank 0's refusal (``[fields.Refusal, message]``, or None). Every rank's client starts with rank 0's session
     id (a fresh one, or ``session``: a static job's) and, for a static job, at the
-    position rank 0 read from the switch (where a new run resumes; STATUS)."""
+    position rank 0 read from the switch (where a new run resumes; STATUS). ``fresh``:
+    the new session to install under, when the caller draws it (the ``ina`` backend's
+    ``run_session``)."""
     import json
     from ina_fabric.protocol.jobtable import new_session
-    mine = session if session is not None else new_session()
+    mine = session if session is not None else fresh or new_session()
     position = 0      # a static job: rank 0 asks where a new run resumes
     if session is not None and peers.rank == 0:
         from ..transport.switch_client import static_position
