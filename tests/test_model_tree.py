@@ -355,3 +355,16 @@ def test_tree_entries_from_a_switch_toml(tmp_path):
     assert (leaf.parent, leaf.index, leaf.children, leaf.total) == \
         (("127.0.0.1", 19900), 4, False, 2)
     assert (spine.parent, spine.children, spine.total) == (None, True, 40)
+
+
+def test_switch_flags_give_a_leaf_and_a_spine():
+    from ina_fabric.host.cli import build_parser
+    from ina_fabric.host.commands.switch import jobs_from_args
+    p = build_parser()
+    leaf, = jobs_from_args(p.parse_args(["switch", "--workers", "127.0.0.1:1,127.0.0.1:2",
+                                         "--parent", "127.0.0.1:9", "--index", "3"]))
+    assert (leaf.parent, leaf.index, leaf.children, leaf.total) == \
+        (("127.0.0.1", 9), 3, False, 2)
+    spine, = jobs_from_args(p.parse_args(["switch", "--workers", "127.0.0.1:1,127.0.0.1:2",
+                                          "--total-workers", "40"]))
+    assert (spine.parent, spine.children, spine.total) == (None, True, 40)
