@@ -6,8 +6,9 @@ hypothesis-drawn schedule says. The simulation feeds events exactly as the socke
 does (a RESULT: ``on_result``; anything else, or the wake-up time: ``on_timer``).
 
 Properties: reliable mode ends with the exact quantized sum on every worker, whatever the
-schedule; at most ``w`` packets are in flight; a packet is re-sent only after its RTO
-(times its backoff); a stalled call gives up after ``stall_timeout`` without progress and
+schedule; at most ``w`` packets are in flight, and a packet goes out for the first time
+only below the congestion window (or as the lowest without a result); a packet is
+re-sent only after its RTO (times its backoff); a stalled call gives up after ``stall_timeout`` without progress and
 never before; bounded mode gives every worker the model's results, identically counted.
 """
 
