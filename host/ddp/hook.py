@@ -71,6 +71,28 @@ def local_address_towards(addr) -> str:
         s.close()
 
 
+def local_mac(ip: str) -> str | None:
+    """The MAC of the interface in this namespace that holds ``ip``, or None (loopback,
+    or no such interface). A member's job-table entry carries it: a switch in hardware
+    (the board) addresses its RESULT frames to it, as it has no ARP client of its own."""
+    import fcntl
+    import struct
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            req = struct.pack("256s", name.encode()[:15])
+            try:   # SIOCGIFADDR, SIOCGIFHWADDR (ioctls: this namespace's, unlike /sys)
+                if socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24]) != ip:
+                    continue
+                hw = fcntl.ioctl(s.fileno(), 0x8927, req)[18:24]
+            except OSError:
+                continue
+            return None if not any(hw) else ":".join(f"{b:02x}" for b in hw)
+        return None
+    finally:
+        s.close()
+
+
 def switch_from_env(default=None):
     """``INA_SWITCH=ip:port`` (or the default), parsed; ValueError with a clear message."""
     text = os.environ.get("INA_SWITCH", default)
@@ -224,8 +246,10 @@ class InaHookState:
             client.close()
             raise ValueError("a job the switch already holds (no CONTROL): give its session "
                              "id in INA_SESSION (the `session` of its [[job]] table)")
+        mac = local_mac(client.address[0])     # (a board sends RESULT frames to it)
         gathered = [json.loads(t) for t in peers.gather(json.dumps(
-            [f"{client.address[0]}:{client.address[1]}", client.group, str(session)]))]
+            [f"{client.address[0]}:{client.address[1]}" + (f"@{mac}" if mac else ""),
+             client.group, str(session)]))]
         members = [(m, tuple(g) if g else None) for m, g, _ in gathered]
         client.session = int(gathered[0][2])
         ok = 1
