@@ -131,6 +131,13 @@ class BoardSwitch:
                     if a.get_attr("IFA_ADDRESS") == self.address[0]:
                         ip.addr("del", index=bidx[0], address=self.address[0],
                                 prefixlen=a["prefixlen"])
+            # no IPv6 on the TAP: the board has none, and the kernel's router
+            # solicitations and MLD reports would only cost simulated cycles
+            try:
+                with open(f"/proc/sys/net/ipv6/conf/{self.tap}/disable_ipv6", "w") as f:
+                    f.write("1")
+            except OSError:
+                pass
             iface = ipaddress.IPv4Interface(tap_address) if tap_address else None
             link_up(ip, self.tap, master=bridge,
                     address=str(iface.ip) if iface else None,

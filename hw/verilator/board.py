@@ -64,6 +64,20 @@ def _verilog(board) -> str:
     return verilog.convert(InaDatapath(board), name="ina_board", emit_src=False)
 
 
+def _canonical(vtext: str) -> str:
+    """The Verilog for the cache key, with what differs from one process to the next
+    taken out: Amaranth orders a module's ports (and some declarations) by set iteration,
+    which string hashing randomizes per process. Its lines sorted, and each module's port
+    list sorted: the same design gives the same key in every process."""
+    lines = []
+    for line in vtext.splitlines():
+        if line.startswith("module ") and "(" in line:
+            head, _, ports = line.partition("(")
+            line = head + "(" + ",".join(sorted(p.strip() for p in ports.rstrip(");").split(",")))
+        lines.append(line)
+    return "\n".join(sorted(lines))
+
+
 def build_board(board, *, log=None, jobs=2) -> pathlib.Path:
     """The shared library of ``board`` (a BoardConfig), built unless cached (a build
     takes several minutes: the whole design with the SHA-256 core)."""
@@ -73,7 +87,8 @@ def build_board(board, *, log=None, jobs=2) -> pathlib.Path:
     harness = resource("ina_fabric.hw.verilator", "board_harness.cpp").read_text()
     vtext = _verilog(board)
     version = verilator_version()
-    key = hashlib.sha256("\0".join(["board", vtext, harness, version]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join(["board", _canonical(vtext), harness, version])
+                         .encode()).hexdigest()[:16]
     out = cache_root() / f"board-{key}"
     lib = out / "libina_board.so"
     if lib.exists():
