@@ -290,10 +290,14 @@ class InaHookState:
         error = SwitchUnavailable
         flag = self._peers.agree(ok)    # also: rank 0's CONTROL is done on every rank
         if flag and query:
-            try:
-                ok = 2 if self.job_installed() else 1
-            except OSError:
-                ok = 0
+            # rank 0 asks, once for all: a switch in hardware answers one STATUS_REQ at
+            # a time (the board's control plane drops the others as drop_control_busy)
+            ok = 2
+            if self._peers.rank == 0:
+                try:
+                    ok = 2 if self.job_installed() else 1
+                except OSError:
+                    ok = 0
             flag = self._peers.agree(ok)
             if flag == 1:
                 flag, why, error = 0, self.not_installed_reason(), JobNotInstalled
