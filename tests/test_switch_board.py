@@ -1,8 +1,9 @@
 """``ina switch --engine board``: the Versa board's whole datapath in Verilator on a TAP in
 a namespace of its own; the kernel's ARP, ping and UDP sockets talk to it.
 
-Default suite: ARP and ping answer; an allreduce through the board (job installed by a
-sealed CONTROL, reliable mode) is bitwise the one through the software switch.
+Default suite (about 90 s here, of which some 20 s start the board; its first build
+takes minutes more): ARP and ping answer; an allreduce through the board (job installed
+by a sealed CONTROL, reliable mode) is bitwise the one through the software switch.
 ``INA_BOARD_TRAIN=1``: digits training through the board, replicas bitwise identical to
 the same run through the software switch (minutes).
 """
@@ -124,3 +125,26 @@ def test_board_allreduce_is_bitwise_the_software_switch(board, monkeypatch):
             assert a.view(np.uint32).tolist() == b.view(np.uint32).tolist()
         for a, b in zip(got[r], got[0]):
             assert a.view(np.uint32).tolist() == b.view(np.uint32).tolist()
+
+
+@pytest.mark.skipif(not os.environ.get("INA_BOARD_TRAIN"),
+                    reason="training through the simulated board takes many minutes: "
+                           "INA_BOARD_TRAIN=1")
+@pytest.mark.timeout(7200)
+def test_board_training_replicas_are_the_software_switch_s():
+    """Digits through the board (the ranks' own CONTROL, the hook's probe) to the
+    workload's accuracy, every replica bitwise the same run's through the software
+    switch."""
+    import dataclasses
+    from ina_fabric.host.ddp.train import TrainConfig, run_training
+    from ina_fabric.host.switch.board import board_params
+    P = board_params()
+    base = TrainConfig(workload="digits", workers=4, backend="ina", window=P.window,
+                       elements=P.elements, max_epochs=10)
+    board = run_training(dataclasses.replace(base, switch_engine="board"), timeout=7000)
+    soft = run_training(dataclasses.replace(base, switch_engine="fast"))
+    assert board.fallbacks == 0 and board.time_to_accuracy is not None
+    assert len(set(board.param_hashes)) == 1
+    assert board.param_hashes == soft.param_hashes
+    assert board.switch_board["core"]["results"] > 0
+    assert board.switch_board["p0_tx_bad_fcs"] == 0

@@ -35,8 +35,12 @@ def add_arguments(p):
     up.add_argument("--rate", help="shorthand for --set rate=R (e.g. 100mbit, 1gbit)")
     up.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="set a topology parameter (repeatable)")
-    up.add_argument("--switch", action="store_true",
-                    help="also start `ina switch` in the switch namespace, on the bridge")
+    up.add_argument("--switch", nargs="?", const="auto", default=None, metavar="ENGINE",
+                    choices=("auto", "fast", "model", "rtl", "board"),
+                    help="also start `ina switch` in the switch namespace, on the bridge's "
+                         "address (ENGINE as `ina switch --engine`; board: the simulated "
+                         "board on a TAP in the bridge, taking the bridge's address; "
+                         "frames up to 1,518 bytes, so keep mtu=1500)")
     run = with_id(sub.add_parser("run", help="run a command in a node's namespace",
                                  formatter_class=HelpFormatter))
     run.add_argument("node", help="a host (h0, ...) or the switch (sw)")
@@ -90,7 +94,7 @@ def _up(args):
     lab = Lab(topo, args.id).up()
     switches = []
     if args.switch:
-        switches = [lab.start_switch(s.name) for s in topo.switches]
+        switches = [lab.start_switch(s.name, engine=args.switch) for s in topo.switches]
     print(f"lab {lab.id} up: {topo.name}, {len(topo.hosts)} hosts, "
           f"{len(topo.switches)} switches, {len(topo.wan)} routed links")
     for h in topo.hosts:
