@@ -25,11 +25,48 @@ def _skip_reason():
     return why_not() or available()
 
 
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+needs_board = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+
+
+class _Peers:
+    """Two ranks as InaHookState sees them, this one ``rank``; agree() is the minimum of
+    this rank's flag and the other's (2: the job is installed)."""
+    def __init__(self, rank):
+        self.rank, self.world = rank, 2
+
+    def agree(self, ok):
+        return min(ok, 2)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_probe_asks_the_switch_once(rank):
+    """Only rank 0 sends the start-up STATUS_REQ (a board answers one at a time and
+    drops the others as drop_control_busy; every rank asking made three of four fall
+    back to Gloo)."""
+    import types
+    from ina_fabric.host.ddp.hook import InaHookState
+    st = InaHookState(types.SimpleNamespace(switch=("198.18.41.2", 19900), job=1),
+                      peers=_Peers(rank))
+    asked = []
+    st.job_installed = lambda: asked.append(rank) or True
+    assert st.probe(1, query=True)
+    assert asked == ([0] if rank == 0 else [])
+
+
+def test_board_cache_key_is_the_same_whatever_the_port_order():
+    """Amaranth orders a module's ports by set iteration (randomized per process): the
+    same design must give the same build key, another design another."""
+    from ina_fabric.hw.verilator.board import _canonical
+    a = "module top(b, a, c);\n  input a;\n  input b;\n  output c;\nendmodule"
+    b = "module top(c, a, b);\n  input b;\n  input a;\n  output c;\nendmodule"
+    c = "module top(c, a, b);\n  input b;\n  input a;\n  output [1:0] c;\nendmodule"
+    assert _canonical(a) == _canonical(b) != _canonical(c)
 
 
 @pytest.fixture(scope="module")
 def board():
+    if _skip_reason():
+        pytest.skip(_skip_reason())
     from ina_fabric.host.switch.board import BoardNet
     net = BoardNet(KEY, name=f"inaboard-t{os.getpid()}")
     yield net
@@ -41,6 +78,9 @@ def _ping(rank, world, store, netns, ip, count):
     numbers and payloads."""
     from ina_fabric.host.lab.netns import enter
     enter(netns)
+    from ina_fabric.host.ddp.hook import local_mac
+    from ina_fabric.host.switch.board import TAP_ADDRESS
+    macs = (local_mac(TAP_ADDRESS.split("/")[0]), local_mac("127.0.0.1"))
     s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
     s.settimeout(10)
     got = []
@@ -58,17 +98,21 @@ def _ping(rank, world, store, netns, ip, count):
             if icmp[0] == 0 and struct.unpack(">H", icmp[4:6])[0] == 0x41B:
                 got.append((src[0], struct.unpack(">H", icmp[6:8])[0], icmp[8:]))
                 break
-    return got
+    return got, macs
 
 
+@needs_board
 def test_board_answers_arp_and_ping(board):
     from ina_fabric.host.cluster import run_ranks
     from ina_fabric.host.lab.netns import ipr
     from ina_fabric.host.switch.board import BOARD_IP
-    got = run_ranks(1, _ping, board.netns, BOARD_IP, 3, timeout=120)[0]
+    got, macs = run_ranks(1, _ping, board.netns, BOARD_IP, 3, timeout=120)[0]
     assert got == [(BOARD_IP, k, f"board {k}".encode()) for k in range(3)]
     with ipr(board.netns) as ip:
         neigh = {n.get_attr("NDA_DST"): n.get_attr("NDA_LLADDR") for n in ip.get_neighbours()}
+        tap_mac = ip.get_links(ifname="inaboard0")[0].get_attr("IFLA_ADDRESS")
+    # what a member's entry carries: the TAP's MAC there, none on loopback
+    assert macs == (tap_mac, None)
     from ina_fabric.hw.verilator.board import versa_board
     assert neigh.get(BOARD_IP) == versa_board().mac     # the kernel's ARP, the board's answer
 
@@ -104,6 +148,7 @@ def _allreduce(rank, world, store, netns, switch, bind_ip, key, mode):
     return out
 
 
+@needs_board
 def test_board_allreduce_is_bitwise_the_software_switch(board, monkeypatch):
     from ina_fabric.host.cluster import run_ranks
     from ina_fabric.host.switch.board import TAP_ADDRESS
@@ -127,6 +172,7 @@ def test_board_allreduce_is_bitwise_the_software_switch(board, monkeypatch):
             assert a.view(np.uint32).tolist() == b.view(np.uint32).tolist()
 
 
+@needs_board
 @pytest.mark.skipif(not os.environ.get("INA_BOARD_TRAIN"),
                     reason="training through the simulated board takes many minutes: "
                            "INA_BOARD_TRAIN=1")
