@@ -135,6 +135,9 @@ class InaHookState:
     #: ``slot_deadline.RULES``: ``derived`` or ``loss-aware`` (the short deadline while
     #: no rank re-fetched a RESULT); ``clean_intervals``: exchanges in a row without one
     deadline_rule: str = "loss-aware"
+    #: seconds a STATUS request (the start-up probe) waits for its answer (a simulated
+    #: board answers in simulated time: ``ina train --engine board`` gives it longer)
+    status_timeout: float = 1.0
     clean_intervals: int = 0
     _refetched_at_exchange: int = 0
     _tune_calls: int = 0
@@ -308,7 +311,8 @@ class InaHookState:
     def job_installed(self) -> bool:
         """Whether the switch's job table holds this job (OSError: no answer)."""
         from ..switch import query_status
-        jobs = query_status(self.collective.switch, timeout=1.0).get("jobs", {})
+        jobs = query_status(self.collective.switch,
+                            timeout=self.status_timeout).get("jobs", {})
         return str(self.collective.job) in {str(j) for j in jobs}
 
     def not_installed_reason(self) -> str:

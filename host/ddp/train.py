@@ -276,7 +276,10 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
             deadline_rule=cfg.deadline_rule,
             impairment=imp, configure=not cfg.static_job,
-            bind_port=cfg.worker_base_port or None, session=cfg.session or None)
+            bind_port=cfg.worker_base_port or None, session=cfg.session or None,
+            # the simulated board runs thousands of times slower than real time
+            **({"connect_timeout": 60.0, "status_timeout": 60.0}
+               if cfg.switch_engine == "board" else {}))
     elif cfg.backend != "gloo":
         collective = load_factory(cfg.backend)(rank, world, cfg)
         state = InaHookState(collective, None)
