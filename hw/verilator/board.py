@@ -87,7 +87,13 @@ def build_board(board, *, log=None, jobs=2) -> pathlib.Path:
     harness = resource("ina_fabric.hw.verilator", "board_harness.cpp").read_text()
     vtext = _verilog(board)
     version = verilator_version()
-    key = hashlib.sha256("\0".join(["board", _canonical(vtext), harness, version])
+    flags = [VERILATOR, "--cc", "ina_board.v", "--top-module", "ina_board", "-Mdir", "obj",
+             "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert",
+             "-Wno-fatal", "-Wno-lint", "-Wno-style", "--build", "-CFLAGS", "-fPIC",
+             # Verilator's make compiles the model at -Os (OPT_FAST comes after CFLAGS)
+             "-MAKEFLAGS", "OPT_FAST=-O2", "-MAKEFLAGS", "OPT_GLOBAL=-O2"]
+    cmd = flags + ["-j", str(jobs)]
+    key = hashlib.sha256("\0".join(["board", _canonical(vtext), harness, version, *flags])
                          .encode()).hexdigest()[:16]
     out = cache_root() / f"board-{key}"
     lib = out / "libina_board.so"
@@ -105,10 +111,7 @@ def build_board(board, *, log=None, jobs=2) -> pathlib.Path:
         (out / "board_harness.cpp").write_text(harness)
         obj = out / "obj"
         shutil.rmtree(obj, ignore_errors=True)
-        _run([VERILATOR, "--cc", "ina_board.v", "--top-module", "ina_board", "-Mdir", "obj",
-              "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert",
-              "-Wno-fatal", "-Wno-lint", "-Wno-style", "--build", "-j", str(jobs),
-              "-CFLAGS", "-fPIC -O2"], out)
+        _run(cmd, out)
         inc = pathlib.Path(_verilator_root()) / "include"
         tmp = out / "libina_board.so.tmp"
         _run(["g++", "-shared", "-fPIC", "-O2", "-std=c++17", f"-I{obj}", f"-I{inc}",
