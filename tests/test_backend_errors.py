@@ -115,13 +115,15 @@ def test_dtypes_strict_refuses(env):
 def test_cpu_tensors_are_reduced_zero_copy_in_place(env):
     pg = init(job=80, stage_bytes=4096)     # 1024-element chunks: 3 calls for 2500
     seen = []
-    orig = pg.state.reduce_array
 
-    def spy(arr, in_place=False):
-        seen.append((arr, in_place))
-        return orig(arr, in_place)
+    class Spy(type(pg.state)):      # the state has __slots__: spy in a subclass
+        __slots__ = ()
 
-    pg.state.reduce_array = spy
+        def reduce_array(self, arr, in_place=False):
+            seen.append((arr, in_place))
+            return super().reduce_array(arr, in_place)
+
+    pg.state.__class__ = Spy
     t = torch.randn(2500)
     base = t.clone()
     ptr = t.data_ptr()
@@ -141,7 +143,7 @@ def test_the_installer_removes_its_job_at_shutdown(env, switch):
     done), so the next run may take the same id at once. Before, the id stayed held by
     the ended run's session and the next run was refused ("taken by another run") for
     the switch's idle reclaim time (60 s)."""
-    from ina_fabric.host.switch.server import query_status
+    from ina_fabric.protocol.control_client import query_status
     for run in range(2):                # the same job id, two runs, two sessions
         pg = init(job=97)
         t = torch.ones(100)

@@ -39,7 +39,7 @@ class _Peers:
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_probe_asks_the_switch_once(rank):
+def test_probe_asks_the_switch_once(rank, monkeypatch):
     """Only rank 0 sends the start-up STATUS_REQ (a board answers one at a time and
     drops the others as drop_control_busy; every rank asking made three of four fall
     back to Gloo)."""
@@ -48,7 +48,7 @@ def test_probe_asks_the_switch_once(rank):
     st = InaHookState(types.SimpleNamespace(switch=("198.18.41.2", 19900), job=1),
                       peers=_Peers(rank))
     asked = []
-    st.job_installed = lambda: asked.append(rank) or True
+    monkeypatch.setattr(InaHookState, "job_installed", lambda self: asked.append(rank) or True)
     assert st.probe(1, query=True)
     assert asked == ([0] if rank == 0 else [])
 

@@ -17,6 +17,23 @@ from flags:
     ina switch --engine board --listen 198.18.41.2:19900 --tap-address 198.18.41.1/24
                                                (the whole board's datapath in Verilator on a TAP)
 
+A tree of switches (docs/fabric.md): every switch runs `ina switch`; a leaf names its
+parent, and one command installs a job on all of them, each entry sealed with that
+switch's own key:
+
+    ina switch --listen 198.18.1.1:19900 --parent 198.18.0.1:19900      (a leaf)
+    ina switch --install-tree tree.toml --job 38 --mode bounded --deadline-ms 5
+        (prints, per worker, its switch, its id there and the job's worker count)
+    ina switch --status --tree tree.toml --job 38     (who the job waits for, per level)
+
+tree.toml:
+    spine = "198.18.0.1:19900"
+    spine_key_file = "spine.key"           # optional: else --key-file / the default key
+    [[leaf]]
+    switch = "198.18.1.1:19900"
+    workers = ["198.18.1.10:20000", "198.18.1.11:20000"]
+    key_file = "rack0.key"                 # optional
+
 jobs.toml:
     [[job]]
     id = 1
@@ -89,6 +106,24 @@ def add_arguments(p):
     add_session_argument(g, "the job's session id, which every DATA of its workers must "
                             "carry (default: a fresh one, printed at start)")
     add_job_arguments(p, "ethernet")
+    t = p.add_argument_group("trees of switches (docs/fabric.md)")
+    t.add_argument("--parent", type=parse_address, metavar="IP:PORT",
+                   help="this switch's parent: the job given by flags sends its sums "
+                        "there, and a tree entry that names another parent is refused")
+    t.add_argument("--index", type=int, default=0,
+                   help="with --parent: this switch's member id in the parent's entry")
+    t.add_argument("--total-workers", type=int, metavar="N",
+                   help="the job given by flags has child switches as members (--workers "
+                        "lists their addresses), covering N workers in all")
+    t.add_argument("--install-tree", metavar="TOML",
+                   help="install job --job on every switch of the tree in TOML (leaves, "
+                        "then the spine; all or nothing) and exit")
+    t.add_argument("--spine-deadline-ms", type=float,
+                   help="with --install-tree: the spine's deadline (default: twice "
+                        "--deadline-ms; it must be longer)")
+    t.add_argument("--tree", metavar="TOML",
+                   help="with --status: the job --job on every switch of this tree, who "
+                        "it waits for per level")
     q = p.add_argument_group("querying a running switch")
     q.add_argument("--status", action="store_true",
                    help="print the counters of a running switch as JSON and exit")
@@ -114,8 +149,14 @@ def jobs_from_args(args):
             members = [m.strip() for m in args.workers.split(",") if m.strip()]
         else:
             return []
-        return [JobConfig.from_settings(args.job, members, job_settings(args),
-                                        session=args.session)]
+        cfg = JobConfig.from_settings(args.job, members, job_settings(args),
+                                      session=args.session)
+        if args.parent or args.total_workers or args.index:
+            import dataclasses
+            cfg = dataclasses.replace(cfg, parent=args.parent, index=args.index,
+                                      children=bool(args.total_workers),
+                                      workers=args.total_workers or 0)
+        return [cfg]
     except ConfigError as e:
         raise CliError(str(e)) from None
 
@@ -130,6 +171,8 @@ def run(args):
         key = switch_key(create=not args.status, path=args.key_file)
     except (KeyMissing, OSError) as e:
         raise CliError(str(e)) from None
+    if args.install_tree or args.tree:
+        return _tree_command(args, key)
     if args.status:
         try:
             print(json.dumps(query_status(args.switch, key=key), indent=2, sort_keys=True))
@@ -148,7 +191,8 @@ def run(args):
         raise CliError(f"--pace-rate {args.pace_rate!r}: {e}") from None
     try:
         server = SwitchServer(jobs, *args.listen, key=key, engine=args.engine,
-                              log=lambda m: print(m, file=sys.stderr), pace_rate=pace)
+                              log=lambda m: print(m, file=sys.stderr), pace_rate=pace,
+                              parent=args.parent)
     except fast.EngineUnavailable as e:
         raise CliError(str(e)) from None
     except ConfigError as e:       # a job that does not fit the core
@@ -220,4 +264,31 @@ def run_board(args, jobs, key):
         server.close()
         print(f"ina switch (board) stopped: {json.dumps(st, sort_keys=True)}",
               file=sys.stderr)
+    return 0
+
+
+def _tree_command(args, key):
+    """--install-tree TOML, or --status --tree TOML."""
+    from ..cli import CliError
+    from ._common import job_settings
+    from ..switch.tree import load_tree_toml, install_tree, tree_status, worker_roles
+    from ..switch.server import JobRefused
+    from ina_fabric.protocol.jobtable import ConfigError
+    from ina_fabric.protocol.keys import KeyMissing
+    if args.tree and not args.status:
+        raise CliError("--tree goes with --status (or use --install-tree TOML)")
+    try:
+        tree = load_tree_toml(args.install_tree or args.tree)
+        if args.tree:
+            print(json.dumps(tree_status(tree, args.job, key_file=args.key_file), indent=2,
+                             sort_keys=True))
+            return 0
+        sd = None if args.spine_deadline_ms is None else args.spine_deadline_ms / 1e3
+        jobs = install_tree(tree, args.job, job_settings(args), session=args.session,
+                            spine_deadline=sd, key_file=args.key_file)
+    except (ConfigError, JobRefused, KeyMissing, OSError) as e:
+        raise CliError(str(e)) from None
+    session = next(iter(jobs.values())).session
+    print(json.dumps({"job": args.job, "session": f"0x{session:016x}",
+                      "workers": worker_roles(tree)}, indent=2))
     return 0

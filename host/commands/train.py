@@ -11,6 +11,8 @@ switch (started here) or a switch you name, and the same run on Gloo as the base
                                                  Verilator on a TAP (root; make demo-board)
     ina train --lab rack --lab-set rate=100mbit  one torchrun per host namespace of a
                                                  rack lab (root; see docs/lab.md)
+    ina train --lab fabric --workers 8 --lab-set hosts_per_rack=4
+                                                 2 racks under a spine, a tree of switches
 
 Results go to --out DIR (default ina-out/train): results.json, and accuracy.png with
 --plot.
@@ -46,12 +48,14 @@ def add_arguments(p):
                    help="micro-batches per optimizer step")
     add_switch_argument(p)
     p.add_argument("--lab", metavar="TOPOLOGY",
-                   help="run every backend in a lab built from TOPOLOGY (rack): one torchrun "
-                        "per host namespace, ina switch in the switch namespace, Gloo on the "
-                        "same links (root; the lab is removed afterwards)")
+                   help="run every backend in a lab built from TOPOLOGY (rack, fabric): one "
+                        "torchrun per host namespace, ina switch in the switch namespace "
+                        "(fabric: the racks' switches under the spine's, a tree), Gloo on "
+                        "the same links (root; the lab is removed afterwards)")
     p.add_argument("--lab-set", action="append", default=[], metavar="NAME=VALUE",
                    help="a lab topology parameter (repeatable; default hosts = --workers, "
-                        "mtu = 9000)")
+                        "mtu = 9000; fabric: hosts_per_rack (default 4) and racks with "
+                        "racks x hosts_per_rack = --workers)")
     p.add_argument("--engine", choices=("auto", "fast", "model", "rtl", "board"),
                    default="auto",
                    help="the switch started here (as `ina switch --engine`): rtl runs the "

@@ -47,7 +47,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, memory
 from amaranth.lib.wiring import In, Out
 
-from ina_fabric.protocol.fields import MsgType
+from ina_fabric.protocol.fields import MsgType, VERSION
 
 from .element import beat_layout, packet_layout
 from .input_fifo import entry_layout
@@ -364,7 +364,7 @@ class HeaderPipeline(wiring.Component):
         body = body_reg
         nelem4 = hdr.nelem * 4
         CHECKS = ((Reason.TRUNCATED, p0_short | len_short),
-                  (Reason.BAD_VERSION, hdr.version != 1),
+                  (Reason.BAD_VERSION, hdr.version != VERSION),
                   (Reason.CONTROL, (hdr.type == MsgType.STATUS_REQ) | (hdr.type == MsgType.CONTROL)),
                   (Reason.MALFORMED, hdr.type != MsgType.DATA),
                   (Reason.TRUNCATED, body < nelem4), (Reason.MALFORMED, body != nelem4),

@@ -1,0 +1,10 @@
+"""The controller's experiments, beside the benches that run them (``ina bench control``,
+``ina control sim|trace|real|kappa2``): none of this is imported by a training run.
+
+``contention`` (bandwidth traces from background jobs), ``simulate`` (the paper-scale
+simulator), ``progress`` (the fitted progress model), ``realrun`` (the controller in real
+training on loopback), ``labrun`` / ``labexp`` (the same on the namespace lab, and its
+analysis), ``experiments`` (the simulated and real comparisons and their figures).
+The controller itself (knobs, measurements, cost model, controllers, compression) stays in
+``ina_fabric.host.control``. See docs/control.md.
+"""
