@@ -7,6 +7,8 @@ switch (started here) or a switch you name, and the same run on Gloo as the base
     ina train --switch 198.18.0.10:19900         aggregate on an FPGA board
     ina train --engine rtl --backends ina        through the gateware in Verilator, the
                                                  model beside it as a live scoreboard
+    ina train --engine board --backends ina      through the whole board's datapath in
+                                                 Verilator on a TAP (root; make demo-board)
     ina train --lab rack --lab-set rate=100mbit  one torchrun per host namespace of a
                                                  rack lab (root; see docs/lab.md)
     ina train --lab fabric --workers 8 --lab-set hosts_per_rack=4
@@ -54,11 +56,14 @@ def add_arguments(p):
                    help="a lab topology parameter (repeatable; default hosts = --workers, "
                         "mtu = 9000; fabric: hosts_per_rack (default 4) and racks with "
                         "racks x hosts_per_rack = --workers)")
-    p.add_argument("--engine", choices=("auto", "fast", "model", "rtl"), default="auto",
+    p.add_argument("--engine", choices=("auto", "fast", "model", "rtl", "board"),
+                   default="auto",
                    help="the switch started here (as `ina switch --engine`): rtl runs the "
                         "gateware (hw/ina) in Verilator with the reference model as a live "
-                        "scoreboard, and defaults the job to the core's window and "
-                        "elements per packet")
+                        "scoreboard; board runs the Versa board's whole datapath in "
+                        "Verilator on a TAP in a namespace of its own, the workers in that "
+                        "namespace reaching it through the kernel (root); both default the "
+                        "job to the core's window and elements per packet")
     p.add_argument("--static-job", action="store_true",
                    help="the switch already holds the job (an FPGA loaded with `ina "
                         "hw-config`): send no CONTROL, bind worker r to --base-port + r")
@@ -147,6 +152,14 @@ def _train(args, switch, link, lab):
             P = rtl_params()
         except ValueError as e:
             raise CliError(f"--engine rtl: {e}") from None
+        rtl = {"window": P.window, "elements": P.elements}
+    if args.engine == "board":
+        from ..switch.board import board_params, why_not
+        from ..lab.netns import available
+        why = why_not() or available()
+        if why:
+            raise CliError(f"--engine board: {why}")
+        P = board_params()
         rtl = {"window": P.window, "elements": P.elements}
     results = {}
     for backend in runs:
@@ -247,6 +260,7 @@ def _report(results, args):
                   f"measures Gloo; --fallback never stops instead)")
     for name, r in results.items():
         _report_rtl(name, r.switch_rtl)
+        _report_board(name, r.switch_board)
     print("time-to-acc: wall time from the first step to the first epoch whose test "
           "accuracy reached the target; vs gloo: this run's time / Gloo's (time-to-acc, and "
           "wall time per optimizer step, which is there even when a run missed the target); "
@@ -264,6 +278,20 @@ def _report_rtl(name, rtl):
           f"simulated; scoreboard disagreements: {rtl['disagreements']}")
     counters = rtl.get("counters") or {}
     print("  core counters: " + ", ".join(f"{k} {v:,}" for k, v in counters.items() if v))
+
+
+def _report_board(name, b):
+    """The board engine's figures: frames, simulated time and its ratio, core counters."""
+    if not b:
+        return
+    ratio = b.get("sim_time_ratio") or 0.0
+    print(f"{name}: through the board (Verilator, TAP): {b['p0_rx_frames']:,} frames in, "
+          f"{b['p0_tx_frames']:,} out ({b['p0_tx_bad_fcs']} with a bad FCS); "
+          f"{b['simulated_s'] * 1e3:.1f} ms simulated in {b['simulating_wall_s']:.1f} s of "
+          f"simulating ({ratio:.2e} of real time)")
+    print("  core counters: " + ", ".join(f"{k} {v:,}" for k, v in
+                                          (b.get("core") or {}).items() if v))
+    print("  port 0: " + ", ".join(f"{k} {v:,}" for k, v in (b.get("port0") or {}).items()))
 
 
 def _plot(results, args, path):

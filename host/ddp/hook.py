@@ -79,6 +79,28 @@ def local_address_towards(addr) -> str:
         s.close()
 
 
+def local_mac(ip: str) -> str | None:
+    """The MAC of the interface in this namespace that holds ``ip``, or None (loopback,
+    or no such interface). A member's job-table entry carries it: a switch in hardware
+    (the board) addresses its RESULT frames to it, as it has no ARP client of its own."""
+    import fcntl
+    import struct
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            req = struct.pack("256s", name.encode()[:15])
+            try:   # SIOCGIFADDR, SIOCGIFHWADDR (ioctls: this namespace's, unlike /sys)
+                if socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24]) != ip:
+                    continue
+                hw = fcntl.ioctl(s.fileno(), 0x8927, req)[18:24]
+            except OSError:
+                continue
+            return None if not any(hw) else ":".join(f"{b:02x}" for b in hw)
+        return None
+    finally:
+        s.close()
+
+
 def switch_from_env(default=None, env=None):
     """``INA_SWITCH=ip:port`` (or the default), parsed; ValueError with a clear message."""
     text = (os.environ if env is None else env).get("INA_SWITCH", default)
@@ -208,7 +230,7 @@ class InaHookState:
         # what a bucket goes through, and with whom
         "collective", "process_group", "peers",
         # behaviour
-        "average", "fallback_to_gloo", "use_switch",
+        "average", "fallback_to_gloo", "use_switch", "status_timeout",
         # the job as installed by this rank (rank 0, ``configure``): ``close()`` removes it,
         # and ``tune_deadline`` moves its deadline live
         "installed", "job_config",
@@ -231,8 +253,12 @@ class InaHookState:
     )
 
     def __init__(self, collective, process_group=None, average: bool = True,
-                 fallback_to_gloo: bool = True, peers=None):
+                 fallback_to_gloo: bool = True, peers=None, status_timeout: float = 1.0):
         self.collective, self.process_group, self.peers = collective, process_group, peers
+        #: seconds a STATUS request (the start-up probe) waits for its answer (a
+        #: simulated board answers in simulated time: ``ina train --engine board``
+        #: gives it longer)
+        self.status_timeout = status_timeout
         self.average, self.fallback_to_gloo, self.use_switch = average, fallback_to_gloo, True
         self.installed, self.job_config = False, None
         self.tuner, self.exchange_rto, self._refetched_at_exchange = None, True, 0
@@ -280,10 +306,14 @@ class InaHookState:
         error = SwitchUnavailable
         flag = self._peers.agree(ok)    # also: rank 0's CONTROL is done on every rank
         if flag and query:
-            try:
-                ok = 2 if self.job_installed() else 1
-            except OSError:
-                ok = 0
+            # rank 0 asks, once for all: a switch in hardware answers one STATUS_REQ at
+            # a time (the board's control plane drops the others as drop_control_busy)
+            ok = 2
+            if self._peers.rank == 0:
+                try:
+                    ok = 2 if self.job_installed() else 1
+                except OSError:
+                    ok = 0
             flag = self._peers.agree(ok)
             if flag == 1:
                 flag, why, error = 0, self.not_installed_reason(), JobNotInstalled
@@ -294,7 +324,8 @@ class InaHookState:
     def job_installed(self) -> bool:
         """Whether the switch's job table holds this job (OSError: no answer)."""
         from ina_fabric.protocol.control_client import query_status
-        jobs = query_status(self.collective.switch, timeout=1.0).get("jobs", {})
+        jobs = query_status(self.collective.switch,
+                            timeout=self.status_timeout).get("jobs", {})
         return str(self.collective.job) in {str(j) for j in jobs}
 
     def not_installed_reason(self) -> str:
@@ -575,8 +606,10 @@ def exchange_addresses(peers, client: SwitchClient, session=None,
                                        timeout=connect_timeout)
         except OSError as e:      # SwitchRefused: no such job, another session, ...
             position = [int(getattr(e, "reason", 0) or 0), str(e)]
+    mac = local_mac(client.address[0])     # (a board sends RESULT frames to it)
     gathered = [json.loads(t) for t in peers.gather(json.dumps(
-        [f"{client.address[0]}:{client.address[1]}", client.group, str(mine), position]))]
+        [f"{client.address[0]}:{client.address[1]}" + (f"@{mac}" if mac else ""),
+         client.group, str(mine), position]))]
     members = [(m, tuple(g) if g else None) for m, g, _, _ in gathered]
     refused = gathered[0][3] if isinstance(gathered[0][3], list) else None
     if session is not None and gathered[0][3] is None:

@@ -170,9 +170,9 @@ class TrainConfig:
         from .workloads import WORKLOADS
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; have {', '.join(WORKLOADS)}")
-        if self.switch_engine not in ("auto", "fast", "model", "rtl"):
-            raise ValueError(f"switch_engine {self.switch_engine!r}: auto, fast, model "
-                             "or rtl")
+        if self.switch_engine not in ("auto", "fast", "model", "rtl", "board"):
+            raise ValueError(f"switch_engine {self.switch_engine!r}: auto, fast, model, "
+                             "rtl or board")
         if self.switch_engine != "auto" and self.switch:
             raise ValueError("switch_engine chooses the switch started here; with switch "
                              "(an external one) it does not apply")
@@ -182,6 +182,13 @@ class TrainConfig:
             if self.window > P.window or self.elements > P.elements:
                 raise ValueError(f"the RTL core takes a window of at most {P.window} and "
                                  f"at most {P.elements} elements per packet (have "
+                                 f"{self.window}, {self.elements})")
+        if self.switch_engine == "board" and self.backend.startswith("ina"):
+            from ..switch.board import board_params
+            P = board_params()
+            if self.window > P.window or self.elements > P.elements:
+                raise ValueError(f"the board's core takes a window of at most {P.window} "
+                                 f"and at most {P.elements} elements per packet (have "
                                  f"{self.window}, {self.elements})")
         if self.static_job and not (self.switch and self.worker_base_port):
             raise ValueError("static_job needs switch and worker_base_port (the ports in "
@@ -214,6 +221,7 @@ class TrainResult:
     param_hashes: list = field(default_factory=list)
     switch_counters: dict = field(default_factory=dict)
     switch_rtl: dict = field(default_factory=dict)    # the RTL engine's figures
+    switch_board: dict = field(default_factory=dict)  # the board engine's figures
     fallbacks: int = 0
     knobs: list = field(default_factory=list)     # (seconds, step, accum, precision)
     # with a target loss: (training seconds, step, samples, test loss); training seconds
@@ -255,12 +263,16 @@ def default_fallback(static_job: bool) -> str:
     return "never" if static_job else "gloo"
 
 
-def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
+def _worker(rank, cfg_d, master_port, switch, queue, keep_params, netns=None):
     """A rank: train, or report its own error (the parent shows that one, not the
-    "connection closed" its peers see next)."""
+    "connection closed" its peers see next). ``netns``: the namespace to train in (the
+    board engine's, where the board's TAP is)."""
     from ..oneline import quiet_child
     quiet_child()             # Ctrl-C: the parent ends the ranks, quietly
     try:
+        if netns:
+            from ..lab.netns import enter
+            enter(netns)
         _train_rank(rank, cfg_d, master_port, switch, queue, keep_params)
     except BaseException as e:
         queue.put(("error", (rank, f"{type(e).__name__}: {e}")))
@@ -412,7 +424,10 @@ def _hook_state(cfg, rank, world, switch):
             deadline_rule=cfg.deadline_rule,
             impairment=cfg.uplink(rank), configure=not cfg.static_job,
             fallback_to_gloo=cfg.resolved_fallback() == "gloo",
-            bind_port=cfg.worker_base_port or None, session=cfg.session or None)
+            bind_port=cfg.worker_base_port or None, session=cfg.session or None,
+            # the simulated board runs thousands of times slower than real time
+            **({"connect_timeout": 60.0, "status_timeout": 60.0}
+               if cfg.switch_engine == "board" else {}))
     if cfg.backend != "gloo":
         return InaHookState(load_factory(cfg.backend)(rank, world, cfg), None)
     return None
@@ -554,21 +569,32 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
     queue = ctx.Queue()
     switch_proc = None
     switch = None
+    board = None
     if cfg.backend in INA_BACKENDS:
         if cfg.switch:
             host, _, port = cfg.switch.rpartition(":")
             switch = (host, int(port))
+        elif cfg.switch_engine == "board":
+            from ..switch.board import BoardNet
+            from ..switch.keys import switch_key
+            board = BoardNet(switch_key(create=True))
+            switch = board.switch
         else:
             from ..cluster import start_switch_process
             switch, switch_proc = start_switch_process(ctx, engine=cfg.switch_engine)
     from ..cluster import free_tcp_port
     port = free_tcp_port()
     procs = [ctx.Process(target=_worker, args=(r, asdict(cfg), port, switch, queue,
-                                               keep_params), daemon=True,
-                         name=f"ina-rank-{r}")
+                                               keep_params, board and board.netns),
+                         daemon=True, name=f"ina-rank-{r}")
              for r in range(cfg.workers)]
-    for p in procs:
-        p.start()
+    try:
+        for p in procs:
+            p.start()
+    except BaseException:
+        if board is not None:
+            board.close()
+        raise
     result = TrainResult(config=asdict(cfg))
     done = []
 
@@ -577,6 +603,8 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         if switch_proc is not None and switch_proc.exitcode is not None:
             return (f"the {cfg.switch_engine} switch exited with status "
                     f"{switch_proc.exitcode} (its reason is on stderr above)")
+        if board is not None and board.proc is not None and board.proc.exitcode is not None:
+            return f"the board exited with status {board.proc.exitcode}"
         return f"worker exited with status {bad[0].exitcode}" if bad else None
 
     try:
@@ -603,6 +631,10 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         if switch_proc is not None:
             switch_proc.terminate()
             switch_proc.join(timeout=5)
+        if board is not None:
+            board.close()
+            result.switch_board = board.stats or {}
+            result.switch_counters = dict((board.stats or {}).get("core", {}))
     return _finish(result, done)
 
 
