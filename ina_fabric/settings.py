@@ -68,6 +68,10 @@ SETTINGS = (
             "leaf in a tree of switches, docs/fabric.md)", "the rank", "", _J),
     Setting("INA_CONGESTION", "job", "the client's congestion control: aimd | delay | off",
             "aimd", "", _J),
+    Setting("INA_TAKEOVER", "job", "1: take over a job id another (crashed) run still "
+            "holds (a key holder's explicit takeover)", "0", "", _H),
+    Setting("INA_REJOIN_S", "job", "seconds a rank waits for a rejoin round before ending "
+            "(0: no rejoin)", "30", "", "host/ddp/train.py"),
     Setting("INA_STATIC_JOB", "job", "1: the switch has the job already (as on the FPGA)",
             "0", "configure=False", _H),
     Setting("INA_DTYPES", "job", "convert (float16/bfloat16 to float32 on the wire; "
@@ -118,6 +122,14 @@ SETTINGS = (
             "tests/test_tree_service.py"),
     Setting("INA_TREE_RACK", "tests", "the scale tier's workers per rack", "16", "",
             "tests/test_tree_service.py"),
+    Setting("INA_UPSTREAM", "tests", "1: torch's upstream distributed tests, whole "
+            "selection", "0", "", "tests/test_torch_upstream.py"),
+    Setting("INA_LONG", "tests", "1: the no-hang long tier", "0", "",
+            "tests/test_no_hang_stall.py"),
+    Setting("INA_TEST_BLOCK", "tests", "comma-separated steps a no-hang CLI test blocks",
+            "", "", "tests/test_no_hang_cli.py"),
+    Setting("INA_BOARD_TRAIN", "tests", "1: digits training through the board", "0", "",
+            "tests/test_switch_board.py"),
     Setting("INA_LINE_RATE_SEQS", "tests", "sequences of the board's line-rate test", "250",
             "", "tests/test_eth_board.py"),
     Setting("INA_PARAMS", "tests", "a cocotb bench's core (CoreParams as JSON)", "", "",
