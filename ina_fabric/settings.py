@@ -11,7 +11,8 @@ packet, staging bytes) are the link's (``ina_fabric.protocol.jobtable.LINK_DEFAU
 from dataclasses import dataclass
 import os
 
-__all__ = ["Setting", "SETTINGS", "SCOPES", "NOT_SETTINGS", "by_name", "current", "table"]
+__all__ = ["Setting", "SETTINGS", "SCOPES", "NOT_SETTINGS", "by_name", "current", "table",
+           "markdown"]
 
 
 @dataclass(frozen=True)
@@ -198,3 +199,27 @@ def table(scopes=None, env=None, width=100) -> str:
                 lines.append(" " * 23 + f"set here: {s.name}={now[s.name]}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def markdown() -> str:
+    """docs/settings.md: the table as Markdown (``ina env --markdown`` writes it)."""
+    out = ["# Settings: every INA_* environment variable", "",
+           "Generated from `ina_fabric/settings.py` by `ina env --markdown > docs/settings.md`"
+           " (a test checks it is current). `ina env` prints the same table with the values "
+           "set in your shell.", "",
+           "An environment variable overrides the argument or flag it shadows, which "
+           "overrides the default. Defaults that depend on the path (elements per packet, "
+           "staging bytes) are the loopback link's when the switch is on this host's "
+           "loopback, else Ethernet's (`LINK_DEFAULTS` in `ina_fabric/protocol/jobtable.py`).",
+           ""]
+    for scope, what in SCOPES.items():
+        out += [f"## {scope}", "", what[0].upper() + what[1:] + ".", "",
+                "| variable | what | default | flag or argument | read by |",
+                "|---|---|---|---|---|"]
+        for s in (s for s in SETTINGS if s.scope == scope):
+            cells = [f"`{s.name}`", s.doc, s.default, f"`{s.flag}`" if s.flag else "",
+                     f"`{s.read_by}`" if s.read_by else ""]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)
+

@@ -76,3 +76,9 @@ def test_bench_backend_measures_the_documented_path_with_nothing_set(monkeypatch
         {"INA_SWITCH": "127.0.0.1:5"}
     src = pathlib.Path(ROOT / "bench" / "bench_backend.py").read_text()
     assert "setdefault(\"INA_" not in src and "os.environ[\"INA_ELEMENTS\"]" not in src
+
+
+def test_docs_settings_md_is_the_table():
+    from ina_fabric.settings import markdown
+    assert (ROOT / "docs" / "settings.md").read_text() == markdown(), \
+        "docs/settings.md is stale: ina env --markdown > docs/settings.md"
