@@ -32,6 +32,14 @@ above the switch's 32 members (WorldTooLarge, at init), dtype refused (strict on
 Subgroups (``dist.new_group``) are switch jobs of their own: job = INA_JOB + the
 group's index.
 
+A crashed run's job id: a torchrun restart (``--max-restarts``) takes it back at once
+(the run's tag is in the session id, ``take_back``), and so does any run with
+INA_TAKEOVER=1; the crashed run's DATA and RESULTs never reach the new session. Sparse
+tensors go to Gloo; every strided layout (transposed, permuted, views) and tensors in a
+graph (``create_graph=True``) are reduced by value, in place. ``dist.monitored_barrier``
+is refused by torch for a backend not named gloo: ``monitored_barrier`` here runs it
+on the inner Gloo group.
+
 GPU tensors are staged through pinned host buffers (``host.ddp.staging``), overlapped
 with the wire; CPU tensors are reduced zero-copy, the result written in place.
 """
@@ -176,15 +184,14 @@ def take_back(switch, job: int, session: int, takeover: bool = False,
     if not held or "session" not in held:
         return None
     old = int(held["session"], 16)
-    if old == session or not (takeover or old >> 32 == session >> 32 != 0 and
-                              run_tag() is not None):
+    same_run = run_tag() is not None and old >> 32 == session >> 32
+    if old == session or not (same_run or takeover):
         return None
     try:
         remove_job(addr, job, old, timeout=min(timeout, 1.0))
     except (OSError, JobRefused):     # gone or replaced meanwhile: the install decides
         return None
-    why = "INA_TAKEOVER=1" if takeover and old >> 32 != session >> 32 else \
-        "this run's previous attempt"
+    why = "this run's previous attempt" if same_run else "INA_TAKEOVER=1"
     warnings.warn(f"INA: job {job}: took the id back from session {old:016x} ({why}); "
                   f"its slots and results are gone, the new session is {session:016x}",
                   RuntimeWarning, stacklevel=3)
