@@ -47,10 +47,12 @@ with the wire; CPU tensors are reduced zero-copy, the result written in place.
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from dataclasses import dataclass, fields
+import multiprocessing.util as mp_util
 import os
 import socket
 import threading
 import warnings
+import weakref
 import zlib
 
 import torch
@@ -308,6 +310,10 @@ class ProcessGroupIna(ProcessGroup):
         self.state.exchange_rto = False    # the wire thread may not use self.gloo
         client = self.state.collective
         self.chunk = max(1, o.stage_bytes // 4 // client.elements) * client.elements
+        if self.state.installed:
+            # (multiprocessing's exit hook, not atexit: it runs in the main process at
+            # exit and in a multiprocessing child, which ends with os._exit)
+            mp_util.Finalize(None, _remove_at_exit, (weakref.ref(self),), exitpriority=1)
         self._wire = ThreadPoolExecutor(1, thread_name_prefix="ina-wire")
         self._devices = {}
         self._pools = {}
@@ -543,6 +549,26 @@ class ProcessGroupIna(ProcessGroup):
             work = contiguous_float32(t)
             reduce_host(work.view(-1), self.chunk, self._reduce, divide)
             t.copy_(work.view(t.shape))
+
+
+def _remove_at_exit(ref):
+    """At interpreter exit, the rank that installed a job it has not removed (the
+    process ends without ``destroy_process_group``: ``sys.exit`` in a script or a
+    skipped test) removes it, under its own session: the job cannot go on without this
+    rank, and left installed it holds its slot memory on the switch (a software switch
+    refuses new jobs once 1 GiB is held: "N B of slot memory, but only M B ... are
+    free"). A crash that ends the process at once still leaves it: the next attempt
+    takes the id back (``take_back``)."""
+    pg = ref()
+    if pg is None or not pg.state.installed:
+        return
+    from ina_fabric.host.switch import remove_job
+    c = pg.state.collective
+    pg.state.installed = False
+    try:
+        remove_job(c.switch, c.job, c.session, timeout=0.5)
+    except Exception:  # noqa: BLE001 (switch gone: nothing is held there)
+        pass
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
