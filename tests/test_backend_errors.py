@@ -67,10 +67,9 @@ def test_static_job_not_installed(env, ports):
     port, = ports(1)
     env.setenv("INA_PORT", str(port))
     env.setenv("INA_SESSION", "0x77")
-    # (rank 0 asks the switch where a static job resumes: a missing one shows at init)
-    from ina_fabric.host.transport.switch_client import SwitchRefused
-    with pytest.raises(SwitchRefused, match=r"^INA: the switch at 127.0.0.1:\d+ has no job "
-                                            r"77 \(a static job must be in its table"):
+    # named at init (issue 43: rank 0 asks the switch where a static job resumes)
+    with pytest.raises(JobNotInstalled, match=r"^INA: the switch at \S+ has no job 77 .*"
+                                              r"not falling back to Gloo"):
         init(static_job=True, connect_timeout=0.5, job=77)
 
 

@@ -63,7 +63,7 @@ from torch._C._distributed_c10d import ProcessGroupGloo, PrefixStore, AllreduceO
 from ina_fabric.protocol.fields import MAX_WORKERS
 
 from ..transport.switch_client import SwitchClient, SwitchUnavailable
-from .hook import InaHookState, JobNotInstalled
+from .hook import InaHookState, JobNotInstalled, STAGE_BYTES, link_towards
 from .staging import (CudaDevice, SimDevice, PinnedPool, StagedCall, reduce_host,
                       stage_chunks, contiguous_float32, _write_result)
 
@@ -89,13 +89,13 @@ class InaOptions:
     switch: str | None = None        # INA_SWITCH ip:port
     job: int | None = None           # INA_JOB (1)
     mode: str | None = None          # INA_MODE: reliable | bounded
-    elements: int | None = None      # INA_ELEMENTS per packet (Ethernet default 256)
+    elements: int | None = None      # INA_ELEMENTS per packet (the link's: 16368 on loopback)
     window: int | None = None        # INA_WINDOW
     deadline_ms: float | None = None  # INA_DEADLINE_MS (bounded mode)
     fallback: str | None = None      # INA_FALLBACK: raise (default) | gloo
     dtypes: str | None = None        # INA_DTYPES: convert (default) | strict
     static_job: bool | None = None   # INA_STATIC_JOB: 1 = the switch has the job already
-    stage_bytes: int | None = None   # INA_STAGE_BYTES per switch call (default 4 MiB)
+    stage_bytes: int | None = None   # INA_STAGE_BYTES per switch call (default: the link's)
     #: INA_CHECK_SIZES: how many all_reduce calls (from the first) have their sizes
     #: checked across ranks before sending (default 8; "all" or -1: every call; 0: none)
     check_sizes: int | None = None
@@ -132,7 +132,6 @@ class InaOptions:
         o.fallback = o.fallback or "raise"
         o.dtypes = o.dtypes or "convert"
         o.static_job = bool(o.static_job)
-        o.stage_bytes = o.stage_bytes or (4 << 20)
         if o.fallback not in ("raise", "gloo"):
             raise ValueError(f"INA: fallback {o.fallback!r}: expected raise or gloo")
         if o.dtypes not in ("convert", "strict"):
@@ -309,7 +308,10 @@ class ProcessGroupIna(ProcessGroup):
             fallback_to_gloo=o.fallback == "gloo")
         self.state.exchange_rto = False    # the wire thread may not use self.gloo
         client = self.state.collective
-        self.chunk = max(1, o.stage_bytes // 4 // client.elements) * client.elements
+        # per switch call: INA_STAGE_BYTES, else the link's (hook.STAGE_BYTES: 64 MiB on
+        # loopback, where fewer, larger calls win; 4 MiB on Ethernet)
+        stage = o.stage_bytes or STAGE_BYTES[link_towards(client.switch)]
+        self.chunk = max(1, stage // 4 // client.elements) * client.elements
         if self.state.installed:
             # (multiprocessing's exit hook, not atexit: it runs in the main process at
             # exit and in a multiprocessing child, which ends with os._exit)
