@@ -68,7 +68,7 @@ def main(argv=()):
     import argparse
     ap = argparse.ArgumentParser(prog="ina bench backend", description=__doc__.strip())
     ap.add_argument("--workers", type=int, default=4)
-    from ina_fabric.host.commands._common import size_arg
+    from ina_fabric.host.commands import size_arg
     ap.add_argument("--size", type=size_arg, default="4M",
                     help="bytes per all_reduce (default 4M)")
     ap.add_argument("--reps", type=int, default=25, help="interleaved repetitions (>= 5)")

@@ -29,7 +29,7 @@ def _verbs():
 def _polish(parser):
     """Every (sub)command: defaults shown in --help, and a description (its help line
     where it has no docstring)."""
-    from .commands._common import HelpFormatter
+    from .commands import HelpFormatter
     parser.formatter_class = HelpFormatter
     for action in parser._actions:
         if action.help is None and not any(action.default is x for x in

@@ -10,7 +10,7 @@ from ina_fabric.protocol.jobtable import JobConfig, Member
 from ina_fabric.host.schedule.experiments import training_comparison
 from ina_fabric.host.schedule.model import NetConfig
 from ina_fabric.host.schedule.topology import default_topology
-from ina_fabric.host.schedule.train import TrainConfig
+from ina_fabric.host.schedule.train import IslandTrainConfig
 
 
 def test_optimize_writes_loadable_json_and_png(tmp_path, capsys):
@@ -51,7 +51,7 @@ def test_bad_sizes_are_cli_errors(capsys):
 
 
 def test_training_schedule_beats_wan_allreduce():
-    cfg = TrainConfig(rounds=40, local_steps=4, compute_s=0.3, seed=1)
+    cfg = IslandTrainConfig(rounds=40, local_steps=4, compute_s=0.3, seed=1)
     out = training_comparison(default_topology(), NetConfig(memory_bytes=1e8), cfg, seed=0)
     rows = {r["method"].split(":")[0]: r for r in out["rows"]}
     for tr in out["traces"]:

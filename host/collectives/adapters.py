@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from .base import Collective
-from .deadline import DeadlinePolicy, SwitchDeadline
+from ..deadline import DeadlinePolicy, SwitchDeadline
 
 __all__ = ["SwitchCollective", "GlooCollective", "LiveSwitch", "switch_collective"]
 

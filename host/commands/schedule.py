@@ -74,12 +74,12 @@ def add_arguments(p):
 
 def _setup(args, need_memory=True):
     from ..cli import CliError
-    from ..schedule.topology import load_topology, default_topology, TopologyError
+    from ..schedule.topology import load_topology, default_topology, WanTopologyError
     from ..schedule.model import NetConfig
     from ..schedule.hwparams import default_memory
     try:
         topo = load_topology(args.topology) if args.topology else default_topology()
-    except TopologyError as e:
+    except WanTopologyError as e:
         raise CliError(str(e)) from None
     if not need_memory:
         return topo, None, ""
@@ -216,10 +216,10 @@ def _simulate(args):
 
 def _train(args):
     from ..schedule.experiments import training_comparison
-    from ..schedule.train import TrainConfig
+    from ..schedule.train import IslandTrainConfig
     from ..schedule.plot import plot_training
     topo, net, note = _setup(args)
-    cfg = TrainConfig(rounds=args.rounds, local_steps=args.local_steps,
+    cfg = IslandTrainConfig(rounds=args.rounds, local_steps=args.local_steps,
                       compute_s=args.compute_s, seed=args.seed)
     out = training_comparison(topo, net, cfg, seed=args.seed, time_budget_s=args.time_budget)
     print(f"{topo.n} islands; S = {net.update_bytes:.4g} B; {note}; compute "

@@ -214,7 +214,7 @@ def _tree_command(args, key):
     from ..cli import CliError
     from ._common import job_settings
     from ..switch.tree import load_tree_toml, install_tree, tree_status, worker_roles
-    from ..switch.server import JobRefused
+    from ina_fabric.protocol.control_client import JobRefused
     from ina_fabric.protocol.jobtable import ConfigError
     from ina_fabric.protocol.keys import KeyMissing
     if args.tree and not args.status:

@@ -70,7 +70,7 @@ class TrainConfig:
     elements: int = _LOOPBACK.elements   # per packet (LINK_DEFAULTS: loopback)
     window: int = _LOOPBACK.window
     #: bounded mode's slot deadline; None: derived from the link rate and the ranks'
-    #: timeouts (``host.transport.slot_deadline``, moved live by rank 0)
+    #: timeouts (``host.deadline``, moved live by rank 0)
     deadline_ms: float | None = _LOOPBACK.deadline_ms
     #: the derived deadline's rule (``slot_deadline.RULES``): ``derived`` (wire + 2 rto)
     #: or ``loss-aware`` (one window more than the wire while no RESULT is lost)
@@ -141,7 +141,7 @@ class TrainConfig:
                                  f"comma-separated ranks below {self.workers}")
         if self.accum_steps < 1:
             raise ValueError(f"accum_steps={self.accum_steps}: need >= 1")
-        from ..transport.slot_deadline import RULES
+        from ..deadline import RULES
         if self.deadline_rule not in RULES:
             raise ValueError(f"deadline_rule={self.deadline_rule!r}: one of {', '.join(RULES)}")
         if self.lr_scaling not in LR_SCALING:
@@ -240,7 +240,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from .workloads import get_workload
-    from .hook import InaHookState, ina_hook
+    from .hook import ina_hook
     cfg = TrainConfig(**cfg_d)
     torch.set_num_threads(cfg.threads)
     # master_port None: launched by torchrun (ina train --lab), rendezvous from its env
@@ -254,20 +254,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     target_loss = cfg.target_loss if cfg.target_loss is not None else \
         (wl.target_loss if cfg.target is None else None)
     model = DDP(wl.model)
-    state = None
-    if cfg.backend in INA_BACKENDS:
-        imp = cfg.uplink(rank)
-        state = InaHookState.from_env(
-            switch=switch, job=cfg.job,
-            mode=INA_BACKENDS[cfg.backend][0], carry=INA_BACKENDS[cfg.backend][1],
-            window=cfg.window, elements=cfg.elements,
-            deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
-            deadline_rule=cfg.deadline_rule,
-            impairment=imp, configure=not cfg.static_job,
-            bind_port=cfg.worker_base_port or None, session=cfg.session or None)
-    elif cfg.backend != "gloo":
-        collective = load_factory(cfg.backend)(rank, world, cfg)
-        state = InaHookState(collective, None)
+    state = _hook_state(cfg, rank, world, switch)
     gloo_times = []
     if state is not None:
         model.register_comm_hook(state, ina_hook)
@@ -340,40 +327,9 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             micro = 0
             step += 1
             if cfg.controller and step % cfg.control_interval == 0:
-                knobs = [None]
-                if rank == 0:
-                    now = time.perf_counter() - t0
-                    info = {"step": step, "epoch": epoch, "time": now,
-                            "train_seconds": now - eval_s[0],
-                            "loss": float(loss.item()) * accum,
-                            "comm_seconds": state.comm_seconds if state else 0.0,
-                            "compute_seconds": compute_s,
-                            "bytes": state.bytes_sent if state else 0,
-                            "accum_steps": accum, "precision_bits": precision,
-                            "batch": batch * world}
-                    knobs = [controller.on_step(info) or {}]
-                # one broadcast of three integers (-1: keep; the pace in thousandths),
-                # not broadcast_object_list's two (size, then pickle): each is a trip
-                # through the links' queues
-                k = knobs[0] or {}
-                word = torch.tensor([int(k.get("accum_steps", -1)),
-                                     int(k.get("precision_bits", -1)),
-                                     int(round(1000 * k["pace"])) if "pace" in k else -1],
-                                    dtype=torch.int64) \
-                    if rank == 0 else torch.empty(3, dtype=torch.int64)
-                dist.broadcast(word, src=0)
-                if word[0] > 0:
-                    accum = int(word[0])
-                for group in opt.param_groups:
-                    group["lr"] = scaled_lr(lr, accum, cfg.lr_scaling)
-                if word[1] > 0:
-                    precision = int(word[1])
-                if state is not None and hasattr(state.collective, "set_precision"):
-                    state.collective.set_precision(precision)
-                if word[2] > 0 and state is not None and hasattr(state.collective, "set_pace"):
-                    state.collective.set_pace(int(word[2]) / 1000.0)
-                if rank == 0:
-                    queue.put(("knobs", (time.perf_counter() - t0, step, accum, precision)))
+                accum, precision = _apply_knobs(
+                    controller, state, opt, cfg, rank, queue, lr, t0, step, epoch, loss,
+                    compute_s, eval_s[0], accum, precision, batch * world)
             if cfg.max_steps and step >= cfg.max_steps:
                 stop = True
                 break
@@ -395,6 +351,79 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             stop = True
     seconds = time.perf_counter() - t0
     final, _ = evaluate()
+    out = _rank_result(rank, model, state, step, seconds, final, gloo_times)
+    if keep_params and rank == 0:
+        out["params"] = [p.detach().numpy().copy() for p in model.module.parameters()]
+    queue.put(("done", out))
+    dist.barrier()
+    if state is not None:   # after the barrier: every rank is done with the job, so
+        state.close()       # rank 0 may remove it from the switch
+    dist.destroy_process_group()
+
+
+def _hook_state(cfg, rank, world, switch):
+    """The comm hook's state for ``cfg.backend``: a switch job (set up from the
+    environment and ``cfg``), another collective (a ``module:factory``), or None (Gloo)."""
+    from .hook import InaHookState, setup_hook_state
+    if cfg.backend in INA_BACKENDS:
+        return setup_hook_state(
+            switch=switch, job=cfg.job,
+            mode=INA_BACKENDS[cfg.backend][0], carry=INA_BACKENDS[cfg.backend][1],
+            window=cfg.window, elements=cfg.elements,
+            deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
+            deadline_rule=cfg.deadline_rule,
+            impairment=cfg.uplink(rank), configure=not cfg.static_job,
+            bind_port=cfg.worker_base_port or None, session=cfg.session or None)
+    if cfg.backend != "gloo":
+        return InaHookState(load_factory(cfg.backend)(rank, world, cfg), None)
+    return None
+
+
+def _apply_knobs(controller, state, opt, cfg, rank, queue, lr, t0, step, epoch, loss,
+                 compute_s, eval_seconds, accum, precision, global_batch):
+    """Every ``control_interval`` steps: rank 0's controller picks the knobs, every rank
+    takes them (accumulation, precision, pace). Returns the new (accum, precision)."""
+    import torch
+    import torch.distributed as dist
+    knobs = [None]
+    if rank == 0:
+        now = time.perf_counter() - t0
+        info = {"step": step, "epoch": epoch, "time": now,
+                "train_seconds": now - eval_seconds,
+                "loss": float(loss.item()) * accum,
+                "comm_seconds": state.comm_seconds if state else 0.0,
+                "compute_seconds": compute_s,
+                "bytes": state.bytes_sent if state else 0,
+                "accum_steps": accum, "precision_bits": precision,
+                "batch": global_batch}
+        knobs = [controller.on_step(info) or {}]
+    # one broadcast of three integers (-1: keep; the pace in thousandths),
+    # not broadcast_object_list's two (size, then pickle): each is a trip
+    # through the links' queues
+    k = knobs[0] or {}
+    word = torch.tensor([int(k.get("accum_steps", -1)),
+                         int(k.get("precision_bits", -1)),
+                         int(round(1000 * k["pace"])) if "pace" in k else -1],
+                        dtype=torch.int64) \
+        if rank == 0 else torch.empty(3, dtype=torch.int64)
+    dist.broadcast(word, src=0)
+    if word[0] > 0:
+        accum = int(word[0])
+    for group in opt.param_groups:
+        group["lr"] = scaled_lr(lr, accum, cfg.lr_scaling)
+    if word[1] > 0:
+        precision = int(word[1])
+    if state is not None and hasattr(state.collective, "set_precision"):
+        state.collective.set_precision(precision)
+    if word[2] > 0 and state is not None and hasattr(state.collective, "set_pace"):
+        state.collective.set_pace(int(word[2]) / 1000.0)
+    if rank == 0:
+        queue.put(("knobs", (time.perf_counter() - t0, step, accum, precision)))
+    return accum, precision
+
+
+def _rank_result(rank, model, state, step, seconds, final, gloo_times) -> dict:
+    """What one rank reports at the end of its run."""
     out = {"rank": rank, "hash": _params_hash(model.module), "steps": step,
            "seconds": seconds, "final": final,
            "stats": ({**state.extra_stats, **state.stats.as_dict(),
@@ -406,13 +435,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
            "fallbacks": int(state is not None and not state.use_switch),
            "call_seconds": state.call_seconds if state is not None else gloo_times,
            "max_abs_local": state.max_abs_local if state is not None else 0.0}
-    if keep_params and rank == 0:
-        out["params"] = [p.detach().numpy().copy() for p in model.module.parameters()]
-    queue.put(("done", out))
-    dist.barrier()
-    if state is not None:   # after the barrier: every rank is done with the job, so
-        state.close()       # rank 0 may remove it from the switch
-    dist.destroy_process_group()
+    return out
 
 
 def _timed_gloo_hook(times, bucket):

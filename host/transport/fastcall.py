@@ -31,7 +31,9 @@ __all__ = ["available", "WHY_NOT", "CSendWindow", "run_call", "exponents", "STAT
 STATS = ("packets_sent", "retransmits", "results", "duplicates_ignored", "partial_slots",
          "entries_lost", "overflow_slots", "clipped", "abandoned_slots", "foreign_ignored",
          "refetched")
-_RTT = ("srtt", "rttvar", "answered", "peak", "last_peak")
+#: ``RttEstimator``'s fields in the C window's float64 array (``_client.c``'s T_*)
+_RTT = ("srtt", "rttvar", "answered", "peak", "last_peak", "cwnd", "ssthresh", "base_rtt",
+        "cut_at", "cuts")
 _KINDS = {1: lambda p, f: Send(p, bool(f)), 2: lambda p, f: Deliver(p),
           3: lambda p, f: Abandon(p), 4: lambda p, f: Hold(p),
           5: lambda p, f: Fail(("unavailable", "stalled")[p])}
@@ -57,18 +59,19 @@ def say_why_not():
 
 def config_tuple(cfg: WindowConfig):
     return (1.0 if cfg.mode == "bounded" else 0.0, cfg.rto, cfg.min_rto, cfg.deadline,
-            cfg.connect_timeout, cfg.stall_timeout, cfg.start_wait)
+            cfg.connect_timeout, cfg.stall_timeout, cfg.start_wait,
+            {"off": 0.0, "aimd": 1.0, "delay": 2.0}[cfg.congestion])
 
 
 def rtt_to_array(rtt: RttEstimator, arr=None):
-    arr = np.empty(5, np.float64) if arr is None else arr
+    arr = np.empty(len(_RTT), np.float64) if arr is None else arr
     arr[:] = [float(getattr(rtt, k)) for k in _RTT]
     return arr
 
 
 def rtt_from_array(rtt: RttEstimator, arr):
-    rtt.srtt, rtt.rttvar, rtt.peak, rtt.last_peak = (float(arr[0]), float(arr[1]),
-                                                     float(arr[3]), float(arr[4]))
+    for i, k in enumerate(_RTT):
+        setattr(rtt, k, float(arr[i]))
     rtt.answered = bool(arr[2])
 
 
@@ -125,6 +128,9 @@ class CSendWindow:
     @property
     def last_progress(self):
         return self._w.state()[3]
+
+    def limit(self):
+        return self._w.state()[4]
 
 
 def exponents(x, elements, out) -> int:

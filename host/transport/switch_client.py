@@ -222,6 +222,12 @@ class SwitchClient:
     #: 10 Mbit/s a tbf queue of 20 ms holds 3 jumbo datagrams, and every call's first
     #: window of 8 lost a few of them there, each costing an rto)
     pace_rate: float = 0.0
+    #: congestion control (issue 39, docs/congestion.md; the DDP hook takes it from
+    #: INA_CONGESTION): "aimd" (a congestion window that halves on loss and grows back
+    #: on a clear path), "delay" (the same, also cut when RESULT round trips exceed a
+    #: delay target; it starves beside bulk TCP, which keeps the queue full) or "off"
+    #: (the fixed call window of before)
+    congestion: str = "aimd"
     group: tuple[str, int] | None = None   # multicast group of the job's RESULTs
     engine: str = "auto"           # the call loop: "c" (fastcall), "python", or "auto"
     #: the run's session id: the ``session`` of the job's install (``JobConfig``); every
@@ -247,6 +253,10 @@ class SwitchClient:
         self._run = self.session
         if self.carry and self.mode == "reliable":
             raise ValueError("carry: only in a bounded mode (reliable sums are complete)")
+        from .window import CONGESTION
+        if self.congestion not in CONGESTION:
+            raise ValueError(f"congestion {self.congestion!r}: expected one of "
+                             f"{', '.join(CONGESTION)}")
         if self.engine not in ("auto", "c", "python"):
             raise ValueError(f"engine {self.engine!r}: expected auto, c or python")
         impaired = self.impairment is not None and self.impairment.active
