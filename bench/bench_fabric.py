@@ -302,7 +302,7 @@ def _cpu_seconds(pids=()):
     return machine, own / tck
 
 
-def main(argv=()):
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ina bench fabric", description=__doc__.strip(),
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--shapes", default=None,
@@ -350,6 +350,11 @@ def main(argv=()):
             ap.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
         else:
             ap.add_argument(flag, type=kind, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv=()):
+    ap = _parser()
     a = ap.parse_args(list(argv))
     if a.worker:
         return _worker(a)

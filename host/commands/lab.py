@@ -43,10 +43,14 @@ def add_arguments(p):
                     help="fabric: rack hosts' rate / uplink rate (default 4)")
     up.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="set a topology parameter (repeatable)")
-    up.add_argument("--switch", action="store_true",
+    up.add_argument("--switch", nargs="?", const="auto", default=None, metavar="ENGINE",
+                    choices=("auto", "fast", "model", "rtl", "board"),
                     help="also start `ina switch` in every switch namespace, on the bridge "
                          "(fabric: the spine, then each top-of-rack switch with the spine "
-                         "as its parent)")
+                         "as its parent); ENGINE as `ina switch --engine` (board: the "
+                         "simulated board on a TAP in the bridge, taking the bridge's "
+                         "address; frames up to 1,518 bytes, so keep mtu=1500; not with "
+                         "a fabric's tree)")
     run = with_id(sub.add_parser("run", help="run a command in a node's namespace",
                                  formatter_class=HelpFormatter))
     run.add_argument("node", help="a host (h0, ...) or the switch (sw)")
@@ -109,7 +113,8 @@ def _up(args):
             print(f"ina lab: switches stand alone (no tree): {tree_missing()}")
         switches = lab.start_fabric(tree=not tree_missing())
     elif args.switch:
-        switches = [lab.start_switch(s.name) for s in topo.switches]
+        switches = [lab.start_switch(s.name, engine=args.switch)
+                    for s in topo.switches]
     print(f"lab {lab.id} up: {topo.name}, {len(topo.hosts)} hosts, "
           f"{len(topo.switches)} switches, {len(topo.wan)} routed links")
     for h in topo.hosts:

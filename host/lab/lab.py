@@ -283,21 +283,36 @@ class Lab:
                     pass
         self._save()
 
-    def start_switch(self, node=None, extra=()):
+    def start_switch(self, node=None, extra=(), engine=None):
         """``ina switch`` in the switch namespace, on its bridge address (port 19900);
-        waits until it answers a STATUS request."""
+        waits until it answers a STATUS request. ``engine``: ``--engine`` (board: the
+        simulated board on a TAP in the bridge, which takes the bridge's address; it is
+        asked from the first host behind it, and may take minutes to build)."""
         node = node or self.topo.switches[0].name
         host = self.address(node)
         name = "switch" if node == self.topo.switches[0].name else f"switch-{node}"
+        extra = tuple(extra)
+        if engine and engine != "auto":
+            extra += ("--engine", engine)
+        if engine == "board":
+            extra += ("--bridge", "br0", "--tap", "board0")
         self.start_service(name, node, [sys.executable, "-m", "ina_fabric.host.cli",
                                             "switch", "--listen", f"{host}:{SWITCH_PORT}",
                                             *extra])
+        asker = node
+        tries, timeout = 40, 0.5
+        if engine == "board":
+            asker = next(h.name for h in self.topo.hosts if h.switch == node)
+            tries, timeout = 600, 5.0
         probe = [sys.executable, "-c",
                  "import sys; from ina_fabric.protocol.control_client import query_status as q; "
-                 f"q(('{host}', {SWITCH_PORT}), timeout=0.5)"]
-        for _ in range(40):
-            if self.run(node, probe, timeout=10).returncode == 0:
+                 f"q(('{host}', {SWITCH_PORT}), timeout={timeout})"]
+        for _ in range(tries):
+            if self.run(asker, probe, timeout=30).returncode == 0:
                 return host, SWITCH_PORT
+            p = self._procs.get(name)
+            if p is not None and p.poll() is not None:
+                break
             time.sleep(0.1)
         raise LabError(f"ina switch did not answer in {node}: "
                        f"{(self.state_dir / f'{name}.log').read_text()[-500:]}")

@@ -12,6 +12,9 @@ One thread, one socket, two engines with the same semantics:
   model beside it as a live scoreboard; the datagrams waiting in the socket go into the
   core back to back, and the first disagreement stops the server (``RtlDisagreement``).
 
+(``ina switch --engine board`` is not served from here: ``board.BoardSwitch`` runs the
+whole board's datapath on a TAP, with no socket and no Python on the datapath.)
+
 SIGINT and SIGTERM stop it cleanly and print the counters. A malformed datagram is a
 counted drop, never a crash.
 
@@ -48,6 +51,9 @@ class SwitchServer:
         if key is _DEFAULT:
             key = switch_key(create=True)
         impaired = impairment is not None and impairment.active
+        if engine == "board":
+            raise ValueError("the board engine serves a TAP, not a UDP socket: "
+                             "host.switch.board.BoardSwitch (ina switch --engine board)")
         if engine not in ("auto", "fast", "model", "rtl"):
             raise ValueError(f"engine {engine!r}: expected auto, fast, model or rtl")
         if engine in ("fast", "rtl") and impaired:

@@ -241,6 +241,10 @@ class SwitchClient:
     #: (session, error name) of the last failed call: calls under that session raise
     #: JobFailed (a new session is a new install of the job, slots afresh)
     failed: tuple | None = None
+    #: bounded mode, a result gone for good (AllreduceTooLate): remove the job at the
+    #: switch so every rank fails alike; False where the ranks rejoin instead
+    #: (``host.ddp.rejoin``: the behind rank takes a peer's replica)
+    end_on_too_late: bool = True
     total: AllreduceStats = field(default_factory=AllreduceStats)
 
     def __post_init__(self):
@@ -384,7 +388,8 @@ class SwitchClient:
             raise                     # a bad argument: nothing was sent
         except AllreduceTooLate as e:
             self.failed = (self.session, type(e).__name__)
-            self._end_job()
+            if self.end_on_too_late:
+                self._end_job()
             raise
         except (OSError, AllreduceInconsistent) as e:
             self.failed = (self.session, type(e).__name__)
