@@ -8,11 +8,13 @@ STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 BOARD  ?= versa_ecp5
 
-.PHONY: setup test demo demo-rtl bench sim bitstream program report clean help
+.PHONY: setup test demo demo-rtl demo-board bench sim bitstream program report clean help
 
 help:
 	@echo "make demo       train digits on 4 workers through the software switch, vs Gloo"
 	@echo "make demo-rtl   the same training through the gateware in Verilator (RTL in the loop)"
+	@echo "make demo-board the same training through the whole board's datapath in Verilator on a"
+	@echo "                TAP (root; many minutes), then through the software switch: same replicas"
 	@echo "make test       run every test (pytest, cocotb on Icarus)"
 	@echo "make bench      benchmarks; figures to bench/results/*.json"
 	@echo "make sim        cocotb benches alone (WAVES=1 TEST=name for waveforms)"
@@ -52,6 +54,18 @@ demo: setup
 # rtl); prints the table of make demo and the core's figures and counters.
 demo-rtl: setup
 	$(INA) train --workers 4 --engine rtl --plot --out ina-out/demo-rtl
+
+# The same training through the Versa board's whole datapath (MAC, ARP/IPv4/UDP, the
+# in-band control plane with the key, the core, the replicator) in Verilator, bridged to a
+# TAP in a namespace of its own (ina switch --engine board; root). Then the same run
+# through the software switch with the board's window and elements per packet: the
+# replicas must be bitwise the same.
+BOARDCMP := import json, sys; a, b = (json.load(open(f"ina-out/{d}/results.json"))["ina"] for d in ("demo-board", "demo-board-soft")); same = len(set(a["param_hashes"])) == 1 and a["param_hashes"] == b["param_hashes"]; acc = a["final_accuracy"]; print(f"board: accuracy {acc:.3f}; replicas bitwise those of the software switch: {same}"); sys.exit(0 if same else 1)
+demo-board: setup
+	$(INA) train --workers 4 --engine board --backends ina --plot --out ina-out/demo-board
+	$(INA) train --workers 4 --engine fast --backends ina --window 8 --elements 64 \
+	  --out ina-out/demo-board-soft
+	$(PY) -c '$(BOARDCMP)'
 
 bench: setup
 	$(INA) bench all

@@ -98,6 +98,9 @@ LEVELS = {
     "up-flows-10-long": _uploads("udp", 1500, 2250, "9mbit"),
     "up-flows-all": _uploads("udp", 40, 60, "90mbit", senders=("w0", "w1", "w2", "w3")),
     "up-tcp": _uploads("tcp", 300, 700, None),
+    # bulk TCP out of h0's and h2's uplinks, always on (issue 39: does TCP keep its
+    # goodput beside the job? `ina bench cc`)
+    "up-tcp-bulk": _uploads("tcp", 1000, 0, None),
     # "high" with the two bulk TCP flows leaving h0's and h2's uplinks instead of
     # entering their downlinks (co-located tenants uploading)
     "up-high": _uploads("tcp", 300, 700, None, stragglers=(5.0, 10.0)),
@@ -150,6 +153,13 @@ def _uplink_bytes(lab, hosts):
     return {h: c[h]["up"].get("bytes", 0) for h in hosts}
 
 
+def _down_bytes(lab, hosts):
+    """host -> bytes its downlink (the switch port's tbf queue) has sent."""
+    from ina_fabric.host.lab.status import link_counters
+    c = link_counters(lab)
+    return {h: c[h]["down"].get("bytes", 0) for h in hosts}
+
+
 def _link_drops(lab, hosts):
     """host -> (uplink drops, downlink drops): the tbf queues' drop counters."""
     from ina_fabric.host.lab.status import link_counters
@@ -168,7 +178,7 @@ def _switch_counters(lab, switch):
     import sys
     host, port = switch.rsplit(":", 1)
     probe = [sys.executable, "-c",
-             "import json; from ina_fabric.host.switch import query_status as q; "
+             "import json; from ina_fabric.protocol.control_client import query_status as q; "
              f"print(json.dumps(q(('{host}', {int(port)}), timeout=1.0)['counters']))"]
     try:
         r = lab.run(lab.topo.switches[0].name, probe, timeout=20)
@@ -197,11 +207,14 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
     flows = _flows(level, args.workers, args.flow_seconds)
     quiet = _quiet_hosts(flows, hosts)
     names = traffic.start(lab, flows)
+    bg = lab.hosts[args.workers:]     # the background hosts: only the flows reach them
     try:
         b0, d0 = _uplink_bytes(lab, hosts), _link_drops(lab, hosts)
+        g0, t0 = _down_bytes(lab, bg), time.monotonic()
         s0 = _switch_counters(lab, switch) if backend.startswith("ina") else {}
         res = run_training_lab(cfg, lab, timeout=args.flow_seconds)
         b1, d1 = _uplink_bytes(lab, hosts), _link_drops(lab, hosts)
+        g1, t1 = _down_bytes(lab, bg), time.monotonic()
         s1 = _switch_counters(lab, switch) if s0 else {}
     finally:
         for n in names:
@@ -239,13 +252,17 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
         # included on downlinks), and rank 0's client counters (in-network backends)
         "drops_up": [d1[h][0] - d0[h][0] for h in hosts],
         "drops_down": [d1[h][1] - d0[h][1] for h in hosts],
+        # what the background hosts received over the run (the flows' goodput: nothing
+        # else goes to them) and how long the counters ran
+        "bg_down_bytes": {h: g1[h] - g0[h] for h in bg}, "counter_seconds": t1 - t0,
+        "uplink_bytes": {h: b1[h] - b0[h] for h in hosts},
         # the switch's counters over the run (in-network backends; {} if it did not answer)
         "switch": {k: s1.get(k, 0) - s0.get(k, 0) for k in SWITCH_COUNTERS} if s1 else {},
         "client": {k: res.stats[k] for k in ("packets_sent", "retransmits", "results",
                                              "duplicates_ignored", "partial_slots",
                                              "switch_deadline_ms", "agreed_rto_ms",
                                              "refetched", "refetched_results",
-                                             "deadline_moves")
+                                             "deadline_moves", "cwnd", "cwnd_cuts")
                    if k in (res.stats or {})},
     }
 

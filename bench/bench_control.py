@@ -19,7 +19,7 @@ import sys
 
 def main(argv=None) -> int:
     from ina_fabric.bench import _results
-    from ina_fabric.host.control.experiments import (RATE_PRICE, real_comparison, real_trace,
+    from ina_fabric.bench.experiments.experiments import (RATE_PRICE, real_comparison, real_trace,
                                                      sim_comparison, sim_pace_comparison,
                                                      trace_figure)
     ap = argparse.ArgumentParser(prog="ina bench control", description=__doc__.strip().splitlines()[0])
@@ -93,8 +93,8 @@ def main(argv=None) -> int:
 
 
 def _lab(args, _results):
-    from ina_fabric.host.control.labexp import lab_experiment
-    from ina_fabric.host.control.labrun import LAB_LEVELS, LabSetup
+    from ina_fabric.bench.experiments.labexp import lab_experiment
+    from ina_fabric.bench.experiments.labrun import LAB_LEVELS, LabSetup
     from ina_fabric.host.lab import available
     levels = tuple(x for x in args.lab_levels.split(",") if x)
     bad = [x for x in levels if x not in LAB_LEVELS]
@@ -115,7 +115,7 @@ def _lab(args, _results):
                      paces=args.paces if price > 0 else (1.0,))
     if args.lab_analyze:
         import json
-        from ina_fabric.host.control.labexp import TARGET_LOSS, analyze
+        from ina_fabric.bench.experiments.labexp import TARGET_LOSS, analyze
         try:
             with open(args.lab_analyze) as f:
                 raw = json.load(f)
@@ -138,7 +138,7 @@ def _lab(args, _results):
         return 2
     if args.lab_pace_ab is not None:
         from ina_fabric.host.control.knobs import ConfigError, Knobs
-        from ina_fabric.host.control.labexp import pace_ab
+        from ina_fabric.bench.experiments.labexp import pace_ab
         try:
             Knobs(4, 4, args.lab_pace_ab)
         except ConfigError as e:

@@ -19,8 +19,8 @@ def main(argv=None) -> int:
     from ina_fabric.host.schedule.model import NetConfig, RoundModel
     from ina_fabric.host.schedule.search import optimize
     from ina_fabric.host.schedule.simulate import simulate_schedule
-    from ina_fabric.host.schedule.experiments import memory_sweep, training_comparison, DEFAULT_SWEEP
-    from ina_fabric.host.schedule.train import TrainConfig
+    from ina_fabric.bench.experiments.schedule import memory_sweep, training_comparison, DEFAULT_SWEEP
+    from ina_fabric.host.schedule.train import IslandTrainConfig
     from ina_fabric.host.schedule.hwparams import default_memory
     from ina_fabric.host.schedule import plot
 
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     print(f"simulator vs optimizer round times: worst error {100 * worst:.2f}% (target <= 10%)")
 
     # -- time to target loss ----------------------------------------------------------------
-    cfg = TrainConfig(rounds=60 if args.quick else 120)
+    cfg = IslandTrainConfig(rounds=60 if args.quick else 120)
     out = training_comparison(topo9, NetConfig(update_bytes=1e9, memory_bytes=1e8), cfg, seed=0)
     print(f"time to target loss {out['target_loss']:.4f} (9 cities, S = 1 GB, M = 100 MB, "
           f"compute {cfg.compute_s} s/round), ratio to colocated:")

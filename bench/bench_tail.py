@@ -287,12 +287,12 @@ def main(argv=None) -> int:
     lab.add_argument("--switch-deadline-ms", type=float, default=None,
                      help="ina-bounded: a fixed slot deadline (default: derived from the "
                           "link rate, the call window and the ranks' timeouts, "
-                          "host/transport/slot_deadline.py)")
+                          "host/deadline.py)")
     lab.add_argument("--slot-deadline-rule", choices=("derived", "loss-aware"),
                      default="loss-aware",
                      help="the derived slot deadline's rule: derived (wire + 2 rto) or "
                           "loss-aware (wire + one more window while no RESULT is "
-                          "re-fetched; host/transport/slot_deadline.py)")
+                          "re-fetched; host/deadline.py)")
     lab.add_argument("--pace-switch", action="store_true",
                      help="the switch sends each host its RESULTs no faster than the host "
                           "link (ina switch --pace-rate), so slots closing at once do not "

@@ -11,12 +11,12 @@ import numpy as np
 
 from ina_fabric.bench._results import write
 
-__all__ = ["main"]
+__all__ = ["main", "plot_folder"]
 
 
 def _sizes(text) -> list[float]:
     """``--memory``: comma-separated sizes, or a one-line usage error."""
-    from ina_fabric.host.commands._common import parse_size
+    from ina_fabric.host.commands import parse_size
     try:
         out = [float(parse_size(m)) for m in text.split(",")]
     except ValueError as e:
@@ -55,6 +55,67 @@ def _params(hidden: int) -> int:
 
 
 def main(argv=()):
+    ap = _parser()
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.rounds, a.sweep_rounds, a.kinds = 8, 2, "none"
+    from ina_fabric.host.lab import available
+    why = available()
+    if why:
+        print(f"wan: skipped: {why}")
+        return 0
+    from ina_fabric.host.wan import plan as P, runner as R
+    mems = a.memory
+    if a.delay_scale < 0 or a.rounds < 2 or a.sweep_rounds < 1 or a.hidden < 1:
+        ap.error("need --delay-scale >= 0, --rounds >= 2, --sweep-rounds >= 1, --hidden >= 1")
+    if not 1 <= a.hosts <= 8:
+        ap.error("--hosts: 1..8 hosts per island")
+    lnet = P.LabNet(9, a.rate, a.wan_rate, a.delay_scale, 256, hosts=a.hosts)
+    topo = P.schedule_topology(lnet)
+    S = _params(a.hidden) * 4
+    jitter = a.jitter_ms / 1e3
+    # K > 1: every round also has the intra-island step and the WAN step's guard
+    # (WAN_GUARD_S), which the optimizer's round model does not see; the choice and every
+    # prediction below include them (the optimizer's own choice is kept as "best_wan_only")
+    round_cost = P.intra_predicted_s(lnet, S) + WAN_GUARD_S if a.hosts > 1 else 0.0
+    print(f"wan9 lab: {a.hosts} host(s) per island, hosts {a.rate / 1e6:g} Mbit/s, WAN {a.wan_rate / 1e6:g} Mbit/s, "
+          f"delays x {a.delay_scale:g}; update "
+          f"{S} B (MLP 64-{a.hidden}-10), {lnet.elements} elements per packet")
+    # -- the optimizer at every M ---------------------------------------------------
+    opt, wan_only = _optimize(P, lnet, topo, mems, S, jitter, round_cost)
+    runs, train_small, train_a2a = _plan_runs(ap, a, P, lnet, topo, opt, mems, jitter)
+    train = {"seed": 0, "alpha": 0.5, "hidden": a.hidden, "lr": a.lr,
+             "local_steps": a.local_steps, "batch": 32}
+    t_all = time.monotonic()
+    res, gloo, colo = _run_labs(a, R, lnet, runs, train)
+    # -- figures ----------------------------------------------------------------------
+    sums = {r["name"]: R.summarize(res["events"][r["name"]]) for r in runs}
+    base = {k: R.summarize(v) for k, v in {**gloo, **colo}.items()}
+    target = None
+    if "colocated" in base:
+        c = base["colocated"]
+        target = c["loss"][len(c["loss"]) // 2 - 1]
+    rows = [_row(r, sums[r["name"]], res, a, P, R, lnet, opt, target) for r in runs]
+    fig = _figures(a, R, S, lnet, train, round_cost, mems, opt, wan_only, sums, rows,
+                   t_all, base, target, train_small)
+    _print(fig, rows)
+    out = write("wan", fig)
+    folder = plot_folder(a.plot, out)
+    if folder is not None:
+        _plots(folder, fig, sums, base, opt, mems, topo, train_small,
+               train_a2a, lnet, round_cost)
+    return 0
+
+
+def plot_folder(plot, results_file: pathlib.Path) -> pathlib.Path | None:
+    """Where ``--plot`` puts the PNGs: beside the results file by default (a git-ignored
+    folder), the folder given, or nowhere for ''. Never a tracked folder by default."""
+    if plot is None:
+        return pathlib.Path(results_file).parent
+    return pathlib.Path(plot) if plot else None
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ina bench wan", description=__doc__.split("\n\n")[0])
     ap.add_argument("--lab", default="wan9", choices=["wan9"], help="the lab topology")
     ap.add_argument("--lab-id", type=_lab_id, default="wanb", help="lab id (unique on this machine)")
@@ -79,36 +140,19 @@ def main(argv=()):
     ap.add_argument("--kinds", default="all",
                     help="schedule kinds run at the largest M: all, none, or a list")
     ap.add_argument("--no-baselines", action="store_true", help="schedules only")
-    ap.add_argument("--plot", default="docs", help="folder for the PNGs ('' for none)")
+    ap.add_argument("--plot", default=None, metavar="DIR",
+                    help="folder for the PNGs (default: beside wan.json, under the results "
+                         "folder; '' for none). Never docs/ unless asked: the PNGs there "
+                         "are the record")
     ap.add_argument("--quick", action="store_true",
                     help="8 training rounds, 2 rounds per sweep run, no kinds")
-    a = ap.parse_args(argv)
-    if a.quick:
-        a.rounds, a.sweep_rounds, a.kinds = 8, 2, "none"
-    from ina_fabric.host.lab import available, down, list_labs
-    why = available()
-    if why:
-        print(f"wan: skipped: {why}")
-        return 0
-    from ina_fabric.host.wan import plan as P, runner as R
-    mems = a.memory
-    if a.delay_scale < 0 or a.rounds < 2 or a.sweep_rounds < 1 or a.hidden < 1:
-        ap.error("need --delay-scale >= 0, --rounds >= 2, --sweep-rounds >= 1, --hidden >= 1")
-    if not 1 <= a.hosts <= 8:
-        ap.error("--hosts: 1..8 hosts per island")
-    lnet = P.LabNet(9, a.rate, a.wan_rate, a.delay_scale, 256, hosts=a.hosts)
-    topo = P.schedule_topology(lnet)
-    S = _params(a.hidden) * 4
-    jitter = a.jitter_ms / 1e3
-    # K > 1: every round also has the intra-island step and the WAN step's guard
-    # (WAN_GUARD_S), which the optimizer's round model does not see; the choice and every
-    # prediction below include them (the optimizer's own choice is kept as "best_wan_only")
-    round_cost = P.intra_predicted_s(lnet, S) + WAN_GUARD_S if a.hosts > 1 else 0.0
-    print(f"wan9 lab: {a.hosts} host(s) per island, hosts {a.rate / 1e6:g} Mbit/s, WAN {a.wan_rate / 1e6:g} Mbit/s, "
-          f"delays x {a.delay_scale:g}; update "
-          f"{S} B (MLP 64-{a.hidden}-10), {lnet.elements} elements per packet")
-    # -- the optimizer at every M ---------------------------------------------------
-    opt, docs, runs, job_base, wan_only = {}, {}, [], 0, {}
+    return ap
+
+
+def _optimize(P, lnet, topo, mems, S, jitter, round_cost):
+    """The optimizer at every edge memory M: (best, candidates, model, net) per M, and the
+    WAN-only best (without the intra-island step's cost)."""
+    opt, wan_only = {}, {}
     for m in mems:
         net = P.net_config(lnet, S, m, jitter)
         wan_best, cands, model = P.candidates(topo, net, time_budget_s=30)
@@ -124,6 +168,15 @@ def main(argv=()):
               f"cliques-3 {cyc('cliques-3'):.0f} ms" +
               (f" (with the intra-island step, {round_cost * 1e3:.0f} ms a round; WAN "
                f"only: best {wan_best})" if round_cost else ""), flush=True)
+
+    return opt, wan_only
+
+
+def _plan_runs(ap, a, P, lnet, topo, opt, mems, jitter):
+    """The runs: training at the smallest and largest M (and all-to-all), the memory
+    sweep, the line-rate control and the schedule kinds. Returns (runs, the small-M
+    training run's name, the all-to-all training run's name)."""
+    runs, job_base = [], 0
 
     def add(label, m, rounds, kind):
         nonlocal job_base
@@ -162,11 +215,15 @@ def main(argv=()):
                      f"{', '.join(sorted(opt[mems[-1]][1]))}")
         for label in labels:
             add(label, mems[-1], a.sweep_rounds, "kind")
-    train = {"seed": 0, "alpha": 0.5, "hidden": a.hidden, "lr": a.lr,
-             "local_steps": a.local_steps, "batch": 32}
+    return runs, train_small, train_a2a
+
+
+def _run_labs(a, R, lnet, runs, train):
+    """The WAN lab (the schedules, then Gloo's ring), then the colocated lab (Gloo with
+    zero WAN delay). Returns (schedule results, Gloo WAN runs, colocated runs)."""
+    from ina_fabric.host.lab import down, list_labs
     if a.lab_id in list_labs():
         down(a.lab_id)
-    t_all = time.monotonic()
     # -- the WAN lab: schedules, then Gloo's ring ------------------------------------
     print(f"wan9 lab {a.lab_id}: up, edge aggregators in every island", flush=True)
     lab = R.wan_lab(a.lab_id, f"{a.rate}bit", f"{a.wan_rate}bit", a.delay_scale,
@@ -187,43 +244,43 @@ def main(argv=()):
             colo = R.run_gloo(lab, [{"name": "colocated", "rounds": a.rounds}], train)
         finally:
             lab.down()
-    # -- figures ----------------------------------------------------------------------
-    sums = {r["name"]: R.summarize(res["events"][r["name"]]) for r in runs}
-    base = {k: R.summarize(v) for k, v in {**gloo, **colo}.items()}
-    target = None
-    if "colocated" in base:
-        c = base["colocated"]
-        target = c["loss"][len(c["loss"]) // 2 - 1]
-    rows = []
-    for r in runs:
-        s = sums[r["name"]]
-        reps = res["replicators"][r["name"]]
-        npk = -(-_params(a.hidden) // lnet.elements)
-        row = {"name": r["name"], "schedule": r["label"], "kind": r["kind"],
-               "memory_bytes": r["memory"], "edge_window": P.edge_window(r["memory"],
-                                                                        lnet.elements),
-               "chosen": r["label"] == opt[r["memory"]][0], "rounds_run": s["rounds"],
-               "cycle": s["cycle"], "predicted_cycle_s": s["predicted_cycle_s"],
-               "measured_cycle_s": s["measured_cycle_s"],
-               "round_time_error": max(abs(x["ratio"] - 1) for x in s["cycle"]),
-               "partial_datagrams": s["partial"], "missing_datagrams": s["missing"],
-               "datagrams_per_update": npk, "host_sends_per_update": s["sent_per_update"],
-               # the island updates the replicators took (K > 1: not the RESULTs they
-               # fanned out to the hosts, counted apart)
-               "replicator_rx": sum(x["rx"] - x.get("result_rx", 0) for x in reps),
-               "replicator_copies": sum(x["copies"] for x in reps),
-               "replicator_result_rx": sum(x.get("result_rx", 0) for x in reps),
-               "replicator_result_copies": sum(x.get("result_copies", 0) for x in reps),
-               "final_loss": s["loss"][-1],
-               "wall_per_round_s": s["wall_s"][-1] / s["rounds"]}
-        if "intra" in s:
-            row["intra"] = s["intra"]
-            row["wan_cycle"] = s["wan_cycle"]
-            row["wan_round_time_error"] = max(abs(x["ratio"] - 1) for x in s["wan_cycle"])
-            row["hosts_identical"] = s["hosts_identical"]
-        if r["kind"] == "train" and target is not None:
-            row["time_to_target_s"] = R.time_to_target(s, target)
-        rows.append(row)
+    return res, gloo, colo
+
+
+def _row(r, s, res, a, P, R, lnet, opt, target) -> dict:
+    """One run's figures (``s``: its summary)."""
+    reps = res["replicators"][r["name"]]
+    npk = -(-_params(a.hidden) // lnet.elements)
+    row = {"name": r["name"], "schedule": r["label"], "kind": r["kind"],
+           "memory_bytes": r["memory"], "edge_window": P.edge_window(r["memory"],
+                                                                    lnet.elements),
+           "chosen": r["label"] == opt[r["memory"]][0], "rounds_run": s["rounds"],
+           "cycle": s["cycle"], "predicted_cycle_s": s["predicted_cycle_s"],
+           "measured_cycle_s": s["measured_cycle_s"],
+           "round_time_error": max(abs(x["ratio"] - 1) for x in s["cycle"]),
+           "partial_datagrams": s["partial"], "missing_datagrams": s["missing"],
+           "datagrams_per_update": npk, "host_sends_per_update": s["sent_per_update"],
+           # the island updates the replicators took (K > 1: not the RESULTs they
+           # fanned out to the hosts, counted apart)
+           "replicator_rx": sum(x["rx"] - x.get("result_rx", 0) for x in reps),
+           "replicator_copies": sum(x["copies"] for x in reps),
+           "replicator_result_rx": sum(x.get("result_rx", 0) for x in reps),
+           "replicator_result_copies": sum(x.get("result_copies", 0) for x in reps),
+           "final_loss": s["loss"][-1],
+           "wall_per_round_s": s["wall_s"][-1] / s["rounds"]}
+    if "intra" in s:
+        row["intra"] = s["intra"]
+        row["wan_cycle"] = s["wan_cycle"]
+        row["wan_round_time_error"] = max(abs(x["ratio"] - 1) for x in s["wan_cycle"])
+        row["hosts_identical"] = s["hosts_identical"]
+    if r["kind"] == "train" and target is not None:
+        row["time_to_target_s"] = R.time_to_target(s, target)
+    return row
+
+
+def _figures(a, R, S, lnet, train, round_cost, mems, opt, wan_only, sums, rows, t_all,
+             base, target, train_small) -> dict:
+    """Everything ``wan.json`` holds."""
     fig = {"lab": {"topology": a.lab, "rate_bits": a.rate, "wan_rate_bits": a.wan_rate,
                    "delay_scale": a.delay_scale, "hosts_per_island": a.hosts,
                    "update_bytes": S, "elements": lnet.elements, "jitter_ms": a.jitter_ms,
@@ -266,12 +323,7 @@ def main(argv=()):
                                         "gloo_ring_over_schedule":
                                         ttt["gloo-ring-wan"] / r["time_to_target_s"]}
                             for r in rows if r["kind"] == "train"}
-    _print(fig, rows)
-    write("wan", fig)
-    if a.plot:
-        _plots(pathlib.Path(a.plot), fig, sums, base, opt, mems, topo, train_small,
-               train_a2a, lnet, round_cost)
-    return 0
+    return fig
 
 
 def _measured_best(opt_m, sums, m):

@@ -29,7 +29,7 @@ def _verbs():
 def _polish(parser):
     """Every (sub)command: defaults shown in --help, and a description (its help line
     where it has no docstring)."""
-    from .commands._common import HelpFormatter
+    from .commands import HelpFormatter
     parser.formatter_class = HelpFormatter
     for action in parser._actions:
         if action.help is None and not any(action.default is x for x in
@@ -66,6 +66,14 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:     # a verb without its require_extras check
+        from .extras import missing_extra
+        extra = missing_extra(e.name or "")
+        if extra is None:
+            raise
+        print(f"ina {args.verb}: error: needs the {extra} extra ({e.name} is not "
+              f"installed): pip install 'ina-fabric[{extra}]'", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -142,7 +142,9 @@ def worker_data(seed, worker, it, n):
 
 
 def _worker_main(spec, w, switch, conn, group, barrier):
+    from .oneline import quiet_child
     from .transport import SwitchClient
+    quiet_child()             # Ctrl-C: the parent ends the workers, quietly
     imp = spec.impairment.fresh(seed=spec.seed * 1000 + w + 1, log_drops=True)
     port = spec.base_port + w if spec.base_port else 0
     s = spec.settings
@@ -158,8 +160,8 @@ def _worker_main(spec, w, switch, conn, group, barrier):
         cmd = conn.recv()
         if cmd is None:
             break
-        if cmd[0] == "session":       # the install's, from the parent
-            client.session = cmd[1]
+        if cmd[0] == "start":         # the install's session and first seq, from the parent
+            client.start(cmd[1], cmd[2])
             continue
         n, iters = cmd
         from .transport import quantize as Q
@@ -243,11 +245,20 @@ class LocalCluster:
                              f"its [[job]] table, --session)")
         self.config = JobConfig.from_settings(spec.job, addrs, spec.settings, mcast,
                                               spec.session or None)
+        position = 0
         if self.switch_proc is not None:
-            from .switch import send_job
+            from ina_fabric.protocol.control_client import send_job
             send_job(self.switch, self.config)
+        else:     # a static job: a second run resumes at the switch's position
+            from .transport.switch_client import static_position
+            try:
+                position = static_position(self.switch, spec.job, self.config.session,
+                                           workers=spec.nworkers) or 0
+            except OSError:
+                self.close()
+                raise
         for c in self.conns:
-            c.send(("session", self.config.session))
+            c.send(("start", self.config.session, position))
         return self
 
     def allreduce_check(self, n, iters=1):
@@ -263,7 +274,7 @@ class LocalCluster:
             results.append(val)
         counters = {}
         if self.switch_proc is not None:
-            from .switch import query_status
+            from ina_fabric.protocol.control_client import query_status
             counters = {k: v for k, v in query_status(self.switch)["counters"].items() if v}
         return {
             "seconds": max(r["seconds"] for r in results),

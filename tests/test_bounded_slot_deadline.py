@@ -1,4 +1,4 @@
-"""The derived slot deadline of bounded mode (``host.transport.slot_deadline``).
+"""The derived slot deadline of bounded mode (``host.deadline``).
 
 The scenario of issue 18's run 3, without the lab: four workers, each behind its own
 10 Mbit/s link (both ways, a 20 ms tail-drop queue as the lab's tbf), jumbo datagrams
@@ -21,7 +21,7 @@ import math
 import numpy as np
 import pytest
 
-from ina_fabric.host.transport.slot_deadline import (slot_deadline, datagram_seconds,
+from ina_fabric.host.deadline import (slot_deadline, datagram_seconds,
                                                      short_deadline, choose_deadline,
                                                      SHORT_MARGIN)
 from ina_fabric.host.transport.window import WindowConfig, PEAK_FACTOR
@@ -200,6 +200,7 @@ class _FakeClient:
 
     class _rtt:
         srtt = 0.0
+        cwnd, cuts = 8.0, 0          # what the hook reports of congestion control
 
     @staticmethod
     def call_window(packets):
@@ -215,8 +216,9 @@ class _OnePeer:
 
 def test_the_hook_moves_to_the_short_deadline_after_a_clean_exchange_and_back():
     from ina_fabric.host.ddp.hook import InaHookState
+    from ina_fabric.host.deadline import SlotDeadlineTuner
     st = InaHookState(_FakeClient(), None, peers=_OnePeer())
-    st.auto_deadline, st.link_rate, st.deadline_rule = True, RATE, "loss-aware"
+    st.tuner = SlotDeadlineTuner("loss-aware", RATE)
     size = 38_282
     st.tune_deadline(size)
     assert st.collective.deadline == pytest.approx(slot_deadline(8, PAYLOAD, RATE))
@@ -225,10 +227,10 @@ def test_the_hook_moves_to_the_short_deadline_after_a_clean_exchange_and_back():
     assert st.collective.deadline == pytest.approx(short_deadline(8, PAYLOAD, RATE))
     st.stats.refetched += 2                  # a RESULT was re-fetched
     st.agree_rto()
-    assert st.clean_intervals == 0 and st.extra_stats["refetched_results"] == 2
+    assert st.tuner.clean_intervals == 0 and st.extra_stats["refetched_results"] == 2
     st.tune_deadline(size)
     assert st.collective.deadline == pytest.approx(slot_deadline(8, PAYLOAD, RATE))
-    st._pool.shutdown()
+    st.close(remove=False)
 
 
 def test_the_ranks_exchange_after_calls_4_and_8_then_every_16():
@@ -241,11 +243,18 @@ def test_the_ranks_exchange_after_calls_4_and_8_then_every_16():
         def allreduce(self, arr, out=None):
             return arr, AllreduceStats()
 
+    from ina_fabric.host.deadline import SlotDeadlineTuner
     st = InaHookState(Client(), None, peers=_OnePeer())
-    st.auto_deadline, st.link_rate, st.deadline_rule = True, RATE, "loss-aware"
+    st.tuner = SlotDeadlineTuner("loss-aware", RATE)
     at = []
-    st.agree_rto = lambda: at.append(st._tune_calls)
+
+    class Spy(InaHookState):        # __slots__: the exchange is spied on in a subclass
+        __slots__ = ()
+
+        def agree_rto(self):
+            at.append(self.tuner.calls)
+    st.__class__ = Spy
     for _ in range(48):
         st.reduce_array(np.zeros(38_282, np.float32))
     assert at == [4, 8, 16, 32, 48]
-    st._pool.shutdown()
+    st.close(remove=False)

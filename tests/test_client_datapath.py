@@ -67,7 +67,7 @@ def _result(call, p, count, exponent, elems=None):
     nel = call.nelem_of(p)
     e = np.zeros(nel, ">i4") if elems is None else np.asarray(elems, ">i4")
     data = HEADER_STRUCT.pack(VERSION, int(MsgType.RESULT), 0, exponent, call.job, 255,
-                              count, (call.base + p) & 0xFFFFFFFF, nel, 0, 0,
+                              0, (call.base + p) & 0xFFFFFFFF, nel, count, 0,
                               call.session) + e.tobytes()
     buf = np.frombuffer(bytearray(data), np.uint8)
     return HEADER_STRUCT.unpack_from(buf), buf

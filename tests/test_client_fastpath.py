@@ -14,7 +14,8 @@ needs_c = pytest.mark.skipif(not fastcall.available(), reason=fastcall.WHY_NOT o
 
 
 def _state(win):
-    return (win.remaining, win.inflight, win.next_wakeup(), win.rto(), win.timeout())
+    return (win.remaining, win.inflight, win.next_wakeup(), win.rto(), win.timeout(),
+            win.limit())
 
 
 @needs_c
@@ -22,19 +23,23 @@ def _state(win):
 def test_c_window_takes_the_same_actions_as_send_window(seed):
     """Random event sequences (results in any order, duplicates, results for packets not
     sent yet, timers early and late, long stalls) to both windows; every action list
-    and the timers after every event must be equal."""
+    and the timers after every event must be equal, and so must the congestion window
+    (``RttEstimator``'s fields, ``limit()``), in every congestion mode (aimd, delay,
+    off by turns)."""
     rng = np.random.default_rng(seed)
     mode = "bounded" if seed % 2 else "reliable"
     cfg = WindowConfig(mode, rto=0.02, min_rto=0.01, deadline=float(rng.choice([0.002, 0.01])),
                        connect_timeout=0.5, stall_timeout=float(rng.choice([0.3, 2.0])),
-                       start_wait=float(rng.choice([0.0, 0.05])))
+                       start_wait=float(rng.choice([0.0, 0.05])),
+                       congestion=("aimd", "delay", "off")[seed % 3])
     r1, r2 = RttEstimator(), RttEstimator()
     now = 0.0
     for call in range(3):
-        P, W = int(rng.integers(1, 40)), int(2 ** rng.integers(0, 4))
+        P, W = int(rng.integers(1, 40)), int(2 ** rng.integers(0, 5))
         py, c = SendWindow(P, W, cfg, r1), fastcall.CSendWindow(P, W, cfg, r2)
-        assert py.start(now) == c.start(now)
-        sent = set(range(min(W, P)))
+        a = py.start(now)
+        assert a == c.start(now)
+        sent = {x.p for x in a}
         # some packets' results are lost for good (re-sends back off to the limit)
         lost = set(rng.choice(P, size=int(rng.integers(0, 3)), replace=False).tolist())
         for step in range(400):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ina_fabric.host.collectives.deadline import DeadlinePolicy, SwitchDeadline
+from ina_fabric.host.deadline import DeadlinePolicy, SwitchDeadline
 
 
 def calibrated(samples, **kw):

@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from ina_fabric.host.control.labexp import ratio_ci
-from ina_fabric.host.control.labrun import LAB_LEVELS, schedule_for
-from ina_fabric.host.control.progress import (ProgressModel, fit, predict_steps,
+from ina_fabric.bench.experiments.labexp import ratio_ci
+from ina_fabric.bench.experiments.labrun import LAB_LEVELS, schedule_for
+from ina_fabric.bench.experiments.progress import (ProgressModel, fit, predict_steps,
                                               steps_at_losses)
 from ina_fabric.host.lab.bgjob import _ring_allreduce, intervals_for
 
@@ -183,7 +183,7 @@ def test_training_stops_at_a_target_loss_with_scaled_lr():
 
 
 def test_crossing_interpolates_between_evaluations():
-    from ina_fabric.host.control.labexp import crossing
+    from ina_fabric.bench.experiments.labexp import crossing
     # (training seconds, step, samples, test loss) every 1024 samples
     curve = [(10.0, 32, 1024, 2.6), (20.0, 64, 2048, 2.2), (30.0, 96, 3072, 2.0)]
     assert crossing(curve, 2.4, 0) == pytest.approx(15.0)
@@ -207,8 +207,8 @@ def test_analysis_of_recorded_runs(tmp_path):
     """``analyze`` (what --lab-analyze runs) on recorded runs made from a known model:
     the fit check is exact, the paired ratios and their interval are the recorded ones,
     and the plot is written."""
-    from ina_fabric.host.control.labexp import FIT_KNOBS, GRID, analyze
-    from ina_fabric.host.control.labrun import LabSetup
+    from ina_fabric.bench.experiments.labexp import FIT_KNOBS, GRID, analyze
+    from ina_fabric.bench.experiments.labrun import LabSetup
     m = ProgressModel(np.array(GRID), np.array([7.0, 5.0, 5.0, 14.0, 22.0, 11.0]),
                       np.array([70.0, 60.0, 80.0, 50.0, 70.0, 290.0]), 4, 8, {4: 0.1})
 

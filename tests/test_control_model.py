@@ -6,13 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from ina_fabric.host.control.contention import BackgroundJob, BandwidthTrace, background_trace
+from ina_fabric.bench.experiments.contention import BackgroundJob, BandwidthTrace, background_trace
 from ina_fabric.host.control.controllers import (CONTROLLERS, Decoupled, Joint, Telemetry,
                                       make_controller)
 from ina_fabric.host.control.costmodel import CostModel, JobParams, model_quant_ratio, payload_bytes
 from ina_fabric.host.control.knobs import ConfigError, Knobs, KnobSpace
 from ina_fabric.host.control.measure import BandwidthMeter, Ewma, NoiseScaleEstimator
-from ina_fabric.host.control.simulate import paper_scenario, simulate
+from ina_fabric.bench.experiments.simulate import paper_scenario, simulate
 
 
 def small(**kw):
@@ -314,7 +314,8 @@ def test_real_controller_keeps_codec_and_step_overhead_out_of_compute(monkeypatc
     Compute is then (1.0 - 0.3 - 0.1) / 10 micro-steps = 60 ms, and the cost model's
     per-step latency (0.1 + 0.05 + 0.1) / 5 + 0.5 / 5 = 150 ms. Before, the codec was
     charged per micro-step (70 ms) and the 0.5 s not at all (latency 30 ms)."""
-    from ina_fabric.host.control import compress, realrun
+    from ina_fabric.host.control import compress
+    from ina_fabric.bench.experiments import realrun
 
     class Fake:
         def take_measurements(self):
@@ -401,7 +402,7 @@ def test_a_paced_transfer_in_the_simulator_by_hand():
     """A 10 MB transfer on a link whose share is 100 MB/s, then 25 MB/s from t = 0.05 s;
     capped at 50 MB/s it takes 0.1 s at 50 then 25 MB/s: 2.5 MB by 0.05 s, the rest
     7.5 MB at 25 MB/s, 0.3 s more."""
-    from ina_fabric.host.control.contention import BandwidthTrace
+    from ina_fabric.bench.experiments.contention import BandwidthTrace
     tr = BandwidthTrace([0.0, 0.05], [100e6, 25e6])
     assert tr.transfer_end(0.0, 10e6) == pytest.approx(0.05 + 5e6 / 25e6)
     assert tr.capped(50e6).transfer_end(0.0, 10e6) == pytest.approx(0.05 + 7.5e6 / 25e6)
@@ -410,8 +411,8 @@ def test_a_paced_transfer_in_the_simulator_by_hand():
 
 
 def test_simulated_cost_counts_the_price_of_the_pace():
-    from ina_fabric.host.control.contention import BandwidthTrace
-    from ina_fabric.host.control.simulate import paper_scenario, simulate
+    from ina_fabric.bench.experiments.contention import BandwidthTrace
+    from ina_fabric.bench.experiments.simulate import paper_scenario, simulate
     sc = paper_scenario(kappa2=30.0, space=KnobSpace(paces=(1.0, 0.25)), s_min=50.0)
     sc.job = sc.job.with_(bandwidth=1.25e9, rate_price=2.0)
     trace = BandwidthTrace.constant(1.25e9 / 3)

@@ -1,5 +1,5 @@
 """Precision changes real bytes on the wire, and the knobs act on the real training loop
-(host/control/compress.py, host/control/realrun.py)."""
+(host/control/compress.py, bench/experiments/realrun.py)."""
 
 import json
 import multiprocessing as mp
@@ -192,7 +192,7 @@ def test_knobs_change_bytes_and_accumulation_in_the_training_loop(tmp_path):
     """Real training (host.ddp.run_training, digits, 2 workers): float32 and a=1 for 8
     optimizer steps, then 4 bits and a=4. Bytes per step shrink about 8x, and with a=4
     the loop consumes 4 micro-batches per optimizer step while communicating once."""
-    from ina_fabric.host.control.realrun import RealSpec, real_run
+    from ina_fabric.bench.experiments.realrun import RealSpec, real_run
     log = tmp_path / "log.json"
     spec = RealSpec(controller="static", capacity=1e9, schedule=[(0.0, 0)],
                     script=[(0, 32, 1), (8, 4, 4, 0.5)], log_path=str(log))

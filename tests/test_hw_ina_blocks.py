@@ -9,7 +9,7 @@ from amaranth.hdl import Module, Signal, signed, Const, Mux
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
-from ina_fabric.protocol.fields import HEADER_FIELDS, HEADER_BYTES
+from ina_fabric.protocol.fields import HEADER_FIELDS, HEADER_BYTES, VERSION
 from ina_fabric.protocol.jobtable import JobConfig
 from ina_fabric.protocol.numpy_view import pack
 from ina_fabric.hw.ina.layout import HeaderLayout, header_int, header_from_words, in_layout, out_layout
@@ -43,7 +43,7 @@ def test_header_layout_is_generated_from_fields_in_network_order():
              count=9, flags=3)
     v = HeaderLayout.from_bits(header_int(d))
     assert (v.job, v.worker, v.seq, v.bitmap, v.exponent, v.count, v.flags, v.nelem,
-            v.version, v.type) == (513, 7, 0xDEADBEEF, 0x80000001, -5, 9, 3, 3, 1, 1)
+            v.version, v.type) == (513, 7, 0xDEADBEEF, 0x80000001, -5, 9, 3, 3, VERSION, 1)
 
 
 def test_header_from_words_matches_bytes():

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from ina_fabric.host.switch import SwitchModel, INT32_MAX, INT32_MIN, GROUP_WORKER
 from ina_fabric.protocol import pack, unpack, MsgType, Flags, HEADER_BYTES
+from ina_fabric.protocol.fields import VERSION, Refusal
 from ina_fabric.protocol.jobtable import JobConfig, MAX_ELEMENTS
 from ina_fabric.protocol.auth import seal, unseal, TRAILER_BYTES
 
@@ -34,6 +35,13 @@ def data(worker, seq, values=None, exponent=0, job_id=1, session=SESSION, **kw):
 
 def send(m, worker, seq, now=0.0, **kw):
     return m.process(data(worker, seq, **kw), ADDR[worker], now)
+
+
+def errors(out, reason=None):
+    """True when ``out`` holds nothing but ERROR answers (header only, issue 43), each
+    with ``reason`` when given: a refused DATA reaches no sum and no RESULT."""
+    return all(len(d) == HEADER_BYTES and unpack(d)[0]["type"] == MsgType.ERROR and
+               (reason is None or unpack(d)[0]["count"] == reason) for _, d in out)
 
 
 def state(m):
@@ -144,7 +152,10 @@ def test_slot_reuse_two_windows_later_and_stale():
         out = send(m, w, 1 + 2 * W)  # same set and index, next use
     assert unpack(out[0][1])[0]["seq"] == 1 + 2 * W
     before = state(m)
-    assert send(m, 0, 1) == []
+    (dest, err), = send(m, 0, 1)            # answered (issue 43): STALE, the position
+    h = unpack(err)[0]
+    assert dest == ADDR[0] and len(err) == 28 and h["type"] == MsgType.ERROR
+    assert h["count"] == Refusal.STALE and h["bitmap"] == 2 + 2 * W and h["seq"] == 1
     assert m.counters["drop_stale"] == 1 and state(m) == before
 
 
@@ -159,7 +170,7 @@ def test_out_of_window():
 
 BAD = {
     "drop_truncated": [b"", b"\x01" * 7, data(0, 0)[:HEADER_BYTES + 5]],
-    "drop_bad_version": [b"\x02" + data(0, 0)[1:]],
+    "drop_bad_version": [bytes([VERSION ^ 3]) + data(0, 0)[1:]],
     "drop_unknown_job": [data(0, 0, job_id=99)],
     "drop_malformed": [data(0, 0) + b"\x00\x00\x00\x00",                     # longer than nelem
                        pack(np.zeros(E + 1), job=1, worker=0, seq=0, session=SESSION),        # too many elements
@@ -174,16 +185,18 @@ def test_bad_datagrams_counted_and_state_untouched(reason):
     send(m, 1, 0)
     before = state(m)
     for dgram in BAD[reason]:
-        assert m.process(dgram, ADDR[0], 0.0) == []
+        assert errors(m.process(dgram, ADDR[0], 0.0))
     assert m.counters[reason] == len(BAD[reason]) and state(m) == before
 
 
 def test_unknown_source_and_worker_out_of_range():
     m = SwitchModel([job()])
     before = state(m)
-    assert m.process(data(0, 0), ("127.0.0.1", 9999), 0.0) == []   # not a member address
-    assert m.process(data(1, 0), ADDR[0], 0.0) == []               # worker/address mismatch
-    assert m.process(data(7, 0), ADDR[0], 0.0) == []               # worker >= N
+    out = m.process(data(0, 0), ("127.0.0.1", 9999), 0.0)          # not a member address
+    assert errors(out, Refusal.NOT_MEMBER) and out[0][0] == ("127.0.0.1", 9999)
+    assert unpack(out[0][1])[0]["bitmap"] == N                      # the job's members
+    assert errors(m.process(data(1, 0), ADDR[0], 0.0), Refusal.NOT_MEMBER)  # mismatch
+    assert errors(m.process(data(7, 0), ADDR[0], 0.0), Refusal.NOT_MEMBER)  # worker >= N
     assert m.counters["drop_unknown_source"] == 3 and state(m) == before
 
 
@@ -191,7 +204,8 @@ def test_mismatched_element_count_in_open_slot_is_dropped():
     m = SwitchModel([job()])
     send(m, 0, 0)
     before = state(m)
-    assert m.process(pack(np.ones(E - 1), job=1, worker=1, seq=0, session=SESSION), ADDR[1], 0.0) == []
+    out = m.process(pack(np.ones(E - 1), job=1, worker=1, seq=0, session=SESSION), ADDR[1], 0.0)
+    assert errors(out, Refusal.BAD_LENGTH) and unpack(out[0][1])[0]["bitmap"] == E
     assert m.counters["drop_malformed"] == 1 and state(m) == before
 
 
@@ -286,7 +300,8 @@ def test_data_of_another_session_is_dropped_and_results_carry_the_session():
     a forger's) never reaches a sum. Before, DATA was trusted on its source address
     alone: spoofed datagrams with a member's id made every replica receive their sum."""
     m = SwitchModel([job()])
-    assert send(m, 0, 0, values=np.full(E, 4096), session=SESSION ^ 1) == []
+    assert errors(send(m, 0, 0, values=np.full(E, 4096), session=SESSION ^ 1),
+                  Refusal.BAD_SESSION)
     assert m.counters["drop_bad_session"] == 1 and m.jobs[1].slots[0][0].bitmap == 0
     out = []
     for w in range(N):
@@ -504,5 +519,5 @@ def test_packet_for_a_virtual_seq_before_the_job_began_is_stale():
     that sends that seq used to make the model re-send a result that does not exist
     (a TypeError inside ``process``); now it is a counted stale drop."""
     m = SwitchModel([job()])
-    assert send(m, 0, (1 << 32) - 2 * W) == []
+    assert errors(send(m, 0, (1 << 32) - 2 * W), Refusal.STALE)
     assert m.counters["drop_stale"] == 1 and m.counters["resent"] == 0

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ina_fabric.host.cli import main
-from ina_fabric.host.schedule.topology import load_topology, TopologyError, DEFAULT_TOPOLOGY_PATH
+from ina_fabric.host.schedule.topology import load_topology, WanTopologyError, DEFAULT_TOPOLOGY_PATH
 
 
 def _write(tmp_path, text, name="t.toml"):
@@ -52,7 +52,7 @@ def test_good_toml_and_equivalent_json(tmp_path):
 ])
 def test_bad_files_rejected(tmp_path, text, needle):
     p = _write(tmp_path, text)
-    with pytest.raises(TopologyError, match=needle):
+    with pytest.raises(WanTopologyError, match=needle):
         load_topology(p)
 
 

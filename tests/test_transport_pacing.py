@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ina_fabric.host.cluster import free_udp_ports
-from ina_fabric.host.transport.slot_deadline import datagram_seconds
+from ina_fabric.host.deadline import datagram_seconds
 from ina_fabric.protocol.fields import HEADER_BYTES
 from ina_fabric.protocol.jobtable import JobConfig
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ina_fabric.host.wan import plan as P
-from ina_fabric.host.wan.replicator import Replicator, serve
+from ina_fabric.host.wan.replicator import EdgeReplicator, serve
 from ina_fabric.host.wan.exchange import Quantizer, exchange, mix, packets
 from ina_fabric.protocol.fields import HEADER_BYTES, MsgType, field_offsets
 from ina_fabric.protocol.numpy_view import pack
@@ -48,7 +48,7 @@ def test_edge_window_is_two_sets_of_w_slots_within_m():
 
 def test_replicator_copies_once_per_destination_with_each_destinations_worker_id():
     table = {7: [(("10.0.1.254", 19900), 0), (("10.0.2.254", 19900), 1)]}
-    r = Replicator(table, [("10.0.0.1", 47000)])
+    r = EdgeReplicator(table, [("10.0.0.1", 47000)])
     d = pack(np.arange(4), job=7, seq=5, worker=9, exponent=3)
     out = r.process(d, ("10.0.0.1", 47000))
     assert [dst for dst, _ in out] == [("10.0.1.254", 19900), ("10.0.2.254", 19900)]
@@ -148,7 +148,7 @@ def test_three_islands_exchange_through_edge_replicators_and_aggregators():
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             s.bind((ip, int(port)))
             hip, hport = lab.host(k).rsplit(":", 1)
-            r = Replicator(P.replicator_table(doc, names[k]), [(hip, int(hport))])
+            r = EdgeReplicator(P.replicator_table(doc, names[k]), [(hip, int(hport))])
             t = threading.Thread(target=serve, args=(s, r, lambda: bool(stops)), daemon=True)
             t.start()
             repls.append((r, s, t))
@@ -249,7 +249,7 @@ def test_two_hosts_per_island_plan(nine):
 
 def test_replicator_fans_the_edge_result_out_to_every_host_of_the_island():
     edge, hosts = ("10.0.0.254", 19900), [("10.0.0.1", 47000), ("10.0.0.2", 47000)]
-    r = Replicator({7: [(("10.0.1.254", 19900), 0)]}, hosts, {9: hosts}, edge)
+    r = EdgeReplicator({7: [(("10.0.1.254", 19900), 0)]}, hosts, {9: hosts}, edge)
     res = pack(np.arange(4), type=MsgType.RESULT, job=9, seq=3)
     out = r.process(res, edge)
     assert out == [(hosts[0], res), (hosts[1], res)]          # unchanged, one per host

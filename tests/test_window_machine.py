@@ -6,8 +6,9 @@ hypothesis-drawn schedule says. The simulation feeds events exactly as the socke
 does (a RESULT: ``on_result``; anything else, or the wake-up time: ``on_timer``).
 
 Properties: reliable mode ends with the exact quantized sum on every worker, whatever the
-schedule; at most ``w`` packets are in flight; a packet is re-sent only after its RTO
-(times its backoff); a stalled call gives up after ``stall_timeout`` without progress and
+schedule; at most ``w`` packets are in flight, and a packet goes out for the first time
+only below the congestion window (or as the lowest without a result); a packet is
+re-sent only after its RTO (times its backoff); a stalled call gives up after ``stall_timeout`` without progress and
 never before; bounded mode gives every worker the model's results, identically counted.
 """
 
@@ -95,6 +96,7 @@ class Worker:
                                   session=SESSION)
         self.seq = (self.seq + self.call.P) & 0xFFFFFFFF
         self.win = SendWindow(self.call.P, self.w, self.cfg, self.rtt)
+        self.lim = self.win.limit()
         self.started.append(now)
         self.sent, self.finished = {}, set()     # p -> [send times]; delivered/abandoned
         self.delivered, self.abandoned = {}, set()   # p -> (count, nelem) of its RESULT
@@ -124,6 +126,13 @@ class Worker:
                     # first send: p < w at start, else released by the result of p - w
                     assert not times
                     assert a.p < self.w or (a.p - self.w) in self.finished, a
+                    # congestion control: a first send only below the congestion
+                    # window as it was before the event (a result may grow it by one
+                    # before the sends), or the lowest packet without a result
+                    inflight = sum(1 for q in self.sent
+                                   if q not in self.finished and q != a.p)
+                    low = next(q for q in range(self.call.P) if not self.win.received[q])
+                    assert inflight <= self.lim or a.p == low, (actions, inflight, self.lim)
                 times.append(now)
                 # a copy: the packet is a view of its ring slot (a real socket copies)
                 self.sim.net.send(now, addr(self.i), SWITCH,
@@ -166,6 +175,7 @@ class Worker:
     def receive(self, data, now):
         h = HEADER_STRUCT.unpack_from(data)
         p = self.call.result_index(h, len(data))
+        self.lim = self.win.limit()
         if p is not None:
             acts = self.win.on_result(p, now)
             if not acts:
@@ -175,6 +185,7 @@ class Worker:
             self.perform(self.win.on_timer(now), now)
 
     def timer(self, now):
+        self.lim = self.win.limit()
         acts = self.win.on_timer(now)
         assert acts, "a timer fired at next_wakeup() must find something overdue"
         self.perform(acts, now)
@@ -587,3 +598,243 @@ def test_fast_resend_after_three_later_results():
     assert win.on_result(9, 0.016) == [Deliver(9)]      # 0 is re-sent: no second time
     assert win.on_result(0, 0.020) == [Deliver(0), Send(4)]
     assert 0 in win.tries                                # re-sent: Karn, no sample
+
+
+# -- congestion control (issue 39, docs/congestion.md) --------------------------------
+from dataclasses import replace as _replace                      # noqa: E402
+from ina_fabric.host.transport.window import (LOSS_BETA, DELAY_FACTOR,  # noqa: E402
+                                              DELAY_SLACK, MAX_DELAY_CUT)
+
+OFF = _replace(RELIABLE_NOW, congestion="off")
+DELAY = _replace(RELIABLE_NOW, congestion="delay")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_congestion_off_is_the_fixed_window(seed):
+    """``congestion="off"``: the congestion window is never set, ``limit()`` is the call
+    window, and every released packet goes out in the event that released it (the
+    window of before issue 39), whatever the events."""
+    rng = np.random.default_rng(seed)
+    win, now = SendWindow(64, 16, OFF), 0.0
+    assert len(win.start(now)) == 16
+    for _ in range(600):
+        if win.done:
+            break
+        now += float(rng.choice([0.0, 1e-4, 3e-3, 0.03]))
+        if rng.random() < 0.8:
+            win.on_result(int(rng.integers(0, 64)), now)
+        else:
+            win.on_timer(now)
+        assert win.rtt.cwnd == 0.0 and win.limit() == 16
+        assert 1 not in win.state          # nothing released waits
+    assert win.rtt.cuts == 0
+
+
+def test_loss_halves_the_window_once_per_rtt():
+    """A timer re-send after the call's first RESULT halves cwnd (ATP/Reno) and re-sends
+    no more than the halved window at once; the other overdue packets are marked lost
+    and go first as results make room. A second loss within one smoothed RTT does not
+    cut again; packets marked lost do not count in flight."""
+    win = SendWindow(200, 64, RELIABLE_NOW)
+    assert len(win.start(0.0)) == 64 and win.limit() == 64
+    for p in range(10):                    # 64..73 go out at 1 ms
+        win.on_result(p, 0.001)
+    assert win.rtt.srtt == pytest.approx(0.001) and win.rtt.cwnd == 64
+    acts = win.on_timer(0.0105)            # 10..63 (sent at 0) are overdue
+    assert win.rtt.cwnd == 64 * LOSS_BETA and win.rtt.cuts == 1 and win.limit() == 32
+    assert acts == [Send(p, True) for p in range(10, 42)]      # 32 of the 54 overdue
+    assert win.nlost == 22 and win.inflight == 64
+    acts = win.on_timer(0.011)             # 64..73 overdue 0.5 ms later: the same loss
+    assert acts == [Send(p, True) for p in range(64, 74)]
+    assert win.rtt.cwnd == 32 and win.rtt.cuts == 1
+    # 64 in flight, 22 of them marked lost: 42 count, over cwnd 32; results of re-sent
+    # packets (no RTT sample, Karn) grow cwnd by 1/cwnd each and release nothing
+    # until fewer than cwnd count; then the lost ones go first, before packet 74
+    for p in range(10, 20):
+        assert win.on_result(p, 0.02) == [Deliver(p)]
+    assert win.rtt.cwnd == pytest.approx(32 + sum(1 / (32 + k / 32) for k in range(10)),
+                                         rel=1e-3)
+    assert win.on_result(20, 0.02) == [Deliver(20), Send(42, True)]
+    assert win.nlost == 21
+    # a later loss, more than an RTT on: halved again
+    t = win.next_wakeup()
+    assert win.on_timer(t) and win.rtt.cwnd == pytest.approx(16, abs=0.2)
+    assert win.rtt.cuts == 2
+
+
+def _clear_path(win, rtt_at, t0=0.0, until=None):
+    """Drive one call on a path that answers every packet ``rtt_at(send time)`` later
+    and loses nothing; returns (time, cwnd) after every result, checking that a
+    packet goes out only while no more than ``limit()`` packets (one more: the lowest
+    without a result) are in flight."""
+    heap, trace, now = [], [], t0
+    for a in win.start(t0):
+        heapq.heappush(heap, (t0 + rtt_at(t0), a.p))
+    while heap and not win.done and (until is None or now < until):
+        now, p = heapq.heappop(heap)
+        lim = win.limit()
+        acts = win.on_result(p, now)
+        for a in acts:
+            if type(a) is Send:
+                heapq.heappush(heap, (now + rtt_at(now), a.p))
+        if any(type(a) is Send for a in acts):
+            assert win.inflight <= max(lim, win.limit()) + 1
+        trace.append((now, win.rtt.cwnd))
+    return trace
+
+
+def test_delay_over_the_target_cuts_and_a_clear_path_grows_back():
+    """Round trips of 1 ms, then 10 ms (a queue builds) for 200 ms, then 1 ms again: the
+    window is cut while the round trips are over the target (DELAY_FACTOR x the smallest
+    + DELAY_SLACK), by at most MAX_DELAY_CUT at a time and once per smoothed RTT, down
+    to a few packets; once they are back under it, it grows back to the call window."""
+    W = 64
+    rtt = RttEstimator()
+    win = SendWindow(40000, W, DELAY, rtt)
+    slow = (0.05, 0.25)
+    trace = _clear_path(win, lambda t: 0.010 if slow[0] <= t < slow[1] else 0.001)
+    assert rtt.base_rtt == pytest.approx(0.001)
+    assert 0.010 > DELAY_FACTOR * 0.001 + DELAY_SLACK
+    before = [c for t, c in trace if t < slow[0]]
+    during = [(t, c) for t, c in trace if slow[0] + 0.02 < t < slow[1]]
+    assert min(before) == W                      # nothing to cut on the clear path
+    assert min(c for _, c in during) <= 4        # backed off to a few packets
+    cuts = [b for (_, a), (_, b) in zip(trace, trace[1:]) if b < a]
+    assert all(b >= a * (1 - MAX_DELAY_CUT) for (_, a), (_, b) in zip(trace, trace[1:])
+               if b < a) and cuts
+    # never two cuts closer than the smoothed RTT then (>= 1 ms)
+    times = [t for (_, a), (t, b) in zip(trace, trace[1:]) if b < a]
+    assert min(np.diff(times)) >= 0.001
+    assert trace[-1][1] == W and win.done        # grown back on the clear path
+
+
+def test_first_window_round_trips_do_not_count_as_queueing():
+    """The packets sent before the call's first RESULT wait for late peers, not in a
+    queue: their round trips (here 200 ms) feed the RTO but neither the delay signal
+    nor the smallest round trip."""
+    win = SendWindow(64, 8, _replace(RELIABLE, congestion="delay"))
+    win.start(0.0)
+    for p in range(8):
+        win.on_result(p, 0.2 + p * 1e-4)
+    assert win.rtt.srtt > 0.1 and win.rtt.cwnd == 8 and win.rtt.cuts == 0
+    assert win.rtt.base_rtt == 0.0
+
+
+class _Bottleneck:
+    """One worker's uplink as a drop-tail queue of ``buffer`` datagrams served at
+    ``rate`` datagrams/s, beside an on/off flood that takes ``flood`` of the rate while
+    on; a served datagram's RESULT comes back ``delay`` later (the switch answers at
+    once: one worker)."""
+
+    def __init__(self, rate=10000.0, buffer=30, flood=0.9, on=0.2, off=0.3, delay=0.0005):
+        self.rate, self.buffer, self.flood = rate, buffer, flood
+        self.on, self.off, self.delay = on, off, delay
+        self.free_at, self.queue, self.dropped = 0.0, [], 0
+
+    def service(self, t):
+        phase = t % (self.on + self.off)
+        return 1.0 / (self.rate * (1 - self.flood if phase < self.on else 1.0))
+
+    def send(self, now, p):
+        """The time ``p``'s RESULT is back, or None (dropped)."""
+        self.queue = [d for d in self.queue if d > now]
+        if len(self.queue) >= self.buffer:
+            self.dropped += 1
+            return None
+        start = max(now, self.free_at)
+        self.free_at = start + self.service(start)
+        self.queue.append(self.free_at)
+        return self.free_at + self.delay
+
+
+def _through_bottleneck(cfg, calls=20, P=600, W=256):
+    """``calls`` calls of ``P`` packets through one ``_Bottleneck``, paced at the link
+    rate as the client paces (``pace_rate``), the ``RttEstimator`` (and so the
+    congestion window) kept across calls as the client keeps it: (seconds, re-sent
+    fraction over all calls, re-sent fraction after the first call)."""
+    net, rtt, now, next_tx = _Bottleneck(), RttEstimator(), 0.0, 0.0
+    counts = []
+    for _ in range(calls):
+        win, heap, sent = SendWindow(P, W, cfg, rtt), [], [0, 0]
+
+        def perform(acts, now):
+            nonlocal next_tx
+            for a in acts:
+                if type(a) is Send:
+                    sent[0] += 1
+                    sent[1] += a.retransmit
+                    t = next_tx = max(now, next_tx)
+                    next_tx += 1.0 / net.rate
+                    back = net.send(t, a.p)
+                    if back is not None:
+                        heapq.heappush(heap, (back, a.p))
+        perform(win.start(now), now)
+        while not win.done:
+            wake = win.next_wakeup()
+            if heap and (wake is None or heap[0][0] <= wake):
+                now, p = heapq.heappop(heap)
+                perform(win.on_result(p, now), now)
+            else:
+                now = wake
+                perform(win.on_timer(now), now)
+        counts.append(sent)
+    later = counts[1:]
+    return (now, sum(r for _, r in counts) / sum(s for s, _ in counts),
+            sum(r for _, r in later) / sum(s for s, _ in later))
+
+
+@pytest.mark.parametrize("W", [64, 256, 1024])
+def test_beside_a_flood_the_window_backs_off_and_stops_losing(W):
+    """A worker's uplink beside an on/off flood that takes 90% of it while on (200 ms on,
+    300 ms off: the lab's "up-flows-long" level, in datagrams), a 30-datagram queue, 20
+    calls of 600 datagrams: without congestion control the call window overflows the
+    queue in on periods and more than 5% of the datagrams after the first call are
+    re-sends; with it ("aimd", and "delay"), at most 5% (the first call starts with the
+    whole window: its losses teach the window). "delay" keeps the queue short and the
+    calls take no longer; "aimd" fills the queue before it halves, and may take up to a
+    third longer (seen: w 256, 3.4 s against 2.8 s)."""
+    t_off, _, later_off = _through_bottleneck(OFF, W=W)
+    t_on, _, later_on = _through_bottleneck(RELIABLE_NOW, W=W)
+    t_delay, _, later_delay = _through_bottleneck(DELAY, W=W)
+    assert later_off > 0.05, later_off
+    assert later_on <= 0.05 and later_delay <= 0.05, (later_on, later_delay)
+    assert t_delay <= t_off, (t_delay, t_off)
+    assert t_on <= 1.3 * t_off, (t_on, t_off)
+
+
+def test_windows_that_differ_never_wait_on_each_other():
+    """Two workers, call window 2, both windows cut to 1 while slots 0 and 1 are
+    complete, their RESULTs arriving in opposite orders: A releases 2 before 3, B 3
+    before 2, so A's one packet in flight is 2 (waiting for B's 2) and B's is 3 (waiting
+    for A's 3). Without the lowest-packet rule both wait forever; with it, B sends 2
+    anyway (the lowest packet it lacks a result for), and every packet completes.
+    (Mode "delay": results of the first window, sent before the call's first RESULT,
+    neither grow nor cut the window, so it stays at 1 through them.)"""
+    P, W = 8, 2
+    wins = {k: SendWindow(P, W, DELAY) for k in "AB"}
+    sent = {k: set() for k in "AB"}
+
+    def do(k, acts):
+        sent[k] |= {a.p for a in acts if type(a) is Send}
+
+    for k, win in wins.items():
+        do(k, win.start(0.0))
+        win.rtt.cwnd = 1.0                 # cut (as by a loss elsewhere)
+    assert sent["A"] == sent["B"] == {0, 1}
+    do("A", wins["A"].on_result(0, 0.001))
+    do("A", wins["A"].on_result(1, 0.002))
+    do("B", wins["B"].on_result(1, 0.001))
+    do("B", wins["B"].on_result(0, 0.002))
+    assert 2 in sent["A"] and 3 not in sent["A"] and 3 in sent["B"]
+    assert 2 in sent["B"]                  # the lowest packet without a result: sent anyway
+    done, now = {0, 1}, 0.002
+    for _ in range(4 * P):                 # the switch: a slot completes with both in
+        ready = sorted((sent["A"] & sent["B"]) - done)
+        if not ready:
+            break
+        p = ready[0]
+        done.add(p)
+        now += 0.001
+        for k in "AB":
+            do(k, wins[k].on_result(p, now))
+    assert wins["A"].done and wins["B"].done

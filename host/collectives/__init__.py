@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ina_fabric.protocol.jobtable import job_defaults
 
 from .base import Collective, DirStore, HadamardCollective
-from .deadline import DeadlinePolicy, SwitchDeadline
+from ..deadline import DeadlinePolicy, SwitchDeadline
 from .hadamard import RandomizedHadamard, fwht, DEFAULT_BLOCK
 from .tar import Mesh, TarUdp, TarTcp, RingTcp
 from .consistency import ReplicaGuard, drift

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from .base import Collective
-from .deadline import DeadlinePolicy, SwitchDeadline
+from ..deadline import DeadlinePolicy, SwitchDeadline
 
 __all__ = ["SwitchCollective", "GlooCollective", "LiveSwitch", "switch_collective"]
 
@@ -140,7 +140,7 @@ def switch_collective(rank, world, store, switch_addr, control=None, *, job=1,
     ``settings``: a ``JobSettings`` (default: the Ethernet defaults)."""
     from ..transport.switch_client import SwitchClient
     from ina_fabric.protocol.jobtable import JobConfig, job_defaults
-    from ..switch import send_job
+    from ina_fabric.protocol.control_client import send_job
     s = settings or job_defaults()
     client = SwitchClient(tuple(switch_addr), job, rank, world, s.window, s.elements, s.mode,
                           bind=("127.0.0.1", 0), deadline=s.deadline, impairment=impairment)

@@ -53,11 +53,12 @@ import socket
 import struct
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
 from .base import Collective, DirStore
-from .deadline import DeadlinePolicy
+from ..deadline import DeadlinePolicy
 from .tar_phases import TarPhases, ACCEPT, BCAST
 
 __all__ = ["Mesh", "TarUdp", "TarTcp", "RingTcp", "TAR_HEADER", "MAGIC", "Kind", "Flag",
@@ -86,7 +87,7 @@ class Flag:
 _MSG = struct.Struct("<II")   # TCP framing: payload length, tag
 
 
-def _recv_exact(sock, n, buf=None, who="TAR mesh"):
+def recv_exact(sock, n, buf=None, who="TAR mesh"):
     """Exactly ``n`` bytes from a TCP socket (into ``buf`` if given); ConnectionError
     naming ``who`` when the peer closes first."""
     buf = bytearray(n) if buf is None else buf
@@ -144,11 +145,11 @@ class _TcpPeer:
                 return
 
     def recv(self, tag: int) -> bytearray:
-        head = _recv_exact(self.sock, _MSG.size)
+        head = recv_exact(self.sock, _MSG.size)
         n, t = _MSG.unpack(head)
         if t != tag:
             raise ConnectionError(f"TAR mesh: expected message tag {tag}, got {t}")
-        return _recv_exact(self.sock, n)
+        return recv_exact(self.sock, n)
 
     def close(self):
         self.q.put(None)
@@ -266,7 +267,7 @@ class Mesh:
             socks[i] = s
         for _ in range(rank + 1, world):
             s, _ = lst.accept()
-            j = struct.unpack("<I", _recv_exact(s, 4))[0]
+            j = struct.unpack("<I", recv_exact(s, 4))[0]
             socks[j] = s
         lst.close()
         self.peers = [None] * world
@@ -591,48 +592,12 @@ class TarUdp(Collective):
         st = {"late": 0, "dup": 0, "bad": 0, "stashed": 0}
         s_expected, b_expected = ph.expected()
         clock = time.monotonic
+        cx = SimpleNamespace(call=call, n=n, lo=lo, hi=hi, nch=nch, ph=ph, acc=acc,
+                             bcount=bcount, out=out, st=st, peers=peers,
+                             s_expected=s_expected, b_expected=b_expected)
 
         def handle(buf, nbytes):
-            if nbytes < HB:
-                st["bad"] += 1
-                return
-            magic, kind, flags, pcall, sender, count, chunk, offset, nelem, est = \
-                TAR_HEADER.unpack_from(buf)
-            if (magic != MAGIC or nbytes != HB + 4 * nelem or sender >= N or sender == r
-                    or offset + nelem > n or nelem > E):
-                st["bad"] += 1
-                return
-            if pcall != call:
-                if (pcall - call) & 0x80000000:       # older call
-                    st["late"] += 1
-                elif len(self.stash.setdefault(pcall, [])) < self.max_stash:
-                    self.stash[pcall].append(bytes(buf[:nbytes]))
-                    st["stashed"] += 1
-                return
-            data = np.frombuffer(buf, np.float32, count=nelem, offset=HB)
-            if kind == Kind.SCATTER:
-                if chunk >= nch[r] or offset != lo[r] + chunk * E:
-                    st["bad"] += 1
-                    return
-                verdict = ph.on_scatter(sender, chunk, flags & Flag.TAIL, clock(),
-                                        est * 1e-6 if est else None)
-                if verdict == ACCEPT:
-                    a = chunk * E
-                    acc[a:a + nelem] += data
-                else:
-                    st[verdict] += 1        # "late" or "dup"
-            elif kind == Kind.BCAST:
-                if chunk >= nch[sender] or offset != lo[sender] + chunk * E:
-                    st["bad"] += 1
-                    return
-                if ph.on_bcast(sender, chunk, flags & Flag.TAIL, clock(),
-                               est * 1e-6 if est else None) == ACCEPT:
-                    out[offset:offset + nelem] = data
-                    bcount[sender][chunk] = count
-                else:
-                    st["dup"] += 1
-            else:
-                st["bad"] += 1
+            self._handle_datagram(cx, buf, nbytes)
 
         # scatter: send, then take what was stashed for this call, then receive
         per_dest = []
@@ -696,6 +661,62 @@ class TarUdp(Collective):
             except (socket.timeout, BlockingIOError, ConnectionRefusedError):
                 continue
             handle(rx, nbytes)
+        return self._bounded_result(cx, v, t0, sent, s_time, b_time, s_deadline, b_deadline)
+
+    def _handle_datagram(self, cx, buf, nbytes):
+        """One datagram of call ``cx.call`` (a bounded TAR call's state): counted, stashed
+        for a later call, or taken into the own shard (SCATTER) or the result (BCAST)."""
+        E, N, r, n, call = self.E, self.world, self.rank, cx.n, cx.call
+        lo, nch, ph, acc, out, bcount, st = cx.lo, cx.nch, cx.ph, cx.acc, cx.out, cx.bcount, cx.st
+        clock = time.monotonic
+        if nbytes < HB:
+            st["bad"] += 1
+            return
+        magic, kind, flags, pcall, sender, count, chunk, offset, nelem, est = \
+            TAR_HEADER.unpack_from(buf)
+        if (magic != MAGIC or nbytes != HB + 4 * nelem or sender >= N or sender == r
+                or offset + nelem > n or nelem > E):
+            st["bad"] += 1
+            return
+        if pcall != call:
+            if (pcall - call) & 0x80000000:       # older call
+                st["late"] += 1
+            elif len(self.stash.setdefault(pcall, [])) < self.max_stash:
+                self.stash[pcall].append(bytes(buf[:nbytes]))
+                st["stashed"] += 1
+            return
+        data = np.frombuffer(buf, np.float32, count=nelem, offset=HB)
+        if kind == Kind.SCATTER:
+            if chunk >= nch[r] or offset != lo[r] + chunk * E:
+                st["bad"] += 1
+                return
+            verdict = ph.on_scatter(sender, chunk, flags & Flag.TAIL, clock(),
+                                    est * 1e-6 if est else None)
+            if verdict == ACCEPT:
+                a = chunk * E
+                acc[a:a + nelem] += data
+            else:
+                st[verdict] += 1        # "late" or "dup"
+        elif kind == Kind.BCAST:
+            if chunk >= nch[sender] or offset != lo[sender] + chunk * E:
+                st["bad"] += 1
+                return
+            if ph.on_bcast(sender, chunk, flags & Flag.TAIL, clock(),
+                           est * 1e-6 if est else None) == ACCEPT:
+                out[offset:offset + nelem] = data
+                bcount[sender][chunk] = count
+            else:
+                st["dup"] += 1
+        else:
+            st["bad"] += 1
+
+    def _bounded_result(self, cx, v, t0, sent, s_time, b_time, s_deadline, b_deadline):
+        """After both phases of a bounded call: resolve or fill the missing broadcast
+        chunks, and count what was lost (the call's statistics)."""
+        E, N, r, n, call = self.E, self.world, self.rank, cx.n, cx.call
+        lo, hi, nch, ph, out, bcount, st = cx.lo, cx.hi, cx.nch, cx.ph, cx.out, cx.bcount, cx.st
+        got, bgot, peers = ph.got, ph.bgot, cx.peers
+        s_expected, b_expected = cx.s_expected, cx.b_expected
         recv_s, recv_b = ph.received()
         s_timed_out, b_timed_out = recv_s < s_expected, recv_b < b_expected
         s_early, b_early = ph.scatter.early, ph.bcast.early

@@ -39,8 +39,8 @@ def add_arguments(p):
 def run(args):
     import pathlib
     from ..cli import CliError
-    from ina_fabric.bench import _results
-    _results.RESULTS = pathlib.Path(args.out)
+    from ina_fabric.bench import set_results_dir
+    set_results_dir(pathlib.Path(args.out))
     benches = available()
     if not args.name:
         for name, mod in benches.items():

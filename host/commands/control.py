@@ -83,6 +83,13 @@ def _paces(text, price):
 
 def run(args):
     from ..cli import CliError
+    from ._common import require_extras
+    if args.what in ("kappa", "real"):      # real training: before any work
+        require_extras("torch")
+    if args.what == "trace":
+        require_extras("plot")
+    elif getattr(args, "plot", False):
+        require_extras("plot", what="--plot")
     from ..control.knobs import ConfigError
     try:
         if args.what == "model":
@@ -108,7 +115,7 @@ def run(args):
                     print(f"{q:4d} " + "".join(f"{v:8.2f}" for v in row))
             print(f"best: {m.best(space.all())}")
         elif args.what == "simulate":
-            from ..control.experiments import sim_comparison, sim_pace_comparison
+            from ina_fabric.bench.experiments.experiments import sim_comparison, sim_pace_comparison
             if args.rate_price:
                 sim_pace_comparison(links=tuple(args.links.split(",")),
                                     levels=tuple(args.levels.split(",")), seed=args.seed,
@@ -118,16 +125,16 @@ def run(args):
                 sim_comparison(links=tuple(args.links.split(",")),
                                levels=tuple(args.levels.split(",")), seed=args.seed)
         elif args.what == "trace":
-            from ..control.experiments import trace_figure
+            from ina_fabric.bench.experiments.experiments import trace_figure
             args.out.mkdir(parents=True, exist_ok=True)
             png = args.out / f"trace_{args.link}.png"
             trace_figure(str(png), link=args.link, seed=args.seed)
             print(f"wrote {png}")
         elif args.what == "kappa":
-            from ..control.experiments import measure_kappa2
+            from ina_fabric.bench.experiments.experiments import measure_kappa2
             measure_kappa2(args.workload, steps=args.steps)
         elif args.what == "real":
-            from ..control.experiments import real_comparison
+            from ina_fabric.bench.experiments.experiments import real_comparison
             if args.plot:
                 args.out.mkdir(parents=True, exist_ok=True)
             real_comparison(levels=tuple(args.levels.split(",")),

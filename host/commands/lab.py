@@ -6,6 +6,9 @@ network. Labs are named by an id, so two can coexist; `down` cleans up after a c
     ina lab up rack --hosts 8 --rate 100mbit --switch --id 1
     ina lab up rack --set delay_ms=5 --set loss=0.001
     ina lab up wan9 --switch --set delay_scale=0.1   the optimizer's 9 islands
+    ina lab up fabric --racks 4 --hosts-per-rack 4 --rate 100mbit --switch
+                                                 racks under a spine, 4:1 uplinks; the
+                                                 switches as a tree (ToRs under the spine)
     ina lab up my_topology.toml
     ina lab run h0 -- python -c 'print(1)'       in host h0's namespace (INA_SWITCH set)
     ina lab status [--seconds 1] [--json]        links: rate, drops, backlog; RTT P50/P99
@@ -33,10 +36,21 @@ def add_arguments(p):
     up.add_argument("topology", help="a built-in (rack) or a TOML file")
     up.add_argument("--hosts", type=int, help="shorthand for --set hosts=N")
     up.add_argument("--rate", help="shorthand for --set rate=R (e.g. 100mbit, 1gbit)")
+    up.add_argument("--racks", type=int, help="fabric: shorthand for --set racks=R")
+    up.add_argument("--hosts-per-rack", type=int,
+                    help="fabric: shorthand for --set hosts_per_rack=H")
+    up.add_argument("--oversubscription", type=float,
+                    help="fabric: rack hosts' rate / uplink rate (default 4)")
     up.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="set a topology parameter (repeatable)")
-    up.add_argument("--switch", action="store_true",
-                    help="also start `ina switch` in the switch namespace, on the bridge")
+    up.add_argument("--switch", nargs="?", const="auto", default=None, metavar="ENGINE",
+                    choices=("auto", "fast", "model", "rtl", "board"),
+                    help="also start `ina switch` in every switch namespace, on the bridge "
+                         "(fabric: the spine, then each top-of-rack switch with the spine "
+                         "as its parent); ENGINE as `ina switch --engine` (board: the "
+                         "simulated board on a TAP in the bridge, taking the bridge's "
+                         "address; frames up to 1,518 bytes, so keep mtu=1500; not with "
+                         "a fabric's tree)")
     run = with_id(sub.add_parser("run", help="run a command in a node's namespace",
                                  formatter_class=HelpFormatter))
     run.add_argument("node", help="a host (h0, ...) or the switch (sw)")
@@ -78,6 +92,10 @@ def _topology(args):
         sets["hosts"] = args.hosts
     if args.rate is not None:
         sets["rate"] = args.rate
+    for flag, key in (("racks", "racks"), ("hosts_per_rack", "hosts_per_rack"),
+                      ("oversubscription", "oversubscription")):
+        if getattr(args, flag, None) is not None:
+            sets[key] = getattr(args, flag)
     try:
         return load(args.topology, sets)
     except TopologyError as e:
@@ -89,8 +107,14 @@ def _up(args):
     topo = _topology(args)
     lab = Lab(topo, args.id).up()
     switches = []
-    if args.switch:
-        switches = [lab.start_switch(s.name) for s in topo.switches]
+    if args.switch and topo.spine:
+        from ..lab.fabric import tree_missing
+        if tree_missing():
+            print(f"ina lab: switches stand alone (no tree): {tree_missing()}")
+        switches = lab.start_fabric(tree=not tree_missing())
+    elif args.switch:
+        switches = [lab.start_switch(s.name, engine=args.switch)
+                    for s in topo.switches]
     print(f"lab {lab.id} up: {topo.name}, {len(topo.hosts)} hosts, "
           f"{len(topo.switches)} switches, {len(topo.wan)} routed links")
     for h in topo.hosts:
@@ -102,6 +126,9 @@ def _up(args):
     for s in topo.switches:
         label = f" ({topo.labels[s.name]})" if s.name in topo.labels else ""
         print(f"  {s.name:4s} {str(s.address):15s} bridge br0, {s.subnet}{label}")
+    if topo.spine:
+        print(f"  uplinks: {format_rate(topo.wan[0].link.rate)} each, oversubscription "
+              f"{topo.oversubscription:g}:1")
     for w in topo.wan:
         print(f"  {w.a}-{w.b:4s} {str(w.subnet):15s} {format_rate(w.link.rate)}, "
               f"{w.link.delay_ms:.2f} ms one way"

@@ -7,14 +7,18 @@ switch (started here) or a switch you name, and the same run on Gloo as the base
     ina train --switch 198.18.0.10:19900         aggregate on an FPGA board
     ina train --engine rtl --backends ina        through the gateware in Verilator, the
                                                  model beside it as a live scoreboard
+    ina train --engine board --backends ina      through the whole board's datapath in
+                                                 Verilator on a TAP (root; make demo-board)
     ina train --lab rack --lab-set rate=100mbit  one torchrun per host namespace of a
                                                  rack lab (root; see docs/lab.md)
+    ina train --lab fabric --workers 8 --lab-set hosts_per_rack=4
+                                                 2 racks under a spine, a tree of switches
 
 Results go to --out DIR (default ina-out/train): results.json, and accuracy.png with
 --plot.
 
 Under torchrun (multi-node), use host.ddp.hook.InaHookState.from_env in your script
-(see README, "Train with torchrun").
+(see docs/design.md, "Train with torchrun").
 """
 
 import sys
@@ -44,17 +48,22 @@ def add_arguments(p):
                    help="micro-batches per optimizer step")
     add_switch_argument(p)
     p.add_argument("--lab", metavar="TOPOLOGY",
-                   help="run every backend in a lab built from TOPOLOGY (rack): one torchrun "
-                        "per host namespace, ina switch in the switch namespace, Gloo on the "
-                        "same links (root; the lab is removed afterwards)")
+                   help="run every backend in a lab built from TOPOLOGY (rack, fabric): one "
+                        "torchrun per host namespace, ina switch in the switch namespace "
+                        "(fabric: the racks' switches under the spine's, a tree), Gloo on "
+                        "the same links (root; the lab is removed afterwards)")
     p.add_argument("--lab-set", action="append", default=[], metavar="NAME=VALUE",
                    help="a lab topology parameter (repeatable; default hosts = --workers, "
-                        "mtu = 9000)")
-    p.add_argument("--engine", choices=("auto", "fast", "model", "rtl"), default="auto",
+                        "mtu = 9000; fabric: hosts_per_rack (default 4) and racks with "
+                        "racks x hosts_per_rack = --workers)")
+    p.add_argument("--engine", choices=("auto", "fast", "model", "rtl", "board"),
+                   default="auto",
                    help="the switch started here (as `ina switch --engine`): rtl runs the "
                         "gateware (hw/ina) in Verilator with the reference model as a live "
-                        "scoreboard, and defaults the job to the core's window and "
-                        "elements per packet")
+                        "scoreboard; board runs the Versa board's whole datapath in "
+                        "Verilator on a TAP in a namespace of its own, the workers in that "
+                        "namespace reaching it through the kernel (root); both default the "
+                        "job to the core's window and elements per packet")
     p.add_argument("--static-job", action="store_true",
                    help="the switch already holds the job (an FPGA loaded with `ina "
                         "hw-config`): send no CONTROL, bind worker r to --base-port + r")
@@ -73,12 +82,22 @@ def add_arguments(p):
                         f"the core's window)")
     g.add_argument("--deadline-ms", type=float, default=lo.deadline_ms,
                    help="bounded-mode deadline")
+    p.add_argument("--fallback", choices=("gloo", "never"),
+                   help="a switch this run cannot use at setup: every rank falls back to "
+                        "Gloo together, with a warning on every rank and in the table "
+                        "(gloo), or every rank stops with the reason (never); default: "
+                        "INA_FALLBACK, else never with --static-job (the run was meant "
+                        "for that switch) and gloo otherwise")
     add_impairment_arguments(p)
     add_output_arguments(p, "train")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args):
+    from ._common import require_extras
+    require_extras("torch")
+    if args.plot:
+        require_extras("plot", what="--plot")
     switch = f"{args.switch[0]}:{args.switch[1]}" if args.switch else None
     link = "ethernet" if args.switch else "loopback"
     lab = None
@@ -134,6 +153,14 @@ def _train(args, switch, link, lab):
         except ValueError as e:
             raise CliError(f"--engine rtl: {e}") from None
         rtl = {"window": P.window, "elements": P.elements}
+    if args.engine == "board":
+        from ..switch.board import board_params, why_not
+        from ..lab.netns import available
+        why = why_not() or available()
+        if why:
+            raise CliError(f"--engine board: {why}")
+        P = board_params()
+        rtl = {"window": P.window, "elements": P.elements}
     results = {}
     for backend in runs:
         cfg = TrainConfig(workload=args.workload, workers=args.workers, backend=backend,
@@ -143,7 +170,7 @@ def _train(args, switch, link, lab):
                           window=(args.window if args.window is not None
                                   else rtl.get("window", lo_window)),
                           static_job=args.static_job, worker_base_port=args.base_port,
-                          session=args.session or 0,
+                          session=args.session or 0, fallback=args.fallback,
                           elements=args.elements or rtl.get("elements")
                           or job_defaults(link).elements,
                           deadline_ms=args.deadline_ms,
@@ -179,14 +206,14 @@ def _train(args, switch, link, lab):
         results[backend] = res
     _report(results, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.plot:
-        _plot(results, args, args.out / "accuracy.png")
     from dataclasses import asdict
-    js = args.out / "results.json"
+    js = args.out / "results.json"      # the results first: a figure never loses them
     with open(js, "w") as fh:
         json.dump({k: {kk: vv for kk, vv in asdict(v).items() if kk != "params"}
                    for k, v in results.items()}, fh, indent=2, default=str)
     print(f"wrote {js}")
+    if args.plot:
+        _plot(results, args, args.out / "accuracy.png")
     ok = all(r.time_to_accuracy is not None for r in results.values())
     return 0 if ok else 1
 
@@ -219,10 +246,21 @@ def _report(results, args):
               f"{r.final_accuracy:9.3f} {r.steps:6d} "
               f"{s.get('packets_sent', '-'):>8} {s.get('retransmits', '-'):>8} "
               f"{s.get('partial_slots', '-'):>8} {s.get('entries_lost', '-'):>8} {same:>9s}")
+        rejoined = [d.get("rejoins", 0) for d in r.rejoin]
+        if any(rejoined):
+            share = s.get("entries_lost", 0) / max(1, s.get("elements", 0))
+            print(f"  {name}: rank(s) {', '.join(str(k) for k, n in enumerate(rejoined) if n)}"
+                  f" fell more than a window behind and rejoined from a peer's replica "
+                  f"({sum(rejoined)} time(s), "
+                  f"{sum(d.get('steps_skipped', 0) for d in r.rejoin)} step(s) taken "
+                  f"without the switch); dropped share {share:.1%} of rank 0's entries")
         if r.fallbacks:
-            print(f"  ({name}: the switch did not answer; {r.fallbacks} ranks fell back to Gloo)")
+            print(f"  WARNING {name}: the switch could not be used; {r.fallbacks} of "
+                  f"{len(r.param_hashes)} ranks fell back to Gloo together (this row "
+                  f"measures Gloo; --fallback never stops instead)")
     for name, r in results.items():
         _report_rtl(name, r.switch_rtl)
+        _report_board(name, r.switch_board)
     print("time-to-acc: wall time from the first step to the first epoch whose test "
           "accuracy reached the target; vs gloo: this run's time / Gloo's (time-to-acc, and "
           "wall time per optimizer step, which is there even when a run missed the target); "
@@ -240,6 +278,20 @@ def _report_rtl(name, rtl):
           f"simulated; scoreboard disagreements: {rtl['disagreements']}")
     counters = rtl.get("counters") or {}
     print("  core counters: " + ", ".join(f"{k} {v:,}" for k, v in counters.items() if v))
+
+
+def _report_board(name, b):
+    """The board engine's figures: frames, simulated time and its ratio, core counters."""
+    if not b:
+        return
+    ratio = b.get("sim_time_ratio") or 0.0
+    print(f"{name}: through the board (Verilator, TAP): {b['p0_rx_frames']:,} frames in, "
+          f"{b['p0_tx_frames']:,} out ({b['p0_tx_bad_fcs']} with a bad FCS); "
+          f"{b['simulated_s'] * 1e3:.1f} ms simulated in {b['simulating_wall_s']:.1f} s of "
+          f"simulating ({ratio:.2e} of real time)")
+    print("  core counters: " + ", ".join(f"{k} {v:,}" for k, v in
+                                          (b.get("core") or {}).items() if v))
+    print("  port 0: " + ", ".join(f"{k} {v:,}" for k, v in (b.get("port0") or {}).items()))
 
 
 def _plot(results, args, path):

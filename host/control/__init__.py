@@ -2,7 +2,8 @@
 
 ``knobs`` (what can be turned), ``measure`` (online measurements), ``costmodel`` (predicted
 time to target per knob setting), ``controllers`` (Static, Precision-only,
-Accumulation-only, Decoupled, Joint), ``contention`` (bandwidth traces from background
-jobs), ``simulate`` (paper-scale simulator), ``compress`` (precision that really changes
-the bytes on the wire), ``realrun`` (the controller in real training). See docs/control.md.
+Accumulation-only, Decoupled, Joint), ``compress`` (precision that really changes the
+bytes on the wire). The experiments that evaluate it (simulator, background contention,
+real and lab runs, analysis) live beside the benches, in ``ina_fabric.bench.experiments``.
+See docs/control.md.
 """

@@ -24,8 +24,9 @@ ACCUMS = (1, 2, 4, 8, 16)
 PACES = (1.0, 0.5, 0.25)
 
 
-class ConfigError(ValueError):
-    """A bad controller / cost-model configuration (one-line reason)."""
+# a bad controller / cost-model configuration (one-line reason): the project's one
+# ConfigError, a ValueError
+from ina_fabric.protocol.jobtable import ConfigError  # noqa: E402
 
 
 @dataclass(frozen=True, order=True)

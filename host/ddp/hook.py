@@ -2,18 +2,20 @@
 
 In the shape of ``torch.distributed.algorithms.ddp_comm_hooks``::
 
-    state = InaHookState.from_env(process_group)   # or InaHookState(collective, group)
+    state = setup_hook_state(process_group)   # or InaHookState(collective, group)
     model.register_comm_hook(state, ina_hook)
 
 Any bucket count and size works: each bucket is one ``allreduce`` call on the collective
 (a ``SwitchClient`` or anything with ``allreduce(np.ndarray) -> (np.ndarray, stats)``),
 run on one background thread per rank, in bucket order, so backward computation goes on
-while a bucket is on the wire. If no switch answers, the hook warns once and falls back
-to Gloo allreduce; every rank reaches the same decision (see ``InaHookState.probe``).
+while a bucket is on the wire. If no switch answers at setup, every rank falls back to
+Gloo allreduce together with a warning, or every rank raises (``fallback_to_gloo``,
+INA_FALLBACK=gloo|never; see ``InaHookState.probe``). A switch lost mid-run ends every
+rank with its reason: a rank alone on Gloo would pair its calls with nobody's.
 """
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import os
 import socket
 import threading
@@ -25,10 +27,16 @@ import torch.distributed as dist
 
 from ina_fabric.protocol.jobtable import job_defaults
 
-from ..transport.switch_client import SwitchClient, SwitchUnavailable, AllreduceStats
+from ..transport.switch_client import (SwitchClient, SwitchUnavailable, AllreduceStats,
+                                      AllreduceTooLate)
+from .. import oneline
 
-__all__ = ["InaHookState", "ina_hook", "switch_from_env", "local_address_towards",
-           "DistPeers", "JobNotInstalled"]
+__all__ = ["InaHookState", "setup_hook_state", "HookSettings", "hook_settings",
+           "link_towards", "STAGE_BYTES", "bind_client", "exchange_addresses", "install_job", "ina_hook",
+           "switch_from_env", "local_address_towards", "DistPeers", "JobNotInstalled"]
+
+
+oneline.install()      # an uncaught INA error: one line per rank (INA_DEBUG=1: traceback)
 
 
 class JobNotInstalled(SwitchUnavailable):
@@ -71,9 +79,31 @@ def local_address_towards(addr) -> str:
         s.close()
 
 
-def switch_from_env(default=None):
+def local_mac(ip: str) -> str | None:
+    """The MAC of the interface in this namespace that holds ``ip``, or None (loopback,
+    or no such interface). A member's job-table entry carries it: a switch in hardware
+    (the board) addresses its RESULT frames to it, as it has no ARP client of its own."""
+    import fcntl
+    import struct
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for _, name in socket.if_nameindex():
+            req = struct.pack("256s", name.encode()[:15])
+            try:   # SIOCGIFADDR, SIOCGIFHWADDR (ioctls: this namespace's, unlike /sys)
+                if socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24]) != ip:
+                    continue
+                hw = fcntl.ioctl(s.fileno(), 0x8927, req)[18:24]
+            except OSError:
+                continue
+            return None if not any(hw) else ":".join(f"{b:02x}" for b in hw)
+        return None
+    finally:
+        s.close()
+
+
+def switch_from_env(default=None, env=None):
     """``INA_SWITCH=ip:port`` (or the default), parsed; ValueError with a clear message."""
-    text = os.environ.get("INA_SWITCH", default)
+    text = (os.environ if env is None else env).get("INA_SWITCH", default)
     if not text:
         raise ValueError("no switch address: set INA_SWITCH=ip:port or pass switch=")
     host, sep, port = str(text).rpartition(":")
@@ -82,42 +112,173 @@ def switch_from_env(default=None):
     return host, int(port)
 
 
-@dataclass
+@dataclass(frozen=True)
+class HookSettings:
+    """What the environment and the arguments say about this rank's job, read once (no
+    sockets). The environment overrides each argument; unset, the defaults of the link
+    towards the switch (``LINK_DEFAULTS["loopback"]`` when the switch is on this host's
+    loopback, ``"ethernet"`` otherwise): see :func:`hook_settings`."""
+    switch: tuple
+    link: str
+    job: int
+    mode: str
+    window: int
+    elements: int
+    deadline: float | None      # seconds; with ``auto``, the derived rule's first value
+    auto: bool                  # bounded mode's slot deadline derived (``host.deadline``)
+    rule: str
+    link_rate: float | None     # INA_LINK_RATE, bit/s
+    pace_rate: float            # INA_PACE_RATE (else INA_LINK_RATE), bit/s; 0: none
+    carry: bool
+    bind_base: int              # INA_PORT: rank r binds base + r (0: any port)
+    session: object             # INA_SESSION (a static job's), else None
+    fallback: bool | None       # INA_FALLBACK: gloo -> True, raise -> False
+    worker: int | None = None   # INA_WORKER: the id at its own switch (a tree's leaf)
+    congestion: str = "aimd"    # INA_CONGESTION: aimd | delay | off (SwitchClient.congestion)
+
+
+#: bytes per switch call when the ``ina`` backend splits a tensor (``INA_STAGE_BYTES``), by
+#: link: on loopback the per-call cost dominates (64 MiB: 0.93x Gloo at 64 MB, 4 MiB:
+#: 1.19x, issue 42); on Ethernet a call's staging stays small
+STAGE_BYTES = {"loopback": 64 << 20, "jumbo": 4 << 20, "ethernet": 4 << 20}
+
+
+def link_towards(switch) -> str:
+    """``"loopback"`` when the switch is on this host's loopback, else ``"ethernet"``:
+    the link whose defaults (elements per packet, staging) a job takes unless told."""
+    import ipaddress
+    try:
+        return "loopback" if ipaddress.ip_address(switch[0]).is_loopback else "ethernet"
+    except ValueError:
+        return "ethernet"
+
+
+def hook_settings(env=None, switch=None, job=None, mode=None, window=None, elements=None,
+                  deadline=None, bind_port=None, job_offset=0, session=None, carry=False,
+                  deadline_rule=None) -> HookSettings:
+    """Read INA_SWITCH (ip:port), INA_JOB (default 1), INA_MODE
+    (reliable|bounded|bounded-skip), INA_CARRY (1: a bounded worker's left-out
+    contribution goes with its next call, ``SwitchClient.carry``), INA_ELEMENTS (per
+    packet), INA_WINDOW, INA_DEADLINE_MS (milliseconds, as every flag and TOML key;
+    ``auto``, or ``deadline="auto"``: bounded mode's slot deadline derived from the link
+    and the ranks' timeouts, ``host.deadline``), INA_DEADLINE_RULE (or ``deadline_rule``:
+    ``loss-aware``, the default, or ``derived``), INA_LINK_RATE (bit/s of the workers'
+    links: the derived deadline's, and the pacing rate), INA_PACE_RATE (bit/s, overrides
+    the pacing rate; 0: none), INA_PORT, INA_SESSION, INA_FALLBACK (gloo|raise) and
+    INA_WORKER (the worker's id at its switch: its index at its leaf in a tree of
+    switches, docs/fabric.md; default the rank), INA_CONGESTION (``aimd``, the default,
+    ``delay`` or ``off``: ``SwitchClient.congestion``).
+    ValueError with a one-line reason on a bad value."""
+    from ina_fabric.protocol.jobtable import parse_session
+    from ..deadline import RULES, slot_deadline
+    from ina_fabric.protocol.fields import HEADER_BYTES
+    env = os.environ if env is None else env
+    addr = switch_from_env(switch and f"{switch[0]}:{switch[1]}", env)
+    try:
+        addr = (socket.gethostbyname(addr[0]), addr[1])
+    except OSError as e:
+        raise ValueError(f"bad switch address {addr[0]}:{addr[1]}: {e}") from None
+    link = link_towards(addr)
+    # the slot deadline: INA_DEADLINE_MS (a number, or "auto"), else ``deadline``
+    # (seconds, or "auto"); "auto" in bounded mode derives it (host.deadline): installed
+    # for the job's window, moved live from the first call on (InaHookState.tune_deadline)
+    text = env.get("INA_DEADLINE_MS", "").strip().lower()
+    auto = text == "auto" or (not text and deadline == "auto")
+    fixed = float(text) / 1e3 if text and not auto else \
+        (None if auto or deadline == "auto" else deadline)
+    s = job_defaults(
+        link,
+        elements=int(env["INA_ELEMENTS"]) if "INA_ELEMENTS" in env else elements,
+        window=int(env["INA_WINDOW"]) if "INA_WINDOW" in env else window,
+        mode=env.get("INA_MODE", mode), deadline=fixed)
+    auto = auto and s.mode in ("bounded", "bounded-skip")
+    link_rate = float(env["INA_LINK_RATE"]) if env.get("INA_LINK_RATE") else None
+    rule = env.get("INA_DEADLINE_RULE", "").strip() or deadline_rule or "loss-aware"
+    if auto and rule not in RULES:
+        raise ValueError(f"INA_DEADLINE_RULE={rule!r}: have {', '.join(RULES)}")
+    d = slot_deadline(s.window, HEADER_BYTES + 4 * s.elements, link_rate) if auto \
+        else s.deadline
+    pace = env.get("INA_PACE_RATE", env.get("INA_LINK_RATE", "")).strip()
+    fallback = {"gloo": True, "raise": False, "never": False}.get(env.get("INA_FALLBACK"))
+    if "INA_SESSION" in env or session:
+        session = parse_session(env.get("INA_SESSION", session))
+    return HookSettings(
+        switch=addr, link=link, job=int(env.get("INA_JOB", job or 1)) + job_offset,
+        mode=s.mode, window=s.window, elements=s.elements, deadline=d, auto=auto,
+        rule=rule, link_rate=link_rate, pace_rate=float(pace) if pace else 0.0,
+        carry=env.get("INA_CARRY", "1" if carry else "0") == "1",
+        bind_base=int(env.get("INA_PORT", bind_port or 0)), session=session,
+        fallback=fallback,
+        worker=int(env["INA_WORKER"]) if env.get("INA_WORKER") else None,
+        congestion=env.get("INA_CONGESTION", "aimd").strip() or "aimd")
+
+
 class InaHookState:
-    collective: object
-    process_group: object = None
-    average: bool = True
-    fallback_to_gloo: bool = True
-    use_switch: bool = True
-    fallbacks: int = 0
-    stats: AllreduceStats = field(default_factory=AllreduceStats)
-    comm_seconds: float = 0.0
-    bytes_sent: int = 0
-    max_abs_local: float = 0.0   # largest |gradient| this rank contributed (error bounds)
-    extra_stats: dict = field(default_factory=dict)   # summed numeric stats of other collectives
-    call_seconds: list = field(default_factory=list)  # wall time of every allreduce call
-    peers: object = None        # DistPeers(process_group) unless given
-    #: this rank installed the job (rank 0, ``configure``): ``close()`` removes it
-    installed: bool = False
-    #: bounded mode with a derived slot deadline (``host.transport.slot_deadline``):
-    #: the link rate (bit/s, None: unknown), the job as installed (rank 0 moves its
-    #: deadline live), the ranks' agreed timeout, and (call, deadline) at every move
-    auto_deadline: bool = False
-    link_rate: float | None = None
-    job_config: object = None
-    agreed_rto: float | None = None
-    deadline_history: list = field(default_factory=list)
-    #: exchange the ranks' timeouts over ``peers`` (the ``ina`` backend turns it off:
-    #: its wire thread may not use the caller's Gloo group; rank 0's own is used)
-    exchange_rto: bool = True
-    #: ``slot_deadline.RULES``: ``derived`` or ``loss-aware`` (the short deadline while
-    #: no rank re-fetched a RESULT); ``clean_intervals``: exchanges in a row without one
-    deadline_rule: str = "loss-aware"
-    clean_intervals: int = 0
-    _refetched_at_exchange: int = 0
-    _tune_calls: int = 0
-    _tune_window: int = 0
-    error: BaseException | None = None   # the last bucket's error, if one failed
+    """The state of the INA comm hook on one rank: what it reduces through, how it falls
+    back, the derived slot deadline's tuner and the statistics. It does no I/O when
+    built (torch's ``PowerSGDState`` habit): :func:`setup_hook_state` (also
+    ``InaHookState.from_env``) reads the environment, binds the socket, exchanges the
+    ranks' addresses, installs the job and probes the switch, then builds one.
+
+    ``collective``: a ``SwitchClient``, or anything with ``allreduce(np.ndarray) ->
+    (np.ndarray, stats)``; ``average``: divide the sum by the world size (DDP's
+    gradients); ``fallback_to_gloo``: warn and use Gloo when no switch answers (else
+    raise); ``peers``: how the ranks talk besides (default ``DistPeers(process_group)``).
+    """
+
+    __slots__ = (
+        # what a bucket goes through, and with whom
+        "collective", "process_group", "peers",
+        # behaviour
+        "average", "fallback_to_gloo", "use_switch", "status_timeout",
+        # the job as installed by this rank (rank 0, ``configure``): ``close()`` removes it,
+        # and ``tune_deadline`` moves its deadline live
+        "installed", "job_config",
+        # bounded mode's derived slot deadline (``host.deadline.SlotDeadlineTuner``; None:
+        # a fixed deadline). ``exchange_rto``: exchange the ranks' timeouts over ``peers``
+        # (the ``ina`` backend turns it off: its wire thread may not use the caller's Gloo
+        # group; rank 0's own is used)
+        "tuner", "exchange_rto", "_refetched_at_exchange",
+        # statistics
+        "fallbacks", "stats", "comm_seconds", "bytes_sent", "max_abs_local",
+        "extra_stats", "call_seconds",
+        # the last bucket's error, if one failed (``raise_error``)
+        "error",
+        # the hook's one thread, made at the first bucket
+        "_pool", "_lock",
+        # bounded mode rides out a stall (``host.ddp.rejoin``): a call too late for good
+        # marks this rank ``behind`` (its later buckets skip the switch) instead of
+        # failing, and the training loop's ``Rejoin`` gives it a peer's replica
+        "rejoin", "behind",
+    )
+
+    def __init__(self, collective, process_group=None, average: bool = True,
+                 fallback_to_gloo: bool = True, peers=None, status_timeout: float = 1.0):
+        self.collective, self.process_group, self.peers = collective, process_group, peers
+        #: seconds a STATUS request (the start-up probe) waits for its answer (a
+        #: simulated board answers in simulated time: ``ina train --engine board``
+        #: gives it longer)
+        self.status_timeout = status_timeout
+        self.average, self.fallback_to_gloo, self.use_switch = average, fallback_to_gloo, True
+        self.installed, self.job_config = False, None
+        self.tuner, self.exchange_rto, self._refetched_at_exchange = None, True, 0
+        self.fallbacks, self.stats, self.comm_seconds = 0, AllreduceStats(), 0.0
+        self.bytes_sent, self.max_abs_local = 0, 0.0   # largest |gradient| contributed
+        self.extra_stats = {}      # summed numeric stats of other collectives
+        self.call_seconds = []     # wall time of every allreduce call
+        self.error = None
+        self._pool, self._lock = None, threading.Lock()
+        self.rejoin, self.behind = False, False
+
+    @classmethod
+    def from_env(cls, process_group=None, **kw) -> "InaHookState":
+        """``setup_hook_state(process_group, ...)``: see there."""
+        return setup_hook_state(process_group, **kw)
+
+    @property
+    def deadline_history(self) -> list:
+        """(call, deadline) at the derived deadline's first value and every move."""
+        return self.tuner.history if self.tuner is not None else []
 
     def raise_error(self, wrapped: BaseException):
         """Re-raise the error of a failed bucket (set by ``ina_hook``) in place of
@@ -126,138 +287,17 @@ class InaHookState:
             raise self.error from None
         raise wrapped
 
-    def __post_init__(self):
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
-        self._lock = threading.Lock()
+    def submit(self, work):
+        """Run ``work`` on the hook's thread (made at the first call)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ina-hook")
+        return self._pool.submit(work)
 
     @property
     def _peers(self):
         if self.peers is None:
             self.peers = DistPeers(self.process_group)
         return self.peers
-
-    @classmethod
-    def from_env(cls, process_group=None, switch=None, job=None, mode=None, window=None,
-                 elements=None, deadline=None, configure=True, impairment=None,
-                 connect_timeout=2.0, bind_port=None, peers=None, job_offset=0,
-                 session=None, carry=False, deadline_rule=None, **fields):
-        """Build the state for this rank of a torchrun job.
-
-        Environment (each overrides the argument; unset, the Ethernet defaults of
-        ``ina_fabric.protocol.jobtable.LINK_DEFAULTS``): INA_SWITCH (ip:port), INA_JOB
-        (default 1), INA_MODE (reliable|bounded|bounded-skip), INA_CARRY (1: a bounded
-        worker's left-out contribution goes with its next call, ``SwitchClient.carry``),
-        INA_ELEMENTS (per packet), INA_WINDOW,
-        INA_DEADLINE_MS (milliseconds, as every flag and TOML key; ``auto``, or
-        ``deadline="auto"``: bounded mode's slot deadline derived from the link and the
-        ranks' timeouts, ``host.transport.slot_deadline``), INA_DEADLINE_RULE (or
-        ``deadline_rule``: that derivation's rule, ``loss-aware`` (the default) or
-        ``derived``), INA_LINK_RATE (bit/s of the
-        workers' links: the derived deadline's, and the client's pacing rate),
-        INA_PACE_RATE (bit/s, overrides the pacing rate; 0: none); RANK/WORLD_SIZE from
-        torchrun. Every rank binds a UDP port
-        on the interface facing the switch; the ranks exchange addresses over the
-        process group and rank 0 installs the job on the switch with a CONTROL datagram
-        (``configure=False`` if the switch's job table is loaded another way, as on the
-        FPGA, which takes its jobs from ``ina hw-config``: then each rank binds
-        ``INA_PORT + rank`` (or ``bind_port + rank``) so the addresses match that table,
-        and no STATUS probe is sent; a dead switch shows at the first bucket instead).
-
-        ``session`` (or INA_SESSION): with ``configure=False``, the session id of the job
-        the switch holds (with ``configure``, rank 0 draws a fresh one and every rank
-        takes it). ``peers``: how the ranks talk before the switch is in use (default
-        ``DistPeers(process_group)``); ``job_offset`` is added to the job id (a
-        subgroup's job); ``fields``: other fields of the state (``average``,
-        ``fallback_to_gloo``; INA_FALLBACK=gloo|raise overrides the latter)."""
-        peers = peers if peers is not None else DistPeers(process_group)
-        rank, world = peers.rank, peers.world
-        addr = switch_from_env(switch and f"{switch[0]}:{switch[1]}")
-        try:
-            addr = (socket.gethostbyname(addr[0]), addr[1])
-        except OSError as e:
-            raise ValueError(f"bad switch address {addr[0]}:{addr[1]}: {e}") from None
-        job = int(os.environ.get("INA_JOB", job or 1)) + job_offset
-        env = os.environ
-        if env.get("INA_FALLBACK") in ("gloo", "raise"):
-            fields["fallback_to_gloo"] = env["INA_FALLBACK"] == "gloo"
-        # the slot deadline: INA_DEADLINE_MS (a number, or "auto"), else ``deadline``
-        # (seconds, or "auto"); "auto" in bounded mode derives it from the link and the
-        # ranks' timeouts (host.transport.slot_deadline): installed for the job's
-        # window, moved live from the first call on (InaHookState.tune_deadline)
-        text = env.get("INA_DEADLINE_MS", "").strip().lower()
-        auto = text == "auto" or (not text and deadline == "auto")
-        fixed = float(text) / 1e3 if text and not auto else \
-            (None if auto or deadline == "auto" else deadline)
-        s = job_defaults(
-            "ethernet",
-            elements=int(env["INA_ELEMENTS"]) if "INA_ELEMENTS" in env else elements,
-            window=int(env["INA_WINDOW"]) if "INA_WINDOW" in env else window,
-            mode=env.get("INA_MODE", mode), deadline=fixed)
-        window, elements, mode, deadline = s.window, s.elements, s.mode, s.deadline
-        auto = auto and mode in ("bounded", "bounded-skip")
-        link_rate = float(env["INA_LINK_RATE"]) if env.get("INA_LINK_RATE") else None
-        if auto:
-            from ..transport.slot_deadline import slot_deadline
-            from ina_fabric.protocol.fields import HEADER_BYTES
-            deadline = slot_deadline(window, HEADER_BYTES + 4 * elements, link_rate)
-        base = int(os.environ.get("INA_PORT", bind_port or 0))
-        from ina_fabric.protocol.jobtable import loopback_group
-        # switch on this host and the job installed here: its RESULTs go to a multicast
-        # group, one copy for all ranks, if every rank joins it (else unicast)
-        group = loopback_group(addr, job) if configure else None
-        # pacing at the link rate (INA_PACE_RATE bit/s overrides INA_LINK_RATE; 0: none)
-        pace = env.get("INA_PACE_RATE", env.get("INA_LINK_RATE", "")).strip()
-        client = SwitchClient(addr, job, rank, world, window, elements, mode,
-                              bind=(local_address_towards(addr), base + rank if base else 0),
-                              deadline=deadline, group=group,
-                              connect_timeout=connect_timeout, impairment=impairment,
-                              pace_rate=float(pace) if pace else 0.0,
-                              carry=env.get("INA_CARRY", "1" if carry else "0") == "1")
-        import json    # a text per rank: its address, the group it joined (or null) and a
-        # session id; rank 0's is the run's (a fresh one; a static job's is INA_SESSION)
-        from ina_fabric.protocol.jobtable import new_session, parse_session
-        if configure:
-            session = new_session()
-        elif "INA_SESSION" in env or session:
-            session = parse_session(env.get("INA_SESSION", session))
-        else:
-            client.close()
-            raise ValueError("a job the switch already holds (no CONTROL): give its session "
-                             "id in INA_SESSION (the `session` of its [[job]] table)")
-        gathered = [json.loads(t) for t in peers.gather(json.dumps(
-            [f"{client.address[0]}:{client.address[1]}", client.group, str(session)]))]
-        members = [(m, tuple(g) if g else None) for m, g, _ in gathered]
-        client.session = int(gathered[0][2])
-        ok = 1
-        if configure and rank == 0:
-            from ina_fabric.protocol.jobtable import JobConfig
-            from ..switch import send_job
-            mcast = group if all(g == group for _, g in members) else None
-            cfg = JobConfig(job, tuple(m for m, _ in members), window, elements, deadline,
-                            mode, mcast, client.session)
-            try:
-                send_job(addr, cfg, timeout=connect_timeout)
-            except OSError:
-                ok = 0
-        state = cls(client, process_group, peers=peers, **fields)
-        state.installed = bool(configure and rank == 0 and ok)
-        state.auto_deadline, state.link_rate = auto and configure, link_rate
-        if configure and rank == 0:
-            state.job_config = cfg
-        if state.auto_deadline:
-            from ..transport.slot_deadline import RULES
-            rule = env.get("INA_DEADLINE_RULE", "").strip() or deadline_rule or "loss-aware"
-            if rule not in RULES:
-                client.close()
-                raise ValueError(f"INA_DEADLINE_RULE={rule!r}: have {', '.join(RULES)}")
-            state.deadline_rule = rule
-            state.deadline_history.append((0, deadline))
-        try:
-            state.probe(ok, query=configure)
-        except BaseException:
-            client.close()
-            raise
-        return state
 
     def probe(self, ok=1, query=True):
         """Agree across ranks whether the switch answers (and, when ``query``, holds
@@ -266,10 +306,14 @@ class InaHookState:
         error = SwitchUnavailable
         flag = self._peers.agree(ok)    # also: rank 0's CONTROL is done on every rank
         if flag and query:
-            try:
-                ok = 2 if self.job_installed() else 1
-            except OSError:
-                ok = 0
+            # rank 0 asks, once for all: a switch in hardware answers one STATUS_REQ at
+            # a time (the board's control plane drops the others as drop_control_busy)
+            ok = 2
+            if self._peers.rank == 0:
+                try:
+                    ok = 2 if self.job_installed() else 1
+                except OSError:
+                    ok = 0
             flag = self._peers.agree(ok)
             if flag == 1:
                 flag, why, error = 0, self.not_installed_reason(), JobNotInstalled
@@ -279,8 +323,9 @@ class InaHookState:
 
     def job_installed(self) -> bool:
         """Whether the switch's job table holds this job (OSError: no answer)."""
-        from ..switch import query_status
-        jobs = query_status(self.collective.switch, timeout=1.0).get("jobs", {})
+        from ina_fabric.protocol.control_client import query_status
+        jobs = query_status(self.collective.switch,
+                            timeout=self.status_timeout).get("jobs", {})
         return str(self.collective.job) in {str(j) for j in jobs}
 
     def not_installed_reason(self) -> str:
@@ -312,11 +357,12 @@ class InaHookState:
         job id is free at once for the next run instead of after the switch's idle
         reclaim; call it when every rank is done (``ina train`` closes after its final
         barrier), or pass ``remove=False``."""
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         if remove and self.installed and self.use_switch:
             self.installed = False
             from ..switch.model import IDLE_RECLAIM_S
-            from ..switch.server import remove_job
+            from ina_fabric.protocol.control_client import remove_job
             c = self.collective
             try:
                 remove_job(c.switch, c.job, c.session, timeout=1.0)
@@ -328,7 +374,7 @@ class InaHookState:
         if close:
             close()
 
-    # -- the derived slot deadline (bounded mode, host.transport.slot_deadline) --------
+    # -- the derived slot deadline (bounded mode; the rule is host.deadline's) ---------
     def agree_rto(self):
         """Every rank's RTT-based timeout and its count of re-fetched RESULTs since the
         last exchange, exchanged (one small allreduce, at the same call on every rank).
@@ -341,41 +387,34 @@ class InaHookState:
         refetched = self.stats.refetched - self._refetched_at_exchange
         self._refetched_at_exchange = self.stats.refetched
         if not self.exchange_rto:
-            self.agreed_rto = mine or None
-            lost = refetched
+            rto, lost = mine, refetched
         else:
             world = self._peers.world
             v = torch.zeros(2 * world, dtype=torch.float64)
             v[self._peers.rank] = mine
             v[world + self._peers.rank] = refetched
             self._peers.allreduce(v)
-            self.agreed_rto = float(v[:world].max()) or None
-            lost = int(v[world:].sum())
-        self.clean_intervals = 0 if lost else self.clean_intervals + 1
-        self.extra_stats["agreed_rto_ms"] = (self.agreed_rto or 0.0) * 1e3
+            rto, lost = float(v[:world].max()), int(v[world:].sum())
+        self.tuner.agreed(rto, lost)
+        self.extra_stats["agreed_rto_ms"] = (self.tuner.agreed_rto or 0.0) * 1e3
         self.extra_stats["refetched_results"] = \
             self.extra_stats.get("refetched_results", 0) + lost
 
     def tune_deadline(self, size: int):
-        """Before a call: the rule's deadline for this call's window, the link rate and
-        the agreed timeout; rank 0 moves the switch's deadline live (only the deadline
-        changes; slots and data in flight stay) when it moved by more than
-        ``RETUNE_CHANGE``. Rank 0 does it before its own first packet of the call."""
-        from ..transport.slot_deadline import choose_deadline, RETUNE_CHANGE
+        """Before a call: the tuner's deadline for this call's window; rank 0 moves the
+        switch's deadline live (only the deadline changes; slots and data in flight
+        stay) when the tuner says it is worth it, before its own first packet."""
         from ina_fabric.protocol.fields import HEADER_BYTES
         c = self.collective
         w = c.call_window(-(-size // c.elements)) if size else 1
-        d = choose_deadline(self.deadline_rule, w, HEADER_BYTES + 4 * c.elements,
-                            self.link_rate, self.agreed_rto, self.clean_intervals)
-        self._tune_window = w
+        d = self.tuner.deadline(w, HEADER_BYTES + 4 * c.elements)
         if self.job_config is None or not self.installed:
             c.deadline = d        # the client's giveup follows the switch's deadline
             return
-        cur = self.job_config.deadline
-        if abs(d - cur) <= RETUNE_CHANGE * cur:
+        if not self.tuner.should_move(self.job_config.deadline, d):
             return
         import dataclasses
-        from ..switch import send_job
+        from ina_fabric.protocol.control_client import send_job
         new = dataclasses.replace(self.job_config, deadline=d)
         try:
             send_job(c.switch, new, timeout=1.0, update=True)
@@ -385,7 +424,7 @@ class InaHookState:
             return
         self.job_config = new
         c.deadline = d
-        self.deadline_history.append((self._tune_calls, d))
+        self.tuner.moved(d)
         self.extra_stats["switch_deadline_ms"] = d * 1e3
 
     def reduce_array(self, arr: np.ndarray, in_place: bool = False) -> np.ndarray:
@@ -393,21 +432,22 @@ class InaHookState:
         statistics; the sum (a new array, or ``arr`` itself when ``in_place``: a
         ``SwitchClient`` only). SwitchUnavailable when no answer came."""
         import time
-        if self.auto_deadline:
+        if self.tuner is not None:
             self.tune_deadline(arr.size)
         t = time.perf_counter()
         out, st = self.collective.allreduce(arr, out=arr) if in_place else \
             self.collective.allreduce(arr)
         dt = time.perf_counter() - t
-        if self.auto_deadline:
-            self._tune_calls += 1
-            from ..transport.slot_deadline import RETUNE_CALLS, EARLY_EXCHANGES
-            if self._tune_calls % RETUNE_CALLS == 0 or self._tune_calls in EARLY_EXCHANGES:
-                self.agree_rto()
+        if self.tuner is not None and self.tuner.call_done():
+            self.agree_rto()
         self.comm_seconds += dt
         self.call_seconds.append(dt)
         if isinstance(st, AllreduceStats):
             self.stats.add(st)
+            rt = getattr(self.collective, "_rtt", None)
+            if rt is not None:      # congestion control: where the window stands
+                self.extra_stats["cwnd"] = rt.cwnd
+                self.extra_stats["cwnd_cuts"] = rt.cuts
         elif isinstance(st, dict):  # other collectives: sum what is numeric
             for k, v in st.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -419,6 +459,8 @@ class InaHookState:
     # the work of one bucket, on the hook thread
     def reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         world = self._peers.world
+        if self.use_switch and self.behind:
+            return tensor         # behind: this step's update is replaced by a replica
         if self.use_switch:
             arr = tensor.detach().numpy()
             if arr.size:
@@ -426,12 +468,20 @@ class InaHookState:
                                          float(arr.max()), -float(arr.min()))
             in_place = isinstance(self.collective, SwitchClient)
             try:
-                # a SwitchClient sums the bucket in place (no output array per bucket);
-                # SwitchUnavailable means no RESULT ever came, so nothing was written yet
+                # a SwitchClient sums the bucket in place (no output array per bucket)
                 out = self.reduce_array(arr, in_place)
+            except AllreduceTooLate:
+                if not self.rejoin:
+                    raise
+                self.behind = True   # rejoin (host.ddp.rejoin) instead of ending the job
+                return tensor
             except SwitchUnavailable as e:
+                # Not a fallback: the ranks decide that together, at setup (``probe``).
+                # A switch lost mid-run may have answered some ranks' last call and not
+                # others': a rank alone on Gloo would pair its calls with nobody's (the
+                # hang of issue 43), so every rank ends with the reason instead.
                 self.fallbacks += 1
-                self._fall_back(str(e))
+                raise self.diagnose(e) from None
             else:
                 result = tensor if in_place else torch.from_numpy(out)
                 if self.average:
@@ -455,5 +505,138 @@ def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Futu
             state.error = e     # reducer shows it as "Unable to cast ... to Tensor":
             fut.set_exception(e)    # raise_error() gives the error itself)
 
-    state._pool.submit(work)
+    state.submit(work)
     return fut
+
+
+# -- setup: environment, socket, addresses, job, probe ---------------------------------
+def setup_hook_state(process_group=None, switch=None, job=None, mode=None, window=None,
+                     elements=None, deadline=None, configure=True, impairment=None,
+                     connect_timeout=2.0, bind_port=None, peers=None, job_offset=0,
+                     session=None, carry=False, deadline_rule=None,
+                     **fields) -> InaHookState:
+    """Build the hook's state for this rank of a torchrun job.
+
+    1. :func:`hook_settings`: the environment over the arguments, over the defaults of
+       the link towards the switch (loopback or Ethernet);
+    2. :func:`bind_client`: this rank's UDP socket, on the interface facing the switch;
+    3. :func:`exchange_addresses`: the ranks' addresses, rank 0's session id and (a
+       static job) where a new run resumes, over ``peers`` (default
+       ``DistPeers(process_group)``);
+    4. :func:`install_job`: rank 0 installs the job with a CONTROL datagram
+       (``configure=False`` when the switch's job table is loaded another way, as on the
+       FPGA, which takes its jobs from ``ina hw-config``: then rank r binds
+       ``INA_PORT + r`` (or ``bind_port + r``) so the addresses match that table, the
+       job's session is INA_SESSION (or ``session``), and no STATUS probe is sent; a dead
+       switch shows at the first bucket instead);
+    5. ``InaHookState.probe``: every rank agrees whether the switch answers and holds
+       the job (warn and use Gloo, or raise, if not).
+
+    ``job_offset`` is added to the job id (a subgroup's job); ``fields``: ``average``,
+    ``fallback_to_gloo`` (INA_FALLBACK=gloo|raise overrides it)."""
+    peers = peers if peers is not None else DistPeers(process_group)
+    s = hook_settings(None, switch, job, mode, window, elements, deadline, bind_port,
+                      job_offset, session, carry, deadline_rule)
+    if not configure and s.session is None:
+        raise ValueError("a job the switch already holds (no CONTROL): give its session "
+                         "id in INA_SESSION (the `session` of its [[job]] table)")
+    if s.fallback is not None:
+        fields["fallback_to_gloo"] = s.fallback
+    client = bind_client(s, peers.rank, peers.world, configure, impairment, connect_timeout)
+    try:
+        members, refused = exchange_addresses(
+            peers, client, s.session if not configure else None, connect_timeout,
+            fresh=session if configure else None)
+        state = InaHookState(client, process_group, peers=peers, **fields)
+        ok = 1
+        if configure and peers.rank == 0:
+            state.job_config, ok = install_job(s, client, members, connect_timeout)
+            state.installed = bool(ok)
+        if s.auto and configure:
+            from ..deadline import SlotDeadlineTuner
+            state.tuner = SlotDeadlineTuner(s.rule, s.link_rate)
+            state.tuner.moved(s.deadline)
+        if refused:       # every rank alike: rank 0's reason, raised or warned
+            from ina_fabric.protocol.fields import Refusal
+            from ..transport.switch_client import SwitchRefused
+            state._fall_back(refused[1], JobNotInstalled
+                             if refused[0] == Refusal.UNKNOWN_JOB else SwitchRefused)
+        else:
+            state.probe(ok, query=configure)
+    except BaseException:
+        client.close()
+        raise
+    return state
+
+
+def bind_client(s: HookSettings, rank: int, world: int, configure: bool = True,
+                impairment=None, connect_timeout: float = 2.0) -> SwitchClient:
+    """This rank's ``SwitchClient``, bound on the interface facing the switch (port
+    ``INA_PORT + rank`` when a base is given, else any). With ``configure`` and the switch
+    on this host, its RESULTs may come to a multicast group, one copy for all ranks."""
+    from ina_fabric.protocol.jobtable import loopback_group
+    group = loopback_group(s.switch, s.job) if configure else None
+    # a tree of switches (docs/fabric.md): the worker's id is its index at its own
+    # switch (INA_WORKER), the job's workers the whole tree's
+    worker = rank if s.worker is None else s.worker
+    return SwitchClient(s.switch, s.job, worker, world, s.window, s.elements, s.mode,
+                        bind=(local_address_towards(s.switch),
+                              s.bind_base + rank if s.bind_base else 0),
+                        deadline=s.deadline, group=group,
+                        connect_timeout=connect_timeout, impairment=impairment,
+                        pace_rate=s.pace_rate, congestion=s.congestion, carry=s.carry)
+
+
+def exchange_addresses(peers, client: SwitchClient, session=None,
+                       connect_timeout: float = 2.0, fresh=None):
+    """Every rank's (address, multicast group or None), gathered over ``peers``, and
+    rank 0's refusal (``[fields.Refusal, message]``, or None). Every rank's client starts with rank 0's session
+    id (a fresh one, or ``session``: a static job's) and, for a static job, at the
+    position rank 0 read from the switch (where a new run resumes; STATUS). ``fresh``:
+    the new session to install under, when the caller draws it (the ``ina`` backend's
+    ``run_session``)."""
+    import json
+    from ina_fabric.protocol.jobtable import new_session
+    mine = session if session is not None else fresh or new_session()
+    position = 0      # a static job: rank 0 asks where a new run resumes
+    if session is not None and peers.rank == 0:
+        from ..transport.switch_client import static_position
+        try:
+            position = static_position(client.switch, client.job, mine,
+                                       timeout=connect_timeout, workers=peers.world)
+        except OSError as e:      # SwitchRefused: no such job, another session, ...
+            position = [int(getattr(e, "reason", 0) or 0), str(e)]
+    mac = local_mac(client.address[0])     # (a board sends RESULT frames to it)
+    gathered = [json.loads(t) for t in peers.gather(json.dumps(
+        [f"{client.address[0]}:{client.address[1]}" + (f"@{mac}" if mac else ""),
+         client.group, str(mine), position]))]
+    members = [(m, tuple(g) if g else None) for m, g, _, _ in gathered]
+    refused = gathered[0][3] if isinstance(gathered[0][3], list) else None
+    if session is not None and gathered[0][3] is None:
+        sw = client.switch
+        warnings.warn(f"INA: switch {sw[0]}:{sw[1]} did not answer STATUS (no "
+                      f"control key here?): static job {client.job} starts at seq 0; a run "
+                      f"after an earlier one may then be refused (STALE) or, after "
+                      f"a run shorter than two windows, take its stored results",
+                      RuntimeWarning, stacklevel=2)
+    client.start(int(gathered[0][2]), 0 if refused else gathered[0][3] or 0)
+    return members, refused
+
+
+def install_job(s: HookSettings, client: SwitchClient, members: list,
+                connect_timeout: float = 2.0):
+    """Rank 0: install the job on the switch (CONTROL). Returns (JobConfig, 1), or
+    (JobConfig, 0) when no switch answered (the probe then decides for every rank);
+    ``JobRefused`` with the switch's reason."""
+    from ina_fabric.protocol.jobtable import JobConfig
+    from ina_fabric.protocol.control_client import send_job
+    group = client.group
+    mcast = group if all(g == group for _, g in members) else None
+    cfg = JobConfig(s.job, tuple(m for m, _ in members), s.window, s.elements, s.deadline,
+                    s.mode, mcast, client.session)
+    try:
+        send_job(s.switch, cfg, timeout=connect_timeout)
+    except OSError:
+        return cfg, 0
+    return cfg, 1
+

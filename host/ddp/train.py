@@ -70,7 +70,7 @@ class TrainConfig:
     elements: int = _LOOPBACK.elements   # per packet (LINK_DEFAULTS: loopback)
     window: int = _LOOPBACK.window
     #: bounded mode's slot deadline; None: derived from the link rate and the ranks'
-    #: timeouts (``host.transport.slot_deadline``, moved live by rank 0)
+    #: timeouts (``host.deadline``, moved live by rank 0)
     deadline_ms: float | None = _LOOPBACK.deadline_ms
     #: the derived deadline's rule (``slot_deadline.RULES``): ``derived`` (wire + 2 rto)
     #: or ``loss-aware`` (one window more than the wire while no RESULT is lost)
@@ -78,6 +78,10 @@ class TrainConfig:
     static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
     worker_base_port: int = 0         # with static_job: worker r binds this + r
     session: int = 0                  # with static_job: the session id of the job it holds
+    #: a switch that cannot be used at setup: "gloo" (every rank falls back together,
+    #: with a warning on every rank and in the table) or "never" (every rank raises);
+    #: None: INA_FALLBACK, else ``default_fallback`` (never for a static job, else gloo)
+    fallback: str | None = None
     # uplink impairment (userspace, per worker, seeded)
     loss: float = 0.0
     duplicate: float = 0.0
@@ -105,6 +109,16 @@ class TrainConfig:
     straggler_ranks: str = "all"
     time_gloo: bool = False           # gloo: a timing comm hook records each allreduce
 
+    def resolved_fallback(self) -> str:
+        """gloo or never: INA_FALLBACK (gloo, never; raise = never) over ``fallback``
+        over ``default_fallback``."""
+        env = os.environ.get("INA_FALLBACK", "").strip().lower()
+        if env:
+            if env not in ("gloo", "never", "raise"):
+                raise ValueError(f"INA_FALLBACK={env!r}: expected gloo or never")
+            return "never" if env == "raise" else env
+        return self.fallback or default_fallback(self.static_job)
+
     def straggler_delay(self, rank: int, step: int) -> float:
         """Seconds rank ``rank`` sleeps before step ``step`` (0 when not a straggler)."""
         if self.straggler_ms <= 0:
@@ -128,6 +142,9 @@ class TrainConfig:
     def validate(self):
         if not 1 <= self.workers <= 32:
             raise ValueError(f"workers={self.workers}: need 1..32")
+        if self.fallback not in (None, "gloo", "never"):
+            raise ValueError(f"fallback {self.fallback!r}: expected gloo or never")
+        self.resolved_fallback()
         if self.straggler_ms < 0 or self.straggler_p99_over_p50 < 1:
             raise ValueError("straggler_ms >= 0 and straggler_p99_over_p50 >= 1")
         if self.straggler_ranks != "all":
@@ -141,7 +158,7 @@ class TrainConfig:
                                  f"comma-separated ranks below {self.workers}")
         if self.accum_steps < 1:
             raise ValueError(f"accum_steps={self.accum_steps}: need >= 1")
-        from ..transport.slot_deadline import RULES
+        from ..deadline import RULES
         if self.deadline_rule not in RULES:
             raise ValueError(f"deadline_rule={self.deadline_rule!r}: one of {', '.join(RULES)}")
         if self.lr_scaling not in LR_SCALING:
@@ -153,9 +170,9 @@ class TrainConfig:
         from .workloads import WORKLOADS
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; have {', '.join(WORKLOADS)}")
-        if self.switch_engine not in ("auto", "fast", "model", "rtl"):
-            raise ValueError(f"switch_engine {self.switch_engine!r}: auto, fast, model "
-                             "or rtl")
+        if self.switch_engine not in ("auto", "fast", "model", "rtl", "board"):
+            raise ValueError(f"switch_engine {self.switch_engine!r}: auto, fast, model, "
+                             "rtl or board")
         if self.switch_engine != "auto" and self.switch:
             raise ValueError("switch_engine chooses the switch started here; with switch "
                              "(an external one) it does not apply")
@@ -165,6 +182,13 @@ class TrainConfig:
             if self.window > P.window or self.elements > P.elements:
                 raise ValueError(f"the RTL core takes a window of at most {P.window} and "
                                  f"at most {P.elements} elements per packet (have "
+                                 f"{self.window}, {self.elements})")
+        if self.switch_engine == "board" and self.backend.startswith("ina"):
+            from ..switch.board import board_params
+            P = board_params()
+            if self.window > P.window or self.elements > P.elements:
+                raise ValueError(f"the board's core takes a window of at most {P.window} "
+                                 f"and at most {P.elements} elements per packet (have "
                                  f"{self.window}, {self.elements})")
         if self.static_job and not (self.switch and self.worker_base_port):
             raise ValueError("static_job needs switch and worker_base_port (the ports in "
@@ -197,6 +221,7 @@ class TrainResult:
     param_hashes: list = field(default_factory=list)
     switch_counters: dict = field(default_factory=dict)
     switch_rtl: dict = field(default_factory=dict)    # the RTL engine's figures
+    switch_board: dict = field(default_factory=dict)  # the board engine's figures
     fallbacks: int = 0
     knobs: list = field(default_factory=list)     # (seconds, step, accum, precision)
     # with a target loss: (training seconds, step, samples, test loss); training seconds
@@ -208,6 +233,9 @@ class TrainResult:
     max_abs_grad: float = 0.0                     # largest local |gradient| of any rank
     call_seconds: list = field(default_factory=list)  # rank 0: each allreduce call's time
     rank_seconds: list = field(default_factory=list)  # each rank's wall time, in rank order
+    #: bounded modes: each rank's rejoins (host.ddp.rejoin): {"rejoins", "steps_skipped",
+    #: "seconds"}, in rank order (empty dicts where the run had none)
+    rejoin: list = field(default_factory=list)
 
 
 def load_factory(path: str):
@@ -224,10 +252,27 @@ def _params_hash(model):
     return h.hexdigest()
 
 
-def _worker(rank, cfg_d, master_port, switch, queue, keep_params):
+def default_fallback(static_job: bool) -> str:
+    """The fallback when neither ``--fallback`` nor INA_FALLBACK chooses: ``never`` for a
+    static job, ``gloo`` otherwise. A static job names a switch that was set up by hand
+    for this run (an FPGA loaded with ``ina hw-config``): a run that could not use it
+    measures Gloo while its user believes it measured the board, so it stops with the
+    reason. A job installed by the run itself (a switch started here, or ``--switch``
+    with CONTROL) is a convenience whose absence should not lose the training: every
+    rank falls back together and says so (a warning on every rank, and the table)."""
+    return "never" if static_job else "gloo"
+
+
+def _worker(rank, cfg_d, master_port, switch, queue, keep_params, netns=None):
     """A rank: train, or report its own error (the parent shows that one, not the
-    "connection closed" its peers see next)."""
+    "connection closed" its peers see next). ``netns``: the namespace to train in (the
+    board engine's, where the board's TAP is)."""
+    from ..oneline import quiet_child
+    quiet_child()             # Ctrl-C: the parent ends the ranks, quietly
     try:
+        if netns:
+            from ..lab.netns import enter
+            enter(netns)
         _train_rank(rank, cfg_d, master_port, switch, queue, keep_params)
     except BaseException as e:
         queue.put(("error", (rank, f"{type(e).__name__}: {e}")))
@@ -240,7 +285,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from .workloads import get_workload
-    from .hook import InaHookState, ina_hook
+    from .hook import ina_hook
     cfg = TrainConfig(**cfg_d)
     torch.set_num_threads(cfg.threads)
     # master_port None: launched by torchrun (ina train --lab), rendezvous from its env
@@ -254,20 +299,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
     target_loss = cfg.target_loss if cfg.target_loss is not None else \
         (wl.target_loss if cfg.target is None else None)
     model = DDP(wl.model)
-    state = None
-    if cfg.backend in INA_BACKENDS:
-        imp = cfg.uplink(rank)
-        state = InaHookState.from_env(
-            switch=switch, job=cfg.job,
-            mode=INA_BACKENDS[cfg.backend][0], carry=INA_BACKENDS[cfg.backend][1],
-            window=cfg.window, elements=cfg.elements,
-            deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
-            deadline_rule=cfg.deadline_rule,
-            impairment=imp, configure=not cfg.static_job,
-            bind_port=cfg.worker_base_port or None, session=cfg.session or None)
-    elif cfg.backend != "gloo":
-        collective = load_factory(cfg.backend)(rank, world, cfg)
-        state = InaHookState(collective, None)
+    state = _hook_state(cfg, rank, world, switch)
     gloo_times = []
     if state is not None:
         model.register_comm_hook(state, ina_hook)
@@ -280,6 +312,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
         opt = torch.optim.SGD(model.parameters(), lr=lr0, momentum=cfg.momentum)
     lossf = torch.nn.CrossEntropyLoss()
     controller = load_factory(cfg.controller)(cfg) if (cfg.controller and rank == 0) else None
+    rejoin = _rejoin(cfg, state, model, opt, rank, world)
     accum, precision = cfg.accum_steps, 32
     n_train = len(wl.y_train)
 
@@ -339,41 +372,12 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             samples += accum * batch * world
             micro = 0
             step += 1
+            if rejoin is not None:     # bounded: a rank that fell behind rejoins here
+                rejoin.after_step(step)
             if cfg.controller and step % cfg.control_interval == 0:
-                knobs = [None]
-                if rank == 0:
-                    now = time.perf_counter() - t0
-                    info = {"step": step, "epoch": epoch, "time": now,
-                            "train_seconds": now - eval_s[0],
-                            "loss": float(loss.item()) * accum,
-                            "comm_seconds": state.comm_seconds if state else 0.0,
-                            "compute_seconds": compute_s,
-                            "bytes": state.bytes_sent if state else 0,
-                            "accum_steps": accum, "precision_bits": precision,
-                            "batch": batch * world}
-                    knobs = [controller.on_step(info) or {}]
-                # one broadcast of three integers (-1: keep; the pace in thousandths),
-                # not broadcast_object_list's two (size, then pickle): each is a trip
-                # through the links' queues
-                k = knobs[0] or {}
-                word = torch.tensor([int(k.get("accum_steps", -1)),
-                                     int(k.get("precision_bits", -1)),
-                                     int(round(1000 * k["pace"])) if "pace" in k else -1],
-                                    dtype=torch.int64) \
-                    if rank == 0 else torch.empty(3, dtype=torch.int64)
-                dist.broadcast(word, src=0)
-                if word[0] > 0:
-                    accum = int(word[0])
-                for group in opt.param_groups:
-                    group["lr"] = scaled_lr(lr, accum, cfg.lr_scaling)
-                if word[1] > 0:
-                    precision = int(word[1])
-                if state is not None and hasattr(state.collective, "set_precision"):
-                    state.collective.set_precision(precision)
-                if word[2] > 0 and state is not None and hasattr(state.collective, "set_pace"):
-                    state.collective.set_pace(int(word[2]) / 1000.0)
-                if rank == 0:
-                    queue.put(("knobs", (time.perf_counter() - t0, step, accum, precision)))
+                accum, precision = _apply_knobs(
+                    controller, state, opt, cfg, rank, queue, lr, t0, step, epoch, loss,
+                    compute_s, eval_s[0], accum, precision, batch * world)
             if cfg.max_steps and step >= cfg.max_steps:
                 stop = True
                 break
@@ -393,8 +397,88 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             stop = _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg)
         if epoch >= cfg.max_epochs:
             stop = True
+    if rejoin is not None:
+        rejoin.finish(step)
     seconds = time.perf_counter() - t0
     final, _ = evaluate()
+    out = _rank_result(rank, model, state, step, seconds, final, gloo_times, rejoin)
+    if keep_params and rank == 0:
+        out["params"] = [p.detach().numpy().copy() for p in model.module.parameters()]
+    queue.put(("done", out))
+    dist.barrier()
+    if state is not None:   # after the barrier: every rank is done with the job, so
+        state.close()       # rank 0 may remove it from the switch
+    dist.destroy_process_group()
+
+
+def _hook_state(cfg, rank, world, switch):
+    """The comm hook's state for ``cfg.backend``: a switch job (set up from the
+    environment and ``cfg``), another collective (a ``module:factory``), or None (Gloo)."""
+    from .hook import InaHookState, setup_hook_state
+    if cfg.backend in INA_BACKENDS:
+        return setup_hook_state(
+            switch=switch, job=cfg.job,
+            mode=INA_BACKENDS[cfg.backend][0], carry=INA_BACKENDS[cfg.backend][1],
+            window=cfg.window, elements=cfg.elements,
+            deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
+            deadline_rule=cfg.deadline_rule,
+            impairment=cfg.uplink(rank), configure=not cfg.static_job,
+            fallback_to_gloo=cfg.resolved_fallback() == "gloo",
+            bind_port=cfg.worker_base_port or None, session=cfg.session or None,
+            # the simulated board runs thousands of times slower than real time
+            **({"connect_timeout": 60.0, "status_timeout": 60.0}
+               if cfg.switch_engine == "board" else {}))
+    if cfg.backend != "gloo":
+        return InaHookState(load_factory(cfg.backend)(rank, world, cfg), None)
+    return None
+
+
+def _apply_knobs(controller, state, opt, cfg, rank, queue, lr, t0, step, epoch, loss,
+                 compute_s, eval_seconds, accum, precision, global_batch):
+    """Every ``control_interval`` steps: rank 0's controller picks the knobs, every rank
+    takes them (accumulation, precision, pace). Returns the new (accum, precision)."""
+    import torch
+    import torch.distributed as dist
+    knobs = [None]
+    if rank == 0:
+        now = time.perf_counter() - t0
+        info = {"step": step, "epoch": epoch, "time": now,
+                "train_seconds": now - eval_seconds,
+                "loss": float(loss.item()) * accum,
+                "comm_seconds": state.comm_seconds if state else 0.0,
+                "compute_seconds": compute_s,
+                "bytes": state.bytes_sent if state else 0,
+                "accum_steps": accum, "precision_bits": precision,
+                "batch": global_batch}
+        knobs = [controller.on_step(info) or {}]
+    # one broadcast of three integers (-1: keep; the pace in thousandths),
+    # not broadcast_object_list's two (size, then pickle): each is a trip
+    # through the links' queues
+    k = knobs[0] or {}
+    word = torch.tensor([int(k.get("accum_steps", -1)),
+                         int(k.get("precision_bits", -1)),
+                         int(round(1000 * k["pace"])) if "pace" in k else -1],
+                        dtype=torch.int64) \
+        if rank == 0 else torch.empty(3, dtype=torch.int64)
+    dist.broadcast(word, src=0)
+    if word[0] > 0:
+        accum = int(word[0])
+    for group in opt.param_groups:
+        group["lr"] = scaled_lr(lr, accum, cfg.lr_scaling)
+    if word[1] > 0:
+        precision = int(word[1])
+    if state is not None and hasattr(state.collective, "set_precision"):
+        state.collective.set_precision(precision)
+    if word[2] > 0 and state is not None and hasattr(state.collective, "set_pace"):
+        state.collective.set_pace(int(word[2]) / 1000.0)
+    if rank == 0:
+        queue.put(("knobs", (time.perf_counter() - t0, step, accum, precision)))
+    return accum, precision
+
+
+def _rank_result(rank, model, state, step, seconds, final, gloo_times,
+                 rejoin=None) -> dict:
+    """What one rank reports at the end of its run."""
     out = {"rank": rank, "hash": _params_hash(model.module), "steps": step,
            "seconds": seconds, "final": final,
            "stats": ({**state.extra_stats, **state.stats.as_dict(),
@@ -404,15 +488,29 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
                          if state.deadline_history else {})}
                      if state is not None else {}),
            "fallbacks": int(state is not None and not state.use_switch),
+           "rejoin": ({"rejoins": rejoin.rejoins, "steps_skipped": rejoin.steps_skipped,
+                       "seconds": rejoin.seconds} if rejoin is not None else {}),
            "call_seconds": state.call_seconds if state is not None else gloo_times,
            "max_abs_local": state.max_abs_local if state is not None else 0.0}
-    if keep_params and rank == 0:
-        out["params"] = [p.detach().numpy().copy() for p in model.module.parameters()]
-    queue.put(("done", out))
-    dist.barrier()
-    if state is not None:   # after the barrier: every rank is done with the job, so
-        state.close()       # rank 0 may remove it from the switch
-    dist.destroy_process_group()
+    return out
+
+
+def _rejoin(cfg, state, model, opt, rank, world):
+    """Bounded modes with more than one rank: a rank that falls more than a window
+    behind rejoins from a peer's replica (``host.ddp.rejoin``) instead of ending the
+    job; INA_REJOIN_S is its give-up time (0: no rejoin, the job ends as before)."""
+    if state is None or cfg.backend not in INA_BACKENDS or world < 2 or \
+            INA_BACKENDS[cfg.backend][0] == "reliable" or not state.use_switch:
+        return None
+    import torch.distributed as dist
+    from .rejoin import Rejoin, REJOIN_GIVEUP_S
+    giveup = float(os.environ.get("INA_REJOIN_S", REJOIN_GIVEUP_S))
+    if giveup <= 0:
+        return None
+    state.rejoin = True
+    state.collective.end_on_too_late = False
+    return Rejoin(dist.distributed_c10d._get_default_store(), rank, world, state, model,
+                  opt, giveup)
 
 
 def _timed_gloo_hook(times, bucket):
@@ -471,20 +569,32 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
     queue = ctx.Queue()
     switch_proc = None
     switch = None
+    board = None
     if cfg.backend in INA_BACKENDS:
         if cfg.switch:
             host, _, port = cfg.switch.rpartition(":")
             switch = (host, int(port))
+        elif cfg.switch_engine == "board":
+            from ..switch.board import BoardNet
+            from ..switch.keys import switch_key
+            board = BoardNet(switch_key(create=True))
+            switch = board.switch
         else:
             from ..cluster import start_switch_process
             switch, switch_proc = start_switch_process(ctx, engine=cfg.switch_engine)
     from ..cluster import free_tcp_port
     port = free_tcp_port()
     procs = [ctx.Process(target=_worker, args=(r, asdict(cfg), port, switch, queue,
-                                               keep_params), daemon=True)
+                                               keep_params, board and board.netns),
+                         daemon=True, name=f"ina-rank-{r}")
              for r in range(cfg.workers)]
-    for p in procs:
-        p.start()
+    try:
+        for p in procs:
+            p.start()
+    except BaseException:
+        if board is not None:
+            board.close()
+        raise
     result = TrainResult(config=asdict(cfg))
     done = []
 
@@ -493,6 +603,8 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         if switch_proc is not None and switch_proc.exitcode is not None:
             return (f"the {cfg.switch_engine} switch exited with status "
                     f"{switch_proc.exitcode} (its reason is on stderr above)")
+        if board is not None and board.proc is not None and board.proc.exitcode is not None:
+            return f"the board exited with status {board.proc.exitcode}"
         return f"worker exited with status {bad[0].exitcode}" if bad else None
 
     try:
@@ -500,7 +612,7 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         if switch_proc is not None:
             for p in procs:   # the switch's counters once every rank has closed (rank
                 p.join(timeout=10)   # 0 removes the job after the final barrier)
-            from ..switch import query_status
+            from ina_fabric.protocol.control_client import query_status
             try:
                 st = query_status(switch)
                 result.switch_counters = {k: v for k, v in st["counters"].items() if v}
@@ -519,6 +631,10 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
         if switch_proc is not None:
             switch_proc.terminate()
             switch_proc.join(timeout=5)
+        if board is not None:
+            board.close()
+            result.switch_board = board.stats or {}
+            result.switch_counters = dict((board.stats or {}).get("core", {}))
     return _finish(result, done)
 
 
@@ -570,6 +686,7 @@ def _finish(result, done):
     result.steps = r0["steps"]
     result.seconds = r0["seconds"]
     result.rank_seconds = [d["seconds"] for d in done]
+    result.rejoin = [d.get("rejoin", {}) for d in done]
     result.stats = r0["stats"]
     result.param_hashes = [d["hash"] for d in done]
     result.fallbacks = sum(d["fallbacks"] for d in done)
@@ -579,21 +696,72 @@ def _finish(result, done):
     return result
 
 
+def _fabric_job(cfg: TrainConfig, lab, hosts):
+    """On a fabric lab (``lab.topo.spine``): ``(cfg, switch, {host: its environment})``. With
+    the tree mechanism and an ``ina`` backend, the job is installed on the tree here, from
+    inside the lab (each rank a member of its rack's switch, rank r on port 20000 + r, a
+    fresh session; a bounded job's deadline derived from the host links as the hook
+    derives it, fixed for the run; the spine's twice that) and the ranks take it as a
+    static job, each with INA_WORKER its id at its rack's switch; otherwise (Gloo,
+    or no tree in this checkout) a single switch at the spine, installed by rank 0."""
+    from dataclasses import replace
+    from ..lab import fabric as F
+    from ..lab.lab import SWITCH_PORT
+    spine = (lab.address(lab.topo.spine), SWITCH_PORT)
+    if cfg.backend not in INA_BACKENDS or F.tree_missing():
+        return cfg, spine, {}
+    from ina_fabric.protocol.fields import HEADER_BYTES
+    from ina_fabric.protocol.jobtable import job_defaults, new_session
+    from ..transport.slot_deadline import slot_deadline
+    mode = INA_BACKENDS[cfg.backend][0]
+    s = job_defaults("ethernet", elements=cfg.elements, window=cfg.window, mode=mode,
+                     deadline=None if cfg.deadline_ms is None else cfg.deadline_ms / 1e3)
+    if mode != "reliable" and cfg.deadline_ms is None:
+        s = replace(s, deadline=slot_deadline(s.window, HEADER_BYTES + 4 * s.elements,
+                                              min(h.link.rate for h in lab.topo.hosts)))
+    base, session = 20000, new_session()
+    members = [f"{lab.address(h)}:{base + r}" for r, h in enumerate(hosts)]
+    roles = F.install_in_lab(lab, "tree", cfg.job, s, session, members)
+    cfg = replace(cfg, static_job=True, worker_base_port=base, session=session,
+                  switch=f"{spine[0]}:{spine[1]}", deadline_ms=s.deadline * 1e3)
+    return cfg, spine, {h: {"INA_SWITCH": r["switch"], "INA_WORKER": str(r["worker"])}
+                        for h, r in zip(hosts, roles)}
+
+
 def run_training_lab(cfg: TrainConfig, lab, progress=None, timeout=1800, port=29400):
     """The same training, one ``torchrun`` per host namespace of ``lab`` (multi-node:
     ``--nnodes N --node_rank i``, rendezvous on the first host over the lab network, Gloo
     on each host's ``eth0``), gradients through the lab's switch (started by the caller:
-    ``lab.start_switch()``). Ranks report on their stdout as JSON lines."""
-    import json
-    import queue as Q
-    import subprocess
-    import sys
-    import threading
+    ``lab.start_switch()``; a fabric's: ``lab.start_fabric()``, see ``_fabric_job``).
+    Ranks report on their stdout as JSON lines."""
     cfg.validate()
     hosts = lab.hosts[:cfg.workers]
     if len(hosts) < cfg.workers:
         raise ValueError(f"{cfg.workers} workers but the lab has {len(lab.hosts)} hosts")
     switch = lab.switch_address
+    per_host = {}                  # a fabric's tree: each host's rack switch, its id there
+    if lab.topo.spine:
+        cfg, switch, per_host = _fabric_job(cfg, lab, hosts)
+    try:
+        return _run_lab(cfg, lab, hosts, switch, per_host, progress, timeout, port)
+    finally:
+        if per_host:               # the tree job this run installed: the id free at once
+            from ..lab import fabric as F
+            try:
+                F.remove_in_lab(lab, "tree", cfg.job, cfg.session,
+                                [f"{lab.address(h)}:{cfg.worker_base_port + r}"
+                                 for r, h in enumerate(hosts)])
+            except Exception as e:  # noqa: BLE001 (a clean-up: the switch reclaims it idle)
+                import warnings
+                warnings.warn(f"could not remove the tree job: {e}", RuntimeWarning)
+
+
+def _run_lab(cfg, lab, hosts, switch, per_host, progress, timeout, port):
+    import json
+    import queue as Q
+    import subprocess
+    import sys
+    import threading
     events = Q.Queue()
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
            "INA_SWITCH": f"{switch[0]}:{switch[1]}",
@@ -614,7 +782,8 @@ def run_training_lab(cfg: TrainConfig, lab, progress=None, timeout=1800, port=29
                           "--master-addr", master, "--master-port", port, "-m",
                           "ina_fabric.host.ddp.lab_worker", json.dumps(asdict(cfg)),
                           f"{switch[0]}:{switch[1]}"],
-                      env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+                      env={**env, **per_host.get(h, {})},
+                      stdout=subprocess.PIPE, stderr=log, text=True)
         threading.Thread(target=pump, args=(p.stdout,), daemon=True).start()
         procs.append(p)
         logs.append(log)

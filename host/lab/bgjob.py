@@ -53,8 +53,8 @@ def intervals_for(schedule, job: int, horizon: float):
     return out
 
 
-def _recv_exact(sock, n, buf=None):
-    from ina_fabric.host.collectives.tar import _recv_exact as recv_exact
+def _ring_recv(sock, n, buf=None):
+    from ina_fabric.host.collectives.tar import recv_exact
     return recv_exact(sock, n, buf, who="background job ring")
 
 
@@ -71,7 +71,7 @@ def _ring_allreduce(data, rank, world, nxt, prv):
         out = data[s0:s1].tobytes()
         th = threading.Thread(target=nxt.sendall, args=(out,))
         th.start()
-        got = np.frombuffer(_recv_exact(prv, (r1 - r0) * 4), np.float32)
+        got = np.frombuffer(_ring_recv(prv, (r1 - r0) * 4), np.float32)
         th.join()
         sent += len(out)
         if add:
@@ -168,9 +168,9 @@ def main(argv=None):
                             comp = args.compute * float(rng.lognormal(0.0, args.jitter))
                             break
                 nxt.sendall(TOKEN.pack(cmd, comp))
-                _recv_exact(prv, TOKEN.size)
+                _ring_recv(prv, TOKEN.size)
             else:
-                cmd, comp = TOKEN.unpack(_recv_exact(prv, TOKEN.size))
+                cmd, comp = TOKEN.unpack(_ring_recv(prv, TOKEN.size))
                 nxt.sendall(TOKEN.pack(cmd, comp))
             if cmd != b"G":
                 break

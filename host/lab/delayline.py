@@ -67,7 +67,7 @@ class _Direction:
         self.late = []          # seconds past due, one per frame (capped)
 
 
-def _tune():
+def realtime_tune():
     """1 us timer slack; SCHED_FIFO where the system allows it. Returns what took."""
     got = {"timerslack_ns": None, "sched_fifo": False}
     try:
@@ -190,7 +190,7 @@ def main(argv=None):
         if ns:
             enter(ns)
         fds.append(open_tap(ifname))
-    tuned = _tune()
+    tuned = realtime_tune()
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     run(fds[0], fds[1], args.delay_ms / 1e3, args.jitter_ms / 1e3, args.loss, args.seed,

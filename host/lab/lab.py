@@ -171,10 +171,16 @@ class Lab:
             "--stats", str(self.state_dir / f"{name}.json")], ready=True)
 
     def _wan_link(self, w):
-        """A routed link between two switches: TAPs ``w<peer>`` joined by the delay line."""
+        """A routed link between two switches, ends named ``w<peer>``: TAPs joined by the
+        delay line when it has delay, jitter or loss, else a veth pair (a fabric's
+        uplinks); tbf on both ends."""
         link = w.link
-        self._delay_line(f"wan-{w.a}-{w.b}", w.a, f"{self.ns(w.a)}:w{w.b}",
-                         f"{self.ns(w.b)}:w{w.a}", link)
+        if link.impaired:
+            self._delay_line(f"wan-{w.a}-{w.b}", w.a, f"{self.ns(w.a)}:w{w.b}",
+                             f"{self.ns(w.b)}:w{w.a}", link)
+        else:
+            with N.ipr(self.ns(w.a)) as ip:
+                N.add_veth(ip, f"w{w.b}", self.ns(w.b), f"w{w.a}")
         for node, peer, addr in ((w.a, w.b, w.addresses[0]), (w.b, w.a, w.addresses[1])):
             with N.ipr(self.ns(node)) as ip:
                 N.link_up(ip, f"w{peer}", mtu=link.mtu, address=addr,
@@ -277,24 +283,54 @@ class Lab:
                     pass
         self._save()
 
-    def start_switch(self, node=None, extra=()):
+    def start_switch(self, node=None, extra=(), engine=None):
         """``ina switch`` in the switch namespace, on its bridge address (port 19900);
-        waits until it answers a STATUS request."""
+        waits until it answers a STATUS request. ``engine``: ``--engine`` (board: the
+        simulated board on a TAP in the bridge, which takes the bridge's address; it is
+        asked from the first host behind it, and may take minutes to build)."""
         node = node or self.topo.switches[0].name
         host = self.address(node)
         name = "switch" if node == self.topo.switches[0].name else f"switch-{node}"
+        extra = tuple(extra)
+        if engine and engine != "auto":
+            extra += ("--engine", engine)
+        if engine == "board":
+            extra += ("--bridge", "br0", "--tap", "board0")
         self.start_service(name, node, [sys.executable, "-m", "ina_fabric.host.cli",
                                             "switch", "--listen", f"{host}:{SWITCH_PORT}",
                                             *extra])
+        asker = node
+        tries, timeout = 40, 0.5
+        if engine == "board":
+            asker = next(h.name for h in self.topo.hosts if h.switch == node)
+            tries, timeout = 600, 5.0
         probe = [sys.executable, "-c",
-                 "import sys; from ina_fabric.host.switch import query_status as q; "
-                 f"q(('{host}', {SWITCH_PORT}), timeout=0.5)"]
-        for _ in range(40):
-            if self.run(node, probe, timeout=10).returncode == 0:
+                 "import sys; from ina_fabric.protocol.control_client import query_status as q; "
+                 f"q(('{host}', {SWITCH_PORT}), timeout={timeout})"]
+        for _ in range(tries):
+            if self.run(asker, probe, timeout=30).returncode == 0:
                 return host, SWITCH_PORT
+            p = self._procs.get(name)
+            if p is not None and p.poll() is not None:
+                break
             time.sleep(0.1)
         raise LabError(f"ina switch did not answer in {node}: "
                        f"{(self.state_dir / f'{name}.log').read_text()[-500:]}")
+
+    def start_fabric(self, tree=True, extra=(), leaf_extra=()):
+        """A fabric's switches: ``ina switch`` on the spine, then on each top-of-rack
+        switch, with ``--parent`` the spine's when ``tree`` (else each stands alone: the
+        flat mode puts a single switch at the spine and leaves the racks' idle). Returns
+        [(ip, port)] spine first, then the racks in order."""
+        if not self.topo.spine:
+            raise LabError(f"lab {self.id}: {self.topo.name} is not a fabric (no spine)")
+        from .fabric import tree_missing
+        if tree and tree_missing():
+            raise LabError(f"lab {self.id}: no tree of switches here: {tree_missing()}")
+        spine = self.start_switch(self.topo.spine, extra=extra)
+        parent = ("--parent", f"{spine[0]}:{spine[1]}") if tree else ()
+        return [spine] + [self.start_switch(t, extra=(*parent, *extra, *leaf_extra))
+                          for t in self.topo.racks]
 
     # -- state ---------------------------------------------------------------------
     def _save(self, status=None):
@@ -349,23 +385,35 @@ def _topology_from_state(t) -> Topology:
                             LinkSpec(w["rate"], w["delay_ms"], w["jitter_ms"], w["loss"],
                                      w["mtu"], w["queue_ms"])) for w in t.get("wan", [])]
     topo.routes, topo.labels = t.get("routes", {}), t.get("labels", {})
+    topo.racks, topo.spine = t.get("racks", []), t.get("spine")
+    topo.oversubscription = t.get("oversubscription")
     return topo
 
 
 def training_lab(topology: str, hosts: int, sets: dict | None = None, lab_id="train",
                  pace_switch=False):
     """A lab for training and benches (``ina train --lab``, ``ina bench train --lab``):
-    ``hosts`` hosts and jumbo frames unless ``sets`` says otherwise, ``ina switch`` started
-    in it (``pace_switch``: its RESULTs to a host no faster than the slowest host link,
-    ``ina switch --pace-rate``). Returns ``(lab, "ip:port" of the switch, elements per
+    ``hosts`` hosts and jumbo frames unless ``sets`` says otherwise (a fabric: racks of
+    ``hosts_per_rack``, default 4, its switches a tree where the checkout has one, the
+    spine's address returned), ``ina switch`` started in it (``pace_switch``: its RESULTs
+    to a host no faster than the slowest host link, ``ina switch --pace-rate``). Returns ``(lab, "ip:port" of the switch, elements per
     packet)``, the elements being the most (a power of two) that fit the lab's MTU. The
     caller calls ``down()``."""
     from .topology import load
-    topo = load(topology, {"hosts": hosts, "mtu": 9000, **(sets or {})})
+    sets = dict(sets or {})
+    extra = ("--pace-rate", "{rate}") if pace_switch else ()
+    if load(topology).spine:
+        topo = load(topology, {"mtu": 9000, **sets, **_fabric_shape(topology, hosts, sets)})
+    else:
+        topo = load(topology, {"hosts": hosts, "mtu": 9000, **sets})
     lab = Lab(topo, lab_id).up()
-    extra = ("--pace-rate", str(min(h.link.rate for h in topo.hosts))) if pace_switch else ()
+    extra = tuple(a.format(rate=min(h.link.rate for h in topo.hosts)) for a in extra)
     try:
-        host, port = lab.start_switch(extra=extra)
+        if topo.spine:
+            from .fabric import tree_missing
+            host, port = lab.start_fabric(tree=tree_missing() is None, extra=extra)[0]
+        else:
+            host, port = lab.start_switch(extra=extra)
     except BaseException:
         lab.down()
         raise
@@ -373,3 +421,20 @@ def training_lab(topology: str, hosts: int, sets: dict | None = None, lab_id="tr
     elements = 1 << (((mtu - 48) // 4).bit_length() - 1)
     return lab, f"{host}:{port}", elements
 
+
+def _params(topology) -> dict:
+    from .topology import load
+    return load(topology).params
+
+
+def _fabric_shape(topology, hosts, sets) -> dict:
+    """A fabric for ``hosts`` training hosts: racks of ``hosts_per_rack`` (set, or the
+    topology's default when the hosts fill them, else one rack of them all)."""
+    per = int(sets.get("hosts_per_rack", 0)) or int(_params(topology)["hosts_per_rack"])
+    if "hosts_per_rack" not in sets and hosts % per:
+        per = hosts
+    racks = int(sets.get("racks", 0)) or max(1, hosts // per)
+    if racks * per != hosts:
+        raise LabError(f"{hosts} hosts do not fill {racks} racks of {per}: set racks and "
+                       f"hosts_per_rack (--lab-set) so that racks x hosts_per_rack = {hosts}")
+    return {"racks": racks, "hosts_per_rack": per}

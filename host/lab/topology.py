@@ -5,7 +5,10 @@ number of ``[[switch]]`` tables (a namespace holding a bridge, with a subnet) an
 ``[[hosts]]`` groups (``count`` hosts named ``prefix0 ..``, each with one link to a
 switch's bridge). A string value ``"$name"`` stands for the parameter ``name``.
 ``rack.toml`` is the built-in example; ``load("rack")`` finds a built-in by name and
-anything else as a path.
+anything else as a path. Two tables generate whole topologies: ``[islands]`` (``wan9``:
+the schedule optimizer's islands, joined by delayed WAN links) and ``[fabric]``
+(``fabric``: racks of hosts under top-of-rack switches, oversubscribed uplinks to a
+spine).
 
 Rates are bits per second, decimal as in ``tc``: ``100mbit`` = 10^8 bit/s, ``1gbit``,
 ``500kbit``, or a plain number. Every address is in 198.18.0.0/15 (RFC 2544 benchmark
@@ -22,7 +25,7 @@ from ina_fabric.paths import resource
 
 __all__ = ["TopologyError", "LinkSpec", "SwitchSpec", "HostSpec", "WanLinkSpec", "Topology",
            "load",
-           "builtin_names", "parse_rate", "format_rate", "LAB_NET", "MAX_HOSTS"]
+           "builtin_names", "parse_rate", "format_rate", "LAB_NET", "MAX_HOSTS", "MAX_RACKS"]
 
 LAB_NET = ipaddress.ip_network("198.18.0.0/15")
 MAX_HOSTS = 16
@@ -118,6 +121,13 @@ class Topology:
     wan: list[WanLinkSpec] = field(default_factory=list)
     routes: dict = field(default_factory=dict)   # switch -> {dest switch: via switch}
     labels: dict = field(default_factory=dict)   # node -> what it stands for (a city)
+    racks: list[str] = field(default_factory=list)   # a fabric's top-of-rack switches
+    spine: str | None = None                         # a fabric's spine switch
+    oversubscription: float | None = None            # a fabric's: rack hosts' / uplink
+
+    def rack_hosts(self, tor: str) -> list[str]:
+        """The hosts under switch ``tor``, in order (a fabric's rack)."""
+        return [h.name for h in self.hosts if h.switch == tor]
 
     def host(self, name) -> HostSpec:
         for h in self.hosts:
@@ -152,7 +162,8 @@ class Topology:
                          "delay_ms": w.link.delay_ms, "jitter_ms": w.link.jitter_ms,
                          "loss": w.link.loss, "mtu": w.link.mtu, "queue_ms": w.link.queue_ms}
                         for w in self.wan],
-                "routes": self.routes, "labels": self.labels}
+                "routes": self.routes, "labels": self.labels, "racks": self.racks,
+                "spine": self.spine, "oversubscription": self.oversubscription}
 
 
 def builtin_names() -> list[str]:
@@ -244,6 +255,63 @@ def _islands(topo, spec, used):
                                  for j in range(wt.n) if j != i}
 
 
+MAX_RACKS = 32
+
+
+def _fabric(topo, spec, used):
+    """Racks under a spine: rack k is switch ``t<k>`` (the k-th /24 of ``subnet``) with
+    ``hosts`` hosts ``r<k>h0 ..`` on ``host_*`` links; the spine ``sp`` holds the last
+    /24 (a bridge with no port: its address is the spine switch's); each rack has one
+    routed uplink to the spine (a /30 of ``links_subnet``, a veth pair with tbf both
+    ways) at ``uplink_rate``, or hosts x host rate / ``oversubscription``."""
+    racks, count = int(spec.get("racks", 1)), int(spec.get("hosts", 1))
+    if not 1 <= racks <= MAX_RACKS:
+        raise TopologyError(f"fabric: racks {racks} outside 1..{MAX_RACKS}")
+    if not 1 <= count <= MAX_HOSTS:
+        raise TopologyError(f"fabric: hosts per rack {count} outside 1..{MAX_HOSTS}")
+    net = ipaddress.ip_network(spec.get("subnet", "198.18.0.0/16"))
+    links = ipaddress.ip_network(spec.get("links_subnet", "198.19.0.0/16"))
+    for n in (net, links):
+        if not n.subnet_of(LAB_NET):
+            raise TopologyError(f"fabric: subnet {n} is outside {LAB_NET}")
+    subnets = list(net.subnets(new_prefix=24)) if net.prefixlen <= 24 else []
+    p2p = list(links.subnets(new_prefix=30)) if links.prefixlen <= 30 else []
+    if len(subnets) < racks + 1 or len(p2p) < racks:
+        raise TopologyError(f"fabric: {net} and {links} hold fewer than {racks} racks")
+    host_link = _link({k.removeprefix("host_"): v for k, v in spec.items()
+                       if k.startswith("host_")})
+    over = float(spec.get("oversubscription", 1.0))
+    if not over > 0:
+        raise TopologyError(f"fabric: oversubscription {over} must be positive")
+    explicit = str(spec.get("uplink_rate", "") or "").strip()
+    up_rate = parse_rate(explicit) if explicit else int(round(count * host_link.rate / over))
+    up = {k.removeprefix("uplink_"): v for k, v in spec.items()
+          if k.startswith("uplink_") and k != "uplink_rate"}
+    up_link = _link({**up, "rate": up_rate})
+    topo.oversubscription = count * host_link.rate / up_rate
+    spine = SwitchSpec("sp", subnets[-1])
+    for k in range(racks):
+        sw = SwitchSpec(f"t{k}", subnets[k])
+        topo.switches.append(sw)
+        topo.racks.append(sw.name)
+        for h in range(count):
+            topo.hosts.append(HostSpec(f"r{k}h{h}", sw.name,
+                                       sw.subnet.network_address + h + 1, host_link))
+        used[sw.name] = count
+        topo.wan.append(WanLinkSpec(sw.name, spine.name, p2p[k], up_link))
+        topo.labels[sw.name] = f"rack {k}"
+    topo.switches.append(spine)
+    topo.spine, topo.labels["sp"] = spine.name, "spine"
+    used[spine.name] = 0
+    for t in topo.racks:
+        topo.routes[t] = {**{o: spine.name for o in topo.racks if o != t},
+                          spine.name: spine.name}
+    topo.routes[spine.name] = {t: t for t in topo.racks}
+    topo.description = topo.description or \
+        f"{racks} racks x {count} hosts, uplinks {format_rate(up_rate)} " \
+        f"({topo.oversubscription:g}:1)"
+
+
 def from_dict(doc: dict, overrides: dict) -> Topology:
     params = dict(doc.get("params", {}))
     for k, v in overrides.items():
@@ -266,6 +334,8 @@ def from_dict(doc: dict, overrides: dict) -> Topology:
     used = {}
     if "islands" in doc:
         _islands(topo, {k: val(v) for k, v in doc["islands"].items()}, used)
+    if "fabric" in doc:
+        _fabric(topo, {k: val(v) for k, v in doc["fabric"].items()}, used)
     for s in doc.get("switch", []):
         name = str(s["name"])
         try:

@@ -31,7 +31,7 @@ from ina_fabric.paths import resource
 
 from .cities import CITIES, great_circle_m
 
-__all__ = ["Topology", "TopologyError", "load_topology", "default_topology",
+__all__ = ["WanTopology", "WanTopologyError", "load_topology", "default_topology",
            "DEFAULT_TOPOLOGY_PATH", "synthetic_topology"]
 
 # package data, found through importlib.resources (a plain file in any non-zip install)
@@ -42,12 +42,12 @@ _ISLAND_KEYS = {"name", "city", "lat", "lon", "bandwidth_gbps", "address"}
 _LINK_KEYS = {"a", "b", "capacity_gbps"}
 
 
-class TopologyError(ValueError):
+class WanTopologyError(ValueError):
     """A topology that cannot be used; the message names the file and the problem."""
 
 
 @dataclass
-class Topology:
+class WanTopology:
     """Islands (index order = file order) and the network between them.
 
     ``bandwidth`` is bytes/s per island (access link, each direction); ``links`` maps an
@@ -78,7 +78,7 @@ class Topology:
         return len(self.names)
 
     def _fail(self, msg):
-        raise TopologyError(f"{self.source}: {msg}")
+        raise WanTopologyError(f"{self.source}: {msg}")
 
     def _validate(self):
         n = self.n
@@ -147,9 +147,9 @@ class Topology:
         i, j = self.names.index(a), self.names.index(b)
         return 2e3 * self.latency[i, j]
 
-    def colocated(self) -> "Topology":
+    def colocated(self) -> "WanTopology":
         """The same islands in one building: LAN latency, same bandwidths."""
-        t = Topology.__new__(Topology)
+        t = WanTopology.__new__(WanTopology)
         t.__dict__.update(self.__dict__)
         n = self.n
         t.latency = np.full((n, n), self.lan_latency)
@@ -172,48 +172,48 @@ class Topology:
 
 def _num(src, where, key, value):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TopologyError(f"{src}: {where}: {key} must be a number, got {value!r}")
+        raise WanTopologyError(f"{src}: {where}: {key} must be a number, got {value!r}")
     return float(value)
 
 
-def topology_from_dict(doc: dict, source: str = "<dict>") -> Topology:
+def topology_from_dict(doc: dict, source: str = "<dict>") -> WanTopology:
     if not isinstance(doc, dict):
-        raise TopologyError(f"{source}: top level must be a table/object")
+        raise WanTopologyError(f"{source}: top level must be a table/object")
     unknown = set(doc) - _TOP_KEYS
     if unknown:
-        raise TopologyError(f"{source}: unknown keys {sorted(unknown)}")
+        raise WanTopologyError(f"{source}: unknown keys {sorted(unknown)}")
     g = lambda k, d: _num(source, "top level", k, doc.get(k, d))
     rf, speed = g("route_factor", 1.45), g("fibre_speed_m_s", 2.0e8)
     lan, bw0, cap0 = g("lan_latency_us", 5.0), g("bandwidth_gbps", 100.0), g("link_capacity_gbps", 400.0)
     islands = doc.get("island")
     if not isinstance(islands, list) or not islands:
-        raise TopologyError(f"{source}: no [[island]] tables")
+        raise WanTopologyError(f"{source}: no [[island]] tables")
     names, lat, lon, bw, addr = [], [], [], [], []
     for k, isl in enumerate(islands):
         if not isinstance(isl, dict) or "name" not in isl:
-            raise TopologyError(f"{source}: island #{k + 1} needs a name")
+            raise WanTopologyError(f"{source}: island #{k + 1} needs a name")
         name = str(isl["name"])
         bad = set(isl) - _ISLAND_KEYS
         if bad:
-            raise TopologyError(f"{source}: island {name!r}: unknown keys {sorted(bad)}")
+            raise WanTopologyError(f"{source}: island {name!r}: unknown keys {sorted(bad)}")
         if "lat" in isl or "lon" in isl:
             if not ("lat" in isl and "lon" in isl):
-                raise TopologyError(f"{source}: island {name!r}: give both lat and lon")
+                raise WanTopologyError(f"{source}: island {name!r}: give both lat and lon")
             la, lo = _num(source, name, "lat", isl["lat"]), _num(source, name, "lon", isl["lon"])
         else:
             city = str(isl.get("city", name))
             if city not in CITIES:
-                raise TopologyError(
+                raise WanTopologyError(
                     f"{source}: island {name!r}: unknown city {city!r} (give lat/lon, or one "
                     f"of: {', '.join(sorted(CITIES))})")
             la, lo = CITIES[city]
         b = _num(source, name, "bandwidth_gbps", isl.get("bandwidth_gbps", bw0))
         if b <= 0:
-            raise TopologyError(f"{source}: island {name!r}: negative or zero bandwidth {b:g} Gb/s")
+            raise WanTopologyError(f"{source}: island {name!r}: negative or zero bandwidth {b:g} Gb/s")
         names.append(name), lat.append(la), lon.append(lo), bw.append(b * 1e9 / 8)
         addr.append(isl.get("address"))
     if bw0 <= 0 or cap0 <= 0:
-        raise TopologyError(f"{source}: negative or zero default bandwidth/capacity")
+        raise WanTopologyError(f"{source}: negative or zero default bandwidth/capacity")
     index = {nm: i for i, nm in enumerate(names)}
     links = {}
     raw = doc.get("link")
@@ -221,51 +221,51 @@ def topology_from_dict(doc: dict, source: str = "<dict>") -> Topology:
         links = {(i, j): cap0 * 1e9 / 8 for i in range(len(names)) for j in range(i + 1, len(names))}
     else:
         if not isinstance(raw, list):
-            raise TopologyError(f"{source}: link must be an array of tables")
+            raise WanTopologyError(f"{source}: link must be an array of tables")
         for k, ln in enumerate(raw):
             if not isinstance(ln, dict) or "a" not in ln or "b" not in ln:
-                raise TopologyError(f"{source}: link #{k + 1} needs a and b")
+                raise WanTopologyError(f"{source}: link #{k + 1} needs a and b")
             bad = set(ln) - _LINK_KEYS
             if bad:
-                raise TopologyError(f"{source}: link #{k + 1}: unknown keys {sorted(bad)}")
+                raise WanTopologyError(f"{source}: link #{k + 1}: unknown keys {sorted(bad)}")
             for end in (ln["a"], ln["b"]):
                 if end not in index:
-                    raise TopologyError(f"{source}: link #{k + 1}: unknown island {end!r}")
+                    raise WanTopologyError(f"{source}: link #{k + 1}: unknown island {end!r}")
             i, j = sorted((index[ln["a"]], index[ln["b"]]))
             if i == j:
-                raise TopologyError(f"{source}: link #{k + 1}: a loop on {ln['a']!r}")
+                raise WanTopologyError(f"{source}: link #{k + 1}: a loop on {ln['a']!r}")
             c = _num(source, f"link #{k + 1}", "capacity_gbps", ln.get("capacity_gbps", cap0))
             if c <= 0:
-                raise TopologyError(f"{source}: link {ln['a']!r}-{ln['b']!r}: negative or zero "
+                raise WanTopologyError(f"{source}: link {ln['a']!r}-{ln['b']!r}: negative or zero "
                                     f"capacity {c:g} Gb/s")
             links[(i, j)] = c * 1e9 / 8
-    return Topology(names, np.array(lat), np.array(lon), np.array(bw), links, rf, speed,
+    return WanTopology(names, np.array(lat), np.array(lon), np.array(bw), links, rf, speed,
                     lan * 1e-6, addr, source)
 
 
-def load_topology(path) -> Topology:
-    """A topology from a ``.toml`` or ``.json`` file (TopologyError on any problem)."""
+def load_topology(path) -> WanTopology:
+    """A topology from a ``.toml`` or ``.json`` file (WanTopologyError on any problem)."""
     path = pathlib.Path(path)
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise TopologyError(f"{path}: {e.strerror or e}") from None
+        raise WanTopologyError(f"{path}: {e.strerror or e}") from None
     try:
         if path.suffix.lower() == ".json":
             doc = json.loads(raw)
         else:
             doc = tomllib.loads(raw.decode())
     except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise TopologyError(f"{path}: cannot parse: {e}") from None
+        raise WanTopologyError(f"{path}: cannot parse: {e}") from None
     name = path.name if path == DEFAULT_TOPOLOGY_PATH else str(path)
     return topology_from_dict(doc, name)
 
 
-def default_topology() -> Topology:
+def default_topology() -> WanTopology:
     return load_topology(DEFAULT_TOPOLOGY_PATH)
 
 
-def synthetic_topology(n: int, seed: int = 0, bandwidth_gbps: float = 100.0) -> Topology:
+def synthetic_topology(n: int, seed: int = 0, bandwidth_gbps: float = 100.0) -> WanTopology:
     """``n`` islands spread over the hub metros (several per metro, jittered ~50-300 km),
     for scaling tests and benchmarks."""
     rng = np.random.default_rng(seed)
@@ -277,5 +277,5 @@ def synthetic_topology(n: int, seed: int = 0, bandwidth_gbps: float = 100.0) -> 
         lat.append(np.clip(la + rng.uniform(-2, 2), -89, 89))
         lon.append((lo + rng.uniform(-2, 2) + 180) % 360 - 180)
     links = {(i, j): 400e9 / 8 for i in range(n) for j in range(i + 1, n)}
-    return Topology(names, np.array(lat), np.array(lon), np.full(n, bandwidth_gbps * 1e9 / 8),
+    return WanTopology(names, np.array(lat), np.array(lon), np.full(n, bandwidth_gbps * 1e9 / 8),
                     links, source=f"synthetic-{n}-seed{seed}")

@@ -23,11 +23,11 @@ import numpy as np
 
 from .model import mixing_matrix
 
-__all__ = ["TrainConfig", "Trace", "train_run", "time_to_target", "load_data"]
+__all__ = ["IslandTrainConfig", "Trace", "train_run", "time_to_target", "load_data"]
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class IslandTrainConfig:
     rounds: int = 120
     local_steps: int = 8
     batch: int = 32
@@ -58,7 +58,9 @@ def load_data(seed=0):
     return x[:cut], y[:cut], x[cut:], y[cut:]
 
 
-def _shards(y, n, alpha, rng):
+def dirichlet_shards(y, n, alpha, rng):
+    """Split the sample indices of labels ``y`` over ``n`` parties, each class by a
+    Dirichlet(``alpha``) draw (small alpha: skewed, non-IID shards)."""
     classes = np.unique(y)
     parts = [[] for _ in range(n)]
     for c in classes:
@@ -126,14 +128,14 @@ class _MLP:
         return float(loss.mean()), float(acc.mean())
 
 
-def train_run(name: str, n: int, cfg: TrainConfig, *, mixing=None, round_times=None,
+def train_run(name: str, n: int, cfg: IslandTrainConfig, *, mixing=None, round_times=None,
               exact_average=False, allreduce_s: float = 0.0, data=None) -> Trace:
     """One training run.  Either a schedule (``mixing``: list of W per round of the cycle,
     ``round_times``: their communication times) or ``exact_average`` with a fixed
     ``allreduce_s`` per round."""
     xtr, ytr, xte, yte = data if data is not None else load_data(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    shards = _shards(ytr, n, cfg.alpha, rng)
+    shards = dirichlet_shards(ytr, n, cfg.alpha, rng)
     net = _MLP(xtr.shape[1], cfg.hidden, 10)
     X = net.init(n, rng)
     sizes = np.array([len(s) for s in shards])

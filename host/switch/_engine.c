@@ -14,6 +14,10 @@
  * has no JIT warm-up. The wire layout is not written here: Engine() takes the field
  * offsets from ina_fabric.protocol.fields (the one definition; ina_fabric/protocol/ina_wire.h).
  *
+ * Refusals (issue 43): DATA dropped for a reason its sender can fix is answered with an
+ * ERROR, the DATA's header with type ERROR, the reason (fields.Refusal) in ``count`` and
+ * a figure in ``bitmap``, rate-limited per source bucket, as the model's _refuse.
+ *
  * Two ways in:
  *   Engine.process(datagram, ip, port, now) -> [(ip, port, bytes)]   pure, for tests
  *   Engine.serve(fd, max_wait) -> [(bytes, ip, port)]                 the socket loop:
@@ -52,21 +56,12 @@
 #define PACE_DESTS 64      /* destinations paced separately (a worker's downlink each) */
 #define PACE_BURST 0.002   /* seconds of credit a destination may send at once */
 #define WIRE_EXTRA 46      /* bytes a datagram costs on the wire beyond its UDP payload */
+#define ERROR_SOURCES 256  /* fields.ERROR_SOURCES: rate-limit buckets of ERROR replies */
+/* the reasons of fields.Refusal */
+enum { R_UNKNOWN_JOB = 1, R_NOT_MEMBER, R_BAD_LENGTH, R_BAD_SESSION, R_STALE };
 
-enum {
-    C_RX, C_RX_DATA, C_ACCEPTED, C_DUPLICATES, C_LATE, C_RESULTS, C_PARTIALS,
-    C_OVERFLOWS, C_RESENT, C_DROP_TRUNCATED, C_DROP_MALFORMED, C_DROP_UNKNOWN_JOB,
-    C_DROP_UNKNOWN_SOURCE, C_DROP_BAD_SESSION, C_DROP_STALE, C_DROP_OUT_OF_WINDOW,
-    C_SKIPPED,
-    /* the engine's own (not model counters) */
-    C_SEND_ERRORS, C_RX_BATCHES, C_TX_BATCHES, C_PACE_HELD, NCOUNTERS
-};
-static const char *COUNTER_NAMES[NCOUNTERS] = {
-    "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials",
-    "overflows", "resent", "drop_truncated", "drop_malformed", "drop_unknown_job",
-    "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-    "skipped", "send_errors", "rx_batches", "tx_batches", "pace_held",
-};
+/* the counters (C_<NAME>, COUNTER_NAMES): generated from ina_fabric/protocol/counters.py */
+#include "ina_counters.h"
 
 typedef InaLayout Layout;
 
@@ -75,7 +70,11 @@ typedef struct { uint32_t ip; uint16_t port; } Addr;   /* host byte order */
 typedef struct {
     uint32_t tag, bitmap, result_len;
     uint16_t nelem;
-    uint8_t complete, has_result, pending, count;
+    uint8_t complete, has_result, pending;
+    uint8_t up;                  /* tree: closed here, sent to the parent, its RESULT
+                                    awaited (result holds the DATA sent up) */
+    uint8_t overflow;            /* tree: a child switch's DATA had OVERFLOW */
+    uint16_t count;              /* workers in the sum (a child switch's DATA: its count) */
     uint8_t wide;                /* acc holds int64 sums (else int32: see narrow below) */
     uint64_t order;              /* when it opened, in the engine's opening count */
     int64_t bound;               /* narrow: sum over contributions of their max |value| */
@@ -92,6 +91,11 @@ typedef struct {
     uint32_t window, elements;
     double deadline;
     uint64_t session;            /* the run's session id: DATA must carry it, RESULTs do */
+    /* trees (docs/fabric.md): the parent (has_parent), this switch's member id there,
+     * whether the members are child switches, the workers a full sum covers */
+    int has_parent, index, children, total;
+    Addr parent;
+    uint32_t head;               /* the seq after the newest slot opened (its position) */
     double active;               /* install or last accepted DATA (ids held by sessions) */
     Addr members[MAX_MEMBERS];
     Addr group[MAX_MEMBERS];
@@ -134,6 +138,12 @@ typedef struct {
     double pace, pace_wake;
     struct { uint32_t ip; uint16_t port; double next; } dests[PACE_DESTS];
     int ndests;
+    /* refusals: answer them (the model's ``answers``), at most once per error_interval
+     * per source bucket (fields.error_bucket) */
+    int answers;
+    double error_interval;
+    double answered[ERROR_SOURCES];
+    uint8_t answered_set[ERROR_SOURCES];
 } Engine;
 
 #define rd16 ina_rd16
@@ -199,7 +209,7 @@ static Slot *entry_live(Engine *e, const Entry *x) {
     Job *j = e->jobs[x->job];
     if (!j || !j->bounded) return NULL;
     Slot *s = slot_of(j, x->seq);
-    if (s->complete || s->tag != x->seq) return NULL;
+    if (s->complete || s->up || s->tag != x->seq) return NULL;
     if (s->opened_at != x->opened_at || x->opened_at + j->deadline != x->t) return NULL;
     return s;
 }
@@ -357,6 +367,58 @@ static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
     k->msgs[i].msg_hdr.msg_iovlen = 1;
 }
 
+/* The model's _refuse: the ERROR answering DATA ``d`` from ``to`` (its header, type
+ * ERROR, ``reason`` in count, ``figure`` in bitmap), unless the source's bucket was
+ * answered within error_interval. */
+static void refuse(Engine *e, Sink *k, Addr to, const uint8_t *d, int reason,
+                   uint32_t figure, double now) {
+    const Layout *L = &e->L;
+    if (!e->answers) return;
+    uint32_t b = ((to.ip ^ ((uint32_t)to.port << 16) ^ to.port) * 0x9E3779B1u) >> 24;
+    if (e->answered_set[b] && now - e->answered[b] < e->error_interval) {
+        e->c[C_ERRORS_LIMITED]++;
+        return;
+    }
+    e->answered_set[b] = 1;
+    e->answered[b] = now;
+    e->c[C_ERRORS_SENT]++;
+    uint8_t r[64];
+    size_t len = (size_t)L->header;
+    memcpy(r, d, len);
+    r[L->type] = L->t_error;
+    r[L->flags] = 0;
+    r[L->exponent] = 0;
+    ina_wr16(r + L->count, reason);
+    wr16(r + L->nelem, 0);
+    r[L->reserved] = 0;
+    wr32(r + L->bitmap, figure);
+    if (k->list) {
+        if (k->failed) return;
+        PyObject *t = Py_BuildValue("(kiy#)", (unsigned long)to.ip, (int)to.port,
+                                    (const char *)r, (Py_ssize_t)len);
+        if (!t || PyList_Append(k->list, t) < 0) k->failed = 1;
+        Py_XDECREF(t);
+        return;
+    }
+    if (k->n == SENDQ || k->scratch_used + len > SCRATCH) sink_flush(e, k);
+    int i = k->n++;
+    uint8_t *data = k->scratch + k->scratch_used;
+    k->scratch_used += (len + 7) & ~(size_t)7;
+    memcpy(data, r, len);
+    k->ref[i] = NULL;
+    k->held[i] = 0;
+    k->iov[i].iov_base = data;
+    k->iov[i].iov_len = len;
+    k->addr[i].sin_family = AF_INET;
+    k->addr[i].sin_port = htons(to.port);
+    k->addr[i].sin_addr.s_addr = htonl(to.ip);
+    memset(&k->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
+    k->msgs[i].msg_hdr.msg_name = &k->addr[i];
+    k->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+    k->msgs[i].msg_hdr.msg_iov = &k->iov[i];
+    k->msgs[i].msg_hdr.msg_iovlen = 1;
+}
+
 /* the element loops, built for AVX2 and for any x86-64 (one is picked at load time) */
 #define TARGETS __attribute__((target_clones("avx2", "default")))
 
@@ -458,15 +520,17 @@ static int saturate(const int64_t *restrict acc, uint32_t *restrict dst, uint32_
     return sat_out(acc, NULL, dst, nelem, 0);
 }
 
-/* the model's _emit: saturate, flag, store the RESULT, send it to the group. ``in``:
- * the completing packet's elements, not yet in acc (NULL: all are in acc); ``first``:
- * and no other contribution came (a one-worker slot: the sum is the packet itself). */
+/* the model's _close: its _emit at the root (saturate, flag, store the RESULT, send it
+ * to the group), its _send_up at a switch with a parent (the same sum, as one DATA to the
+ * parent, kept for re-sends). ``in``: the completing packet's elements, not yet in acc
+ * (NULL: all are in acc); ``first``: and no other contribution came (a one-member slot:
+ * the sum is the packet itself). */
 static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int first) {
     const Layout *L = &e->L;
     if (s->pending) sink_flush(e, k);    /* the old result is still queued: send it first */
     uint8_t *r = s->result;
-    int flags = 0;
-    if (s->count < j->n) {
+    int flags = s->overflow ? L->f_overflow : 0;
+    if (s->count < j->total) {
         flags |= L->f_partial;
         e->c[C_PARTIALS]++;
     }
@@ -491,20 +555,61 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     }
     memset(r, 0, L->header);
     r[L->version] = L->v_version;
-    r[L->type] = L->t_result;
+    r[L->type] = j->has_parent ? L->t_data : L->t_result;
     r[L->flags] = flags;
     r[L->exponent] = (uint8_t)(int8_t)s->exponent;
     wr16(r + L->job, j->id);
-    r[L->worker] = L->group_worker;
-    r[L->count] = s->count;
+    r[L->worker] = j->has_parent ? j->index : L->group_worker;
+    ina_wr16(r + L->count, s->count);
     wr32(r + L->seq, s->tag);
     wr16(r + L->nelem, s->nelem);
     wr32(r + L->bitmap, s->bitmap);
     ina_wr64(r + L->session, j->session);
     s->result_len = L->header + 4 * s->nelem;
+    if (j->has_parent) {                 /* up: the slot waits for the parent's RESULT */
+        s->up = 1;
+        e->c[C_UP]++;
+        sink_push(e, k, j->parent, s, -1);
+        return;
+    }
     s->complete = 1;
     s->has_result = 1;
     e->c[C_RESULTS]++;
+    for (int g = 0; g < j->ngroup; g++) sink_push(e, k, j->group[g], s, -1);
+}
+
+/* a RESULT from the job's parent (the model's _from_parent): stored in the slot that
+ * awaits it, with worker, RETRANSMIT and bitmap rewritten for this level, and relayed to
+ * the group. The caller checked the job (installed, with a parent). */
+static void process_result(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t n,
+                           Addr src, double now) {
+    const Layout *L = &e->L;
+    uint64_t *c = e->c;
+    if (src.ip != j->parent.ip || src.port != j->parent.port) {
+        c[C_DROP_UNKNOWN_SOURCE]++;
+        return;
+    }
+    if (ina_rd64(d + L->session) != j->session) { c[C_DROP_BAD_SESSION]++; return; }
+    uint32_t seq = rd32(d + L->seq);
+    Slot *s = slot_of(j, seq);
+    if (!s->up || s->tag != seq) { c[C_DROP_RESULT]++; return; }
+    if (rd16(d + L->nelem) != s->nelem || (int)rd16(d + L->count) > L->max_job_workers) {
+        c[C_DROP_MALFORMED]++;
+        return;
+    }
+    if (s->pending) sink_flush(e, k);    /* the DATA up is still queued: send it first */
+    uint8_t *r = s->result;
+    uint32_t mine = (rd32(d + L->bitmap) >> j->index) & 1u;
+    memcpy(r, d, n);
+    r[L->worker] = L->group_worker;
+    r[L->flags] &= (uint8_t)~L->f_retransmit;
+    wr32(r + L->bitmap, mine ? s->bitmap : 0);
+    s->result_len = n;
+    s->up = 0;
+    s->complete = 1;
+    s->has_result = 1;
+    j->active = now;
+    c[C_RELAYED]++;
     for (int g = 0; g < j->ngroup; g++) sink_push(e, k, j->group[g], s, -1);
 }
 
@@ -524,7 +629,7 @@ static void skip_absent(Engine *e, Sink *k, Job *j, uint32_t bitmap, double now)
         Slot *best = NULL;
         for (uint32_t i = 0; i < w2; i++) {
             Slot *s = &j->slots[i];
-            if (!s->complete && (s->bitmap | j->absent) == full &&
+            if (!s->complete && !s->up && (s->bitmap | j->absent) == full &&
                     (!best || s->order < best->order))
                 best = s;
         }
@@ -543,7 +648,7 @@ static void tick(Engine *e, Sink *k, double now) {
             Job *j = e->jobs[x.job];
             j->nopen--;
             emit(e, k, j, s, NULL, 0);
-            if (j->skip && s->count < j->n) skip_absent(e, k, j, s->bitmap, now);
+            if (j->skip && s->bitmap != full_mask(j)) skip_absent(e, k, j, s->bitmap, now);
         }
     }
 }
@@ -567,15 +672,31 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if (body < 4 * (size_t)nelem) { c[C_DROP_TRUNCATED]++; return 0; }
     if (body != 4 * (size_t)nelem) { c[C_DROP_MALFORMED]++; return 0; }
     Job *j = e->jobs[rd16(d + L->job)];
-    if (!j) { c[C_DROP_UNKNOWN_JOB]++; return 0; }
-    if (ina_rd64(d + L->session) != j->session) { c[C_DROP_BAD_SESSION]++; return 0; }
+    if (!j) {
+        c[C_DROP_UNKNOWN_JOB]++;
+        refuse(e, k, src, d, R_UNKNOWN_JOB, 0, now);
+        return 0;
+    }
+    if (ina_rd64(d + L->session) != j->session) {
+        c[C_DROP_BAD_SESSION]++;
+        refuse(e, k, src, d, R_BAD_SESSION, 0, now);
+        return 0;
+    }
     uint32_t worker = d[L->worker];
     if ((int)worker >= j->n || j->members[worker].ip != src.ip ||
             j->members[worker].port != src.port) {
         c[C_DROP_UNKNOWN_SOURCE]++;
+        refuse(e, k, src, d, R_NOT_MEMBER, (uint32_t)j->n, now);
         return 0;
     }
-    if (nelem > j->elements) { c[C_DROP_MALFORMED]++; return 0; }
+    if (nelem > j->elements) {
+        c[C_DROP_MALFORMED]++;
+        refuse(e, k, src, d, R_BAD_LENGTH, j->elements, now);
+        return 0;
+    }
+    /* the workers this DATA covers: one for a worker, the count of a child switch */
+    int covers = j->children ? (int)rd16(d + L->count) : 1;
+    if (covers < 1 || covers > j->total) { c[C_DROP_MALFORMED]++; return 0; }
     c[C_RX_DATA]++;
     uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
     Slot *s = slot_of(j, seq);
@@ -590,42 +711,67 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         s->bitmap = 0;
         s->count = 0;
         s->exponent = L->no_exponent;
+        s->up = 0;
+        s->overflow = 0;
         s->opened_at = now;
         s->order = ++e->opened;
         j->nopen++;
+        if (seq + 1 - j->head < SEQ_HALF) j->head = seq + 1;
         if (j->bounded) {
             Entry x = {now + j->deadline, (uint32_t)j->id, seq, now};
             if (heap_push(e, x) < 0) return -1;
         }
     } else if (seq != s->tag) {
         uint32_t behind = s->tag - seq;
-        c[behind > 0 && behind < SEQ_HALF ? C_DROP_STALE : C_DROP_OUT_OF_WINDOW]++;
+        int stale = behind > 0 && behind < SEQ_HALF;
+        c[stale ? C_DROP_STALE : C_DROP_OUT_OF_WINDOW]++;
+        if (stale) refuse(e, k, src, d, R_STALE, j->head, now);
         return 0;
     }
     if (s->complete) {
-        if (!s->has_result) { c[C_DROP_STALE]++; return 0; }  /* before the job began */
+        if (!s->has_result) {                /* before the job began */
+            c[C_DROP_STALE]++;
+            refuse(e, k, src, d, R_STALE, j->head, now);
+            return 0;
+        }
         c[(s->bitmap & bit) ? C_DUPLICATES : C_LATE]++;
         c[C_RESENT]++;
         sink_push(e, k, j->members[worker], s, (int)worker);
         return 0;
     }
+    if (s->up) {                         /* closed here, the parent's RESULT awaited */
+        if (s->bitmap & bit) {
+            c[C_DUPLICATES]++;
+            c[C_UP_RESENT]++;
+            sink_push(e, k, j->parent, s, j->index);    /* the DATA up, RETRANSMIT */
+        } else {
+            c[C_LATE]++;
+        }
+        return 0;
+    }
     if (s->bitmap & bit) { c[C_DUPLICATES]++; return 0; }
-    if (nelem != s->nelem) { c[C_DROP_MALFORMED]++; return 0; }
+    if (nelem != s->nelem) {
+        c[C_DROP_MALFORMED]++;
+        refuse(e, k, src, d, R_BAD_LENGTH, s->nelem, now);
+        return 0;
+    }
     c[C_ACCEPTED]++;
     j->active = now;
     j->absent &= ~bit;                   /* in step again: slots wait for it again */
     s->bitmap |= bit;
     int ex = (int8_t)d[L->exponent];
     if (ex > s->exponent) s->exponent = ex;
+    if (j->children && (d[L->flags] & L->f_overflow)) s->overflow = 1;
     const uint8_t *in = d + L->header;
-    if (s->count + 1 == j->n || (s->bitmap | j->absent) == full_mask(j)) {
+    int first = s->bitmap == bit;
+    if ((s->bitmap | j->absent) == full_mask(j)) {
         /* the last one (bounded-skip: the last one not skipped): add, saturate, send */
-        if (s->count + 1 < j->n) c[C_SKIPPED]++;
-        s->count++;
+        if (s->bitmap != full_mask(j)) c[C_SKIPPED]++;
+        s->count += covers;
         j->nopen--;
-        emit(e, k, j, s, in, s->count == 1);
+        emit(e, k, j, s, in, first);
     } else {
-        if (s->count == 0) {                 /* the first one: no zeroing pass */
+        if (first) {                         /* the first one: no zeroing pass */
             s->wide = 0;
             s->bound = load32((int32_t *)s->acc, in, nelem);
         } else if (s->wide) {
@@ -641,7 +787,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
                 s->bound = b;
             }
         }
-        s->count++;
+        s->count += covers;
     }
     return 0;
 }
@@ -649,6 +795,29 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
 static inline int is_data(const Engine *e, const uint8_t *d, size_t n) {
     return n >= (size_t)e->L.header && d[e->L.version] == e->L.v_version &&
            d[e->L.type] == e->L.t_data;
+}
+
+/* a RESULT of this version for a job with a parent (a tree's RESULT coming down): the
+ * engine takes it; any other RESULT is the model's (drop_malformed) */
+static inline Job *result_job(const Engine *e, const uint8_t *d, size_t n) {
+    if (n < (size_t)e->L.header || d[e->L.version] != e->L.v_version ||
+            d[e->L.type] != e->L.t_result)
+        return NULL;
+    Job *j = e->jobs[rd16(d + e->L.job)];
+    return j && j->has_parent ? j : NULL;
+}
+
+/* the model's checks of a RESULT before _from_parent, then it; 0 or -1 as process_data */
+static int process_down(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t n, Addr src,
+                        double now) {
+    const Layout *L = &e->L;
+    e->c[C_RX]++;
+    uint32_t nelem = rd16(d + L->nelem);
+    size_t body = n - L->header;
+    if (body < 4 * (size_t)nelem) { e->c[C_DROP_TRUNCATED]++; return 0; }
+    if (body != 4 * (size_t)nelem) { e->c[C_DROP_MALFORMED]++; return 0; }
+    process_result(e, k, j, d, n, src, now);
+    return 0;
 }
 
 /* ---- Python type --------------------------------------------------------------------- */
@@ -676,7 +845,10 @@ static void Engine_dealloc(Engine *e) {
  * ("<name>_bytes") from protocol.fields, plus the constants the data path needs. */
 static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     PyObject *d;
-    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
+    e->answers = 1;
+    e->error_interval = 0.1;
+    if (!PyArg_ParseTuple(args, "O!|pd", &PyDict_Type, &d, &e->answers, &e->error_interval))
+        return -1;
     if (ina_layout_from_dict(d, &e->L) < 0) return -1;
     e->sink = calloc(1, sizeof(Sink));
     e->rmsgs = calloc(BATCH, sizeof(struct mmsghdr));
@@ -715,17 +887,28 @@ static int parse_addrs(PyObject *seq, Addr *out, int *n, const char *what) {
     return 0;
 }
 
-/* add_job(id, members, window, elements, mode, deadline, group, session, now):
- * install afresh; mode: 0 reliable, 1 bounded, 2 bounded-skip (jobtable.MODES) */
+/* add_job(id, members, window, elements, mode, deadline, group, session, now
+ *         [, parent, index, children, total]): install afresh; mode: 0 reliable,
+ * 1 bounded, 2 bounded-skip (jobtable.MODES); parent: (ip, port) or None (the root);
+ * index: the member id at the parent; children: the members are switches; total: the
+ * workers a full sum covers (0: one per member) */
 static PyObject *Engine_add_job(Engine *e, PyObject *args) {
-    int id, mode, n, ngroup;
+    int id, mode, n, ngroup, index = 0, children = 0, total = 0;
     unsigned int window, elements;
     unsigned long long session;
     double deadline, now;
-    PyObject *members, *group;
-    if (!PyArg_ParseTuple(args, "iOIIidOKd", &id, &members, &window, &elements, &mode,
-                          &deadline, &group, &session, &now))
+    PyObject *members, *group, *parent = Py_None;
+    if (!PyArg_ParseTuple(args, "iOIIidOKd|Oipi", &id, &members, &window, &elements, &mode,
+                          &deadline, &group, &session, &now, &parent, &index, &children,
+                          &total))
         return NULL;
+    unsigned long pip = 0;
+    int pport = 0;
+    if (parent != Py_None && !PyArg_ParseTuple(parent, "ki", &pip, &pport)) return NULL;
+    if (index < 0 || index >= MAX_MEMBERS || total < 0 || total > e->L.max_job_workers) {
+        PyErr_SetString(PyExc_ValueError, "index or total out of range");
+        return NULL;
+    }
     if (mode < 0 || mode > 2) {
         PyErr_SetString(PyExc_ValueError, "mode not in 0..2 (reliable, bounded, "
                         "bounded-skip)");
@@ -747,6 +930,12 @@ static PyObject *Engine_add_job(Engine *e, PyObject *args) {
     j->id = id; j->n = n; j->ngroup = ngroup; j->bounded = mode >= 1; j->skip = mode == 2;
     j->window = window; j->elements = elements; j->deadline = deadline;
     j->session = session; j->active = now;
+    j->has_parent = parent != Py_None;
+    j->parent.ip = (uint32_t)pip;
+    j->parent.port = (uint16_t)pport;
+    j->index = index;
+    j->children = children;
+    j->total = total ? total : n;
     size_t w2 = 2 * (size_t)window, rlen = ((size_t)e->L.header + 4 * elements + 63) & ~63u;
     j->slots = calloc(w2, sizeof(Slot));
     j->accmem = malloc(w2 * elements * sizeof(int64_t));
@@ -798,7 +987,7 @@ static PyObject *Engine_retune(Engine *e, PyObject *args) {
     if (j->bounded) {
         for (size_t k = 0; k < 2 * (size_t)j->window; k++) {
             Slot *s = &j->slots[k];
-            if (s->complete) continue;
+            if (s->complete || s->up) continue;
             Entry x = {s->opened_at + deadline, (uint32_t)id, s->tag, s->opened_at};
             if (heap_push(e, x) < 0) return PyErr_NoMemory();
         }
@@ -828,13 +1017,24 @@ static PyObject *Engine_start_at(Engine *e, PyObject *args) {
         s->tag = (uint32_t)seq - w2 + ((k - (uint32_t)seq) & (w2 - 1));
         s->complete = 1;
         s->has_result = 0;
+        s->up = 0;
         s->bitmap = 0;
         s->count = 0;
         s->nelem = 0;
         s->exponent = e->L.no_exponent;
     }
     j->nopen = 0;
+    j->head = (uint32_t)seq;
     Py_RETURN_NONE;
+}
+
+/* position(id): the job's head (the seq after the newest slot it opened), or None */
+static PyObject *Engine_position(Engine *e, PyObject *args) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
+    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    if (!j) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(j->head);
 }
 
 /* oldest_open_bitmap(id): the contributor bitmap of the job's oldest open slot (the
@@ -846,10 +1046,20 @@ static PyObject *Engine_oldest_open_bitmap(Engine *e, PyObject *args) {
     Slot *best = NULL;
     for (size_t k = 0; j && k < 2 * (size_t)j->window; k++) {
         Slot *s = &j->slots[k];
-        if (!s->complete && (!best || s->order < best->order)) best = s;
+        if (!s->complete && !s->up && (!best || s->order < best->order)) best = s;
     }
     if (!best) Py_RETURN_NONE;
     return PyLong_FromUnsignedLong(best->bitmap);
+}
+
+/* awaiting_parent(id): the job's slots that are up (their parent's RESULT awaited) */
+static PyObject *Engine_awaiting_parent(Engine *e, PyObject *args) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
+    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    long n = 0;
+    for (size_t k = 0; j && k < 2 * (size_t)j->window; k++) n += j->slots[k].up;
+    return PyLong_FromLong(n);
 }
 
 /* active(id): when the job was installed or last accepted DATA, or None */
@@ -894,15 +1104,18 @@ static PyObject *Engine_process(Engine *e, PyObject *args) {
     int port;
     double now;
     if (!PyArg_ParseTuple(args, "y*kid", &b, &ip, &port, &now)) return NULL;
-    if (!is_data(e, b.buf, b.len)) {
+    Job *down = result_job(e, b.buf, b.len);
+    if (!down && !is_data(e, b.buf, b.len)) {
         PyBuffer_Release(&b);
-        PyErr_SetString(PyExc_ValueError, "not a DATA datagram of this version");
+        PyErr_SetString(PyExc_ValueError, "not a DATA datagram of this version (nor a "
+                        "RESULT of a job with a parent)");
         return NULL;
     }
     if (!pure_begin(e)) { PyBuffer_Release(&b); return NULL; }
     tick(e, e->sink, now);
     Addr src = {(uint32_t)ip, (uint16_t)port};
-    int r = process_data(e, e->sink, b.buf, b.len, src, now);
+    int r = down ? process_down(e, e->sink, down, b.buf, b.len, src, now)
+                 : process_data(e, e->sink, b.buf, b.len, src, now);
     PyBuffer_Release(&b);
     PyObject *out = pure_end(e);
     if (r < 0) { Py_XDECREF(out); return PyErr_NoMemory(); }
@@ -974,7 +1187,11 @@ static PyObject *Engine_serve(Engine *e, PyObject *args) {
                 const uint8_t *d = e->riov[i].iov_base;
                 size_t n = e->rmsgs[i].msg_len;
                 Addr src = {ntohl(e->raddr[i].sin_addr.s_addr), ntohs(e->raddr[i].sin_port)};
-                if (is_data(e, d, n)) {
+                Job *down = result_job(e, d, n);
+                if (down) {
+                    tick(e, k, now);
+                    process_down(e, k, down, d, n, src, now);
+                } else if (is_data(e, d, n)) {
                     tick(e, k, now);
                     if (process_data(e, k, d, n, src, now) < 0) { oom = 1; break; }
                 } else {                     /* at most BATCH: we return after this one */
@@ -1068,12 +1285,15 @@ static PyMethodDef Engine_methods[] = {
     {"oldest_open_bitmap", (PyCFunction)Engine_oldest_open_bitmap, METH_VARARGS,
      "oldest_open_bitmap(id): contributors of the oldest open slot, or None"},
     {"open_slots", (PyCFunction)Engine_open_slots, METH_VARARGS, "open_slots(id)"},
+    {"position", (PyCFunction)Engine_position, METH_VARARGS, "position(id): the job's head"},
     {"process", (PyCFunction)Engine_process, METH_VARARGS,
      "process(datagram, ip, port, now) -> [(ip, port, bytes)]: tick, then one DATA"},
     {"tick", (PyCFunction)Engine_tick, METH_VARARGS, "tick(now) -> [(ip, port, bytes)]"},
     {"next_deadline", (PyCFunction)Engine_next_deadline, METH_NOARGS,
      "earliest time at which tick has work, or None"},
     {"counters", (PyCFunction)Engine_counters, METH_NOARGS, "counters as a dict"},
+    {"awaiting_parent", (PyCFunction)Engine_awaiting_parent, METH_VARARGS,
+     "slots of a job sent to the parent, its RESULT awaited"},
     {"serve", (PyCFunction)Engine_serve, METH_VARARGS,
      "serve(fd, max_wait) -> [(bytes, ip, port)]: the batch socket loop; returns the "
      "datagrams that are not DATA"},

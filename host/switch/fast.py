@@ -19,9 +19,11 @@ model with that message.
 from collections import Counter
 import socket
 
-from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, c_layout
+from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, c_layout, ERROR_INTERVAL
 from ina_fabric.protocol.jobtable import MODES
 from .model import SwitchModel, COUNTERS
+
+_JOB = c_layout()["job"]
 
 try:
     from . import _engine
@@ -67,8 +69,9 @@ class FastSwitchModel(SwitchModel):
     def __init__(self, jobs=(), **kw):
         if _engine is None:
             raise EngineUnavailable(WHY_NOT)
-        self.engine = _engine.Engine(layout())
+        self.engine = _engine.Engine(layout(), kw.get("answers", True), ERROR_INTERVAL)
         self._data = (VERSION, int(MsgType.DATA))
+        self._result = (VERSION, int(MsgType.RESULT))
         super().__init__(jobs, **kw)
 
     # -- the job table: the model's, mirrored into the engine ------------------------
@@ -80,7 +83,9 @@ class FastSwitchModel(SwitchModel):
         self.engine.add_job(cfg.job, [(ip_int(m.ip), m.port) for m in cfg.members],
                             cfg.window, cfg.elements, MODES.index(cfg.mode), cfg.deadline,
                             [(ip_int(ip), port) for ip, port in self.jobs[cfg.job].group],
-                            cfg.session, self.jobs[cfg.job].active)
+                            cfg.session, self.jobs[cfg.job].active,
+                            (ip_int(cfg.parent[0]), cfg.parent[1]) if cfg.parent else None,
+                            cfg.index, cfg.children, cfg.total)
 
     def remove_job(self, job: int, session: int = 0):
         super().remove_job(job, session)
@@ -97,9 +102,14 @@ class FastSwitchModel(SwitchModel):
     def _job_status(self, js) -> dict:
         st = super()._job_status(js)
         st["open_slots"] = self.engine.open_slots(js.cfg.job)
+        if "position" in st:
+            st["position"] = self.engine.position(js.cfg.job)
         if "absent" in st:
             st["absent"] = self._missing(js.cfg.n, ~self.engine.absent(js.cfg.job))
         return st
+
+    def _awaiting_parent(self, js) -> int:
+        return self.engine.awaiting_parent(js.cfg.job)
 
     def _waiting_for(self, js):
         bitmap = self.engine.oldest_open_bitmap(js.cfg.job)
@@ -109,7 +119,7 @@ class FastSwitchModel(SwitchModel):
     def counters(self) -> Counter:
         c = Counter(self._counts)
         for name, v in self.engine.counters().items():
-            if name in COUNTERS:
+            if name in self._counts:
                 c[name] += v
         return c
 
@@ -123,7 +133,14 @@ class FastSwitchModel(SwitchModel):
         return [((ip_str(ip), port), data) for ip, port, data in pairs]
 
     def is_data(self, datagram) -> bool:
-        return len(datagram) >= HEADER_BYTES and (datagram[0], datagram[1]) == self._data
+        """DATA, or a RESULT of a job with a parent (a tree's RESULT coming down): what
+        the engine takes."""
+        if len(datagram) < HEADER_BYTES:
+            return False
+        if (datagram[0], datagram[1]) == self._data:
+            return True
+        return (datagram[0], datagram[1]) == self._result and self._has_parent(
+            {"job": int.from_bytes(datagram[_JOB:_JOB + 2], "big")})
 
     def process(self, datagram, source, now: float):
         if self.is_data(datagram):

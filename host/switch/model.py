@@ -41,6 +41,47 @@ Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result
 saturated to int32 when it is emitted, with OVERFLOW set if any element saturated.
 Saturating at each add would make the result depend on arrival order; this way every
 order gives the same bytes, which the gateware matches with 37-bit accumulators.
+
+Trees of switches (docs/fabric.md). A job entry may name a *parent* (``cfg.parent``, and
+this switch's member id there, ``cfg.index``) and may have *child switches* as members
+(``cfg.children``). Every switch of the tree holds the job under the same id and session,
+with its own window, mode and deadline. Per level:
+
+* a slot *closes* when every member contributed, or at this switch's deadline (bounded),
+  or when the members that are not absent did (bounded-skip): the same rules as above,
+  with "all members" read as the bitmap being full;
+* closing at a switch with a parent does not emit a RESULT: the switch sends one DATA to
+  the parent (``up``) as member ``cfg.index`` of the parent's job, with the saturated
+  int32 partial sum, ``count`` = the workers it covers, ``bitmap`` = its own members,
+  the exponent max, OVERFLOW if it saturated or a child's DATA had it. The slot is then
+  *up*: it takes no more contributions (a late member's DATA is counted ``late``), and a
+  member's re-sent DATA sends the stored upward DATA again (``up_resent``, RETRANSMIT),
+  which is how a lost upward DATA or a lost RESULT of the parent is recovered;
+* closing at the root emits the RESULT: ``count`` = workers in the sum (the DATA of a
+  worker counts 1, the DATA of a child switch its ``count``), PARTIAL when that is below
+  ``cfg.total`` (the job's workers), ``bitmap`` = the root's members;
+* the leaves relay (``relayed``): a RESULT from the parent, for a slot that is up, is
+  stored and sent to the switch's group, the same bytes except ``worker`` (GROUP_WORKER),
+  RETRANSMIT (cleared) and ``bitmap``, rewritten level by level to this switch's own
+  members: its slot's bitmap if the parent's bitmap has this switch's bit, else 0 (its
+  partial sum came too late: none of its members is in the sum). A worker thus reads
+  bit w of a RESULT as "my leaf's member w is in this sum", as with one switch, and every
+  worker gets the same payload, count, exponent and PARTIAL/OVERFLOW flags. The stored
+  result answers re-sends at the lowest level that has it.
+* a RESULT that no up slot awaits (a duplicate, a stale one) is ``drop_result``.
+
+Bounded mode has a deadline per level: a straggler costs its leaf one deadline, the
+leaf's partial sum then reaches the spine, whose deadline (longer than the leaves') only
+fires when a whole subtree is silent.
+
+Refusals (issue 43). DATA dropped for a reason its sender can fix (an unknown job, a
+source that is not the job's member, more elements than the job's or than the slot's,
+another session, a seq behind the job) is answered with one ERROR (``fields.Refusal``):
+the header alone, never larger than the DATA, at most once per ``ERROR_INTERVAL`` per
+source bucket (``fields.error_bucket``; the drop is counted either way). A STALE answer
+carries the job's *position*: the seq after the newest slot it opened (``head``), the
+seq a new run of a static job resumes at. Truncated, malformed and out-of-window DATA
+(the sender is ahead: it only has to wait) get no answer.
 """
 
 from collections import Counter
@@ -50,28 +91,28 @@ import json
 import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
-                                        GROUP_WORKER, field_offsets)
+                                        GROUP_WORKER, MAX_JOB_WORKERS, field_offsets, Refusal,
+                                        ERROR_INTERVAL, ERROR_SOURCES, error_bucket)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.jobtable import IDLE_RECLAIM_S
 from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
                                       control_length_ok, STATUS_MIN_REQUEST,
                                       status_length_ok)
 
-__all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER", "BOUNDED"]
+__all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER", "BOUNDED",
+           "ANSWER_COUNTERS", "error_datagram"]
+
+from ina_fabric.protocol.counters import MODEL_COUNTERS, ANSWER_COUNTERS  # noqa: E402
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 #: the modes whose slots close at a deadline (jobtable.MODES)
 BOUNDED = ("bounded", "bounded-skip")
 SEQ_MASK = 0xFFFFFFFF
 
-COUNTERS = (
-    "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
-    "resent", "status_requests", "status_unpadded", "control", "control_refused",
-    "drop_unauthenticated",
-    "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
-    "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-    "skipped",     # bounded-skip: slots closed before their deadline without an absent worker
-)
+#: the counters the model keeps, by name (defined once: ``ina_fabric.protocol.counters``,
+#: with what each counts); ANSWER_COUNTERS: those of a switch that answers refused DATA
+#: (not the gateware, for now)
+COUNTERS = MODEL_COUNTERS
 
 _OFF = field_offsets()
 
@@ -90,6 +131,11 @@ MAX_TOTAL_BYTES = 1 << 30
 #: ina_fabric.protocol.jobtable, where the gateware reads it too)
 
 
+def _full(n: int) -> int:
+    """The bitmap of n members, all in."""
+    return (1 << n) - 1
+
+
 def job_bytes(cfg) -> int:
     """Slot memory a job may use in the software switch."""
     return 2 * cfg.window * cfg.elements * 12
@@ -97,7 +143,7 @@ def job_bytes(cfg) -> int:
 
 class _Slot:
     __slots__ = ("tag", "complete", "acc", "nelem", "bitmap", "count", "exponent",
-                 "opened_at", "result")
+                 "opened_at", "result", "up", "overflow")
 
     def __init__(self, tag):
         self.tag = tag
@@ -109,6 +155,8 @@ class _Slot:
         self.exponent = NO_EXPONENT
         self.opened_at = 0.0
         self.result = None  # header+payload bytes of the emitted RESULT
+        self.up = None      # tree: the DATA sent to the parent, while its RESULT is awaited
+        self.overflow = False   # a child switch's DATA was saturated (OVERFLOW)
 
 
 class _JobState:
@@ -119,6 +167,7 @@ class _JobState:
         self.slots = [[_Slot((i + s * w - 2 * w) & SEQ_MASK) for i in range(w)]
                       for s in range(2)]
         self.open = {}  # seq -> slot, in opening order (deadline order within a job)
+        self.head = 0   # the job's position: the seq after the newest slot it opened
         #: bounded-skip: workers a slot closed without at its deadline, not back since
         #: (a bitmap; always 0 in the other modes), and when each became absent
         self.absent = 0
@@ -131,21 +180,29 @@ class SwitchModel:
 
     def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
                  max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES,
-                 modes=None):
+                 modes=None, answers=True, parent=None):
         """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
         are taken only when sealed with it; without a key, none is taken over the wire
         (jobs come from ``jobs`` and ``add_job``). ``modes``: the modes this switch runs
         (default: all of ``jobtable.MODES``; the gateware's scoreboard passes
         ``GATEWARE_MODES``): a CONTROL entry with another is ``drop_malformed``, as the
-        gateware's parse drops it, and ``add_job`` refuses it."""
+        gateware's parse drops it, and ``add_job`` refuses it. ``answers``: DATA refused
+        for a reason the sender can fix is answered with an ERROR (the module's
+        docstring); False for the gateware's scoreboards until the gateware answers.
+        ``parent``: this switch's parent ``(ip, port)`` (``ina switch --parent``): a tree
+        entry naming another parent is refused (None: whatever parent an entry names)."""
+        self.parent = None if parent is None else (str(parent[0]), int(parent[1]))
         from ina_fabric.protocol.jobtable import MODES
         self.modes = tuple(MODES if modes is None else modes)
         self.key = key
         self._replay = ReplayGuard()
         self.jobs: dict[int, _JobState] = {}
         # (a switch without bounded-skip, as the gateware, has no "skipped" counter)
+        self.answers = answers
+        self._answered = [None] * ERROR_SOURCES    # when each source bucket was answered
         self._counts = Counter({name: 0 for name in COUNTERS
-                                if name != "skipped" or "bounded-skip" in self.modes})
+                                if (name != "skipped" or "bounded-skip" in self.modes)
+                                and (answers or name not in ANSWER_COUNTERS)})
         self.max_jobs, self.max_job_bytes = max_jobs, max_job_bytes
         self.max_total_bytes = max_total_bytes
         self._deadlines = []   # heap of (time, job, seq, opened_at): bounded open slots
@@ -163,6 +220,10 @@ class SwitchModel:
         if cfg.mode not in self.modes:
             raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} is not run by this switch "
                               f"(it runs {', '.join(self.modes)})")
+        if self.parent is not None and cfg.parent is not None and cfg.parent != self.parent:
+            raise ConfigError(f"job {cfg.job}: its entry names parent {cfg.parent[0]}:"
+                              f"{cfg.parent[1]}, but this switch's parent is "
+                              f"{self.parent[0]}:{self.parent[1]}")
         held = self.jobs.get(cfg.job)
         if now is not None and held is not None and held.cfg.session != cfg.session \
                 and now - held.active < IDLE_RECLAIM_S:
@@ -194,8 +255,10 @@ class SwitchModel:
             raise ConfigError(f"job {cfg.job}: live update of a job that is not installed")
         if js.cfg.session != cfg.session:
             raise ConfigError(f"job {cfg.job}: live update from another session")
-        if (js.cfg.members, js.cfg.window, js.cfg.elements, js.cfg.mode, js.cfg.mcast) != (
-                cfg.members, cfg.window, cfg.elements, cfg.mode, cfg.mcast):
+        if (js.cfg.members, js.cfg.window, js.cfg.elements, js.cfg.mode, js.cfg.mcast,
+                js.cfg.parent, js.cfg.index, js.cfg.children, js.cfg.total) != (
+                cfg.members, cfg.window, cfg.elements, cfg.mode, cfg.mcast,
+                cfg.parent, cfg.index, cfg.children, cfg.total):
             raise ConfigError(f"job {cfg.job}: a live update may change only the deadline; "
                               f"install the job anew to change anything else")
         self._retune(js, cfg)
@@ -237,6 +300,7 @@ class SwitchModel:
             slot = js.slots[k // js.cfg.window][k % js.cfg.window]
             slot.__init__((seq - w2 + ((k - seq) % w2)) & SEQ_MASK)
         js.open.clear()
+        js.head = seq & SEQ_MASK
 
     # -- deadlines -------------------------------------------------------------------
     # Bounded open slots sit in one heap by deadline, so a packet's cost does not grow
@@ -257,8 +321,8 @@ class SwitchModel:
             if self._live(entry):
                 js = self.jobs[entry[1]]
                 slot = js.open.pop(entry[2])
-                out += self._emit(js, slot)
-                if js.cfg.mode == "bounded-skip" and slot.count < js.cfg.n:
+                out += self._close(js, slot)
+                if js.cfg.mode == "bounded-skip" and slot.bitmap != _full(js.cfg.n):
                     out += self._skip(js, slot.bitmap, now)
         return out
 
@@ -279,7 +343,7 @@ class SwitchModel:
             if slot.bitmap | js.absent == full:
                 self._counts["skipped"] += 1
                 del js.open[seq]
-                out += self._emit(js, slot)
+                out += self._close(js, slot)
         return out
 
     def next_deadline(self):
@@ -335,8 +399,8 @@ class SwitchModel:
             inner, nonce = opened
             return out + [(dest, seal(reply, self.key, nonce))
                           for dest, reply in self._control(inner, source, now)]
-        if mtype != MsgType.DATA:
-            c["drop_malformed"] += 1
+        if mtype != MsgType.DATA and not (mtype == MsgType.RESULT and self._has_parent(h)):
+            c["drop_malformed"] += 1          # (a switch takes RESULTs only from a parent)
             return out
         nelem = int(h["nelem"])
         body = n - HEADER_BYTES
@@ -349,16 +413,24 @@ class SwitchModel:
         js = self.jobs.get(int(h["job"]))
         if js is None:
             c["drop_unknown_job"] += 1
-            return out
+            return out + self._refuse(Refusal.UNKNOWN_JOB, 0, datagram, source, now)
         cfg = js.cfg
+        if mtype == MsgType.RESULT:
+            return self._from_parent(js, h, datagram, source, now)
         if int(h["session"]) != cfg.session:
             c["drop_bad_session"] += 1
-            return out
+            return out + self._refuse(Refusal.BAD_SESSION, 0, datagram, source, now)
         worker = int(h["worker"])
         if worker >= cfg.n or cfg.members[worker].addr != tuple(source):
             c["drop_unknown_source"] += 1
-            return out
+            return out + self._refuse(Refusal.NOT_MEMBER, cfg.n, datagram, source, now)
         if nelem > cfg.elements:
+            c["drop_malformed"] += 1
+            return out + self._refuse(Refusal.BAD_LENGTH, cfg.elements, datagram, source,
+                                      now)
+        # the workers this DATA covers: one for a worker, the count of a child switch
+        covers = int(h["count"]) if cfg.children else 1
+        if not 1 <= covers <= cfg.total:
             c["drop_malformed"] += 1
             return out
         c["rx_data"] += 1
@@ -373,45 +445,134 @@ class SwitchModel:
             slot.acc = np.zeros(nelem, np.int64)
             slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
             slot.exponent, slot.opened_at = NO_EXPONENT, now
+            slot.up, slot.overflow = None, False
             js.open[seq] = slot
+            if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
+                js.head = (seq + 1) & SEQ_MASK
             if cfg.mode in BOUNDED:
                 heapq.heappush(self._deadlines, (now + cfg.deadline, cfg.job, seq, now))
         elif seq != slot.tag:
             behind = 0 < ((slot.tag - seq) & SEQ_MASK) < 1 << 31
             c["drop_stale" if behind else "drop_out_of_window"] += 1
+            if behind:
+                out += self._refuse(Refusal.STALE, js.head, datagram, source, now)
             return out
         if slot.complete:
             if slot.result is None:
                 # the virtual seq a record holds before the job's first traffic: the
                 # sender is more than 2W behind the job's start; nothing to re-send
                 c["drop_stale"] += 1
-                return out
+                return out + self._refuse(Refusal.STALE, js.head, datagram, source, now)
             if slot.bitmap & bit:
                 c["duplicates"] += 1
             else:
                 c["late"] += 1
             c["resent"] += 1
             return out + [(cfg.members[worker].addr, self._unicast(slot.result, worker))]
+        if slot.up is not None:        # closed here, its RESULT awaited from the parent
+            if slot.bitmap & bit:
+                c["duplicates"] += 1
+                c["up_resent"] += 1
+                return out + [(cfg.parent, slot.up)]
+            c["late"] += 1
+            return out
         if slot.bitmap & bit:
             c["duplicates"] += 1
             return out
         if nelem != slot.nelem:
             c["drop_malformed"] += 1
-            return out
+            return out + self._refuse(Refusal.BAD_LENGTH, slot.nelem, datagram, source, now)
         c["accepted"] += 1
         js.active = now
         js.absent &= ~bit          # in step again (bounded-skip): slots wait for it again
         if nelem:
             slot.acc += np.frombuffer(datagram, ELEM_DTYPE, count=nelem, offset=HEADER_BYTES)
         slot.bitmap |= bit
-        slot.count += 1
+        slot.count += covers
         slot.exponent = max(slot.exponent, int(h["exponent"]))
-        if slot.count == cfg.n or slot.bitmap | js.absent == (1 << cfg.n) - 1:
-            if slot.count < cfg.n:
+        if cfg.children and h["flags"] & Flags.OVERFLOW:
+            slot.overflow = True
+        full = _full(cfg.n)
+        if slot.bitmap | js.absent == full:
+            if slot.bitmap != full:
                 c["skipped"] += 1
             del js.open[seq]
-            out += self._emit(js, slot)
+            out += self._close(js, slot)
         return out
+
+    def _has_parent(self, h) -> bool:
+        js = self.jobs.get(int(h["job"]))
+        return js is not None and js.cfg.parent is not None
+
+    def _from_parent(self, js, h, datagram, source, now):
+        """A RESULT: taken only from the job's parent, for a slot that is up (sent to the
+        parent and awaiting this); relayed to the group (the module's docstring)."""
+        c, cfg = self._counts, js.cfg
+        if tuple(source) != cfg.parent:
+            c["drop_unknown_source"] += 1
+            return []
+        if int(h["session"]) != cfg.session:
+            c["drop_bad_session"] += 1
+            return []
+        seq, w = int(h["seq"]), cfg.window
+        slot = js.slots[(seq // w) % 2][seq % w]
+        if slot.up is None or slot.tag != seq:
+            c["drop_result"] += 1
+            return []
+        if int(h["nelem"]) != slot.nelem or int(h["count"]) > MAX_JOB_WORKERS:
+            c["drop_malformed"] += 1
+            return []
+        b = bytearray(datagram)
+        b[_OFF["worker"]] = GROUP_WORKER
+        b[_OFF["flags"]] &= ~Flags.RETRANSMIT & 0xFF
+        mine = int(h["bitmap"]) >> cfg.index & 1
+        b[_OFF["bitmap"]:_OFF["bitmap"] + 4] = (slot.bitmap if mine else 0).to_bytes(4, "big")
+        slot.result, slot.up, slot.complete = bytes(b), None, True
+        js.active = now
+        c["relayed"] += 1
+        return [(dest, slot.result) for dest in js.group]
+
+    def _close(self, js, slot):
+        """A slot closes at this level: its RESULT at the root, its partial sum upward
+        at a switch with a parent."""
+        return self._emit(js, slot) if js.cfg.parent is None else self._send_up(js, slot)
+
+    def _send_up(self, js, slot):
+        c, cfg = self._counts, js.cfg
+        flags = Flags.OVERFLOW if slot.overflow else 0
+        if slot.count < cfg.total:
+            flags |= Flags.PARTIAL
+            c["partials"] += 1
+        clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
+        if slot.nelem and not np.array_equal(clipped, slot.acc):
+            flags |= Flags.OVERFLOW
+            c["overflows"] += 1
+        hdr = np.zeros((), HEADER_DTYPE)
+        hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.DATA, flags
+        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, cfg.index
+        hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
+        hdr["bitmap"], hdr["session"] = slot.bitmap, cfg.session
+        data = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
+        slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
+        slot.acc = None
+        c["up"] += 1
+        return [(cfg.parent, data)]
+
+    def _refuse(self, reason, figure, datagram, source, now):
+        """The ERROR answering a refused DATA (the module's docstring), or nothing when
+        this switch does not answer or answered the source's bucket within
+        ``ERROR_INTERVAL``."""
+        if not self.answers:
+            return []
+        import socket
+        b = error_bucket(int.from_bytes(socket.inet_aton(source[0]), "big"), source[1])
+        last = self._answered[b]
+        if last is not None and now - last < ERROR_INTERVAL:
+            self._counts["errors_limited"] += 1
+            return []
+        self._answered[b] = now
+        self._counts["errors_sent"] += 1
+        return [(source, error_datagram(datagram, reason, figure))]
 
     def _authentic(self, datagram):
         """(datagram without trailer, nonce) for a control datagram sealed with our key
@@ -460,8 +621,8 @@ class SwitchModel:
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
         c = self._counts
-        flags = 0
-        if slot.count < js.cfg.n:
+        flags = Flags.OVERFLOW if slot.overflow else 0
+        if slot.count < js.cfg.total:
             flags |= Flags.PARTIAL
             c["partials"] += 1
         clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
@@ -492,8 +653,21 @@ class SwitchModel:
                 "mode": js.cfg.mode, "deadline_ms": js.cfg.deadline * 1e3,
                 "open_slots": len(js.open), "waiting_for": self._waiting_for(js),
                 "session": f"{js.cfg.session:016x}"} | (
+                    {"position": js.head} if self.answers else {}) | (
                     {"absent": self._missing(js.cfg.n, ~js.absent)}
-                    if js.cfg.mode == "bounded-skip" else {})
+                    if js.cfg.mode == "bounded-skip" else {}) | (
+                    self._tree_status(js) if js.cfg.tree else {})
+
+    def _tree_status(self, js) -> dict:
+        """A tree job: where this switch sits, and how many of its slots closed here and
+        wait for the parent's RESULT (a stall above this switch)."""
+        cfg = js.cfg
+        return {"parent": f"{cfg.parent[0]}:{cfg.parent[1]}" if cfg.parent else None,
+                "index": cfg.index, "members_are": "switches" if cfg.children else "workers",
+                "total_workers": cfg.total, "awaiting_parent": self._awaiting_parent(js)}
+
+    def _awaiting_parent(self, js) -> int:
+        return sum(slot.up is not None for half in js.slots for slot in half)
 
     @staticmethod
     def _missing(n, bitmap):
@@ -531,3 +705,17 @@ class SwitchModel:
             doc["jobs"][j] = entry
             size += add
         return self._status_bytes(doc)
+
+
+def error_datagram(data: bytes, reason, figure: int) -> bytes:
+    """The ERROR that answers DATA ``data`` (``fields.Refusal``): its header with type
+    ERROR, ``count`` the reason, ``bitmap`` the figure, no elements and no flags."""
+    b = bytearray(data[:HEADER_BYTES])
+    b[_OFF["type"]] = MsgType.ERROR
+    b[_OFF["flags"]] = 0
+    b[_OFF["exponent"]] = 0
+    b[_OFF["count"]:_OFF["count"] + 2] = int(reason).to_bytes(2, "big")
+    b[_OFF["nelem"]:_OFF["nelem"] + 2] = bytes(2)
+    b[_OFF["reserved"]] = 0
+    b[_OFF["bitmap"]:_OFF["bitmap"] + 4] = (figure & SEQ_MASK).to_bytes(4, "big")
+    return bytes(b)

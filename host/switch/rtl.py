@@ -105,11 +105,12 @@ class RtlSwitchModel(SwitchModel):
 
     def __init__(self, jobs=(), *, params=None, log=None, planted_bug=None, **kw):
         kw.setdefault("modes", GATEWARE_MODES)
+        kw.setdefault("answers", False)   # the gateware does not answer refused DATA yet
         from ina_fabric.hw.verilator.core import RtlCore
         self.params = params or rtl_params()
         self.core = RtlCore(self.params, planted_bug=planted_bug, log=log)
         #: the scoreboard: the reference model fed exactly what the core is fed
-        self.ref = SwitchModel(modes=GATEWARE_MODES)
+        self.ref = SwitchModel(modes=GATEWARE_MODES, answers=False)
         self._index = {}            # job id -> entry of the core's job table
         self._deadline_cycles = {}  # job id -> its deadline in cycles
         self._expected = {}         # key -> deque of (cycle, dest, bytes): model's, unmatched
@@ -149,6 +150,9 @@ class RtlSwitchModel(SwitchModel):
         if cfg.mode not in self.modes:
             raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} runs on the software "
                               f"switches only (the gateware has {', '.join(self.modes)})")
+        if cfg.tree:
+            raise ConfigError(f"job {cfg.job}: a tree of switches (docs/fabric.md) runs on "
+                              f"the software switches only; the gateware has no tree yet")
         index = self._index.get(cfg.job)
         if index is None:
             free = sorted(set(range(P.jobs)) - set(self._index.values()))

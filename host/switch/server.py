@@ -12,6 +12,9 @@ One thread, one socket, two engines with the same semantics:
   model beside it as a live scoreboard; the datagrams waiting in the socket go into the
   core back to back, and the first disagreement stops the server (``RtlDisagreement``).
 
+(``ina switch --engine board`` is not served from here: ``board.BoardSwitch`` runs the
+whole board's datapath on a TAP, with no socket and no Python on the datapath.)
+
 SIGINT and SIGTERM stop it cleanly and print the counters. A malformed datagram is a
 counted drop, never a crash.
 
@@ -19,24 +22,18 @@ Multicast RESULTs (a job with a group) leave by the interface of the listen addr
 listening on 0.0.0.0 they stay on loopback (never out of a default route).
 """
 
-import json
 import signal
 import socket
 import time
 
-import numpy as np
-
-from ina_fabric.protocol.auth import seal, unseal, new_nonce, TRAILER_BYTES
 from .keys import switch_key
-from .model import SwitchModel, STATUS_MIN_REQUEST
+from .model import SwitchModel
 from . import fast
 from ..transport.sockbuf import size_buffers
 
 _DEFAULT = object()
-from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType
-from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 
-__all__ = ["SwitchServer", "query_status", "send_job", "remove_job", "JobRefused"]
+__all__ = ["SwitchServer"]
 
 
 class SwitchServer:
@@ -44,14 +41,19 @@ class SwitchServer:
     key file, made on first use); ``key=None`` takes no CONTROL or STATUS_REQ at all."""
 
     def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None,
-                 key=_DEFAULT, engine="auto", pace_rate=0.0):
+                 key=_DEFAULT, engine="auto", pace_rate=0.0, parent=None):
         """``engine``: "fast", "model", "rtl", or "auto" (fast where it is built and no
         impairment is asked for, else the model, saying why through ``log``).
         ``pace_rate``: bit/s, RESULTs to any one worker no faster than this (its
-        downlink's rate; the fast engine only); 0: as fast as they are formed."""
+        downlink's rate; the fast engine only); 0: as fast as they are formed.
+        ``parent``: this switch's parent in a tree of switches, ``(ip, port)``
+        (docs/fabric.md): a tree entry that names another parent is refused."""
         if key is _DEFAULT:
             key = switch_key(create=True)
         impaired = impairment is not None and impairment.active
+        if engine == "board":
+            raise ValueError("the board engine serves a TAP, not a UDP socket: "
+                             "host.switch.board.BoardSwitch (ina switch --engine board)")
         if engine not in ("auto", "fast", "model", "rtl"):
             raise ValueError(f"engine {engine!r}: expected auto, fast, model or rtl")
         if engine in ("fast", "rtl") and impaired:
@@ -70,7 +72,7 @@ class SwitchServer:
             self.model = RtlSwitchModel(jobs, key=key, log=log)
         else:
             self.model = (fast.FastSwitchModel if engine == "fast" else SwitchModel)(
-                jobs, key=key)
+                jobs, key=key, parent=parent)
         if pace_rate:
             self.model.engine.set_pace(float(pace_rate))
         #: why the server stopped by itself (an RTL scoreboard disagreement), or None
@@ -210,78 +212,3 @@ class SwitchServer:
         self.out.close() if self.out is not self.sock else self.sock.close()
         if hasattr(self.model, "close"):
             self.model.close()
-
-
-def _request(addr, datagram, timeout, key):
-    """Seal ``datagram``, send it, and return the JSON of the STATUS reply that answers
-    it (same nonce, our key); other datagrams are ignored until ``timeout``."""
-    if key is None:
-        # the same default as a switch starting here: whichever comes first creates it
-        key = switch_key(create=True)
-    nonce = new_nonce()
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.settimeout(timeout)
-    try:
-        s.sendto(seal(datagram, key, nonce), addr)
-        while True:
-            data, src = s.recvfrom(65536)
-            opened = unseal(data, key)
-            if opened is None or opened[1] != nonce or len(opened[0]) < HEADER_BYTES:
-                continue       # not an answer to this request: keep waiting
-            body = opened[0]
-            if np.frombuffer(body, HEADER_DTYPE, count=1)[0]["type"] != MsgType.STATUS:
-                raise ValueError("unexpected reply type")
-            return json.loads(body[HEADER_BYTES:])
-    finally:
-        s.close()
-
-
-def _header(mtype) -> bytes:
-    h = np.zeros((), HEADER_DTYPE)
-    h["version"], h["type"] = VERSION, mtype
-    return h.tobytes()
-
-
-class JobRefused(ValueError):
-    """The switch refused a CONTROL entry; the message is its reason."""
-
-
-def query_status(addr, timeout=1.0, key=None, max_pages=10_000) -> dict:
-    """Counters and jobs of a running switch, as a dict: every page of its paged STATUS
-    (each request padded to the size its reply may have). ``key``: the control key
-    (default: ``keys.switch_key()``)."""
-    start, jobs, doc = 0, {}, {}
-    for _ in range(max_pages):
-        pad = STATUS_MIN_REQUEST - HEADER_BYTES - 4 - TRAILER_BYTES
-        doc = _request(addr, _header(MsgType.STATUS_REQ) + bytes(pad) +
-                       start.to_bytes(4, "big"), timeout, key)
-        jobs.update(doc.get("jobs", {}))
-        if doc.get("next_job") is None:
-            break
-        start = int(doc["next_job"])
-    out = {"counters": doc.get("counters", {}), "jobs": jobs}
-    if "rtl" in doc:     # the RTL engine's figures (cycles, cycles per packet, ...)
-        out["rtl"] = doc["rtl"]
-    return out
-
-
-def send_job(addr, cfg, timeout=1.0, update=False, key=None) -> dict:
-    """Install a job (``JobConfig``) on a running switch with a CONTROL datagram; its
-    slots start afresh. ``update=True``: a live update (only the deadline may change;
-    the slots are kept). Raises JobRefused with the switch's reason."""
-    reply = _request(addr, _header(MsgType.CONTROL) + cfg.to_bytes(update=update), timeout,
-                     key)
-    if "error" in reply:
-        raise JobRefused(reply["error"])
-    return reply
-
-
-def remove_job(addr, job: int, session: int = 0, timeout=1.0, key=None) -> dict:
-    """Remove job ``job`` from a running switch (only while it holds ``session``, when
-    given: a run removes its own job, never a successor's). Raises JobRefused."""
-    from ina_fabric.protocol.jobtable import removal_entry
-    reply = _request(addr, _header(MsgType.CONTROL) + removal_entry(job, session), timeout,
-                     key)
-    if "error" in reply:
-        raise JobRefused(reply["error"])
-    return reply

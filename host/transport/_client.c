@@ -36,24 +36,42 @@
 #define MAX_BACKOFF 64
 #define UDP_IP_BYTES 46         /* IPv4 + UDP + Ethernet: slot_deadline.UDP_IP_BYTES */
 #define BOUNDED_MAX_BACKOFF 4   /* window.py: a bounded re-send fetches a stored result */
+/* congestion control: window.py's constants of the same names (docs/congestion.md) */
+#define LOSS_BETA 0.5
+#define DELAY_BETA 0.8
+#define MAX_DELAY_CUT 0.5
+#define DELAY_FACTOR 1.5
+#define DELAY_SLACK 0.002
+#define MIN_CWND 1.0
 #define RBATCH 8                 /* 8 x 64 KB still in L2 when dequantized */
 #define RXBUF 65536
 #define SENDQ 64
 
 enum { A_SEND = 1, A_DELIVER, A_ABANDON, A_HOLD, A_FAIL };
 enum { FAIL_UNAVAILABLE = 0, FAIL_STALLED = 1 };
-enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE };
+enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_REFUSED,
+       RC_MEMBERS_DIFFER };
+#define REFUSAL_STALE 5          /* fields.Refusal.STALE */
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
        S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, NSTATS };
-enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK };
+enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK, T_CWND, T_SSTHRESH, T_BASE,
+       T_CUT_AT, T_CUTS, NRTT };   /* window.py's RttEstimator fields, in order */
+#define NCFG 8                     /* fastcall.config_tuple */
 
 /* ---- the window (window.py's SendWindow and RttEstimator) ------------------------- */
 typedef struct { int kind, p, flag; } Action;
 
 typedef struct {
-    int P, W, bounded;
+    int P, W, bounded, cc, delay;
     double rto0, min_rto, deadline, connect_timeout, stall_timeout, start_wait;
-    double *rtt;                   /* srtt, rttvar, answered, peak, last_peak */
+    double *rtt;                   /* RttEstimator: srtt, rttvar, ... (T_*) */
+    int *ready, nready, qhead;     /* released packets waiting for cwnd, release order */
+    uint8_t *state;                /* 0 not released, 1 released and waiting, 2 sent */
+    int low;                       /* no packet below it lacks its result */
+    double t_first;                /* when the call's first RESULT came in */
+    int *lost, nlostq, caplost, lhead;  /* reliable: packets marked lost at a timeout, */
+    uint8_t *lostf;                /* not re-sent yet (flag), nlost of them */
+    int nlost;
     uint8_t *received, *held, *where;   /* where: 0 none, 1 fresh, 2 resent */
     uint8_t *tries;                /* 0: never re-sent (Karn: RTT samples allowed) */
     uint8_t *later;                /* results in of packets sent after it (FAST_RESEND) */
@@ -67,13 +85,21 @@ typedef struct {
     int *scratch;                  /* on_timer's overdue list */
 } Win;
 
-static int win_init(Win *w, int P, int W, const double cfg[7], double *rtt) {
+static int win_init(Win *w, int P, int W, const double cfg[NCFG], double *rtt) {
     memset(w, 0, sizeof *w);
     w->P = P; w->W = W;
     w->bounded = cfg[0] != 0.0;
     w->rto0 = cfg[1]; w->min_rto = cfg[2]; w->deadline = cfg[3];
     w->connect_timeout = cfg[4]; w->stall_timeout = cfg[5]; w->start_wait = cfg[6];
+    w->cc = cfg[7] != 0.0;           /* fastcall.config_tuple: 0 off, 1 aimd, 2 delay */
+    w->delay = cfg[7] == 2.0;
     w->rtt = rtt;
+    w->ready = malloc(P * sizeof(int)); w->state = calloc(P, 1);
+    w->caplost = P;
+    w->lost = malloc(P * sizeof(int)); w->lostf = calloc(P, 1);
+    w->t_first = INFINITY;
+    if (!w->ready || !w->state || !w->lost || !w->lostf) return -1;
+    if (w->cc && rtt[T_CWND] == 0.0) rtt[T_CWND] = (double)W;   /* the first call */
     w->received = calloc(P, 1); w->held = calloc(P, 1); w->where = calloc(P, 1);
     w->tries = calloc(P, 1); w->tsent = calloc(P, sizeof(double));
     w->later = calloc(P, 1);
@@ -95,6 +121,7 @@ static int win_init(Win *w, int P, int W, const double cfg[7], double *rtt) {
 static void win_free(Win *w) {
     free(w->received); free(w->held); free(w->where); free(w->tries); free(w->tsent);
     free(w->later); free(w->prev); free(w->next); free(w->scratch); free(w->act);
+    free(w->ready); free(w->state); free(w->lost); free(w->lostf);
 }
 
 static double win_rto(const Win *w) {
@@ -167,8 +194,16 @@ static void append(Win *w, int p, int list) {
     if (list == 1) w->nfresh++; else w->nresent++;
 }
 
+static void unlose(Win *w, int p) {
+    if (w->lostf[p]) {
+        w->lostf[p] = 0;
+        w->nlost--;
+    }
+}
+
 static void win_send(Win *w, int p, double now, int retransmit) {
     if (retransmit) {
+        unlose(w, p);
         int t = w->tries[p] ? w->tries[p] * 2 : 2;
         int cap = w->bounded ? BOUNDED_MAX_BACKOFF : MAX_BACKOFF;
         w->tries[p] = t > cap ? cap : t;
@@ -177,15 +212,83 @@ static void win_send(Win *w, int p, double now, int retransmit) {
     } else {
         unlink_p(w, p);
         append(w, p, 1);
+        w->state[p] = 2;
     }
     w->tsent[p] = now;
     push(w, A_SEND, p, retransmit);
 }
 
+/* window.py's SendWindow.limit */
+static int win_limit(const Win *w) {
+    if (!w->cc) return w->W;
+    int c = (int)w->rtt[T_CWND];
+    return c < w->W ? c : w->W;
+}
+
+/* window.py's SendWindow._pump */
+static void win_pump(Win *w, double now) {
+    int limit = win_limit(w), i = w->lhead;
+    while (i < w->nlostq && w->nfresh + w->nresent - w->nlost < limit) {
+        int p = w->lost[i++];
+        if (w->lostf[p]) win_send(w, p, now, 1);
+    }
+    w->lhead = i;
+    i = w->qhead;
+    while (i < w->nready && w->nfresh + w->nresent - w->nlost < limit) {
+        int p = w->ready[i++];
+        if (w->state[p] == 1 && !w->received[p]) win_send(w, p, now, 0);
+    }
+    w->qhead = i;
+    int lo = w->low;
+    while (lo < w->P && w->received[lo]) lo++;
+    w->low = lo;
+    if (lo < w->P && w->state[lo] == 1) win_send(w, lo, now, 0);
+}
+
+/* window.py's SendWindow._cut */
+static void win_cut(Win *w, double now, double factor) {
+    double *r = w->rtt;
+    if (now - r[T_CUT_AT] < r[T_SRTT]) return;
+    double c = r[T_CWND] < w->W ? r[T_CWND] : (double)w->W;
+    c *= factor;
+    r[T_CWND] = c > MIN_CWND ? c : MIN_CWND;
+    r[T_SSTHRESH] = r[T_CWND];
+    r[T_CUT_AT] = now;
+    r[T_CUTS] += 1;
+}
+
+/* window.py's SendWindow._grow */
+static void win_grow(Win *w) {
+    double *r = w->rtt;
+    if (r[T_CWND] < w->W) {
+        double c = r[T_CWND] + (r[T_CWND] < r[T_SSTHRESH] ? 1.0 : 1.0 / r[T_CWND]);
+        r[T_CWND] = c < w->W ? c : (double)w->W;
+    }
+}
+
+/* window.py's SendWindow._on_rtt */
+static void win_on_rtt(Win *w, double s, double t_sent, double now) {
+    if (!w->delay) {
+        win_grow(w);
+        return;
+    }
+    if (t_sent < w->t_first) return;
+    double *r = w->rtt;
+    if (r[T_BASE] == 0.0 || s < r[T_BASE]) r[T_BASE] = s;
+    double target = DELAY_FACTOR * r[T_BASE] + DELAY_SLACK;
+    if (s > target) {
+        double f = 1.0 - DELAY_BETA * (s - target) / s;
+        win_cut(w, now, f > 1.0 - MAX_DELAY_CUT ? f : 1.0 - MAX_DELAY_CUT);
+    } else {
+        win_grow(w);
+    }
+}
+
 static void win_release(Win *w, int q, double now) {
     while (q < w->P) {
-        if (!w->held[q]) {
-            win_send(w, q, now, 0);
+        if (!w->held[q]) {        /* it may go: win_pump sends it */
+            w->ready[w->nready++] = q;
+            w->state[q] = 1;
             return;
         }
         w->held[q] = 0;
@@ -197,11 +300,16 @@ static void win_release(Win *w, int q, double now) {
 static void win_start(Win *w, double now) {
     w->last_progress = now;
     int n = w->W < w->P ? w->W : w->P;
-    for (int p = 0; p < n; p++) win_send(w, p, now, 0);
+    for (int p = 0; p < n; p++) {
+        w->ready[w->nready++] = p;
+        w->state[p] = 1;
+    }
+    win_pump(w, now);
 }
 
 static void win_on_result(Win *w, int p, double now) {
     w->started = 1;
+    if (w->t_first == INFINITY) w->t_first = now;
     if (w->received[p]) return;
     w->received[p] = 1;
     w->remaining--;
@@ -214,20 +322,29 @@ static void win_on_result(Win *w, int p, double now) {
         return;
     }
     double t = INFINITY;
+    int sampled = 0;
+    unlose(w, p);
     if (w->where[p]) {
         t = w->tsent[p];
         unlink_p(w, p);
         /* (t is INFINITY while the pacer still holds p: bounded mode, its slot closed
          * at the deadline before p went; no sample then) */
-        if (!w->tries[p] && t <= now) rtt_sample(w->rtt, now - t);
+        if (!w->tries[p] && t <= now) {
+            rtt_sample(w->rtt, now - t);
+            if (w->cc) win_on_rtt(w, now - t, t, now);
+            sampled = 1;
+        }
     }
+    if (!sampled && w->cc) win_grow(w);   /* no sample (Karn), but delivered: ACK clock */
     push(w, A_DELIVER, p, 0);
     win_release(w, p + w->W, now);
+    win_pump(w, now);
     if (t < INFINITY) {           /* fast re-send (window.py's FAST_RESEND) */
         int n = 0;
         for (int q = w->fhead; q >= 0 && w->tsent[q] < t; q = w->next[q])
             if (++w->later[q] == FAST_RESEND) w->scratch[n++] = q;
         for (int i = 0; i < n; i++) win_send(w, w->scratch[i], now, 1);
+        if (n && w->cc) win_cut(w, now, LOSS_BETA);
     }
 }
 
@@ -289,9 +406,11 @@ static void win_on_timer(Win *w, double now) {
             int p = od[i];
             w->received[p] = 1;
             w->remaining--;
+            unlose(w, p);
             unlink_p(w, p);
             push(w, A_ABANDON, p, 0);
             win_release(w, p + w->W, now);
+            win_pump(w, now);
         }
         w->last_progress = now;
         return;
@@ -299,6 +418,41 @@ static void win_on_timer(Win *w, double now) {
     if (!w->bounded && idle > w->stall_timeout) {
         push(w, A_FAIL, FAIL_STALLED, 0);
         return;
+    }
+    if (w->cc && w->started) {
+        /* a loss (before the call's first RESULT: late peers, not the network) */
+        win_cut(w, now, LOSS_BETA);
+        if (!w->bounded) {        /* window.py: at most the cut window re-sent at once */
+            int lim = win_limit(w);
+            for (int i = lim; i < n; i++) {   /* the others: marked lost, their timers */
+                int p = od[i], list = w->where[p];  /* restart unsent; win_pump */
+                unlink_p(w, p);                     /* re-sends them first */
+                append(w, p, list);
+                w->tsent[p] = now;
+                if (!w->lostf[p]) {
+                    w->lostf[p] = 1;
+                    w->nlost++;
+                    if (w->nlostq == w->caplost) {
+                        /* full: keep the first entry of each packet still marked
+                         * (win_pump skips the others: the same order) */
+                        uint8_t *seen = calloc(w->P, 1);
+                        int k = 0;
+                        for (int j = w->lhead; seen && j < w->nlostq; j++) {
+                            int x = w->lost[j];
+                            if (w->lostf[x] && !seen[x]) {
+                                seen[x] = 1;
+                                w->lost[k++] = x;
+                            }
+                        }
+                        free(seen);
+                        w->nlostq = k;
+                        w->lhead = 0;
+                    }
+                    w->lost[w->nlostq++] = p;
+                }
+            }
+            if (n > lim) n = lim;
+        }
     }
     for (int i = 0; i < n; i++) win_send(w, od[i], now, 1);
 }
@@ -321,6 +475,8 @@ typedef struct {
     uint8_t **heldbuf;
     int64_t *stats;
     uint8_t *missed;             /* carry mode: a flag per chunk left out (else NULL) */
+    int refusal, refused_p;      /* RC_REFUSED: the switch's reason, for packet refused_p */
+    uint32_t refusal_figure;
 } Call;
 
 static inline int nelem_of(const Call *c, int p) {
@@ -511,7 +667,20 @@ static int result_index(const Call *c, const uint8_t *d, size_t n) {
             (int)ina_rd16(d + L->job) != c->job || p >= (uint32_t)c->P ||
             ina_rd64(d + L->session) != c->session ||
             nel != nelem_of(c, (int)p) || 4 * (size_t)nel != n - L->header ||
-            d[L->count] > c->nworkers || (w != c->worker && w != L->group_worker))
+            (int)ina_rd16(d + L->count) > c->nworkers || (w != c->worker && w != L->group_worker))
+        return -1;
+    return (int)p;
+}
+
+/* the packet index of an ERROR answering a DATA of this call (header only; version, job,
+ * worker, session and seq checked), or -1: switch_client.AllreduceCall.error_index */
+static int error_index(const Call *c, const uint8_t *d, size_t n) {
+    const InaLayout *L = &c->L;
+    if (n != (size_t)L->header || d[L->type] != L->t_error) return -1;
+    uint32_t p = ina_rd32(d + L->seq) - c->base;
+    if (d[L->version] != L->v_version || (int)ina_rd16(d + L->job) != c->job ||
+            d[L->worker] != c->worker || p >= (uint32_t)c->P ||
+            ina_rd64(d + L->session) != c->session)
         return -1;
     return (int)p;
 }
@@ -522,7 +691,7 @@ static void apply(Call *c, int p, const uint8_t *d) {
     if (held) d = held;
     int64_t *st = c->stats;
     st[S_RESULTS]++;
-    int flags = d[L->flags], count = d[L->count], nel = ina_rd16(d + L->nelem);
+    int flags = d[L->flags], count = (int)ina_rd16(d + L->count), nel = ina_rd16(d + L->nelem);
     if (p < c->K) c->shared_exp[p] = (int8_t)d[L->exponent];
     if (flags & L->f_overflow) st[S_OVERFLOW]++;
     /* the first RESULT of p came re-served to this worker (unicast, RETRANSMIT) and its
@@ -739,10 +908,21 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                     if (n < (size_t)L->header) continue;
                     int p = result_index(c, d, n);
                     if (p < 0) {
+                        int q = error_index(c, d, n);
+                        if (q >= 0 && ((int)ina_rd16(d + L->count) != REFUSAL_STALE || !w->received[q])) {
+                            c->refusal = (int)ina_rd16(d + L->count);
+                            c->refusal_figure = ina_rd32(d + L->bitmap);
+                            c->refused_p = q;
+                            return RC_REFUSED;
+                        }
                         c->stats[S_FOREIGN]++;
                         continue;
                     }
                     if (!w->bounded && (d[L->flags] & L->f_partial)) return RC_INCONSISTENT;
+                    if (!(d[L->flags] & L->f_partial) && (int)ina_rd16(d + L->count) != c->nworkers) {
+                        c->refusal_figure = (int)ina_rd16(d + L->count);   /* the job's member count */
+                        return RC_MEMBERS_DIFFER;
+                    }
                     win_on_result(w, p, now);
                     if (w->nact) {
                         useful = 1;
@@ -790,8 +970,11 @@ static int get_buf(PyObject *o, Py_buffer *b, int writable, Py_ssize_t itemsize,
 /* run_call(layout, fds, switch_ip, switch_port, x, out, ring, local_exp, job, worker,
  *          nworkers, elements, base, window, cfg, rtt, stats, session) -> (code, remaining)
  * code: 0 done, 1 switch unavailable, 2 stalled, 3 PARTIAL in a reliable call,
- * 4 a result gone for good (bounded: too late),
- * -errno: a socket error. rtt (float64[5]) and stats (int64[10]) are updated in place. */
+ * 4 a result gone for good (bounded: too late), 5 the switch refused a DATA (an ERROR:
+ * then reason, figure and the packet index follow the code and the remaining count),
+ * 6 a complete RESULT of another member count (figure: the count),
+ * -errno: a socket error. rtt (float64[NRTT]: RttEstimator's fields) and stats (int64[10])
+ * are updated in place. */
 static PyObject *run_call(PyObject *self, PyObject *args) {
     PyObject *layout, *fdt, *ox, *oout, *oring, *oexp, *ocfg, *ortt, *ostats;
     PyObject *omissed = Py_None;  /* carry mode: uint8 per chunk, or None */
@@ -809,9 +992,9 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     int fds[2] = {-1, -1}, nfds;
     if (!PyArg_ParseTuple(fdt, "i|i", &fds[0], &fds[1])) return NULL;
     nfds = fds[1] >= 0 ? 2 : 1;
-    double cfg[7];
-    if (!PyArg_ParseTuple(ocfg, "ddddddd", &cfg[0], &cfg[1], &cfg[2], &cfg[3], &cfg[4],
-                          &cfg[5], &cfg[6]))
+    double cfg[NCFG];
+    if (!PyArg_ParseTuple(ocfg, "dddddddd", &cfg[0], &cfg[1], &cfg[2], &cfg[3], &cfg[4],
+                          &cfg[5], &cfg[6], &cfg[7]))
         return NULL;
     Py_buffer bx, bout, bring, bexp, brtt, bst;
     if (get_buf(ox, &bx, 0, 4, "x") < 0) return NULL;
@@ -835,7 +1018,7 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     c.missed = has_missed ? bmiss.buf : NULL;
     PyObject *res = NULL;
     if (bout.len != bx.len || bring.len < (Py_ssize_t)(W * c.stride) || bexp.len < c.K ||
-            brtt.len < 5 * 8 || bst.len < NSTATS * 8 || (has_missed && bmiss.len < c.K)) {
+            brtt.len < NRTT * 8 || bst.len < NSTATS * 8 || (has_missed && bmiss.len < c.K)) {
         PyErr_SetString(PyExc_ValueError, "run_call: buffer sizes do not fit the call");
         goto e7;
     }
@@ -872,7 +1055,8 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
         code = loop(&w, &c, q, rq, fds, nfds, (uint32_t)sw_ip, (uint16_t)sw_port);
         if (code == RC_OK) flush(q, &c);
         Py_END_ALLOW_THREADS
-        res = Py_BuildValue("(ii)", code, w.remaining);
+        res = Py_BuildValue("(iiiki)", code, w.remaining, c.refusal,
+                            (unsigned long)c.refusal_figure, c.refused_p);
     }
     win_free(&w);
     if (c.heldbuf)
@@ -895,26 +1079,26 @@ typedef struct {
     PyObject_HEAD
     Win w;
     int ok;
-    PyObject *rtt;          /* the float64[5] buffer's owner */
+    PyObject *rtt;          /* the float64[NRTT] buffer's owner */
     Py_buffer brtt;
 } WindowObject;
 
 static int Window_init(WindowObject *self, PyObject *args, PyObject *kw) {
     int P, W;
     PyObject *ocfg, *ortt;
-    double cfg[7];
+    double cfg[NCFG];
     if (!PyArg_ParseTuple(args, "iiOO", &P, &W, &ocfg, &ortt)) return -1;
-    if (!PyArg_ParseTuple(ocfg, "ddddddd", &cfg[0], &cfg[1], &cfg[2], &cfg[3], &cfg[4],
-                          &cfg[5], &cfg[6]))
+    if (!PyArg_ParseTuple(ocfg, "dddddddd", &cfg[0], &cfg[1], &cfg[2], &cfg[3], &cfg[4],
+                          &cfg[5], &cfg[6], &cfg[7]))
         return -1;
     if (P < 1 || W < 1) {
         PyErr_Format(PyExc_ValueError, "%d packets, window %d: need >= 1 of each", P, W);
         return -1;
     }
     if (get_buf(ortt, &self->brtt, 1, 8, "rtt") < 0) return -1;
-    if (self->brtt.len < 5 * 8) {
+    if (self->brtt.len < NRTT * 8) {
         PyBuffer_Release(&self->brtt);
-        PyErr_SetString(PyExc_ValueError, "rtt: 5 float64 needed");
+        PyErr_Format(PyExc_ValueError, "rtt: %d float64 needed", NRTT);
         return -1;
     }
     Py_INCREF(ortt);
@@ -983,8 +1167,8 @@ static PyObject *Window_timeout(WindowObject *self, PyObject *noargs) {
 }
 
 static PyObject *Window_state(WindowObject *self, PyObject *noargs) {
-    return Py_BuildValue("(iiid)", self->w.remaining, self->w.nfresh + self->w.nresent,
-                         self->w.started, self->w.last_progress);
+    return Py_BuildValue("(iiidi)", self->w.remaining, self->w.nfresh + self->w.nresent,
+                         self->w.started, self->w.last_progress, win_limit(&self->w));
 }
 
 static PyMethodDef Window_methods[] = {
@@ -995,7 +1179,7 @@ static PyMethodDef Window_methods[] = {
     {"rto", (PyCFunction)Window_rto, METH_NOARGS, "the retransmission timeout"},
     {"timeout", (PyCFunction)Window_timeout, METH_NOARGS, "rto, or start_wait"},
     {"state", (PyCFunction)Window_state, METH_NOARGS,
-     "(remaining, inflight, started, last_progress)"},
+     "(remaining, inflight, started, last_progress, limit)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1004,7 +1188,7 @@ static PyTypeObject WindowType = {
     .tp_name = "ina_fabric.host.transport._client.Window",
     .tp_basicsize = sizeof(WindowObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Window(P, W, cfg, rtt): SendWindow's rules in C (rtt: float64[5], shared)",
+    .tp_doc = "Window(P, W, cfg, rtt): SendWindow's rules in C (rtt: float64[10], shared)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Window_init,
     .tp_dealloc = (destructor)Window_dealloc,

@@ -31,11 +31,13 @@ __all__ = ["available", "WHY_NOT", "CSendWindow", "run_call", "exponents", "STAT
 STATS = ("packets_sent", "retransmits", "results", "duplicates_ignored", "partial_slots",
          "entries_lost", "overflow_slots", "clipped", "abandoned_slots", "foreign_ignored",
          "refetched")
-_RTT = ("srtt", "rttvar", "answered", "peak", "last_peak")
+#: ``RttEstimator``'s fields in the C window's float64 array (``_client.c``'s T_*)
+_RTT = ("srtt", "rttvar", "answered", "peak", "last_peak", "cwnd", "ssthresh", "base_rtt",
+        "cut_at", "cuts")
 _KINDS = {1: lambda p, f: Send(p, bool(f)), 2: lambda p, f: Deliver(p),
           3: lambda p, f: Abandon(p), 4: lambda p, f: Hold(p),
           5: lambda p, f: Fail(("unavailable", "stalled")[p])}
-UNAVAILABLE, STALLED, INCONSISTENT, TOO_LATE = 1, 2, 3, 4
+UNAVAILABLE, STALLED, INCONSISTENT, TOO_LATE, REFUSED, MEMBERS_DIFFER = 1, 2, 3, 4, 5, 6
 
 
 def available() -> bool:
@@ -57,18 +59,19 @@ def say_why_not():
 
 def config_tuple(cfg: WindowConfig):
     return (1.0 if cfg.mode == "bounded" else 0.0, cfg.rto, cfg.min_rto, cfg.deadline,
-            cfg.connect_timeout, cfg.stall_timeout, cfg.start_wait)
+            cfg.connect_timeout, cfg.stall_timeout, cfg.start_wait,
+            {"off": 0.0, "aimd": 1.0, "delay": 2.0}[cfg.congestion])
 
 
 def rtt_to_array(rtt: RttEstimator, arr=None):
-    arr = np.empty(5, np.float64) if arr is None else arr
+    arr = np.empty(len(_RTT), np.float64) if arr is None else arr
     arr[:] = [float(getattr(rtt, k)) for k in _RTT]
     return arr
 
 
 def rtt_from_array(rtt: RttEstimator, arr):
-    rtt.srtt, rtt.rttvar, rtt.peak, rtt.last_peak = (float(arr[0]), float(arr[1]),
-                                                     float(arr[3]), float(arr[4]))
+    for i, k in enumerate(_RTT):
+        setattr(rtt, k, float(arr[i]))
     rtt.answered = bool(arr[2])
 
 
@@ -126,6 +129,9 @@ class CSendWindow:
     def last_progress(self):
         return self._w.state()[3]
 
+    def limit(self):
+        return self._w.state()[4]
+
 
 def exponents(x, elements, out) -> int:
     """``quantize._exponents`` compiled (a vectorized integer max per chunk): the local
@@ -137,11 +143,13 @@ def exponents(x, elements, out) -> int:
 
 class CallFailed(Exception):
     """A compiled call ended without its results: ``code`` (UNAVAILABLE, STALLED,
-    INCONSISTENT, or -errno) and the packets still ``remaining``."""
+    INCONSISTENT, TOO_LATE, REFUSED, or -errno) and the packets still ``remaining``;
+    REFUSED: the switch's ERROR (``reason``, ``figure``) answered packet ``p``."""
 
-    def __init__(self, code, remaining):
+    def __init__(self, code, remaining, reason=0, figure=0, p=0):
         super().__init__(code, remaining)
         self.code, self.remaining = code, remaining
+        self.reason, self.figure, self.p = reason, figure, p
 
 
 def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers,
@@ -156,7 +164,7 @@ def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers
     counts = np.zeros(len(STATS), np.int64)
     ip = int.from_bytes(socket.inet_aton(switch[0]), "big")
     try:
-        code, remaining = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
+        code, remaining, reason, figure, p = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
                                            local_exp, job, worker, nworkers, elements,
                                            base, window, config_tuple(cfg), arr, counts,
                                            session, float(pace_rate or 0.0), missed)
@@ -165,4 +173,4 @@ def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers
         for name, v in zip(STATS, counts.tolist()):
             setattr(stats, name, getattr(stats, name) + v)
     if code:
-        raise CallFailed(code, remaining)
+        raise CallFailed(code, remaining, reason, figure, p)

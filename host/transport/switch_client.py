@@ -56,10 +56,10 @@ import time
 import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
-                                        GROUP_WORKER)
-from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_SESSION, H_BITMAP
+                                        GROUP_WORKER, Refusal)
+from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_SESSION, H_BITMAP, H_COUNT
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS, MAX_ELEMENTS
-from ina_fabric.protocol.fields import c_layout
+from ina_fabric.protocol.fields import c_layout, MAX_WORKERS, MAX_JOB_WORKERS
 from . import quantize as Q
 from . import fastcall
 from .sockbuf import size_buffers, socket_drops, WORKER_RCVBUF
@@ -67,13 +67,14 @@ from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Aband
 
 _D = LINK_DEFAULTS["ethernet"]
 _LAYOUT = c_layout()
-_DATA, _RESULT = int(MsgType.DATA), int(MsgType.RESULT)
+_DATA, _RESULT, _ERROR = int(MsgType.DATA), int(MsgType.RESULT), int(MsgType.ERROR)
 _PARTIAL, _OVERFLOW = int(Flags.PARTIAL), int(Flags.OVERFLOW)
 _RETRANSMIT, _LAST = int(Flags.RETRANSMIT), int(Flags.LAST)
 
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
+           "SwitchRefused",
            "AllreduceTimeout", "AllreduceTooLate", "AllreduceInconsistent", "JobFailed",
-           "warm_up"]
+           "warm_up", "static_position"]
 
 
 def warm_up():
@@ -84,6 +85,68 @@ def warm_up():
 
 class SwitchUnavailable(ConnectionError):
     """No RESULT came back from the switch at all (down, wrong address, job unknown)."""
+
+
+class SwitchRefused(ConnectionError):
+    """The switch answered this worker's DATA with an ERROR (``fields.Refusal``): a
+    mistake the sender can fix (unknown job, not a member, wrong length, another
+    session, a seq the job has passed). ``reason`` is the ``Refusal``, ``figure`` the
+    switch's figure (members, elements, or the job's position)."""
+
+    def __init__(self, message, reason=None, figure=0):
+        super().__init__(message)
+        self.reason, self.figure = reason, figure
+
+
+def static_position(switch, job: int, session: int, timeout=1.0, key=None,
+                    settle=1.0, workers: int | None = None) -> int | None:
+    """Where a new run of a static job (loaded into the switch beforehand, no CONTROL)
+    starts: the job's position, the seq after the newest slot it opened, asked with
+    STATUS. A static job cannot be reset by its workers (the FPGA's table is loaded by
+    ``ina hw-config``, and a run has no key to install it again), so a second run
+    *resumes*: its first packet opens a slot whose previous result (of the earlier
+    run) is complete and is overwritten, so no stored result of an earlier run reaches
+    the new one. Raises SwitchRefused when the switch holds no such job, holds it under
+    another session or for another number of members than ``workers``, or has slots of an earlier run still open after ``settle`` seconds
+    (a reliable run that failed mid-call: its contributions would mix into the new
+    run's sums; load the job again). Returns None when the switch does not answer
+    STATUS (no control key here): the run then starts at 0, and the switch's STALE
+    answer names the position if the job is further on. Call it on one rank before
+    any rank sends, and give every rank the same answer (``SwitchClient.start``)."""
+    from ina_fabric.protocol.control_client import query_status
+    at = f"the switch at {switch[0]}:{switch[1]}"
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            jobs = query_status(switch, timeout=timeout, key=key).get("jobs", {})
+        except Exception:  # noqa: BLE001 (no key, no answer: the STALE answer tells)
+            return None
+        st = jobs.get(str(job))
+        if st is None:
+            raise SwitchRefused(f"{at} has no job {job} (a static job must be in its "
+                                f"table: `ina hw-config`, `ina switch --local-workers`)",
+                                Refusal.UNKNOWN_JOB)
+        if st.get("session") not in (None, f"{session:016x}"):
+            raise SwitchRefused(f"{at} holds job {job} under another session than "
+                                f"{session:#x}: give the session of its [[job]] table "
+                                f"(--session / INA_SESSION)", Refusal.BAD_SESSION)
+        if workers is not None and st.get("workers") not in (None, workers):
+            raise SwitchRefused(f"{at} holds job {job} with {st['workers']} member(s), and "
+                                f"this run has {workers} workers: start as many workers as "
+                                f"the job has members (--workers), or load the job for "
+                                f"{workers}", Refusal.NOT_MEMBER, st["workers"])
+        if "position" not in st:
+            return None
+        if not st.get("open_slots"):
+            return int(st["position"])
+        if time.monotonic() >= deadline:
+            raise SwitchRefused(
+                f"{at} holds {st['open_slots']} open slot(s) of an earlier run of static "
+                f"job {job} (waiting for worker(s) "
+                f"{', '.join(map(str, st.get('waiting_for', [])))}): that run failed "
+                f"mid-call and its partial sums would mix into this run's; load the job "
+                f"again (`ina hw-config`, or restart `ina switch`)", Refusal.STALE)
+        time.sleep(0.05)
 
 
 class AllreduceTimeout(TimeoutError):
@@ -164,6 +227,12 @@ class SwitchClient:
     #: 10 Mbit/s a tbf queue of 20 ms holds 3 jumbo datagrams, and every call's first
     #: window of 8 lost a few of them there, each costing an rto)
     pace_rate: float = 0.0
+    #: congestion control (issue 39, docs/congestion.md; the DDP hook takes it from
+    #: INA_CONGESTION): "aimd" (a congestion window that halves on loss and grows back
+    #: on a clear path), "delay" (the same, also cut when RESULT round trips exceed a
+    #: delay target; it starves beside bulk TCP, which keeps the queue full) or "off"
+    #: (the fixed call window of before)
+    congestion: str = "aimd"
     group: tuple[str, int] | None = None   # multicast group of the job's RESULTs
     engine: str = "auto"           # the call loop: "c" (fastcall), "python", or "auto"
     #: the run's session id: the ``session`` of the job's install (``JobConfig``); every
@@ -177,6 +246,10 @@ class SwitchClient:
     #: (session, error name) of the last failed call: calls under that session raise
     #: JobFailed (a new session is a new install of the job, slots afresh)
     failed: tuple | None = None
+    #: bounded mode, a result gone for good (AllreduceTooLate): remove the job at the
+    #: switch so every rank fails alike; False where the ranks rejoin instead
+    #: (``host.ddp.rejoin``: the behind rank takes a peer's replica)
+    end_on_too_late: bool = True
     total: AllreduceStats = field(default_factory=AllreduceStats)
 
     def __post_init__(self):
@@ -184,8 +257,15 @@ class SwitchClient:
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
         self._residual = {}     # carry mode: call size -> what the last one left out
+        #: the session ``seq`` counts in: a client given another session (the job
+        #: installed again) starts its sequence at 0 and forgets its failure (issue 43)
+        self._run = self.session
         if self.carry and self.mode == "reliable":
             raise ValueError("carry: only in a bounded mode (reliable sums are complete)")
+        from .window import CONGESTION
+        if self.congestion not in CONGESTION:
+            raise ValueError(f"congestion {self.congestion!r}: expected one of "
+                             f"{', '.join(CONGESTION)}")
         if self.engine not in ("auto", "c", "python"):
             raise ValueError(f"engine {self.engine!r}: expected auto, c or python")
         impaired = self.impairment is not None and self.impairment.active
@@ -197,8 +277,12 @@ class SwitchClient:
         self._use_c = self.engine != "python" and fastcall.available() and not impaired
         if self.engine == "auto" and not fastcall.available():
             fastcall.say_why_not()
-        if not 0 <= self.worker < self.nworkers <= 32:
-            raise ValueError(f"worker {self.worker} of {self.nworkers}: need 0 <= w < N <= 32")
+        # worker: the id at its switch (its leaf's member index in a tree, docs/fabric.md);
+        # nworkers: the job's workers, the whole tree's
+        if not (0 <= self.worker < self.nworkers <= MAX_JOB_WORKERS
+                and self.worker < MAX_WORKERS):
+            raise ValueError(f"worker {self.worker} of {self.nworkers}: need 0 <= w < N <= "
+                             f"{MAX_JOB_WORKERS} and w < {MAX_WORKERS} (the id at its switch)")
         if not 1 <= self.elements <= MAX_ELEMENTS:
             raise ValueError(f"elements {self.elements} not in 1..{MAX_ELEMENTS} (a UDP "
                              f"datagram holds at most 65507 bytes)")
@@ -235,6 +319,13 @@ class SwitchClient:
             if s is not None:
                 self._poll.register(s.fileno(), select.POLLIN)
         Q.warm_up()
+
+    def start(self, session: int, seq: int = 0):
+        """Begin a run: ``session`` (the job's install), the first ``seq`` (0 after an
+        install; a static job's position, ``static_position``), no failure."""
+        self.session = self._run = session
+        self.seq, self.failed = seq & 0xFFFFFFFF, None
+        self._residual.clear()
 
     def _join(self, group):
         iface = self.address[0]
@@ -287,7 +378,10 @@ class SwitchClient:
         instead of mixing packets of different calls. A bounded-mode worker whose result
         is gone for good (``AllreduceTooLate``) also ends the job at the switch, so every
         other rank's next call raises too instead of carrying on without it (see the
-        README's trust model)."""
+        docs/design.md, "Trust model")."""
+        if self.session != self._run:     # a new install: sequence afresh, failure cleared
+            self._run, self.seq, self.failed = self.session, 0, None
+            self._residual.clear()
         if self.failed is not None and self.failed[0] == self.session:
             raise JobFailed(f"job {self.job} worker {self.worker}: an earlier call failed "
                             f"({self.failed[1]}); the job's slots and sequence numbers no "
@@ -299,7 +393,8 @@ class SwitchClient:
             raise                     # a bad argument: nothing was sent
         except AllreduceTooLate as e:
             self.failed = (self.session, type(e).__name__)
-            self._end_job()
+            if self.end_on_too_late:
+                self._end_job()
             raise
         except (OSError, AllreduceInconsistent) as e:
             self.failed = (self.session, type(e).__name__)
@@ -311,7 +406,7 @@ class SwitchClient:
         fails as this one did, instead of the ranks' replicas going apart. Best effort:
         without the control key, or with the switch gone, the others fail only when they
         too fall behind."""
-        from ..switch.server import remove_job
+        from ina_fabric.protocol.control_client import remove_job
         try:
             remove_job(self.switch, self.job, self.session, timeout=0.5)
         except Exception:  # noqa: BLE001 (no key, no answer: nothing more to do here)
@@ -409,6 +504,12 @@ class SwitchClient:
                     h = unpack_from(rx)
                     p = result_index(h, nbytes)
                     if p is None:
+                        if h[1] == _ERROR and nbytes == HEADER_BYTES:
+                            q = call.error_index(h)
+                            if q is not None and (h[H_COUNT] != Refusal.STALE or
+                                                  not win.received[q]):
+                                raise self._refused(h[H_COUNT], h[H_BITMAP], h[7],
+                                                    call.nelem_of(q))
                         call.stats.foreign_ignored += 1
                         continue
                     if reliable and h[2] & _PARTIAL:
@@ -416,6 +517,8 @@ class SwitchClient:
                             f"job {self.job} worker {self.worker}: the switch answered a "
                             f"reliable call with a PARTIAL result (was the job installed "
                             f"again as bounded?)")
+                    if not h[2] & _PARTIAL and h[H_COUNT] != self.nworkers:
+                        raise self._members_differ(h[H_COUNT])
                     actions = win.on_result(p, clock())
                     if actions:
                         useful = True
@@ -483,6 +586,11 @@ class SwitchClient:
                 raise self._stalled(e.remaining, K + W) from None
             if e.code == fastcall.TOO_LATE:
                 raise self._too_late(None, K + W, W) from None
+            if e.code == fastcall.REFUSED:
+                raise self._refused(e.reason, e.figure, (base + e.p) & 0xFFFFFFFF,
+                                    min(E, n - (e.p - W) * E) if e.p >= W else 0) from None
+            if e.code == fastcall.MEMBERS_DIFFER:
+                raise self._members_differ(e.figure) from None
             if e.code == fastcall.INCONSISTENT:
                 raise AllreduceInconsistent(
                     f"job {self.job} worker {self.worker}: the switch answered a "
@@ -490,6 +598,53 @@ class SwitchClient:
                     f"again as bounded?)") from None
             raise OSError(-e.code, f"allreduce socket: {os.strerror(-e.code)}") from None
         return st
+
+    def _members_differ(self, count) -> "AllreduceInconsistent":
+        """A complete RESULT (no PARTIAL flag) counts every member of the switch's job:
+        ``count`` workers, where this run has ``nworkers``."""
+        return AllreduceInconsistent(
+            f"job {self.job} worker {self.worker}: the switch's job has {count} member(s) "
+            f"and this run {self.nworkers} workers: start as many workers as the job has "
+            f"members (--workers), or install the job for {self.nworkers}")
+
+    def _refused(self, reason, figure, seq, nelem) -> Exception:
+        """The one-line error for an ERROR of the switch (``fields.Refusal``) answering
+        this worker's DATA of ``seq`` (``nelem`` elements). Bounded mode, a seq the job
+        has passed is ``AllreduceTooLate`` (this worker fell behind)."""
+        who = f"job {self.job} worker {self.worker}"
+        at = f"the switch at {self.switch[0]}:{self.switch[1]}"
+        try:
+            reason = Refusal(reason)
+        except ValueError:
+            return SwitchRefused(f"{who}: {at} refused its DATA (reason {reason}, unknown "
+                                 f"to this client: a newer switch?)", reason, figure)
+        if reason == Refusal.UNKNOWN_JOB:
+            msg = (f"{at} has no job {self.job} (never installed, removed, or the switch "
+                   f"restarted): check the job id (--job / INA_JOB) and that the job is "
+                   f"installed")
+        elif reason == Refusal.NOT_MEMBER:
+            msg = (f"{at} holds job {self.job} with {figure} member(s), and worker "
+                   f"{self.worker} at {self.address[0]}:{self.address[1]} is not one of "
+                   f"them: start as many workers as the job has members, each bound to "
+                   f"the address the job table gives it (--workers, --base-port)")
+        elif reason == Refusal.BAD_LENGTH:
+            msg = (f"{at} takes {figure} elements in this packet of job {self.job}, and "
+                   f"this worker sent {nelem}: the switch and every worker must use the "
+                   f"same element count (--elements / INA_ELEMENTS; the job has "
+                   f"{figure if nelem > figure else 'at least ' + str(nelem)}) and the "
+                   f"same call sizes")
+        elif reason == Refusal.BAD_SESSION:
+            msg = (f"{at} holds job {self.job} under another session (another run "
+                   f"installed it, or it was installed again): give this run the job's "
+                   f"session (--session / INA_SESSION), or install the job again")
+        else:
+            msg = (f"{at} has passed seq {seq} of job {self.job} (the job is at seq "
+                   f"{figure}): this worker is behind the job (a second run of a static "
+                   f"job that did not resume at the switch's position, or a worker that "
+                   f"fell more than a window behind)")
+            if self.mode != "reliable":
+                return AllreduceTooLate(f"{who}: bounded mode, {msg}")
+        return SwitchRefused(f"{who}: {msg}", reason, figure)
 
     def _stalled(self, remaining, packets) -> "AllreduceTimeout":
         """The stall error, saying who stalls the job when the switch can tell: the
@@ -517,7 +672,7 @@ class SwitchClient:
 
     def _switch_says(self, waiting) -> str:
         """What the switch's STATUS tells about this job, as the end of an error."""
-        from ..switch.server import query_status
+        from ina_fabric.protocol.control_client import query_status
         try:
             jobs = query_status(self.switch, timeout=0.5).get("jobs", {})
         except Exception as e:  # noqa: BLE001 (no answer, no key: say so)
@@ -538,7 +693,7 @@ class SwitchClient:
     def call_window(self, chunks: int) -> int:
         """The window of one call: a power of two that divides the job's window (so
         that a slot's result is never overwritten before every worker has it; see the
-        README), about half the chunk count: fewer header-only packets for small buckets
+        docs/design.md), about half the chunk count: fewer header-only packets for small buckets
         at the cost of a few more round trips. It also keeps at most
         ``max_inflight_bytes`` on the wire, so N workers' bursts fit the switch's socket
         buffer instead of overflowing it."""
@@ -625,6 +780,15 @@ class AllreduceCall:
         """Elements packet ``p`` carries (and its RESULT must carry)."""
         return min(self.E, self.n - (p - self.W) * self.E) if p >= self.W else 0
 
+    def error_index(self, h):
+        """The packet index of an ERROR (``h``, a header-only datagram) that answers a
+        DATA of this call (version, job, worker, session and seq checked), or None."""
+        p = (h[7] - self.base) & 0xFFFFFFFF
+        if (h[0] == VERSION and h[4] == self.job and h[5] == self.worker and p < self.P
+                and h[H_SESSION] == self.session):
+            return p
+        return None
+
     def result_index(self, h, nbytes):
         """The packet index of a RESULT of this call (header ``h``, a ``HEADER_STRUCT``
         tuple, of a datagram ``nbytes`` long), or None for anything else: every field is
@@ -633,7 +797,7 @@ class AllreduceCall:
         p = (h[7] - self.base) & 0xFFFFFFFF
         if (h[1] == _RESULT and h[0] == VERSION and h[4] == self.job and p < self.P
                 and h[8] == self.nelem_of(p) and 4 * h[8] == nbytes - HEADER_BYTES
-                and h[6] <= self.nworkers and (h[5] == self.worker or h[5] == GROUP_WORKER)
+                and h[H_COUNT] <= self.nworkers and (h[5] == self.worker or h[5] == GROUP_WORKER)
                 and h[H_SESSION] == self.session):
             return p
         return None
@@ -650,7 +814,7 @@ class AllreduceCall:
         st = self.stats
         st.results += 1
         W = self.W
-        flags, count, nel = h[2], h[6], h[8]
+        flags, count, nel = h[2], h[H_COUNT], h[8]
         if p < self.K:
             self.shared_exp[p] = h[3]
         if flags & _OVERFLOW:

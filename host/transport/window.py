@@ -72,7 +72,8 @@ from typing import NamedTuple
 
 __all__ = ["SendWindow", "WindowConfig", "RttEstimator", "Send", "Deliver", "Abandon",
            "Hold", "Fail", "MAX_BACKOFF", "BOUNDED_MAX_BACKOFF", "PEAK_FACTOR",
-           "FAST_RESEND"]
+           "FAST_RESEND", "LOSS_BETA", "DELAY_BETA", "MAX_DELAY_CUT", "DELAY_FACTOR",
+           "DELAY_SLACK", "MIN_CWND"]
 
 MAX_BACKOFF = 64
 #: bounded mode: a re-send is a fetch of a result the switch stored when the slot's
@@ -86,6 +87,25 @@ PEAK_FACTOR = 2.0
 #: this many packets sent after it are in goes again at once (TCP's three duplicate
 #: ACKs), instead of one rto later
 FAST_RESEND = 3
+
+# Congestion control (issue 39, docs/congestion.md): a congestion window ``cwnd`` (in
+# datagrams, kept across calls in ``RttEstimator``) caps the packets in flight below the
+# call window; AIMD on loss as in ATP/TCP Reno, a delay target on the RESULTs' round
+# trips as in Swift. The reasons for each constant are in docs/congestion.md.
+#: a loss (a timer re-send or a FAST_RESEND, once the call's first RESULT is in) cuts
+#: cwnd to this fraction, at most once per smoothed RTT
+LOSS_BETA = 0.5
+#: a RESULT whose round trip ``r`` is over the target cuts cwnd by DELAY_BETA x
+#: (r - target) / r, at most MAX_DELAY_CUT of it, at most once per smoothed RTT
+DELAY_BETA = 0.8
+MAX_DELAY_CUT = 0.5
+#: the delay target: DELAY_FACTOR x the smallest round trip seen, plus DELAY_SLACK s
+DELAY_FACTOR = 1.5
+DELAY_SLACK = 0.002
+#: cwnd never goes below this (one datagram in flight)
+MIN_CWND = 1.0
+#: the congestion modes (``WindowConfig.congestion``, ``SwitchClient.congestion``)
+CONGESTION = ("aimd", "delay", "off")
 
 
 class Send(NamedTuple):
@@ -119,6 +139,15 @@ class WindowConfig:
     connect_timeout: float = 2.0
     stall_timeout: float = 30.0
     start_wait: float = 0.25       # reliable: timeout floor until the call's first RESULT
+    #: congestion control (issue 39): "aimd" (a congestion window, halved on loss),
+    #: "delay" (the same, also cut when RESULT round trips exceed the delay target) or
+    #: "off" (the fixed call window of before)
+    congestion: str = "aimd"
+
+    def __post_init__(self):
+        if self.congestion not in CONGESTION:
+            raise ValueError(f"congestion {self.congestion!r}: expected one of "
+                             f"{', '.join(CONGESTION)}")
 
     @classmethod
     def of(cls, c):
@@ -126,7 +155,7 @@ class WindowConfig:
         # the client's timers are those of bounded mode for every mode with a deadline
         mode = "reliable" if c.mode == "reliable" else "bounded"
         return cls(mode, c.rto, c.min_rto, c.deadline, c.connect_timeout, c.stall_timeout,
-                   c.start_wait)
+                   c.start_wait, getattr(c, "congestion", "aimd"))
 
 
 @dataclass
@@ -134,12 +163,23 @@ class RttEstimator:
     """RFC 6298 smoothed RTT and variance; ``answered``: any RESULT ever came back;
     ``peak`` / ``last_peak``: the longest RTT sampled in this call / the previous one (the
     queueing delay of a full window). It outlives a call (the client keeps one), so the
-    next call starts from what was learnt."""
+    next call starts from what was learnt.
+
+    Congestion control's state lives here too, for the same reason: ``cwnd`` (datagrams;
+    0: not set, a call starts it at its window), ``ssthresh`` (below it cwnd grows by one
+    per RESULT, above it by one per window), ``base_rtt`` (the smallest round trip
+    sampled, 0: none), ``cut_at`` (when cwnd was last cut: at most once per RTT),
+    ``cuts`` (how many times it was cut, loss or delay)."""
     srtt: float = 0.0
     rttvar: float = 0.0
     answered: bool = False
     peak: float = 0.0
     last_peak: float = 0.0
+    cwnd: float = 0.0
+    ssthresh: float = float("inf")
+    base_rtt: float = 0.0
+    cut_at: float = float("-inf")
+    cuts: float = 0.0
 
     def sample(self, r: float):
         if not self.srtt:
@@ -182,7 +222,9 @@ class SendWindow:
     """The window of one call of ``packets`` packets with call window ``window``."""
 
     __slots__ = ("P", "W", "cfg", "rtt", "bounded", "received", "remaining", "fresh",
-                 "resent", "tries", "last_progress", "held", "started", "later", "fast")
+                 "resent", "tries", "last_progress", "held", "started", "later", "fast",
+                 "cc", "ready", "qhead", "state", "low", "t_first", "lost", "lhead",
+                 "lostf", "nlost", "delay")
 
     def __init__(self, packets: int, window: int, cfg: WindowConfig,
                  rtt: RttEstimator | None = None):
@@ -204,6 +246,19 @@ class SendWindow:
         self.started = False   # a RESULT of this call is in: every peer has started it
         self.later = {}        # p (sent once) -> results in of packets sent after it
         self.fast = set()      # packets re-sent at once (FAST_RESEND), not by the timer
+        # congestion control: released packets wait in ``ready`` (release order, from
+        # ``qhead``) while ``cwnd`` packets are in flight; ``state``: 0 not released,
+        # 1 released and waiting, 2 sent; ``low``: no packet below it lacks its result
+        self.cc = cfg.congestion != "off"
+        self.delay = cfg.congestion == "delay"
+        self.ready, self.qhead, self.state, self.low = [], 0, bytearray(packets), 0
+        self.t_first = float("inf")   # when the call's first RESULT came in
+        # reliable mode, a timeout re-sends at most ``limit()`` packets; the others are
+        # marked lost (``lostf``, ``nlost`` of them, queued in ``lost`` from ``lhead``):
+        # no longer counted in flight, they go again first as results make room
+        self.lost, self.lhead, self.lostf, self.nlost = [], 0, bytearray(packets), 0
+        if self.cc and not self.rtt.cwnd:
+            self.rtt.cwnd = float(window)    # a client's first call: the whole window
 
     @property
     def done(self) -> bool:
@@ -216,6 +271,15 @@ class SendWindow:
 
     def rto(self) -> float:
         return self.rtt.rto(self.cfg)
+
+    def limit(self) -> int:
+        """How many packets may be in flight now: the call window, or less while the
+        congestion window is smaller (one more, the lowest packet without a result,
+        may go past it: see ``_pump``)."""
+        if not self.cc:
+            return self.W
+        c = int(self.rtt.cwnd)
+        return c if c < self.W else self.W
 
     def timeout(self) -> float:
         """The timeout now: ``rto``, or at least ``start_wait`` while a reliable call has
@@ -240,6 +304,9 @@ class SendWindow:
 
     def _send(self, p, now, retransmit=False):
         if retransmit:
+            if self.lostf[p]:
+                self.lostf[p] = 0
+                self.nlost -= 1
             self.tries[p] = min(self.tries.get(p, 1) * 2,
                                 BOUNDED_MAX_BACKOFF if self.bounded else MAX_BACKOFF)
             self.fresh.pop(p, None)
@@ -247,16 +314,92 @@ class SendWindow:
             self.resent[p] = now
         else:
             self.fresh[p] = now
+            self.state[p] = 2
         return Send(p, retransmit)
 
+    def _pump(self, now, acts):
+        """Send packets marked lost (re-sends), then released packets in release order,
+        while fewer than ``limit()`` are in flight (the lost ones not counted); then the lowest packet still without a result, if it waits, goes in any
+        case: every worker then sends the packet the switch waits on longest, so windows
+        of different sizes never wait on each other (worker A's window full of packets
+        whose slots wait for B, B's full of packets that wait for A)."""
+        limit, ready, state, received = self.limit(), self.ready, self.state, self.received
+        lost, i, n = self.lost, self.lhead, len(self.lost)
+        while i < n and len(self.fresh) + len(self.resent) - self.nlost < limit:
+            p = lost[i]
+            i += 1
+            if self.lostf[p]:
+                acts.append(self._send(p, now, retransmit=True))
+        self.lhead = i
+        i, n = self.qhead, len(ready)
+        while i < n and len(self.fresh) + len(self.resent) - self.nlost < limit:
+            p = ready[i]
+            i += 1
+            if state[p] == 1 and not received[p]:
+                acts.append(self._send(p, now))
+        self.qhead = i
+        lo = self.low
+        while lo < self.P and received[lo]:
+            lo += 1
+        self.low = lo
+        if lo < self.P and state[lo] == 1:
+            acts.append(self._send(lo, now))
+
+    # -- congestion control (docs/congestion.md) ---------------------------------------
+    def _cut(self, now, factor):
+        """Multiply cwnd (at most the call window) by ``factor``, at most once per
+        smoothed RTT."""
+        rt = self.rtt
+        if now - rt.cut_at < rt.srtt:
+            return
+        c = rt.cwnd if rt.cwnd < self.W else float(self.W)
+        c *= factor
+        rt.cwnd = c if c > MIN_CWND else MIN_CWND
+        rt.ssthresh = rt.cwnd
+        rt.cut_at = now
+        rt.cuts += 1
+
+    def _on_rtt(self, r, t_sent, now):
+        """A round trip ``r`` of a packet sent once, at ``t_sent``. "aimd": the window
+        grows. "delay": compared with the delay target; only a packet sent after the
+        call's first RESULT counts (before it, the wait for late peers is in it)."""
+        if not self.delay:
+            self._grow()
+            return
+        if t_sent < self.t_first:
+            return
+        rt = self.rtt
+        if not rt.base_rtt or r < rt.base_rtt:
+            rt.base_rtt = r
+        target = DELAY_FACTOR * rt.base_rtt + DELAY_SLACK
+        if r > target:
+            f = 1.0 - DELAY_BETA * (r - target) / r
+            self._cut(now, f if f > 1.0 - MAX_DELAY_CUT else 1.0 - MAX_DELAY_CUT)
+        else:
+            self._grow()
+
+    def _grow(self):
+        rt = self.rtt
+        if rt.cwnd < self.W:
+            c = rt.cwnd + (1.0 if rt.cwnd < rt.ssthresh else 1.0 / rt.cwnd)
+            rt.cwnd = c if c < self.W else float(self.W)
+
     def _sent_at(self, p):
+        if self.lostf[p]:
+            self.lostf[p] = 0
+            self.nlost -= 1
         t = self.fresh.pop(p, None)
         return self.resent.pop(p, None) if t is None else t
 
     # -- events ----------------------------------------------------------------------
     def start(self, now: float):
         self.last_progress = now
-        return [self._send(p, now) for p in range(min(self.W, self.P))]
+        self.ready = list(range(min(self.W, self.P)))
+        for p in self.ready:
+            self.state[p] = 1
+        acts = []
+        self._pump(now, acts)
+        return acts
 
     def on_result(self, p: int, now: float):
         """The first RESULT of packet ``p`` (0 <= p < P): ``[Deliver(p), ...]`` with what
@@ -264,6 +407,8 @@ class SendWindow:
         closed at the deadline without this worker); a repeated one: ``[]`` (a
         duplicate, to be ignored)."""
         self.started = True
+        if self.t_first == float("inf"):
+            self.t_first = now
         if self.received[p]:
             return []
         self.received[p] = 1
@@ -279,8 +424,13 @@ class SendWindow:
         t_sent = self._sent_at(p)
         if t_sent is not None and p not in self.tries:
             self.rtt.sample(now - t_sent)
+            if self.cc:
+                self._on_rtt(now - t_sent, t_sent, now)
+        elif self.cc:
+            self._grow()         # no sample (Karn), but the path delivered: ACK clock
         acts = [Deliver(p)]
         self._release(p + self.W, now, acts)
+        self._pump(now, acts)
         if t_sent is not None:
             # packets sent once, before p, still without a result: FAST_RESEND later
             # results and one goes again at once (its RESULT, or its DATA, was lost)
@@ -295,14 +445,18 @@ class SendWindow:
             for q in due:
                 self.fast.add(q)
                 acts.append(self._send(q, now, retransmit=True))
+            if due and self.cc:
+                self._cut(now, LOSS_BETA)
         return acts
 
     def _release(self, q, now, acts):
-        """The result of ``q - w`` is in (or abandoned): send ``q``, or, if its result is
-        already held, deliver it and release ``q + w`` in turn."""
+        """The result of ``q - w`` is in (or abandoned): ``q`` may go (``_pump`` sends
+        it), or, if its result is already held, deliver it and release ``q + w`` in
+        turn."""
         while q < self.P:
             if q not in self.held:
-                acts.append(self._send(q, now))
+                self.ready.append(q)
+                self.state[q] = 1
                 return
             self.held.discard(q)
             acts.append(Deliver(q))
@@ -337,8 +491,34 @@ class SendWindow:
                 self._sent_at(p)
                 acts.append(Abandon(p))
                 self._release(p + self.W, now, acts)
+                self._pump(now, acts)
             self.last_progress = now
             return acts
         if not self.bounded and idle > cfg.stall_timeout:
             return [Fail("stalled")]
+        if self.cc and self.started:
+            # a loss (before the call's first RESULT: late peers, not the network)
+            self._cut(now, LOSS_BETA)
+            if not self.bounded:
+                # reliable: no more re-sends at once than the cut window (a whole
+                # window re-sent into the queue that just overflowed overflows it
+                # again); the others are marked lost: _pump re-sends them as results
+                # make room (their timers start again from now, unsent)
+                n = self.limit()
+                for p in overdue[n:]:
+                    self._rearm(p, now)
+                    if not self.lostf[p]:
+                        self.lostf[p] = 1
+                        self.nlost += 1
+                        self.lost.append(p)
+                overdue = overdue[:n]
         return [self._send(p, now, retransmit=True) for p in overdue]
+
+    def _rearm(self, p, now):
+        """Restart ``p``'s timer from ``now`` without sending it (its backoff stays)."""
+        if p in self.fresh:
+            del self.fresh[p]
+            self.fresh[p] = now
+        else:
+            del self.resent[p]
+            self.resent[p] = now

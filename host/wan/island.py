@@ -59,13 +59,13 @@ class _Trainer:
 
     def __init__(self, island: int, n: int, cfg: dict):
         import torch
-        from ina_fabric.host.schedule.train import load_data, _shards
+        from ina_fabric.host.schedule.train import load_data, dirichlet_shards
         torch.set_num_threads(1)
         self.torch = torch
         self.cfg = cfg
         xtr, ytr, xte, yte = load_data(cfg["seed"])
         rng = np.random.default_rng(cfg["seed"])
-        shard = _shards(ytr, n, cfg["alpha"], rng)[island]
+        shard = dirichlet_shards(ytr, n, cfg["alpha"], rng)[island]
         self.x_tr, self.y_tr = torch.tensor(xtr, dtype=torch.float32), torch.tensor(ytr)
         self.x_te, self.y_te = torch.tensor(xte, dtype=torch.float32), torch.tensor(yte)
         self.x, self.y = self.x_tr[shard], self.y_tr[shard]
@@ -136,7 +136,7 @@ def _sleep_until(t: float):
 
 
 def run_schedule(plan: dict):
-    from ina_fabric.host.switch import send_job
+    from ina_fabric.protocol.control_client import send_job
     from .exchange import Quantizer, exchange, island_mean, mix, paced
     from .plan import intra_job, island_plan
     k, names = plan["island"], plan["names"]

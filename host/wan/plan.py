@@ -94,7 +94,7 @@ class LabNet:
 
 
 def schedule_topology(lab: LabNet, source_topology=None):
-    """The optimizer's Topology for the lab: same islands and geography, latencies x
+    """The optimizer's WanTopology for the lab: same islands and geography, latencies x
     ``delay_scale``, access bandwidth and backbone capacity = the lab's payload rates,
     each island's address = its edge replicator."""
     from ina_fabric.host.schedule.topology import default_topology

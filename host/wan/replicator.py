@@ -13,7 +13,7 @@ island's own edge aggregator under one of the island's edge jobs (``results``: j
 [host]) is copied, unchanged, to each of the island's hosts (the edge FPGA's multicast
 of the RESULT; the aggregator itself has one result destination per job).
 
-``Replicator.process(datagram, source)`` is pure (no sockets, no clock) and returns
+``EdgeReplicator.process(datagram, source)`` is pure (no sockets, no clock) and returns
 ``[(destination, bytes)]``; ``serve`` is the thin socket loop around it.
 
     python -m ina_fabric.host.wan.replicator --listen 198.18.3.254:47001 \\
@@ -29,7 +29,7 @@ import sys
 
 from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, field_offsets
 
-__all__ = ["Replicator", "COUNTERS", "serve", "main"]
+__all__ = ["EdgeReplicator", "COUNTERS", "serve", "main"]
 
 COUNTERS = ("rx", "copies", "result_rx", "result_copies", "drop_truncated",
             "drop_bad_version", "drop_not_data", "drop_unknown_job", "drop_unknown_source")
@@ -37,7 +37,7 @@ _OFF = field_offsets()
 _JOB = slice(_OFF["job"], _OFF["job"] + 2)
 
 
-class Replicator:
+class EdgeReplicator:
     """``table``: job -> [((ip, port), worker)]; ``sources``: the (ip, port) of the
     island's hosts, the only senders it replicates for; ``results``: job -> [(ip, port)]
     the RESULTs of the island's edge aggregator ``edge`` (the only source taken for
@@ -94,7 +94,7 @@ class Replicator:
         return out
 
 
-def serve(sock, model: Replicator, stop=lambda: False):
+def serve(sock, model: EdgeReplicator, stop=lambda: False):
     """Receive, replicate, send, until ``stop()`` (checked every 0.2 s)."""
     sock.settimeout(0.2)
     buf = bytearray(65536)
@@ -134,7 +134,7 @@ def main(argv=None):
     results = result_table(doc, args.island)
     if results and not args.edge:
         ap.error("--edge: needed with more than one host per island")
-    model = Replicator(replicator_table(doc, args.island),
+    model = EdgeReplicator(replicator_table(doc, args.island),
                        [_addr(h) for h in args.hosts.split(",")], results,
                        _addr(args.edge) if args.edge else None)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -142,8 +142,8 @@ def main(argv=None):
     sock.bind(_addr(args.listen))
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
-    from ina_fabric.host.lab.delayline import _tune
-    _tune()               # SCHED_FIFO where allowed: network hardware, as the delay line
+    from ina_fabric.host.lab.delayline import realtime_tune
+    realtime_tune()               # SCHED_FIFO where allowed: network hardware, as the delay line
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     try:

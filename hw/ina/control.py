@@ -2,7 +2,7 @@
 rule ``ina_fabric.protocol.auth`` defines for every switch.
 
 It watches the core's input stream beside the data path (it never holds it up): every
-datagram whose header says version 1 and type CONTROL or STATUS_REQ is its business (the
+datagram whose header says version VERSION and type CONTROL or STATUS_REQ is its business (the
 header pipeline drops those without a count). For each one it counts, in the reference
 model's order and names:
 

@@ -18,7 +18,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, memory
 from amaranth.lib.wiring import In, Out
 
-from ina_fabric.protocol.fields import MsgType
+from ina_fabric.protocol.fields import MsgType, VERSION
 
 from .layout import HeaderLayout
 from .params import CoreParams
@@ -90,7 +90,7 @@ class HeaderDecode(wiring.Component):
         body = self.body
         nelem4 = hdr.nelem * 4
         checks = (self.short | self.len_short,
-                  hdr.version != 1,
+                  hdr.version != VERSION,
                   (hdr.type == MsgType.STATUS_REQ) | (hdr.type == MsgType.CONTROL),
                   hdr.type != MsgType.DATA,
                   body < nelem4, body != nelem4,

@@ -13,7 +13,7 @@ A switch drops DATA whose session is not its job's (``drop_bad_session``), and a
 takes only RESULTs with its own session, so a packet of a previous run, of another tenant
 that reuses the job id, or of an off-path forger who cannot see the traffic, never
 reaches a sum. (It is a capability, not a MAC: whoever sees the link sees it. See the
-README's "Trust model".)
+docs/design.md, "Trust model".)
 """
 
 from dataclasses import dataclass, field
@@ -21,13 +21,21 @@ import enum
 
 __all__ = [
     "Field", "HEADER_FIELDS", "HEADER_BYTES", "VERSION", "INA_UDP_PORT",
-    "MsgType", "Flags", "NO_EXPONENT", "MAX_WORKERS", "GROUP_WORKER", "NONFINITE_EXPONENT",
+    "MsgType", "Flags", "Refusal", "ERROR_INTERVAL", "ERROR_SOURCES", "error_bucket",
+    "NO_EXPONENT", "MAX_WORKERS", "MAX_JOB_WORKERS", "GROUP_WORKER", "NONFINITE_EXPONENT",
     "field_offsets", "c_layout",
 ]
 
-VERSION = 1
+#: 2: ``count`` grew to 16 bits (a RESULT of a tree covers up to MAX_JOB_WORKERS workers)
+#: and moved to the 16 bits that were reserved; a version-1 peer would read it wrong, so
+#: it drops version-2 datagrams (``drop_bad_version``) rather than misread them
+VERSION = 2
 INA_UDP_PORT = 19900
+#: members of one switch's job: workers of a leaf, or child switches of a spine (one
+#: bitmap bit each)
 MAX_WORKERS = 32
+#: workers of one job across a tree of switches (docs/fabric.md): 32 leaves of 32
+MAX_JOB_WORKERS = 1024
 #: exponent value meaning "no proposal" (int8 minimum)
 NO_EXPONENT = -128
 #: the worker field of a RESULT sent to the whole group (a unicast re-send names its worker)
@@ -44,6 +52,37 @@ class MsgType(enum.IntEnum):
     STATUS_REQ = 3  # anyone -> switch: ask for counters
     STATUS = 4    # switch -> asker: counters as UTF-8 JSON in the payload
     CONTROL = 5   # host -> switch/FPGA: a job-table entry in the payload (see jobtable)
+    ERROR = 6     # switch -> sender of a DATA it dropped for a reason the sender can fix
+
+
+class Refusal(enum.IntEnum):
+    """Why a switch dropped a DATA, in the ERROR it answers with (the ``count`` field).
+
+    An ERROR is the header alone (28 bytes, never larger than the DATA it answers, so
+    the switch is no amplifier): ``job``, ``worker``, ``seq`` and ``session`` are the
+    DATA's (a sender takes only an ERROR that names its own DATA), ``count`` is the
+    reason, ``bitmap`` a figure that helps fix it, ``nelem`` 0. A switch answers one
+    source at most once per ``ERROR_INTERVAL`` (``error_bucket``); the drop is counted
+    whether or not it answers."""
+    UNKNOWN_JOB = 1     # no job with this id; bitmap: 0
+    NOT_MEMBER = 2      # the source is not the job's member ``worker``; bitmap: members
+    BAD_LENGTH = 3      # more elements than the job's, or not the slot's; bitmap: the
+                        # job's elements per packet
+    BAD_SESSION = 4     # the job is held by another session (another run); bitmap: 0
+    STALE = 5           # the seq is behind the job (its slot moved on, its result is
+                        # gone); bitmap: the job's position (the next seq it opens)
+
+
+#: a switch answers one source (a bucket of ``error_bucket``) at most this often, seconds
+ERROR_INTERVAL = 0.1
+#: buckets of the per-source rate limit (sources that share a bucket share its budget)
+ERROR_SOURCES = 256
+
+
+def error_bucket(ip: int, port: int) -> int:
+    """The rate-limit bucket of a source (``ip`` as a 32-bit int), as every switch
+    computes it: a multiplicative hash of ip and port, its top 8 bits."""
+    return (((ip ^ (port << 16) ^ port) * 0x9E3779B1) & 0xFFFFFFFF) >> 24
 
 
 class Flags(enum.IntFlag):
@@ -76,12 +115,16 @@ HEADER_FIELDS: tuple[Field, ...] = (
           doc="DATA: proposed block exponent for the chunk sent one window later; "
               "RESULT: max of the proposals"),
     Field("job", 16, doc="job id"),
-    Field("worker", 8, doc="worker id (0..31); 255 in a multicast RESULT"),
-    Field("count", 8, doc="RESULT: number of contributors"),
+    Field("worker", 8, doc="member id at the receiving switch (0..31: a worker at its "
+                           "leaf, a child switch at its parent); 255 in a group RESULT"),
+    Field("reserved", 8, doc="zero"),
     Field("seq", 32, doc="packet sequence number within the job"),
     Field("nelem", 16, doc="number of int32 elements after the header"),
-    Field("reserved", 16, doc="zero"),
-    Field("bitmap", 32, doc="contributor bitmap, bit w = worker w"),
+    Field("count", 16, doc="RESULT: number of workers in the sum (the whole tree's); "
+                           "DATA from a child switch: workers its partial sum covers; "
+                           "0 in a worker's DATA"),
+    Field("bitmap", 32, doc="contributor bitmap of one level, bit m = member m: in a "
+                            "RESULT, of the workers of the receiving worker's leaf"),
     Field("session", 64, doc="the run's session id (random, drawn at install); "
                              "0 outside DATA and RESULT"),
 )
@@ -106,9 +149,9 @@ def c_layout() -> dict:
     d = dict(field_offsets())
     d.update({f"{f.name}_bytes": f.nbytes for f in HEADER_FIELDS})
     d.update(header=HEADER_BYTES, VERSION=VERSION, DATA=int(MsgType.DATA),
-             RESULT=int(MsgType.RESULT), PARTIAL=int(Flags.PARTIAL),
+             RESULT=int(MsgType.RESULT), ERROR=int(MsgType.ERROR), PARTIAL=int(Flags.PARTIAL),
              OVERFLOW=int(Flags.OVERFLOW), RETRANSMIT=int(Flags.RETRANSMIT),
              LAST=int(Flags.LAST), NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER,
-             NONFINITE=NONFINITE_EXPONENT)
+             NONFINITE=NONFINITE_EXPONENT, MAX_JOB_WORKERS=MAX_JOB_WORKERS)
     return d
 

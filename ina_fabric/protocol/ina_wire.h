@@ -16,8 +16,8 @@
 typedef struct {
     int header, version, type, flags, exponent, job, worker, count, seq, nelem,
         reserved, bitmap, session;
-    int v_version, t_data, t_result, f_partial, f_overflow, f_retransmit, f_last,
-        no_exponent, group_worker, nonfinite;
+    int v_version, t_data, t_result, t_error, f_partial, f_overflow, f_retransmit, f_last,
+        no_exponent, group_worker, nonfinite, max_job_workers;
 } InaLayout;
 
 static inline uint32_t ina_rd16(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
@@ -66,8 +66,8 @@ static int ina_layout_from_dict(PyObject *d, InaLayout *L) {
     struct { const char *name; int *off; int width; } f[] = {
         {"version", &L->version, 1}, {"type", &L->type, 1}, {"flags", &L->flags, 1},
         {"exponent", &L->exponent, 1}, {"job", &L->job, 2}, {"worker", &L->worker, 1},
-        {"count", &L->count, 1}, {"seq", &L->seq, 4}, {"nelem", &L->nelem, 2},
-        {"reserved", &L->reserved, 2}, {"bitmap", &L->bitmap, 4},
+        {"count", &L->count, 2}, {"seq", &L->seq, 4}, {"nelem", &L->nelem, 2},
+        {"reserved", &L->reserved, 1}, {"bitmap", &L->bitmap, 4},
         {"session", &L->session, 8},
     };
     if (!PyDict_Check(d)) {
@@ -89,13 +89,15 @@ static int ina_layout_from_dict(PyObject *d, InaLayout *L) {
     }
     if (ina_get_int(d, "header", &L->header) < 0 || ina_get_int(d, "VERSION", &L->v_version) < 0 ||
         ina_get_int(d, "DATA", &L->t_data) < 0 || ina_get_int(d, "RESULT", &L->t_result) < 0 ||
+        ina_get_int(d, "ERROR", &L->t_error) < 0 ||
         ina_get_int(d, "PARTIAL", &L->f_partial) < 0 ||
         ina_get_int(d, "OVERFLOW", &L->f_overflow) < 0 ||
         ina_get_int(d, "RETRANSMIT", &L->f_retransmit) < 0 ||
         ina_get_int(d, "LAST", &L->f_last) < 0 ||
         ina_get_int(d, "NO_EXPONENT", &L->no_exponent) < 0 ||
         ina_get_int(d, "GROUP_WORKER", &L->group_worker) < 0 ||
-        ina_get_int(d, "NONFINITE", &L->nonfinite) < 0)
+        ina_get_int(d, "NONFINITE", &L->nonfinite) < 0 ||
+        ina_get_int(d, "MAX_JOB_WORKERS", &L->max_job_workers) < 0)
         return -1;
     if (L->header % 4) {
         PyErr_SetString(PyExc_ValueError, "header length must be a multiple of 4");

@@ -12,13 +12,13 @@ import tomllib
 
 import numpy as np
 
-from .fields import MAX_WORKERS, HEADER_BYTES
+from .fields import MAX_WORKERS, MAX_JOB_WORKERS, HEADER_BYTES
 
 __all__ = ["JobConfig", "JobSettings", "LINK_DEFAULTS", "job_defaults", "loopback_group",
            "MAX_ELEMENTS", "Member",
            "ConfigError", "ENTRY_DTYPE", "MEMBER_DTYPE", "load_jobs_toml", "MODES",
            "GATEWARE_MODES",
-           "ENTRY_UPDATE", "parse_control", "IDLE_RECLAIM_S", "new_session", "parse_session",
+           "ENTRY_UPDATE", "ENTRY_TREE", "TREE_DTYPE", "parse_control", "IDLE_RECLAIM_S", "new_session", "parse_session",
            "removal_entry"]
 
 #: "bounded-skip": bounded, and a worker that a slot closed without at its deadline is
@@ -43,7 +43,16 @@ ENTRY_DTYPE = np.dtype([
 #: installed entry, and the slots are kept; without it, an entry is an install, which
 #: always starts the job's slots afresh (a second run never sees the first one's state).
 ENTRY_UPDATE = 0x0001
+#: entry flag: the job is part of a tree of switches (docs/fabric.md); a TREE_DTYPE
+#: record follows the members. ``parent_ip`` 0: this switch is the root. ``children`` 1:
+#: the members are child switches, each DATA's ``count`` says how many workers its partial
+#: sum covers; 0: the members are workers (each DATA covers one). ``workers``: the workers
+#: below this switch when every one of them contributes (a leaf: its members; the root:
+#: the job's). A switch without the flag is a one-switch job, as before.
+ENTRY_TREE = 0x0002
 MEMBER_DTYPE = np.dtype([("ip", ">u4"), ("port", ">u2"), ("mac", "u1", (6,))])
+TREE_DTYPE = np.dtype([("parent_ip", ">u4"), ("parent_port", ">u2"), ("index", "u1"),
+                       ("children", "u1"), ("workers", ">u2"), ("reserved", ">u2")])
 
 
 def new_session() -> int:
@@ -159,6 +168,16 @@ class JobConfig:
     #: the run's session id, carried by every DATA and RESULT of the job; a fresh one per
     #: JobConfig unless given (every rank of a run must use the installer's)
     session: int = field(default_factory=new_session)
+    #: a tree of switches (docs/fabric.md): the parent switch's (ip, port), None at the
+    #: root; this switch's member id in the parent's entry of the job
+    parent: tuple[str, int] | None = None
+    index: int = 0
+    #: the members are child switches (their DATA carry the workers they cover in
+    #: ``count``), not workers
+    children: bool = False
+    #: workers below this switch when all contribute (0: one per member; a switch with
+    #: children needs it: the job's RESULT is PARTIAL when its count is lower)
+    workers: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "members", tuple(
@@ -184,10 +203,40 @@ class JobConfig:
             raise ConfigError(f"job {self.job}: mode {self.mode!r} not in {MODES}")
         if not 0 < self.session < 1 << 64:
             raise ConfigError(f"job {self.job}: session {self.session} not in 1..2^64-1")
+        if self.parent is not None:
+            p = Member.parse(self.parent) if isinstance(self.parent, str) else \
+                Member(str(self.parent[0]), int(self.parent[1]))
+            Member.parse(f"{p.ip}:{p.port}")
+            object.__setattr__(self, "parent", p.addr)
+        if not 0 <= self.index < MAX_WORKERS or (self.index and self.parent is None):
+            raise ConfigError(f"job {self.job}: index {self.index} must be in "
+                              f"0..{MAX_WORKERS - 1} (the member id at the parent)")
+        total = self.workers or n
+        if total > MAX_JOB_WORKERS:
+            raise ConfigError(f"job {self.job}: {total} workers; a job holds at most "
+                              f"{MAX_JOB_WORKERS} ({MAX_WORKERS} switches of "
+                              f"{MAX_WORKERS} workers)")
+        if not self.children and total != n:
+            raise ConfigError(f"job {self.job}: workers {self.workers} differs from its "
+                              f"{n} members, whose DATA cover one worker each (children "
+                              f"switches cover more)")
+        if self.children and total < n:
+            raise ConfigError(f"job {self.job}: {n} child switches cover at least {n} "
+                              f"workers, not {total}")
 
     @property
     def n(self) -> int:
         return len(self.members)
+
+    @property
+    def total(self) -> int:
+        """The workers whose DATA a complete RESULT of this switch sums."""
+        return self.workers or self.n
+
+    @property
+    def tree(self) -> bool:
+        """Part of a tree of switches (has a parent or child switches)."""
+        return self.parent is not None or self.children
 
     @property
     def settings(self) -> JobSettings:
@@ -202,7 +251,7 @@ class JobConfig:
     def to_bytes(self, update: bool = False) -> bytes:
         """The entry; ``update=True`` marks it a live update (ENTRY_UPDATE)."""
         e = np.zeros((), ENTRY_DTYPE)
-        e["flags"] = ENTRY_UPDATE if update else 0
+        e["flags"] = (ENTRY_UPDATE if update else 0) | (ENTRY_TREE if self.tree else 0)
         e["job"], e["nworkers"], e["mode"] = self.job, self.n, MODES.index(self.mode)
         e["window"], e["elements"] = self.window, self.elements
         e["deadline_us"] = round(self.deadline * 1e6)
@@ -214,7 +263,15 @@ class JobConfig:
         m["ip"] = [int(ipaddress.IPv4Address(x.ip)) for x in self.members]
         m["port"] = [x.port for x in self.members]
         m["mac"] = [list(bytes.fromhex(x.mac.replace(":", ""))) for x in self.members]
-        return e.tobytes() + m.tobytes()
+        tail = b""
+        if self.tree:
+            t = np.zeros((), TREE_DTYPE)
+            if self.parent:
+                t["parent_ip"] = int(ipaddress.IPv4Address(self.parent[0]))
+                t["parent_port"] = self.parent[1]
+            t["index"], t["children"], t["workers"] = self.index, self.children, self.total
+            tail = t.tobytes()
+        return e.tobytes() + m.tobytes() + tail
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "JobConfig":
@@ -222,8 +279,11 @@ class JobConfig:
             raise ConfigError("job entry truncated")
         e = np.frombuffer(data, ENTRY_DTYPE, count=1)[0]
         n = int(e["nworkers"])
-        if len(data) != ENTRY_DTYPE.itemsize + n * MEMBER_DTYPE.itemsize:
-            raise ConfigError(f"job entry length {len(data)} does not match {n} members")
+        tree = bool(int(e["flags"]) & ENTRY_TREE)
+        if len(data) != ENTRY_DTYPE.itemsize + n * MEMBER_DTYPE.itemsize + \
+                tree * TREE_DTYPE.itemsize:
+            raise ConfigError(f"job entry length {len(data)} does not match {n} members"
+                              + (" and the tree record" if tree else ""))
         if e["mode"] >= len(MODES):
             raise ConfigError(f"job entry: unknown mode {int(e['mode'])}")
         m = np.frombuffer(data, MEMBER_DTYPE, count=n, offset=ENTRY_DTYPE.itemsize)
@@ -232,9 +292,22 @@ class JobConfig:
         mcast = None
         if e["mcast_ip"]:
             mcast = (str(ipaddress.IPv4Address(int(e["mcast_ip"]))), int(e["mcast_port"]))
+        tree_kw = {}
+        if tree:
+            t = np.frombuffer(data, TREE_DTYPE, count=1,
+                              offset=ENTRY_DTYPE.itemsize + n * MEMBER_DTYPE.itemsize)[0]
+            if int(t["children"]) > 1 or int(t["reserved"]):
+                raise ConfigError("job entry: malformed tree record")
+            tree_kw = dict(index=int(t["index"]), children=bool(t["children"]),
+                           workers=int(t["workers"]) if t["children"] else 0,
+                           parent=(str(ipaddress.IPv4Address(int(t["parent_ip"]))),
+                                   int(t["parent_port"])) if t["parent_ip"] else None)
+            if not tree_kw["children"] and int(t["workers"]) != n:
+                raise ConfigError(f"job entry: tree record covers {int(t['workers'])} "
+                                  f"workers, but {n} worker members")
         return cls(int(e["job"]), members, int(e["window"]), int(e["elements"]),
                    int(e["deadline_us"]) / 1e6, MODES[int(e["mode"])], mcast,
-                   int(e["session"]))
+                   int(e["session"]), **tree_kw)
 
 
 def parse_control(payload: bytes):
@@ -244,7 +317,7 @@ def parse_control(payload: bytes):
     if len(payload) < ENTRY_DTYPE.itemsize:
         raise ConfigError("job entry truncated")
     e = np.frombuffer(payload, ENTRY_DTYPE, count=1)[0]
-    if int(e["flags"]) & ~ENTRY_UPDATE:
+    if int(e["flags"]) & ~(ENTRY_UPDATE | ENTRY_TREE):
         raise ConfigError(f"job entry: unknown flags 0x{int(e['flags']):04x}")
     if e["nworkers"] == 0:
         if len(payload) != ENTRY_DTYPE.itemsize:
@@ -283,7 +356,7 @@ def removal_entry(job: int, session: int = 0) -> bytes:
 
 
 def load_jobs_toml(path) -> list[JobConfig]:
-    """Jobs from a TOML file with one ``[[job]]`` table per job. See README for keys."""
+    """Jobs from a TOML file with one ``[[job]]`` table per job. See docs/design.md, "Software switch", for keys."""
     try:
         with open(path, "rb") as fh:
             doc = tomllib.load(fh)
@@ -291,7 +364,7 @@ def load_jobs_toml(path) -> list[JobConfig]:
         raise ConfigError(f"{path}: {e}") from None
     jobs = []
     known = {"id", "workers", "window", "elements", "deadline_ms", "mode", "multicast",
-             "session"}
+             "session", "parent", "index", "total_workers"}
     for t in doc.get("job", []):
         unknown = set(t) - known
         if unknown:
@@ -317,7 +390,13 @@ def load_jobs_toml(path) -> list[JobConfig]:
                               num("elements", int, _D.elements),
                               num("deadline_ms", float, _D.deadline_ms) / 1e3,
                               t.get("mode", _D.mode), mcast,
-                              _session_of(t, path) or new_session()))
+                              _session_of(t, path) or new_session(),
+                              # a tree of switches (docs/fabric.md)
+                              parent=Member.parse(t["parent"]).addr if "parent" in t
+                              else None,
+                              index=num("index", int, 0),
+                              children="total_workers" in t,
+                              workers=num("total_workers", int, 0)))
     if not jobs:
         raise ConfigError(f"{path}: no [[job]] tables")
     if len({j.job for j in jobs}) != len(jobs):

@@ -46,7 +46,7 @@ class BoardTB(TB):
         super().__init__(dut, {0: "p0_", 1: "p1_"})
         dut.cfg_addr.value = 0
         self.job = job_from_env()
-        self.model = SwitchModel([self.job], modes=GATEWARE_MODES)
+        self.model = SwitchModel([self.job], modes=GATEWARE_MODES, answers=False)
         self.received = {0: [], 1: []}     # Ether frames (bytes) per port, in order
         self.capture = []                  # (time_ns, frame bytes) both directions
         for p in (0, 1):

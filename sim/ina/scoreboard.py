@@ -45,7 +45,8 @@ class Scoreboard:
     def __init__(self, jobs, src_ip="10.0.0.254", *, key=None, time_scale=1.0,
                  max_jobs=None):
         # the gateware runs GATEWARE_MODES: the model drops other modes' CONTROL as it does
-        self.model = SwitchModel(jobs, key=key, modes=GATEWARE_MODES,
+        # (the gateware does not answer refused DATA yet: issue 43, answers=False)
+        self.model = SwitchModel(jobs, key=key, modes=GATEWARE_MODES, answers=False,
                                  **({"max_jobs": max_jobs} if max_jobs else {}))
         self.time_scale = time_scale
         #: the model's STATUS replies (to CONTROL) are compared with the core's, in order

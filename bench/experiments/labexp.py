@@ -114,9 +114,9 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
     max-min with the lab's background jobs on the level's schedule. Returns seconds, or
     with ``detail`` (seconds, steps, {"int4/a=4": share of steps, ...})."""
     from .contention import BackgroundJob, background_trace
-    from .controllers import Telemetry, make_controller
-    from .costmodel import JobParams, payload_bytes
-    from .knobs import KnobSpace
+    from ina_fabric.host.control.controllers import Telemetry, make_controller
+    from ina_fabric.host.control.costmodel import JobParams, payload_bytes
+    from ina_fabric.host.control.knobs import KnobSpace
     rng = np.random.default_rng(seed)
     N, b = setup.hosts, model.micro_batch
     params = _params(setup.workload)
@@ -157,7 +157,7 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
         if step % setup.control_interval == 0:
             p = tel.params().with_(b_noise=model.b_noise_at_loss(model.loss_at(u)),
                                    latency=latency)
-            from .costmodel import CostModel
+            from ina_fabric.host.control.costmodel import CostModel
             knobs = ctl.decide(CostModel(p))
     if detail:
         return t, step, {k: round(v / max(step, 1), 3) for k, v in sorted(used.items())}, cost
@@ -209,7 +209,7 @@ def lab_experiment(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2),
                    controllers=("decoupled", "joint"), target_loss=TARGET_LOSS,
                    plot=None, raw_path=None, fit_from=None, out=print):
     """Steps 1-3 (runs), then ``analyze`` (steps 2 and 4-7) on what they recorded."""
-    from ..lab import training_lab
+    from ina_fabric.host.lab import training_lab
     t_start = time.time()
     out(f"1. fitting runs (loopback, {setup.workload}, {setup.hosts} workers, to test loss "
         f"{target_loss})")
@@ -273,7 +273,7 @@ def pace_ab(setup: LabSetup, levels=("light", "heavy"), seeds=(0, 1, 2), pace=0.
     seed and level on the same background schedule. Returns the figures: per level the
     geometric mean of paced / unpaced seconds to target with its 95% interval, per seed
     the seconds and what the meters saw, and the background jobs' steps per second."""
-    from ..lab import training_lab
+    from ina_fabric.host.lab import training_lab
     q, a = knobs
     setup = LabSetup(**{**setup.__dict__, "extra": {**setup.extra, "target_loss": target_loss}})
     lab, _, _ = training_lab("rack", setup.hosts, {"rate": setup.rate, "mtu": 1500,

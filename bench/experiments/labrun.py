@@ -64,7 +64,7 @@ class LabSetup:
 
     def capacity(self) -> float:
         """Bytes/s of one link, one way."""
-        from ..lab.topology import parse_rate
+        from ina_fabric.host.lab.topology import parse_rate
         return parse_rate(self.rate) / 8.0
 
 
@@ -83,7 +83,7 @@ def start_background(lab, hosts, schedule, nbytes, compute, epoch_file, seconds,
                      base_port=6200):
     """Every background job of ``schedule`` (job j present while the count exceeds j),
     one rank per host; returns the processes (each ends by itself within ``seconds``)."""
-    from ..lab.bgjob import intervals_for
+    from ina_fabric.host.lab.bgjob import intervals_for
     import subprocess
     procs = []
     n_jobs = max(n for _, n in schedule)
@@ -130,8 +130,8 @@ def lab_run(lab, setup: LabSetup, controller: str, level: str, seed: int, script
             timeout=None, log_path=None, progress=None):
     """One training run of our job beside the level's background jobs in ``lab``; returns
     (TrainResult, schedule, controller log)."""
-    from ..ddp.train import TrainConfig, run_training_lab
-    from .compress import message_bytes
+    from ina_fabric.host.ddp.train import TrainConfig, run_training_lab
+    from ina_fabric.host.control.compress import message_bytes
     hosts = lab.hosts[:setup.hosts]
     schedule = schedule_for(level, seed, setup.phase_s, setup.horizon)
     fd, epoch_file = tempfile.mkstemp(prefix="ina-ctl-epoch-")
@@ -153,8 +153,8 @@ def lab_run(lab, setup: LabSetup, controller: str, level: str, seed: int, script
                     exchange=setup.exchange, paces=tuple(setup.paces),
                     rate_price=setup.rate_price)
     cfg = TrainConfig(workload=setup.workload, workers=len(hosts), seed=seed,
-                      backend="ina_fabric.host.control.realrun:collective",
-                      controller="ina_fabric.host.control.realrun:controller",
+                      backend="ina_fabric.bench.experiments.realrun:collective",
+                      controller="ina_fabric.bench.experiments.realrun:controller",
                       control_interval=setup.control_interval, max_epochs=1000,
                       eval_every_samples=setup.eval_every_samples,
                       lr_scaling=setup.lr_scaling, batch=setup.micro_batch,
@@ -183,12 +183,12 @@ def lab_run(lab, setup: LabSetup, controller: str, level: str, seed: int, script
 
 
 def _params(workload):
-    from ..ddp.workloads import get_workload
+    from ina_fabric.host.ddp.workloads import get_workload
     return sum(p.numel() for p in get_workload(workload, 0).model.parameters())
 
 
 def main_smoke():      # pragma: no cover - a manual check
-    from ..lab import training_lab
+    from ina_fabric.host.lab import training_lab
     setup = LabSetup()
     lab, _, _ = training_lab("rack", setup.hosts, {"rate": setup.rate, "mtu": 1500,
                                                     "queue_ms": setup.queue_ms},

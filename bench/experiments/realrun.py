@@ -1,7 +1,7 @@
 """The controller in real training: plug-ins for ``host.ddp.train.run_training``.
 
-``run_training`` takes a collective factory (``backend="ina_fabric.host.control.realrun:collective"``)
-and a controller factory (``controller="ina_fabric.host.control.realrun:controller"``), both
+``run_training`` takes a collective factory (``backend="ina_fabric.bench.experiments.realrun:collective"``)
+and a controller factory (``controller="ina_fabric.bench.experiments.realrun:controller"``), both
 ``"module:factory"`` strings that cross into the spawned worker processes. What they
 need beyond ``TrainConfig`` travels in the environment variable ``INA_CONTROL_SPEC``
 (JSON of ``RealSpec``), which ``real_run`` sets.
@@ -21,10 +21,10 @@ import os
 import time
 
 from .contention import BackgroundJob, background_trace
-from .controllers import Telemetry, make_controller
-from .costmodel import CostModel, JobParams
-from .measure import Ewma
-from .knobs import Knobs, KnobSpace
+from ina_fabric.host.control.controllers import Telemetry, make_controller
+from ina_fabric.host.control.costmodel import CostModel, JobParams
+from ina_fabric.host.control.measure import Ewma
+from ina_fabric.host.control.knobs import Knobs, KnobSpace
 
 __all__ = ["RealSpec", "collective", "controller", "real_run", "ENV"]
 
@@ -73,12 +73,12 @@ class RealSpec:
 def _spec() -> RealSpec:
     text = os.environ.get(ENV)
     if not text:
-        raise ValueError(f"{ENV} is not set: start runs with host.control.realrun.real_run")
+        raise ValueError(f"{ENV} is not set: start runs with bench.experiments.realrun.real_run")
     return RealSpec(**json.loads(text))
 
 
 def collective(rank, world, cfg):
-    from .compress import CompressedCollective
+    from ina_fabric.host.control.compress import CompressedCollective
     spec = _spec()
     bits = 32
     if spec.script and min(spec.script)[0] == 0:
@@ -115,7 +115,7 @@ class RealController:
                          rate_price=self.spec.rate_price)
 
     def on_step(self, info: dict) -> dict:
-        from .compress import current_collective
+        from ina_fabric.host.control.compress import current_collective
         coll = current_collective()
         m = coll.take_measurements() if coll is not None else None
         dsteps = info["step"] - self.last["step"]
@@ -184,12 +184,12 @@ def real_run(spec: RealSpec, workload="digits", workers=4, seed=0, control_inter
              max_epochs=60, target=None, timeout=900, **train_kw):
     """One training run with the given controller under the spec's contention; returns
     the ``TrainResult``."""
-    from ..ddp.train import TrainConfig, run_training
+    from ina_fabric.host.ddp.train import TrainConfig, run_training
     os.environ[ENV] = json.dumps(asdict(spec))
     try:
         cfg = TrainConfig(workload=workload, workers=workers, seed=seed,
-                          backend="ina_fabric.host.control.realrun:collective",
-                          controller="ina_fabric.host.control.realrun:controller",
+                          backend="ina_fabric.bench.experiments.realrun:collective",
+                          controller="ina_fabric.bench.experiments.realrun:controller",
                           control_interval=control_interval, max_epochs=max_epochs,
                           target=target, **train_kw)
         return run_training(cfg, timeout=timeout)

@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from .model import NetConfig, Round, RoundModel, mixing_matrix
-from .search import optimize
-from .baselines import ring_allreduce_time, tree_allreduce_time
-from .train import TrainConfig, train_run, time_to_target, load_data
+from ina_fabric.host.schedule.model import NetConfig, Round, RoundModel, mixing_matrix
+from ina_fabric.host.schedule.search import optimize
+from ina_fabric.host.schedule.baselines import ring_allreduce_time, tree_allreduce_time
+from ina_fabric.host.schedule.train import IslandTrainConfig, train_run, time_to_target, load_data
 
 __all__ = ["memory_sweep", "training_comparison", "DEFAULT_SWEEP", "family_order"]
 
@@ -49,7 +49,7 @@ def memory_sweep(topo, net: NetConfig, memories, *, seed=0, time_budget_s=30.0, 
     return rows
 
 
-def training_comparison(topo, net: NetConfig, cfg: TrainConfig, *, seed=0,
+def training_comparison(topo, net: NetConfig, cfg: IslandTrainConfig, *, seed=0,
                         time_budget_s=30.0, target_round=None, schedule=None):
     """Train with the optimizer's schedule and the baselines; time to a target loss.
 

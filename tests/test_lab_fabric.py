@@ -1,0 +1,199 @@
+"""The `fabric` lab: racks of hosts under top-of-rack switches, oversubscribed uplinks to a
+spine. The plan (addresses, names, uplink rates, routes, bad parameters) needs nothing;
+the lab tests bring a 2 x 2 fabric up, check that the racks reach each other and the
+spine only through the shaped uplinks, run one allreduce through a single switch at the
+spine and one through the tree (ToRs under the spine, where this checkout has it), check
+every rank's bytes, and tear down. Skipped where labs cannot be built; about 20 s."""
+
+import ipaddress
+import json
+import os
+import sys
+
+import pytest
+
+from ina_fabric.host.lab import Lab, TopologyError, available, load, list_labs
+from ina_fabric.host.lab import fabric as F
+from ina_fabric.host.lab import netns as N
+from ina_fabric.host.lab.topology import LAB_NET, from_dict
+
+WHY = available()
+
+
+def needs_lab(fn):
+    fn = pytest.mark.skipif(WHY is not None, reason=f"ina lab: {WHY}")(fn)
+    return pytest.mark.xdist_group("lab")(fn)
+
+
+# -- the plan (no root needed) ---------------------------------------------------------
+
+def test_fabric_defaults_four_racks_of_four_at_four_to_one():
+    t = load("fabric")
+    assert (len(t.racks), len(t.hosts), t.spine) == (4, 16, "sp")
+    assert [h.name for h in t.hosts[:5]] == ["r0h0", "r0h1", "r0h2", "r0h3", "r1h0"]
+    assert t.rack_hosts("t2") == ["r2h0", "r2h1", "r2h2", "r2h3"]
+    # 4 hosts at the host rate over one uplink: 4:1, the uplink at the host rate
+    assert t.oversubscription == 4.0
+    assert all(w.link.rate == t.hosts[0].link.rate for w in t.wan)
+    assert [(w.a, w.b) for w in t.wan] == [(f"t{k}", "sp") for k in range(4)]
+    every = [h.address for h in t.hosts] + [s.address for s in t.switches] + \
+        [a for w in t.wan for a in w.addresses]
+    assert len(set(every)) == len(every) and all(a in LAB_NET for a in every)
+    assert len(set(t.nodes)) == len(t.nodes)
+    # racks reach each other through the spine; the spine reaches each rack directly
+    assert t.routes["t0"] == {"t1": "sp", "t2": "sp", "t3": "sp", "sp": "sp"}
+    assert t.routes["sp"] == {f"t{k}": f"t{k}" for k in range(4)}
+
+
+def test_fabric_uplink_rate_follows_the_oversubscription():
+    t = load("fabric", {"racks": 2, "hosts_per_rack": 2, "rate": "100mbit"})
+    assert [w.link.rate for w in t.wan] == [50_000_000] * 2 and t.oversubscription == 4
+    t = load("fabric", {"racks": 2, "hosts_per_rack": 4, "rate": "100mbit",
+                        "oversubscription": 1})
+    assert t.wan[0].link.rate == 400_000_000 and t.oversubscription == 1
+    t = load("fabric", {"racks": 3, "hosts_per_rack": 4, "rate": "100mbit",
+                        "uplink_rate": "200mbit"})
+    assert t.wan[0].link.rate == 200_000_000 and t.oversubscription == 2
+    assert F.rack_of(t, "198.18.2.3") == "t2"
+    with pytest.raises(ValueError, match="none of the racks"):
+        F.rack_of(t, "198.18.7.1")
+
+
+@pytest.mark.parametrize("sets,match", [
+    ({"racks": 0}, "racks 0 outside"), ({"racks": 33}, "racks 33 outside"),
+    ({"hosts_per_rack": 17}, "hosts per rack 17 outside"),
+    ({"oversubscription": 0}, "oversubscription 0.0 must be positive"),
+    ({"hosts": 4}, "unknown parameter 'hosts'"),
+])
+def test_fabric_bad_parameters_say_which(sets, match):
+    with pytest.raises(TopologyError, match=match):
+        load("fabric", sets)
+
+
+def test_fabric_refuses_addresses_outside_the_benchmark_range():
+    doc = {"name": "f", "fabric": {"racks": 2, "hosts": 2, "subnet": "10.0.0.0/16",
+                                   "host_rate": "1gbit"}}
+    with pytest.raises(TopologyError, match="outside 198.18.0.0/15"):
+        from_dict(doc, {})
+
+
+def test_lab_up_fabric_flags_in_help():
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "lab", "up", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    for flag in ("--racks", "--hosts-per-rack", "--oversubscription"):
+        assert flag in r.stdout
+
+
+# -- the lab ---------------------------------------------------------------------------
+
+WORKER = r"""
+import hashlib, json, sys
+import numpy as np
+from ina_fabric.host.transport.switch_client import SwitchClient
+switch, job, worker, world, rank, session, bind, n = json.loads(sys.argv[1])
+x = (np.arange(n, dtype=np.float32) % 97) * (rank + 1)
+c = SwitchClient(tuple(switch), job, worker, world, window=8, elements=256,
+                 bind=tuple(bind), session=session, connect_timeout=10.0)
+z, _ = c.allreduce(x)
+want = (np.arange(n, dtype=np.float32) % 97) * (world * (world + 1) // 2)
+print(json.dumps({"digest": hashlib.sha256(z.tobytes()).hexdigest(),
+                  "exact": bool(np.array_equal(z, want))}))
+"""
+
+
+def _allreduce(lab, kind, job, n=4096, session=0x5EED38B):
+    """Install job ``job`` as ``kind`` (from inside the lab), run one allreduce on every
+    host (worker port 20000, ranks in host order: rack by rack), remove the job; per rank
+    (digest, exact)."""
+    import subprocess
+    from ina_fabric.protocol.jobtable import job_defaults
+    members = [f"{lab.address(h)}:20000" for h in lab.hosts]
+    roles = F.install_in_lab(lab, kind, job, job_defaults("ethernet", window=8,
+                                                          elements=256), session, members)
+    procs = []
+    for rank, (h, role) in enumerate(zip(lab.hosts, roles)):
+        ip, _, port = role["switch"].rpartition(":")
+        arg = [[ip, int(port)], job, role["worker"], role["nworkers"], rank, session,
+               [lab.address(h), 20000], n]
+        procs.append(lab.popen(h, [sys.executable, "-c", WORKER, json.dumps(arg)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode == 0, e[-2000:]
+    F.remove_in_lab(lab, kind, job, session, members)
+    return [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+
+
+@pytest.fixture(scope="module")
+def fabric_lab():
+    """A 2 x 2 fabric at 100 Mbit (4:1: uplinks at 50 Mbit) with its switches (a tree
+    where this checkout has one), for the module; removed afterwards, leaving nothing."""
+    if WHY is not None:
+        pytest.skip(f"ina lab: {WHY}")
+    topo = load("fabric", {"racks": 2, "hosts_per_rack": 2, "rate": "100mbit"})
+    lab_id = f"fab{os.getpid() % 100000}"[:8]
+    lab = Lab(topo, lab_id).up()
+    try:
+        lab.switches = lab.start_fabric(tree=F.tree_missing() is None)
+        yield lab
+    finally:
+        lab.down()
+    assert lab_id not in list_labs() and not N.lab_namespaces(lab_id)
+    assert not any(n.startswith("w") and n[1:2] in ("t", "s") for n in os.listdir("/sys/class/net"))
+
+
+@needs_lab
+def test_fabric_lab_routes_through_shaped_uplinks(fabric_lab):
+    from ina_fabric.host.lab import probe
+    lab = fabric_lab
+    for dst in ("r1h1", "sp", "t1"):               # another rack, the spine, its switch
+        r = probe.rtt(lab, "r0h0", dst, count=5, interval_ms=2.0)
+        assert r["lost"] == 0, dst
+    with N.ipr(lab.ns("t0")) as ip:                # rack 0's uplink: tbf at 50 Mbit
+        assert N.qdisc_stats(ip, "wsp")["kind"] == "tbf"
+    with N.ipr(lab.ns("sp")) as ip:
+        routes = {str(ipaddress.ip_network(f"{r.get_attr('RTA_DST')}/{r['dst_len']}"))
+                  for r in ip.get_routes(family=2) if r.get_attr("RTA_DST")}
+    assert {"198.18.0.0/24", "198.18.1.0/24"} <= routes
+    # a flow between racks gets the uplink's rate, not the host link's
+    mbit = probe.tcp_throughput(lab, "r0h0", "r1h0", seconds=1.5) / 1e6
+    assert 35 < mbit < 52, mbit
+
+
+@needs_lab
+def test_one_allreduce_through_a_single_switch_at_the_spine(fabric_lab):
+    switches = fabric_lab.switches
+    assert [s[0] for s in switches] == ["198.18.255.254", "198.18.0.254", "198.18.1.254"]
+    got = _allreduce(fabric_lab, "flat", 1)
+    assert all(r["exact"] for r in got) and len({r["digest"] for r in got}) == 1
+
+
+@needs_lab
+def test_one_allreduce_through_the_tree(fabric_lab):
+    if F.tree_missing():
+        pytest.skip(F.tree_missing())
+    got = _allreduce(fabric_lab, "tree", 2, session=0x5EED38C)
+    assert all(r["exact"] for r in got) and len({r["digest"] for r in got}) == 1
+
+
+@needs_lab
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("INA_FABRIC_BENCH"),
+                    reason="`ina bench fabric --quick` end to end (about 90 s on 2 cores): "
+                           "set INA_FABRIC_BENCH=1")
+def test_fabric_bench_quick_writes_checked_rows(lab_bench, tmp_path):
+    from ina_fabric.bench import bench_fabric as B
+    rc = B.main(["--quick", "--shapes", "1x2,2x2", "--straggler-ms", "20",
+                 "--straggler-calls", "3", "--id", lab_bench("fb")])
+    assert rc == 0
+    rows = json.loads((tmp_path / "fabric.json").read_text())["figures"]["rows"]
+    assert [(r["hosts"], r["racks"]) for r in rows] == [(2, 1), (4, 2)]
+    for r in rows:
+        for key in ("oversubscription", "rate_mbit", "tree_s", "flat_s", "gloo_s",
+                    "gloo_over_tree", "flat_over_tree", "tree_over_one_rack", "checked"):
+            assert r[key] is not None, key
+        assert r["checked"] and r["oversubscription"] == 4 and r["rate_mbit"] == 100
+        assert r["straggler"]["tree"]["identical"]
+    assert rows[0]["tree_over_one_rack"] == 1.0

@@ -1,0 +1,196 @@
+"""``ina switch --engine board``: the Versa board's whole datapath in Verilator on a TAP in
+a namespace of its own; the kernel's ARP, ping and UDP sockets talk to it.
+
+Default suite (about 90 s here, of which some 20 s start the board; its first build
+takes minutes more): ARP and ping answer; an allreduce through the board (job installed
+by a sealed CONTROL, reliable mode) is bitwise the one through the software switch.
+``INA_BOARD_TRAIN=1``: digits training through the board, replicas bitwise identical to
+the same run through the software switch (minutes).
+"""
+
+import os
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+KEY = bytes(range(32))     # one key, so the board's build is cached across runs
+JOB, WORLD, N = 5, 2, 300  # 300 elements: five packets of the board's 64, the last short
+
+
+def _skip_reason():
+    from ina_fabric.host.switch.board import why_not
+    from ina_fabric.host.lab.netns import available
+    return why_not() or available()
+
+
+needs_board = pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+
+
+class _Peers:
+    """Two ranks as InaHookState sees them, this one ``rank``; agree() is the minimum of
+    this rank's flag and the other's (2: the job is installed)."""
+    def __init__(self, rank):
+        self.rank, self.world = rank, 2
+
+    def agree(self, ok):
+        return min(ok, 2)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_probe_asks_the_switch_once(rank, monkeypatch):
+    """Only rank 0 sends the start-up STATUS_REQ (a board answers one at a time and
+    drops the others as drop_control_busy; every rank asking made three of four fall
+    back to Gloo)."""
+    import types
+    from ina_fabric.host.ddp.hook import InaHookState
+    st = InaHookState(types.SimpleNamespace(switch=("198.18.41.2", 19900), job=1),
+                      peers=_Peers(rank))
+    asked = []
+    monkeypatch.setattr(InaHookState, "job_installed", lambda self: asked.append(rank) or True)
+    assert st.probe(1, query=True)
+    assert asked == ([0] if rank == 0 else [])
+
+
+def test_board_cache_key_is_the_same_whatever_the_port_order():
+    """Amaranth orders a module's ports by set iteration (randomized per process): the
+    same design must give the same build key, another design another."""
+    from ina_fabric.hw.verilator.board import _canonical
+    a = "module top(b, a, c);\n  input a;\n  input b;\n  output c;\nendmodule"
+    b = "module top(c, a, b);\n  input b;\n  input a;\n  output c;\nendmodule"
+    c = "module top(c, a, b);\n  input b;\n  input a;\n  output [1:0] c;\nendmodule"
+    assert _canonical(a) == _canonical(b) != _canonical(c)
+
+
+@pytest.fixture(scope="module")
+def board():
+    if _skip_reason():
+        pytest.skip(_skip_reason())
+    from ina_fabric.host.switch.board import BoardNet
+    net = BoardNet(KEY, name=f"inaboard-t{os.getpid()}")
+    yield net
+    net.close()
+
+
+def _ping(rank, world, store, netns, ip, count):
+    """Echo requests from a raw ICMP socket inside ``netns``; the replies' sequence
+    numbers and payloads."""
+    from ina_fabric.host.lab.netns import enter
+    enter(netns)
+    from ina_fabric.host.ddp.hook import local_mac
+    from ina_fabric.host.switch.board import TAP_ADDRESS
+    macs = (local_mac(TAP_ADDRESS.split("/")[0]), local_mac("127.0.0.1"))
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    s.settimeout(10)
+    got = []
+    for seq in range(count):
+        payload = f"board {seq}".encode()
+        body = struct.pack(">BBHHH", 8, 0, 0, 0x41B, seq) + payload
+        even = body + b"\0" * (len(body) % 2)
+        csum = sum(struct.unpack(f">{len(even) // 2}H", even))
+        csum = (csum & 0xFFFF) + (csum >> 16)
+        body = body[:2] + struct.pack(">H", ~(csum + (csum >> 16)) & 0xFFFF) + body[4:]
+        s.sendto(body, (ip, 0))
+        while True:
+            data, src = s.recvfrom(2048)
+            icmp = data[(data[0] & 15) * 4:]
+            if icmp[0] == 0 and struct.unpack(">H", icmp[4:6])[0] == 0x41B:
+                got.append((src[0], struct.unpack(">H", icmp[6:8])[0], icmp[8:]))
+                break
+    return got, macs
+
+
+@needs_board
+def test_board_answers_arp_and_ping(board):
+    from ina_fabric.host.cluster import run_ranks
+    from ina_fabric.host.lab.netns import ipr
+    from ina_fabric.host.switch.board import BOARD_IP
+    got, macs = run_ranks(1, _ping, board.netns, BOARD_IP, 3, timeout=120)[0]
+    assert got == [(BOARD_IP, k, f"board {k}".encode()) for k in range(3)]
+    with ipr(board.netns) as ip:
+        neigh = {n.get_attr("NDA_DST"): n.get_attr("NDA_LLADDR") for n in ip.get_neighbours()}
+        tap_mac = ip.get_links(ifname="inaboard0")[0].get_attr("IFLA_ADDRESS")
+    # what a member's entry carries: the TAP's MAC there, none on loopback
+    assert macs == (tap_mac, None)
+    from ina_fabric.hw.verilator.board import versa_board
+    assert neigh.get(BOARD_IP) == versa_board().mac     # the kernel's ARP, the board's answer
+
+
+def _allreduce(rank, world, store, netns, switch, bind_ip, key, mode):
+    """One rank: a SwitchClient bound on ``bind_ip``; rank 0 installs the job with a
+    CONTROL sealed with ``key``; two calls; their results."""
+    if netns:
+        from ina_fabric.host.lab.netns import enter
+        enter(netns)
+    from ina_fabric.host.ddp.hook import local_mac
+    from ina_fabric.host.switch import send_job
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.protocol.jobtable import JobConfig, new_session
+    client = SwitchClient(tuple(switch), JOB, rank, world, 8, 64, mode, bind=(bind_ip, 0),
+                          rto=0.2, deadline=0.0002)
+    mac = local_mac(client.address[0])
+    store.set(f"addr{rank}", f"{client.address[0]}:{client.address[1]}"
+              + (f"@{mac}" if mac else ""))
+    if rank == 0:
+        members = tuple(store.get(f"addr{r}").decode() for r in range(world))
+        cfg = JobConfig(JOB, members, 8, 64, 0.0002, mode, session=new_session())
+        send_job(tuple(switch), cfg, key=key, timeout=10)
+        store.set("session", str(cfg.session))
+    client.session = int(store.get("session"))
+    out = []
+    for it in range(2):
+        rng = np.random.default_rng([rank, it])
+        x = (rng.standard_normal(N) * 10 ** rng.uniform(-3, 3, N)).astype(np.float32)
+        y, _ = client.allreduce(x)
+        out.append(y.copy())
+    client.close()
+    return out
+
+
+@needs_board
+def test_board_allreduce_is_bitwise_the_software_switch(board, monkeypatch):
+    from ina_fabric.host.cluster import run_ranks
+    from ina_fabric.host.switch.board import TAP_ADDRESS
+    tap_ip = TAP_ADDRESS.split("/")[0]
+    got = run_ranks(WORLD, _allreduce, board.netns, board.switch, tap_ip, KEY, "reliable",
+                    timeout=300)
+    monkeypatch.setenv("INA_SWITCH_KEY", KEY.hex())
+    import multiprocessing as mp
+    from ina_fabric.host.cluster import start_switch_process
+    addr, proc = start_switch_process(mp.get_context("fork"), engine="model")
+    try:
+        want = run_ranks(WORLD, _allreduce, None, addr, "127.0.0.1", KEY, "reliable",
+                         timeout=120)
+    finally:
+        proc.terminate()
+        proc.join(5)
+    for r in range(WORLD):
+        for a, b in zip(got[r], want[r]):
+            assert a.view(np.uint32).tolist() == b.view(np.uint32).tolist()
+        for a, b in zip(got[r], got[0]):
+            assert a.view(np.uint32).tolist() == b.view(np.uint32).tolist()
+
+
+@needs_board
+@pytest.mark.skipif(not os.environ.get("INA_BOARD_TRAIN"),
+                    reason="training through the simulated board takes many minutes: "
+                           "INA_BOARD_TRAIN=1")
+@pytest.mark.timeout(7200)
+def test_board_training_replicas_are_the_software_switch_s():
+    """Digits through the board (the ranks' own CONTROL, the hook's probe) to the
+    workload's accuracy, every replica bitwise the same run's through the software
+    switch."""
+    import dataclasses
+    from ina_fabric.host.ddp.train import TrainConfig, run_training
+    from ina_fabric.host.switch.board import board_params
+    P = board_params()
+    base = TrainConfig(workload="digits", workers=4, backend="ina", window=P.window,
+                       elements=P.elements, max_epochs=10)
+    board = run_training(dataclasses.replace(base, switch_engine="board"), timeout=7000)
+    soft = run_training(dataclasses.replace(base, switch_engine="fast"))
+    assert board.fallbacks == 0 and board.time_to_accuracy is not None
+    assert len(set(board.param_hashes)) == 1
+    assert board.param_hashes == soft.param_hashes
+    assert board.switch_board["core"]["results"] > 0
+    assert board.switch_board["p0_tx_bad_fcs"] == 0
