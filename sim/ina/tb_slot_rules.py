@@ -16,7 +16,14 @@ from ina_fabric.sim.ina.stage_model import md_compares_py, rules_py
 
 
 def rand_meta(rng, P, tag_near=None):
-    tag = (tag_near + rng.randint(-2, 2)) if tag_near is not None else rng.getrandbits(34)
+    """A record's metadata; ``tag_near``: a seq its tag is near (the seq, ``seq - 2W`` or
+    a neighbour, modulo 2^32, with any top two bits: initial tags are negative)."""
+    if tag_near is None:
+        tag = rng.getrandbits(34)
+    else:
+        tag = (tag_near + rng.choice((0, 0, -2 * P.window, -2 * P.window, -1, 1, -2, 2))) \
+            & 0xFFFFFFFF
+        tag |= rng.choice((0, 0, 3, 1, 2)) << 32
     return {"tag": tag & ((1 << 34) - 1), "complete": rng.getrandbits(1),
             "bitmap": rng.getrandbits(P.workers), "count": rng.randint(0, P.workers),
             "exponent": rng.getrandbits(8), "due": rng.getrandbits(32),
