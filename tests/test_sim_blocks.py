@@ -317,13 +317,31 @@ def _components():
 
 
 def test_every_component_has_a_bench_of_its_own():
+    """Every Component of hw/ina and hw/eth has a bench of its own, except those listed in
+    NOT_YET (each with why); the list only shrinks: a listed block that has a bench, or
+    that no longer exists, fails here too."""
     comps = _components()
     assert {"InaCore", "HeaderPipeline", "ControlPlane", "EthPort"} <= set(comps)
     benched = {name for name, *_ in BENCHES} | set(SYSTEM_BENCHES)
-    missing = sorted(set(comps) - benched)
+    missing = sorted(set(comps) - benched - set(NOT_YET))
     assert not missing, f"Components with no bench of their own: {missing}"
+    assert not set(NOT_YET) & benched, f"benched, drop from NOT_YET: {set(NOT_YET) & benched}"
+    assert set(NOT_YET) <= set(comps), f"no such Component: {set(NOT_YET) - set(comps)}"
 
 
 #: blocks whose own bench is a system bench elsewhere: the core (tests/test_sim_ina_core.py,
 #: sim/ina/tb_core.py) and the Ethernet port (tests/test_eth_port.py, sim/eth/tb_port.py)
 SYSTEM_BENCHES = {"InaCore": "tests/test_sim_ina_core.py", "EthPort": "tests/test_eth_port.py"}
+
+#: Components whose bench of their own is not written yet, and where they are checked now
+NOT_YET = {
+    "Replicator": "through the core's benches (tests/test_sim_ina_core.py, coverage)",
+    "RegisterFile": "through the core's benches and tests/test_hw_ina_blocks.py (enables)",
+    "HeaderPipeline": "its six stages each have a bench; the whole through the core's",
+    "ControlPlane": "its five blocks: HmacSha256, ReplayStore and EntryParser have benches; "
+                    "the whole through tests/test_sim_ina_core.py::test_sim_ina_control",
+    "EntryWriter": "through tests/test_sim_ina_core.py::test_sim_ina_control",
+    "StatusWriter": "through tests/test_sim_ina_core.py::test_sim_ina_control",
+    "RgmiiPhy": "vendor DDR primitives (ECP5 IDDRX1F/ODDRX1F through io.DDRBuffer) have no "
+                "Icarus model; its GMII side is the board bench's (sim/eth/tb_board.py)",
+}
