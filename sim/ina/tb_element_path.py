@@ -30,6 +30,28 @@ async def test_element_path(dut):
     ovf = [0] * R
     joined = [P.workers] * R        # contributions since the record opened
     recs = list(range(R))[:p.get("records", 3)]
+    mask = (1 << AB) - 1
+    last = {}               # (record, beat): the cycle the bench last changed it
+    reads = []              # reads in flight on the replicator's port: (edge, key, want)
+
+    def lanes_of(v):
+        got = [(v >> (AB * j)) & mask for j in range(L)]
+        return [g - (1 << AB) if g >> (AB - 1) else g for g in got]
+
+    async def step(n=1):
+        """A cycle, with a read of a settled accumulator on the replicator's port beside
+        the traffic (so a wrong sum is seen before a later packet overwrites it)."""
+        for _ in range(n):
+            await b.step()
+            while reads and b.cycle - reads[0][0] >= 2:
+                _, key, want = reads.pop(0)
+                assert lanes_of(b.rd("acc_rd__data")) == want, \
+                    f"cycle {b.cycle}: record {key[0]} beat {key[1]}: {lanes_of(b.rd('acc_rd__data'))} != {want}"
+            stable = [k for k, t in last.items() if b.cycle - t >= 8]
+            if stable and not reads:
+                key = b.rng.choice(stable)
+                b.wr("acc_rd__en", 1), b.wr("acc_rd__addr", key[0] * EB + key[1])
+                reads.append((b.cycle, key, list(acc[key])))
     big = p.get("big", 0.2)
     for k in range(p["n"]):
         rec = b.rng.choice(recs)
@@ -44,40 +66,38 @@ async def test_element_path(dut):
         b.wr("packet", {"base": rec * EB, "rec": rec, "nelem": nelem, "nbeats": nb,
                         "mode": mode.value}, pl)
         b.wr("beat", 0)
-        await b.step()
+        await step()
         b.wr("start", 0)
         run_ovf = 0
         for e in range(nb):
             while b.rng.random() < p["idle"]:
                 b.wr("beat", 0)
-                await b.step()
+                await step()
             lanes = [(b.rng.choice((-1, 1)) * (1 << 31) + b.rng.randint(-5, 5))
                      if b.rng.random() < big else b.rng.randint(-1000, 1000) for _ in range(L)]
             lanes = [max(-(1 << 31), min((1 << 31) - 1, v)) for v in lanes]
             word = sum((v & 0xFFFFFFFF) << (32 * j) for j, v in enumerate(lanes))
             b.wr("beat", {"valid": 1, "elem": 1, "first": 0, "e": e, "data": word}, bl)
-            await b.step()
+            await step()
             if mode != AccMode.NONE:
                 cur = acc[rec, e]
                 for j in range(L):
                     v = lanes[j] if e * L + j < nelem else 0
                     cur[j] = v if mode == AccMode.OPEN else cur[j] + v
                     run_ovf |= not -(1 << 31) <= cur[j] < (1 << 31)
+                last[rec, e] = b.cycle
         if mode != AccMode.NONE:
             ovf[rec] = int(run_ovf)
         b.wr("beat", 0)
         if b.rng.random() < p["idle"]:
-            await b.step(b.rng.randint(1, 4))
+            await step(b.rng.randint(1, 4))
     b.wr("start", 0)
-    await b.step(6)
-    mask = (1 << AB) - 1
+    await step(6)
     for (r, e), want in acc.items():
         b.wr("acc_rd__en", 1), b.wr("acc_rd__addr", r * EB + e)
         await b.step()
         await b.settle()
-        v = b.rd("acc_rd__data")
-        got = [(v >> (AB * j)) & mask for j in range(L)]
-        got = [g - (1 << AB) if g >> (AB - 1) else g for g in got]
+        got = lanes_of(b.rd("acc_rd__data"))
         assert got == want, f"record {r} beat {e}: {got} != {want}"
     for r in range(R):
         b.wr("ovf_rd__en", 1), b.wr("ovf_rd__addr", r)
