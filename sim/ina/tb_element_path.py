@@ -33,6 +33,7 @@ async def test_element_path(dut):
     mask = (1 << AB) - 1
     last = {}               # (record, beat): the cycle the bench last changed it
     reads = []              # reads in flight on the replicator's port: (edge, key, want)
+    oreads = []             # ... on the overflow bits' port: (edge, record, want)
 
     def lanes_of(v):
         got = [(v >> (AB * j)) & mask for j in range(L)]
@@ -47,11 +48,20 @@ async def test_element_path(dut):
                 _, key, want = reads.pop(0)
                 assert lanes_of(b.rd("acc_rd__data")) == want, \
                     f"cycle {b.cycle}: record {key[0]} beat {key[1]}: {lanes_of(b.rd('acc_rd__data'))} != {want}"
+            while oreads and b.cycle - oreads[0][0] >= 2:
+                _, r, want = oreads.pop(0)
+                assert b.rd("ovf_rd__data") == want, f"cycle {b.cycle}: record {r}: overflow bit"
             stable = [k for k, t in last.items() if b.cycle - t >= 8]
             if stable and not reads:
                 key = b.rng.choice(stable)
                 b.wr("acc_rd__en", 1), b.wr("acc_rd__addr", key[0] * EB + key[1])
                 reads.append((b.cycle, key, list(acc[key])))
+            settled = [r for r in recs if b.cycle - max((t for (q, _), t in last.items()
+                                                          if q == r), default=-99) >= 8]
+            if settled and not oreads:
+                r = b.rng.choice(settled)
+                b.wr("ovf_rd__en", 1), b.wr("ovf_rd__addr", r)
+                oreads.append((b.cycle, r, ovf[r]))
     big = p.get("big", 0.2)
     for k in range(p["n"]):
         rec = b.rng.choice(recs)
