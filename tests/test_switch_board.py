@@ -137,7 +137,7 @@ def _allreduce(rank, world, store, netns, switch, bind_ip, key, mode):
         cfg = JobConfig(JOB, members, 8, 64, 0.0002, mode, session=new_session())
         send_job(tuple(switch), cfg, key=key, timeout=10)
         store.set("session", str(cfg.session))
-    client.session = int(store.get("session"))
+    client.start(int(store.get("session")))
     out = []
     for it in range(2):
         rng = np.random.default_rng([rank, it])
