@@ -66,6 +66,14 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:     # a verb without its require_extras check
+        from .extras import missing_extra
+        extra = missing_extra(e.name or "")
+        if extra is None:
+            raise
+        print(f"ina {args.verb}: error: needs the {extra} extra ({e.name} is not "
+              f"installed): pip install 'ina-fabric[{extra}]'", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

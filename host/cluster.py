@@ -142,7 +142,9 @@ def worker_data(seed, worker, it, n):
 
 
 def _worker_main(spec, w, switch, conn, group, barrier):
+    from .oneline import quiet_child
     from .transport import SwitchClient
+    quiet_child()             # Ctrl-C: the parent ends the workers, quietly
     imp = spec.impairment.fresh(seed=spec.seed * 1000 + w + 1, log_drops=True)
     port = spec.base_port + w if spec.base_port else 0
     s = spec.settings
@@ -250,7 +252,8 @@ class LocalCluster:
         else:     # a static job: a second run resumes at the switch's position
             from .transport.switch_client import static_position
             try:
-                position = static_position(self.switch, spec.job, self.config.session) or 0
+                position = static_position(self.switch, spec.job, self.config.session,
+                                           workers=spec.nworkers) or 0
             except OSError:
                 self.close()
                 raise

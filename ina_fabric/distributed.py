@@ -8,7 +8,8 @@ runs on Gloo. See ``ina_fabric.host.ddp.backend`` for the options and errors.
 """
 
 from ina_fabric.host.ddp.backend import (BACKEND, InaOptions, ProcessGroupIna, InaWork,  # noqa: F401
-                                         WorldTooLarge, JobNotInstalled, register)
+                                         WorldTooLarge, JobNotInstalled, monitored_barrier,
+                                         register)
 
 __all__ = ["BACKEND", "InaOptions", "ProcessGroupIna", "InaWork", "WorldTooLarge",
-           "JobNotInstalled", "register"]
+           "JobNotInstalled", "monitored_barrier", "register"]

@@ -70,5 +70,44 @@ def main(out):
     dist.destroy_process_group()
 
 
+def restart(out):
+    """tests/test_backend_restart.py, under ``torchrun --max-restarts 1``: attempt 0
+    reduces once, then rank 0 puts a contribution on the wire that rank 1 never
+    matches (a slot half full of the crashed run), and rank 1 crashes. torchrun starts
+    both again; attempt 1 must get its job id back at once and sum exactly, untouched
+    by the crashed run. Each attempt writes OUT.attempt<a>.rank<r>.json."""
+    import os
+    import warnings
+    faulthandler.dump_traceback_later(40, exit=True)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.init_process_group("ina")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pg = dist.distributed_c10d._get_default_group()
+    t = torch.full((3000,), float(rank + 1))
+    dist.all_reduce(t)
+    res = {"attempt": attempt, "session": pg.state.collective.session,
+           "sum": sorted(set(t.tolist())), "calls": pg.state.stats.calls,
+           "warnings": [str(w.message) for w in caught if "took the id back" in
+                        str(w.message)]}
+    with open(f"{out}.attempt{attempt}.rank{rank}.json", "w") as f:
+        json.dump(res, f)
+    if attempt == 0:
+        dist.barrier()
+        if rank == 0:                 # half a slot, then the crash kills this rank too
+            dist.all_reduce(torch.full((3000,), 100.0), async_op=True)
+            import time
+            time.sleep(30)
+        else:
+            import time
+            time.sleep(0.5)          # rank 0's DATA reaches the switch first
+            os._exit(3)              # the crash
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1:2] == ["--restart"]:
+        restart(sys.argv[2])
+    else:
+        main(sys.argv[1])

@@ -65,17 +65,28 @@ def test_copy_to_host_waits_for_work_queued_on_the_tensors_stream():
     dev.close()
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "strided"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, "strided", "transposed",
+                                   "permuted", "in-graph"])
 def test_converted_and_strided_tensors_come_back_in_place(dtype):
+    """(transposed, permuted: float32 tensors that ``to(float32, contiguous_format)``
+    did not copy, "view size is not compatible"; in-graph: a non-leaf that requires
+    grad, which the copy back refused)"""
     dev = SimDevice()
     if dtype == "strided":
         t = torch.arange(60.0).reshape(6, 10)[:, ::2]
+    elif dtype == "transposed":
+        t = torch.arange(60.0).reshape(6, 10).t()
+    elif dtype == "permuted":
+        t = torch.arange(60.0).reshape(3, 4, 5).permute(2, 0, 1)
+    elif dtype == "in-graph":
+        t = torch.arange(30.0).requires_grad_() * 1.0
     else:
         t = torch.arange(30.0).to(dtype)
-    ref = t.float() * 2
+    ref = t.detach().float() * 2
     call = StagedCall(dev, PinnedPool(dev), t, chunk=7)
     dev.wait(call.run(wire([], 0.0, 2.0)))
-    assert torch.equal(t.float(), ref) and (dtype == "strided" or t.dtype == dtype)
+    assert torch.equal(t.detach().float(), ref)
+    assert isinstance(dtype, str) or t.dtype == dtype
     dev.close()
 
 
@@ -116,12 +127,28 @@ def test_cuda_tensors_through_pinned_buffers(monkeypatch, ina_switch):
     monkeypatch.setenv("INA_ELEMENTS", "8192")
     try:
         dist.init_process_group("ina", store=dist.HashStore(), rank=0, world_size=1,
-                                pg_options=InaOptions(stage_bytes=1 << 20))
+                                pg_options=InaOptions(stage_bytes=4 << 20))
         pg = dist.distributed_c10d._get_default_group()
         x = torch.randn(3_000_000, device="cuda")
         t = x * 1.0                       # queued on the current stream, not yet done
-        dist.all_reduce(t)
+        dist.all_reduce(t)                # 4 MiB stage chunks: 3 switch calls
         assert torch.allclose(t, x, atol=1e-5) and pg.state.stats.calls == 3
+        for make in (lambda b: b.t(), lambda b: b[:, ::2]):   # other layouts, in place
+            base = torch.randn(64, 48, device="cuda")
+            keep = base.clone()
+            dist.all_reduce(make(base))
+            assert torch.allclose(base, keep, atol=1e-5)
+        w = torch.randn(100, device="cuda", requires_grad=True)
+        y = w * 2                         # a non-leaf in a graph: its values, detached
+        dist.all_reduce(y)
+        assert y.requires_grad and torch.allclose(y.detach(), w.detach() * 2, atol=1e-5)
+        calls = pg.state.stats.calls
+        s = torch.sparse_coo_tensor(torch.tensor([[1, 5]]), torch.ones(2), (8,)).cuda()
+        try:                              # sparse: Gloo (when it carries sparse CUDA)
+            dist.all_reduce(s)
+        except RuntimeError as e:
+            assert "sparse" in str(e).lower() or "not supported" in str(e).lower(), e
+        assert pg.state.stats.calls == calls
         h = torch.randn(1000, device="cuda", dtype=torch.float16)
         g = h.clone()
         dist.all_reduce(g, op=dist.ReduceOp.AVG)
@@ -129,7 +156,7 @@ def test_cuda_tensors_through_pinned_buffers(monkeypatch, ina_switch):
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 8).cuda())
         model(torch.randn(16, 64, device="cuda")).sum().backward()
         torch.cuda.synchronize()
-        assert pg.state.stats.calls >= 5
+        assert pg.state.stats.calls >= calls + 2
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -200,6 +200,7 @@ class _FakeClient:
 
     class _rtt:
         srtt = 0.0
+        cwnd, cuts = 8.0, 0          # what the hook reports of congestion control
 
     @staticmethod
     def call_window(packets):

@@ -95,3 +95,24 @@ def test_the_random_trees_reach_every_tree_rule():
                  "duplicates", "partials", "overflows", "drop_unknown_source",
                  "drop_malformed", "drop_stale"):
         assert rule in seen, rule
+
+
+@needs_engine
+def test_a_1024_worker_job_on_32_leaves_of_32():
+    """The largest job: counts past 255 on the wire, every worker's RESULT says 1,024
+    workers, and the compiled tree gives the model's bytes."""
+    from ina_fabric.protocol import unpack
+    nets = []
+    for cls in (SwitchModel, fast.FastSwitchModel):
+        net = TreeNet([32] * 32, cls=cls, elements=2, window=2)
+        for k, a in enumerate(net.workers):
+            net.send(a, 0, [k, -1], exponent=k % 7)
+        net.run()
+        nets.append(net)
+    model, engine = nets
+    assert engine.received == model.received and engine.trunk == model.trunk
+    for a in model.workers:
+        (t, d), = model.received[a]
+        h, body = unpack(d)
+        assert int(h["count"]) == 1024 and not int(h["flags"]) & Flags.PARTIAL
+        assert body.tolist() == [sum(range(1024)), -1024] and int(h["exponent"]) == 6

@@ -342,3 +342,29 @@ def test_bounded_tree_gives_every_worker_the_same_bytes(shape, absent, seed, los
         np.testing.assert_array_equal(next(iter(got.values()))[2],
                                       sum((values(k, s) for k in ins), np.zeros(E, np.int64)))
         assert counts == {len(ins)}
+
+
+def test_tree_entries_from_a_switch_toml(tmp_path):
+    from ina_fabric.protocol.jobtable import load_jobs_toml
+    p = tmp_path / "jobs.toml"
+    p.write_text('[[job]]\nid = 3\nworkers = ["127.0.0.1:1", "127.0.0.1:2"]\n'
+                 'parent = "127.0.0.1:19900"\nindex = 4\n'
+                 '[[job]]\nid = 4\nworkers = ["127.0.0.1:3", "127.0.0.1:4"]\n'
+                 'total_workers = 40\n')
+    leaf, spine = load_jobs_toml(p)
+    assert (leaf.parent, leaf.index, leaf.children, leaf.total) == \
+        (("127.0.0.1", 19900), 4, False, 2)
+    assert (spine.parent, spine.children, spine.total) == (None, True, 40)
+
+
+def test_switch_flags_give_a_leaf_and_a_spine():
+    from ina_fabric.host.cli import build_parser
+    from ina_fabric.host.commands.switch import jobs_from_args
+    p = build_parser()
+    leaf, = jobs_from_args(p.parse_args(["switch", "--workers", "127.0.0.1:1,127.0.0.1:2",
+                                         "--parent", "127.0.0.1:9", "--index", "3"]))
+    assert (leaf.parent, leaf.index, leaf.children, leaf.total) == \
+        (("127.0.0.1", 9), 3, False, 2)
+    spine, = jobs_from_args(p.parse_args(["switch", "--workers", "127.0.0.1:1,127.0.0.1:2",
+                                          "--total-workers", "40"]))
+    assert (spine.parent, spine.children, spine.total) == (None, True, 40)

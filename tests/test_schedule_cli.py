@@ -7,7 +7,7 @@ import pytest
 
 from ina_fabric.host.cli import main
 from ina_fabric.protocol.jobtable import JobConfig, Member
-from ina_fabric.host.schedule.experiments import training_comparison
+from ina_fabric.bench.experiments.schedule import training_comparison
 from ina_fabric.host.schedule.model import NetConfig
 from ina_fabric.host.schedule.topology import default_topology
 from ina_fabric.host.schedule.train import IslandTrainConfig
@@ -16,7 +16,7 @@ from ina_fabric.host.schedule.train import IslandTrainConfig
 def test_optimize_writes_loadable_json_and_png(tmp_path, capsys):
     out, png = tmp_path / "schedule.json", tmp_path / "schedule.png"
     rc = main(["schedule", "optimize", "--memory", "1e8", "--update-bytes", "1e9",
-               "--out", str(tmp_path)])
+               "--out", str(tmp_path), "--plot"])
     text = capsys.readouterr().out
     assert rc == 0 and "best: cliques-3, 2 rounds" in text
     assert png.stat().st_size > 10_000
@@ -68,7 +68,8 @@ def test_training_schedule_beats_wan_allreduce():
 
 def test_sweep_memory_command_shows_the_shift(tmp_path, capsys):
     png, js = tmp_path / "sweep_memory.png", tmp_path / "sweep_memory.json"
-    rc = main(["schedule", "sweep-memory", "--memories", "2e6,1e10", "--out", str(tmp_path)])
+    rc = main(["schedule", "sweep-memory", "--memories", "2e6,1e10", "--out", str(tmp_path),
+               "--plot"])
     out = capsys.readouterr().out
     assert rc == 0 and png.stat().st_size > 10_000
     rows = json.loads(js.read_text())

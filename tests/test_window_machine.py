@@ -6,8 +6,9 @@ hypothesis-drawn schedule says. The simulation feeds events exactly as the socke
 does (a RESULT: ``on_result``; anything else, or the wake-up time: ``on_timer``).
 
 Properties: reliable mode ends with the exact quantized sum on every worker, whatever the
-schedule; at most ``w`` packets are in flight; a packet is re-sent only after its RTO
-(times its backoff); a stalled call gives up after ``stall_timeout`` without progress and
+schedule; at most ``w`` packets are in flight, and a packet goes out for the first time
+only below the congestion window (or as the lowest without a result); a packet is
+re-sent only after its RTO (times its backoff); a stalled call gives up after ``stall_timeout`` without progress and
 never before; bounded mode gives every worker the model's results, identically counted.
 """
 
@@ -799,3 +800,41 @@ def test_beside_a_flood_the_window_backs_off_and_stops_losing(W):
     assert later_on <= 0.05 and later_delay <= 0.05, (later_on, later_delay)
     assert t_delay <= t_off, (t_delay, t_off)
     assert t_on <= 1.3 * t_off, (t_on, t_off)
+
+
+def test_windows_that_differ_never_wait_on_each_other():
+    """Two workers, call window 2, both windows cut to 1 while slots 0 and 1 are
+    complete, their RESULTs arriving in opposite orders: A releases 2 before 3, B 3
+    before 2, so A's one packet in flight is 2 (waiting for B's 2) and B's is 3 (waiting
+    for A's 3). Without the lowest-packet rule both wait forever; with it, B sends 2
+    anyway (the lowest packet it lacks a result for), and every packet completes.
+    (Mode "delay": results of the first window, sent before the call's first RESULT,
+    neither grow nor cut the window, so it stays at 1 through them.)"""
+    P, W = 8, 2
+    wins = {k: SendWindow(P, W, DELAY) for k in "AB"}
+    sent = {k: set() for k in "AB"}
+
+    def do(k, acts):
+        sent[k] |= {a.p for a in acts if type(a) is Send}
+
+    for k, win in wins.items():
+        do(k, win.start(0.0))
+        win.rtt.cwnd = 1.0                 # cut (as by a loss elsewhere)
+    assert sent["A"] == sent["B"] == {0, 1}
+    do("A", wins["A"].on_result(0, 0.001))
+    do("A", wins["A"].on_result(1, 0.002))
+    do("B", wins["B"].on_result(1, 0.001))
+    do("B", wins["B"].on_result(0, 0.002))
+    assert 2 in sent["A"] and 3 not in sent["A"] and 3 in sent["B"]
+    assert 2 in sent["B"]                  # the lowest packet without a result: sent anyway
+    done, now = {0, 1}, 0.002
+    for _ in range(4 * P):                 # the switch: a slot completes with both in
+        ready = sorted((sent["A"] & sent["B"]) - done)
+        if not ready:
+            break
+        p = ready[0]
+        done.add(p)
+        now += 0.001
+        for k in "AB":
+            do(k, wins[k].on_result(p, now))
+    assert wins["A"].done and wins["B"].done

@@ -20,7 +20,10 @@ from ina_fabric.paths import OUT_DIR
 
 __all__ = ["parse_size", "size_arg", "add_job_arguments", "job_settings",
            "add_impairment_arguments", "add_switch_argument", "add_base_port_argument",
-           "add_output_arguments", "parse_address", "HelpFormatter"]
+           "add_output_arguments", "parse_address", "HelpFormatter", "EXTRAS",
+           "missing_extra", "require_extras"]
+
+from ..extras import EXTRAS, missing_extra, require_extras  # noqa: E402,F401
 
 _SUFFIX = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt])?(i?b)?\s*", re.I)

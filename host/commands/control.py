@@ -83,6 +83,13 @@ def _paces(text, price):
 
 def run(args):
     from ..cli import CliError
+    from ._common import require_extras
+    if args.what in ("kappa", "real"):      # real training: before any work
+        require_extras("torch")
+    if args.what == "trace":
+        require_extras("plot")
+    elif getattr(args, "plot", False):
+        require_extras("plot", what="--plot")
     from ..control.knobs import ConfigError
     try:
         if args.what == "model":

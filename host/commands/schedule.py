@@ -47,27 +47,28 @@ def add_arguments(p):
     from ._common import add_output_arguments
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     o = sub.add_parser("optimize", help="find the best schedule; print it, write "
-                       "schedule.json (for the host runtime) and schedule.png (round map)")
+                       "schedule.json (for the host runtime) and, with --plot, "
+                       "schedule.png (round map)")
     _common(o)
-    add_output_arguments(o, "schedule", plot=False)
+    add_output_arguments(o, "schedule")
     s = sub.add_parser("sweep-memory", help="best schedule against FPGA memory: table, "
-                       "sweep_memory.png and sweep_memory.json")
+                       "sweep_memory.json and, with --plot, sweep_memory.png")
     _common(s, memory=False)
     s.add_argument("--memories", help="comma-separated sizes (default: 10k..10G and the "
                    "gateware's)")
-    add_output_arguments(s, "schedule", plot=False)
+    add_output_arguments(s, "schedule")
     m = sub.add_parser("simulate", help="simulate the optimizer's schedule; compare round times")
     _common(m)
     m.add_argument("--chunks", type=int, default=0,
                    help="chunks per update (default: fine enough for the buffer check)")
     t = sub.add_parser("train", help="decentralized training vs all-reduce baselines "
-                       "(schedule_train.png)")
+                       "(schedule_train.json; with --plot, schedule_train.png)")
     _common(t)
     t.add_argument("--rounds", type=int, default=120)
     t.add_argument("--local-steps", type=int, default=8)
     t.add_argument("--compute-s", type=float, default=0.3,
                    help="simulated compute time of the local steps per round")
-    add_output_arguments(t, "schedule", plot=False)
+    add_output_arguments(t, "schedule")
     g = sub.add_parser("topology", help="print islands, bandwidths and RTTs")
     g.add_argument("--topology", metavar="FILE")
 
@@ -124,7 +125,6 @@ def _optimize(args):
     from ..schedule.search import optimize
     from ..schedule.model import RoundModel
     from ..schedule.export import schedule_json, write_schedule_json
-    from ..schedule.plot import plot_rounds
     topo, net, note = _setup(args)
     model = RoundModel(topo, net)
     res = optimize(topo, net, seed=args.seed, time_budget_s=args.time_budget, model=model)
@@ -145,16 +145,18 @@ def _optimize(args):
     js, png = args.out / "schedule.json", args.out / "schedule.png"
     write_schedule_json(js, schedule_json(topo, net, b, model, window=window,
                                           elements=elements, note=note))
-    plot_rounds(topo, b, png)
-    print(f"wrote {js} and {png}")
+    print(f"wrote {js}")
+    if args.plot:
+        from ..schedule.plot import plot_rounds
+        plot_rounds(topo, b, png)
+        print(f"wrote {png}")
     return 0
 
 
 def _sweep(args):
     from ..cli import CliError
-    from ..schedule.experiments import memory_sweep, DEFAULT_SWEEP, family_order
+    from ina_fabric.bench.experiments.schedule import memory_sweep, DEFAULT_SWEEP, family_order
     from ..schedule.hwparams import default_memory
-    from ..schedule.plot import plot_sweep
     import json
     args.memory = None
     topo, net, note = _setup(args)
@@ -182,11 +184,14 @@ def _sweep(args):
                         progress=show)
     args.out.mkdir(parents=True, exist_ok=True)
     png, js = args.out / "sweep_memory.png", args.out / "sweep_memory.json"
-    plot_sweep(rows, png)
     with open(js, "w") as fh:
         json.dump(rows, fh, indent=1)
     print(f"(columns after T_cyc: best -log sigma2 / T_cycle per family, 1/s)\n"
-          f"wrote {png} and {js}")
+          f"wrote {js}")
+    if args.plot:
+        from ..schedule.plot import plot_sweep
+        plot_sweep(rows, png)
+        print(f"wrote {png}")
     return 0
 
 
@@ -215,9 +220,9 @@ def _simulate(args):
 
 
 def _train(args):
-    from ..schedule.experiments import training_comparison
+    from ina_fabric.bench.experiments.schedule import training_comparison
     from ..schedule.train import IslandTrainConfig
-    from ..schedule.plot import plot_training
+    import json
     topo, net, note = _setup(args)
     cfg = IslandTrainConfig(rounds=args.rounds, local_steps=args.local_steps,
                       compute_s=args.compute_s, seed=args.seed)
@@ -231,9 +236,15 @@ def _train(args):
               f"{r['time_to_target_s']:9.1f}s {r['gap_vs_colocated']:5.2f}x "
               f"{r['final_test_acc']:8.3f}")
     args.out.mkdir(parents=True, exist_ok=True)
-    png = args.out / "schedule_train.png"
-    plot_training(out["traces"], out["target_loss"], png)
-    print(f"wrote {png}")
+    js, png = args.out / "schedule_train.json", args.out / "schedule_train.png"
+    with open(js, "w") as fh:
+        json.dump({"target_loss": out["target_loss"], "rows": out["rows"]}, fh, indent=1,
+                  default=str)
+    print(f"wrote {js}")
+    if args.plot:
+        from ..schedule.plot import plot_training
+        plot_training(out["traces"], out["target_loss"], png)
+        print(f"wrote {png}")
     return 0
 
 
@@ -248,5 +259,8 @@ def _topology(args):
 
 
 def run(args):
+    from ._common import require_extras
+    if getattr(args, "plot", False):
+        require_extras("plot", what="--plot")
     return {"optimize": _optimize, "sweep-memory": _sweep, "simulate": _simulate,
             "train": _train, "topology": _topology}[args.action](args)

@@ -106,6 +106,10 @@ def add_arguments(p):
     add_session_argument(g, "the job's session id, which every DATA of its workers must "
                             "carry (default: a fresh one, printed at start)")
     add_job_arguments(p, "ethernet")
+    p.add_argument("--metrics", metavar="[IP:]PORT",
+                   help="also serve every counter, and each job's figures, in the "
+                        "Prometheus text format on http://IP:PORT/metrics (default IP "
+                        "127.0.0.1; read from STATUS; needs prometheus_client)")
     t = p.add_argument_group("trees of switches (docs/fabric.md)")
     t.add_argument("--parent", type=parse_address, metavar="IP:PORT",
                    help="this switch's parent: the job given by flags sends its sums "
@@ -206,6 +210,7 @@ def run(args):
     except OSError as e:
         raise CliError(f"cannot listen on {args.listen[0]}:{args.listen[1]}: {e}") from None
     host, port = server.address
+    metrics = _start_metrics(args.metrics, (host, port), key) if args.metrics else None
     if not jobs:
         print("no jobs yet: they arrive by CONTROL (ina train, the DDP hook, "
               "ina allreduce --switch)", file=sys.stderr)
@@ -221,6 +226,8 @@ def run(args):
     try:
         server.serve_forever()
     finally:
+        if metrics is not None:
+            metrics.shutdown()
         server.close()
         c = {k: v for k, v in server.model.counters.items() if v}
         print(f"ina switch stopped; counters: {json.dumps(c, sort_keys=True)}", file=sys.stderr)
@@ -231,6 +238,27 @@ def run(args):
         print(f"ina switch: {server.failure}", file=sys.stderr)
         return 1
     return 0
+
+
+def _start_metrics(text, listen, key):
+    """``--metrics [IP:]PORT``: the Prometheus endpoint, reading this switch's STATUS."""
+    from ..cli import CliError
+    bind, _, port = str(text).rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise CliError(f"--metrics {text!r}: expected PORT or IP:PORT")
+    try:
+        from ..switch.metrics import serve_metrics
+        target = ("127.0.0.1" if listen[0] in ("0.0.0.0", "") else listen[0], listen[1])
+        httpd, bound = serve_metrics(target, int(port), bind or "127.0.0.1", key)
+    except ImportError:
+        raise CliError("--metrics needs prometheus_client: pip install "
+                       "'ina-fabric[watch]'") from None
+    except OSError as e:
+        raise CliError(f"--metrics: cannot listen on {bind or '127.0.0.1'}:{port}: {e}") \
+            from None
+    print(f"metrics: http://{bind or '127.0.0.1'}:{bound}/metrics", file=sys.stderr,
+          flush=True)
+    return httpd
 
 
 def run_board(args, jobs, key):
@@ -272,7 +300,7 @@ def _tree_command(args, key):
     from ..cli import CliError
     from ._common import job_settings
     from ..switch.tree import load_tree_toml, install_tree, tree_status, worker_roles
-    from ..switch.server import JobRefused
+    from ina_fabric.protocol.control_client import JobRefused
     from ina_fabric.protocol.jobtable import ConfigError
     from ina_fabric.protocol.keys import KeyMissing
     if args.tree and not args.status:

@@ -18,7 +18,7 @@ Results go to --out DIR (default ina-out/train): results.json, and accuracy.png 
 --plot.
 
 Under torchrun (multi-node), use host.ddp.hook.InaHookState.from_env in your script
-(see README, "Train with torchrun").
+(see docs/design.md, "Train with torchrun").
 """
 
 import sys
@@ -82,12 +82,22 @@ def add_arguments(p):
                         f"the core's window)")
     g.add_argument("--deadline-ms", type=float, default=lo.deadline_ms,
                    help="bounded-mode deadline")
+    p.add_argument("--fallback", choices=("gloo", "never"),
+                   help="a switch this run cannot use at setup: every rank falls back to "
+                        "Gloo together, with a warning on every rank and in the table "
+                        "(gloo), or every rank stops with the reason (never); default: "
+                        "INA_FALLBACK, else never with --static-job (the run was meant "
+                        "for that switch) and gloo otherwise")
     add_impairment_arguments(p)
     add_output_arguments(p, "train")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args):
+    from ._common import require_extras
+    require_extras("torch")
+    if args.plot:
+        require_extras("plot", what="--plot")
     switch = f"{args.switch[0]}:{args.switch[1]}" if args.switch else None
     link = "ethernet" if args.switch else "loopback"
     lab = None
@@ -160,7 +170,7 @@ def _train(args, switch, link, lab):
                           window=(args.window if args.window is not None
                                   else rtl.get("window", lo_window)),
                           static_job=args.static_job, worker_base_port=args.base_port,
-                          session=args.session or 0,
+                          session=args.session or 0, fallback=args.fallback,
                           elements=args.elements or rtl.get("elements")
                           or job_defaults(link).elements,
                           deadline_ms=args.deadline_ms,
@@ -196,14 +206,14 @@ def _train(args, switch, link, lab):
         results[backend] = res
     _report(results, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.plot:
-        _plot(results, args, args.out / "accuracy.png")
     from dataclasses import asdict
-    js = args.out / "results.json"
+    js = args.out / "results.json"      # the results first: a figure never loses them
     with open(js, "w") as fh:
         json.dump({k: {kk: vv for kk, vv in asdict(v).items() if kk != "params"}
                    for k, v in results.items()}, fh, indent=2, default=str)
     print(f"wrote {js}")
+    if args.plot:
+        _plot(results, args, args.out / "accuracy.png")
     ok = all(r.time_to_accuracy is not None for r in results.values())
     return 0 if ok else 1
 
@@ -236,8 +246,18 @@ def _report(results, args):
               f"{r.final_accuracy:9.3f} {r.steps:6d} "
               f"{s.get('packets_sent', '-'):>8} {s.get('retransmits', '-'):>8} "
               f"{s.get('partial_slots', '-'):>8} {s.get('entries_lost', '-'):>8} {same:>9s}")
+        rejoined = [d.get("rejoins", 0) for d in r.rejoin]
+        if any(rejoined):
+            share = s.get("entries_lost", 0) / max(1, s.get("elements", 0))
+            print(f"  {name}: rank(s) {', '.join(str(k) for k, n in enumerate(rejoined) if n)}"
+                  f" fell more than a window behind and rejoined from a peer's replica "
+                  f"({sum(rejoined)} time(s), "
+                  f"{sum(d.get('steps_skipped', 0) for d in r.rejoin)} step(s) taken "
+                  f"without the switch); dropped share {share:.1%} of rank 0's entries")
         if r.fallbacks:
-            print(f"  ({name}: the switch did not answer; {r.fallbacks} ranks fell back to Gloo)")
+            print(f"  WARNING {name}: the switch could not be used; {r.fallbacks} of "
+                  f"{len(r.param_hashes)} ranks fell back to Gloo together (this row "
+                  f"measures Gloo; --fallback never stops instead)")
     for name, r in results.items():
         _report_rtl(name, r.switch_rtl)
         _report_board(name, r.switch_board)

@@ -32,6 +32,14 @@ above the switch's 32 members (WorldTooLarge, at init), dtype refused (strict on
 Subgroups (``dist.new_group``) are switch jobs of their own: job = INA_JOB + the
 group's index.
 
+A crashed run's job id: a torchrun restart (``--max-restarts``) takes it back at once
+(the run's tag is in the session id, ``take_back``), and so does any run with
+INA_TAKEOVER=1; the crashed run's DATA and RESULTs never reach the new session. Sparse
+tensors go to Gloo; every strided layout (transposed, permuted, views) and tensors in a
+graph (``create_graph=True``) are reduced by value, in place. ``dist.monitored_barrier``
+is refused by torch for a backend not named gloo: ``monitored_barrier`` here runs it
+on the inner Gloo group.
+
 GPU tensors are staged through pinned host buffers (``host.ddp.staging``), overlapped
 with the wire; CPU tensors are reduced zero-copy, the result written in place.
 """
@@ -39,9 +47,12 @@ with the wire; CPU tensors are reduced zero-copy, the result written in place.
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from dataclasses import dataclass, fields
+import multiprocessing.util as mp_util
 import os
+import socket
 import threading
 import warnings
+import weakref
 import zlib
 
 import torch
@@ -52,12 +63,12 @@ from torch._C._distributed_c10d import ProcessGroupGloo, PrefixStore, AllreduceO
 from ina_fabric.protocol.fields import MAX_WORKERS
 
 from ..transport.switch_client import SwitchClient, SwitchUnavailable
-from .hook import InaHookState, JobNotInstalled
+from .hook import InaHookState, JobNotInstalled, STAGE_BYTES, link_towards
 from .staging import (CudaDevice, SimDevice, PinnedPool, StagedCall, reduce_host,
-                      stage_chunks, _write_result)
+                      stage_chunks, contiguous_float32, _write_result)
 
 __all__ = ["BACKEND", "InaOptions", "ProcessGroupIna", "InaWork", "WorldTooLarge",
-           "JobNotInstalled", "register"]
+           "JobNotInstalled", "monitored_barrier", "run_session", "take_back", "register"]
 
 BACKEND = "ina"
 _SWITCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -78,16 +89,20 @@ class InaOptions:
     switch: str | None = None        # INA_SWITCH ip:port
     job: int | None = None           # INA_JOB (1)
     mode: str | None = None          # INA_MODE: reliable | bounded
-    elements: int | None = None      # INA_ELEMENTS per packet (Ethernet default 256)
+    elements: int | None = None      # INA_ELEMENTS per packet (the link's: 16368 on loopback)
     window: int | None = None        # INA_WINDOW
     deadline_ms: float | None = None  # INA_DEADLINE_MS (bounded mode)
     fallback: str | None = None      # INA_FALLBACK: raise (default) | gloo
     dtypes: str | None = None        # INA_DTYPES: convert (default) | strict
     static_job: bool | None = None   # INA_STATIC_JOB: 1 = the switch has the job already
-    stage_bytes: int | None = None   # INA_STAGE_BYTES per switch call (default 4 MiB)
+    stage_bytes: int | None = None   # INA_STAGE_BYTES per switch call (default: the link's)
     #: INA_CHECK_SIZES: how many all_reduce calls (from the first) have their sizes
     #: checked across ranks before sending (default 8; "all" or -1: every call; 0: none)
     check_sizes: int | None = None
+    #: INA_TAKEOVER: 1 = rank 0 takes the job id over from whatever run holds it (a run
+    #: started again after a crash, outside torchrun's restarts, which take it back
+    #: without this)
+    takeover: bool | None = None
     connect_timeout: float = 2.0     # seconds without any answer: switch unavailable
     device: str | None = None        # tests: "sim" stages CPU tensors like CUDA ones
 
@@ -109,17 +124,79 @@ class InaOptions:
                                  f"all or 0") from None
         if o.check_sizes is None:
             o.check_sizes = CHECK_SIZES_CALLS
+        if "INA_TAKEOVER" in env:
+            o.takeover = env["INA_TAKEOVER"] not in ("", "0")
+        o.takeover = bool(o.takeover)
         if "INA_STAGE_BYTES" in env:
             o.stage_bytes = int(env["INA_STAGE_BYTES"])
         o.fallback = o.fallback or "raise"
         o.dtypes = o.dtypes or "convert"
         o.static_job = bool(o.static_job)
-        o.stage_bytes = o.stage_bytes or (4 << 20)
         if o.fallback not in ("raise", "gloo"):
             raise ValueError(f"INA: fallback {o.fallback!r}: expected raise or gloo")
         if o.dtypes not in ("convert", "strict"):
             raise ValueError(f"INA: dtypes {o.dtypes!r}: expected convert or strict")
         return o
+
+
+def run_tag(env=None) -> int | None:
+    """The launcher's run as 32 bits, or None outside torchrun: a hash of torchrun's run
+    id (``--rdzv-id``), or, for its default id ("none"), of the host and the agent process
+    (every worker's parent, the same across ``--max-restarts``)."""
+    env = os.environ if env is None else env
+    run = env.get("TORCHELASTIC_RUN_ID")
+    if run is None:
+        return None
+    if run in ("", "none"):
+        run = f"{socket.gethostname()}/{os.getppid()}"
+    return zlib.crc32(f"ina-run:{run}".encode())
+
+
+def run_session(env=None) -> int:
+    """A fresh session id for rank 0's install: 64 random bits outside torchrun; under
+    it, the run's tag (``run_tag``) in the upper 32 bits and 32 random bits below, so a
+    restarted attempt knows its predecessor's install, and no two attempts share one."""
+    from ina_fabric.protocol.jobtable import new_session
+    tag = run_tag(env)
+    fresh = new_session()
+    return fresh if tag is None else (tag << 32) | (fresh & 0xFFFFFFFF or 1)
+
+
+def take_back(switch, job: int, session: int, takeover: bool = False,
+              timeout: float = 2.0):
+    """Rank 0, before it installs ``job`` under ``session``: free the id when the run
+    that holds it is this run's previous attempt (the same run tag: a torchrun restart
+    after a crash, or the same ``--rdzv-id`` started again), or any run when
+    ``takeover`` (INA_TAKEOVER=1, a key holder's explicit choice). The removal names the
+    session it removes, so a run that installed in between is never touched; the new
+    install starts with fresh slots under a new session, so nothing of the crashed run
+    (its DATA still in flight, its RESULTs) reaches the new one: the switch drops DATA of
+    another session (``drop_bad_session``), the client RESULTs of another session. A
+    job held by another run, without ``takeover``, is left alone (the install is then
+    refused: "taken by another run"). Returns the session taken back, or None."""
+    from ina_fabric.host.switch import query_status, remove_job, JobRefused
+    from .hook import switch_from_env
+    try:
+        addr = switch_from_env(switch and f"{switch[0]}:{switch[1]}")
+        addr = (socket.gethostbyname(addr[0]), addr[1])
+        held = query_status(addr, timeout=min(timeout, 1.0))["jobs"].get(str(job))
+    except (OSError, ValueError):     # no switch, or a bad address: from_env says so
+        return None
+    if not held or "session" not in held:
+        return None
+    old = int(held["session"], 16)
+    same_run = run_tag() is not None and old >> 32 == session >> 32
+    if old == session or not (same_run or takeover):
+        return None
+    try:
+        remove_job(addr, job, old, timeout=min(timeout, 1.0))
+    except (OSError, JobRefused):     # gone or replaced meanwhile: the install decides
+        return None
+    why = "this run's previous attempt" if same_run else "INA_TAKEOVER=1"
+    warnings.warn(f"INA: job {job}: took the id back from session {old:016x} ({why}); "
+                  f"its slots and results are gone, the new session is {session:016x}",
+                  RuntimeWarning, stacklevel=3)
+    return old
 
 
 class _GlooPeers:
@@ -189,7 +266,15 @@ class ProcessGroupIna(ProcessGroup):
                 f"members per job; use gloo/nccl for this job (or a group of at most "
                 f"{MAX_WORKERS} ranks)")
         self.options = o
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torchrun's agent keeps one store across its restarts, and the crashed
+            # attempt's keys stay in it: Gloo would connect to the dead ranks' ports
+            # (plain Gloo fails so, torch issues 135712 and 167288). Each attempt's
+            # keys go under a prefix of their own.
+            store = PrefixStore(f"ina-attempt{attempt}/", store)
         self._store = store
+        self._timeout = timeout
         self.gloo = ProcessGroupGloo(PrefixStore("gloo/", store), rank, world, timeout)
         # the size agreement's own Gloo group, used on the wire thread only (so its
         # calls can never interleave with the caller's delegated collectives)
@@ -206,8 +291,15 @@ class ProcessGroupIna(ProcessGroup):
             switch = (host, int(port)) if port.isdigit() else None
             if switch is None:
                 raise ValueError(f"bad switch address {o.switch!r}: expected ip:port")
+        session = None
+        if not o.static_job:
+            session = run_session()
+            if rank == 0:
+                take_back(switch, int(os.environ.get("INA_JOB", o.job or 1)) + group_index,
+                          session, o.takeover, o.connect_timeout)
         self.state = InaHookState.from_env(
             None, switch=switch, job=o.job, job_offset=group_index, mode=o.mode,
+            session=session,
             window=o.window,
             elements=o.elements,
             deadline=o.deadline_ms / 1e3 if o.deadline_ms is not None else None,
@@ -216,7 +308,14 @@ class ProcessGroupIna(ProcessGroup):
             fallback_to_gloo=o.fallback == "gloo")
         self.state.exchange_rto = False    # the wire thread may not use self.gloo
         client = self.state.collective
-        self.chunk = max(1, o.stage_bytes // 4 // client.elements) * client.elements
+        # per switch call: INA_STAGE_BYTES, else the link's (hook.STAGE_BYTES: 64 MiB on
+        # loopback, where fewer, larger calls win; 4 MiB on Ethernet)
+        stage = o.stage_bytes or STAGE_BYTES[link_towards(client.switch)]
+        self.chunk = max(1, stage // 4 // client.elements) * client.elements
+        if self.state.installed:
+            # (multiprocessing's exit hook, not atexit: it runs in the main process at
+            # exit and in a multiprocessing child, which ends with os._exit)
+            mp_util.Finalize(None, _remove_at_exit, (weakref.ref(self),), exitpriority=1)
         self._wire = ThreadPoolExecutor(1, thread_name_prefix="ina-wire")
         self._devices = {}
         self._pools = {}
@@ -352,6 +451,8 @@ class ProcessGroupIna(ProcessGroup):
     # -- routing -----------------------------------------------------------------
     def _carried(self, t: torch.Tensor) -> bool:
         """Whether the switch carries ``t``; refuse (strict) or say so once (float64)."""
+        if t.layout != torch.strided:     # sparse (COO, CSR, ...): Gloo, as it is
+            return False
         if t.dtype in _SWITCH_DTYPES and t.device.type in ("cpu", "cuda"):
             if t.dtype != torch.float32 and self.options.dtypes == "strict":
                 raise TypeError(f"INA: all_reduce of {t.dtype} refused (INA_DTYPES=strict); "
@@ -432,6 +533,9 @@ class ProcessGroupIna(ProcessGroup):
         return t.numpy()
 
     def _reduce_cpu(self, t, divide):
+        # the values, not the graph: a DDP bucket under backward(create_graph=True), or
+        # a non-leaf that requires grad, is written in place as Gloo writes it
+        t = t.detach()
         if t.dtype == torch.float32 and t.is_contiguous():
             # zero-copy: each stage chunk (cut as for any device, so all ranks make the
             # same calls) is summed in place in the tensor's memory; no output array
@@ -442,9 +546,48 @@ class ProcessGroupIna(ProcessGroup):
                 if out is not view or divide > 1:
                     _write_result(view, out, divide)
         else:
-            work = t.detach().to(torch.float32, memory_format=torch.contiguous_format)
+            # one float32 contiguous copy of any other layout (transposed, permuted,
+            # strided, fp16/bf16), summed, copied back through the tensor's own strides
+            work = contiguous_float32(t)
             reduce_host(work.view(-1), self.chunk, self._reduce, divide)
-            t.copy_(work.view_as(t))
+            t.copy_(work.view(t.shape))
+
+
+def _remove_at_exit(ref):
+    """At interpreter exit, the rank that installed a job it has not removed (the
+    process ends without ``destroy_process_group``: ``sys.exit`` in a script or a
+    skipped test) removes it, under its own session: the job cannot go on without this
+    rank, and left installed it holds its slot memory on the switch (a software switch
+    refuses new jobs once 1 GiB is held: "N B of slot memory, but only M B ... are
+    free"). A crash that ends the process at once still leaves it: the next attempt
+    takes the id back (``take_back``)."""
+    pg = ref()
+    if pg is None or not pg.state.installed:
+        return
+    from ina_fabric.host.switch import remove_job
+    c = pg.state.collective
+    pg.state.installed = False
+    try:
+        remove_job(c.switch, c.job, c.session, timeout=0.5)
+    except Exception:  # noqa: BLE001 (switch gone: nothing is held there)
+        pass
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """``dist.monitored_barrier`` for an ``ina`` group: on its inner Gloo group.
+
+    torch refuses ``dist.monitored_barrier`` for a group whose backend is not named
+    gloo ("monitored_barrier is only implemented for GLOO backend", a check on the
+    backend's name in ``distributed_c10d``), so it never reaches this group's
+    ``monitored_barrier``. This runs the same Gloo barrier, with the same reporting
+    (the ranks that did not come, by number), on the group's inner Gloo group. Any other
+    group goes to ``dist.monitored_barrier``."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupIna):
+        return dist.monitored_barrier(group, timeout, wait_all_ranks)
+    if timeout is None:
+        timeout = pg._timeout
+    return pg.gloo.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
 def _create(dist_opts, pg_options):

@@ -8,8 +8,10 @@ In the shape of ``torch.distributed.algorithms.ddp_comm_hooks``::
 Any bucket count and size works: each bucket is one ``allreduce`` call on the collective
 (a ``SwitchClient`` or anything with ``allreduce(np.ndarray) -> (np.ndarray, stats)``),
 run on one background thread per rank, in bucket order, so backward computation goes on
-while a bucket is on the wire. If no switch answers, the hook warns once and falls back
-to Gloo allreduce; every rank reaches the same decision (see ``InaHookState.probe``).
+while a bucket is on the wire. If no switch answers at setup, every rank falls back to
+Gloo allreduce together with a warning, or every rank raises (``fallback_to_gloo``,
+INA_FALLBACK=gloo|never; see ``InaHookState.probe``). A switch lost mid-run ends every
+rank with its reason: a rank alone on Gloo would pair its calls with nobody's.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -25,11 +27,16 @@ import torch.distributed as dist
 
 from ina_fabric.protocol.jobtable import job_defaults
 
-from ..transport.switch_client import SwitchClient, SwitchUnavailable, AllreduceStats
+from ..transport.switch_client import (SwitchClient, SwitchUnavailable, AllreduceStats,
+                                      AllreduceTooLate)
+from .. import oneline
 
 __all__ = ["InaHookState", "setup_hook_state", "HookSettings", "hook_settings",
-           "link_towards", "bind_client", "exchange_addresses", "install_job", "ina_hook",
+           "link_towards", "STAGE_BYTES", "bind_client", "exchange_addresses", "install_job", "ina_hook",
            "switch_from_env", "local_address_towards", "DistPeers", "JobNotInstalled"]
+
+
+oneline.install()      # an uncaught INA error: one line per rank (INA_DEBUG=1: traceback)
 
 
 class JobNotInstalled(SwitchUnavailable):
@@ -130,6 +137,12 @@ class HookSettings:
     congestion: str = "aimd"    # INA_CONGESTION: aimd | delay | off (SwitchClient.congestion)
 
 
+#: bytes per switch call when the ``ina`` backend splits a tensor (``INA_STAGE_BYTES``), by
+#: link: on loopback the per-call cost dominates (64 MiB: 0.93x Gloo at 64 MB, 4 MiB:
+#: 1.19x, issue 42); on Ethernet a call's staging stays small
+STAGE_BYTES = {"loopback": 64 << 20, "jumbo": 4 << 20, "ethernet": 4 << 20}
+
+
 def link_towards(switch) -> str:
     """``"loopback"`` when the switch is on this host's loopback, else ``"ethernet"``:
     the link whose defaults (elements per packet, staging) a job takes unless told."""
@@ -186,7 +199,7 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
     d = slot_deadline(s.window, HEADER_BYTES + 4 * s.elements, link_rate) if auto \
         else s.deadline
     pace = env.get("INA_PACE_RATE", env.get("INA_LINK_RATE", "")).strip()
-    fallback = {"gloo": True, "raise": False}.get(env.get("INA_FALLBACK"))
+    fallback = {"gloo": True, "raise": False, "never": False}.get(env.get("INA_FALLBACK"))
     if "INA_SESSION" in env or session:
         session = parse_session(env.get("INA_SESSION", session))
     return HookSettings(
@@ -233,6 +246,10 @@ class InaHookState:
         "error",
         # the hook's one thread, made at the first bucket
         "_pool", "_lock",
+        # bounded mode rides out a stall (``host.ddp.rejoin``): a call too late for good
+        # marks this rank ``behind`` (its later buckets skip the switch) instead of
+        # failing, and the training loop's ``Rejoin`` gives it a peer's replica
+        "rejoin", "behind",
     )
 
     def __init__(self, collective, process_group=None, average: bool = True,
@@ -251,6 +268,7 @@ class InaHookState:
         self.call_seconds = []     # wall time of every allreduce call
         self.error = None
         self._pool, self._lock = None, threading.Lock()
+        self.rejoin, self.behind = False, False
 
     @classmethod
     def from_env(cls, process_group=None, **kw) -> "InaHookState":
@@ -441,6 +459,8 @@ class InaHookState:
     # the work of one bucket, on the hook thread
     def reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         world = self._peers.world
+        if self.use_switch and self.behind:
+            return tensor         # behind: this step's update is replaced by a replica
         if self.use_switch:
             arr = tensor.detach().numpy()
             if arr.size:
@@ -448,12 +468,20 @@ class InaHookState:
                                          float(arr.max()), -float(arr.min()))
             in_place = isinstance(self.collective, SwitchClient)
             try:
-                # a SwitchClient sums the bucket in place (no output array per bucket);
-                # SwitchUnavailable means no RESULT ever came, so nothing was written yet
+                # a SwitchClient sums the bucket in place (no output array per bucket)
                 out = self.reduce_array(arr, in_place)
+            except AllreduceTooLate:
+                if not self.rejoin:
+                    raise
+                self.behind = True   # rejoin (host.ddp.rejoin) instead of ending the job
+                return tensor
             except SwitchUnavailable as e:
+                # Not a fallback: the ranks decide that together, at setup (``probe``).
+                # A switch lost mid-run may have answered some ranks' last call and not
+                # others': a rank alone on Gloo would pair its calls with nobody's (the
+                # hang of issue 43), so every rank ends with the reason instead.
                 self.fallbacks += 1
-                self._fall_back(str(e))
+                raise self.diagnose(e) from None
             else:
                 result = tensor if in_place else torch.from_numpy(out)
                 if self.average:
@@ -517,7 +545,8 @@ def setup_hook_state(process_group=None, switch=None, job=None, mode=None, windo
     client = bind_client(s, peers.rank, peers.world, configure, impairment, connect_timeout)
     try:
         members, refused = exchange_addresses(
-            peers, client, s.session if not configure else None, connect_timeout)
+            peers, client, s.session if not configure else None, connect_timeout,
+            fresh=session if configure else None)
         state = InaHookState(client, process_group, peers=peers, **fields)
         ok = 1
         if configure and peers.rank == 0:
@@ -528,8 +557,10 @@ def setup_hook_state(process_group=None, switch=None, job=None, mode=None, windo
             state.tuner = SlotDeadlineTuner(s.rule, s.link_rate)
             state.tuner.moved(s.deadline)
         if refused:       # every rank alike: rank 0's reason, raised or warned
+            from ina_fabric.protocol.fields import Refusal
             from ..transport.switch_client import SwitchRefused
-            state._fall_back(refused, SwitchRefused)
+            state._fall_back(refused[1], JobNotInstalled
+                             if refused[0] == Refusal.UNKNOWN_JOB else SwitchRefused)
         else:
             state.probe(ok, query=configure)
     except BaseException:
@@ -557,28 +588,30 @@ def bind_client(s: HookSettings, rank: int, world: int, configure: bool = True,
 
 
 def exchange_addresses(peers, client: SwitchClient, session=None,
-                       connect_timeout: float = 2.0):
+                       connect_timeout: float = 2.0, fresh=None):
     """Every rank's (address, multicast group or None), gathered over ``peers``, and
-    rank 0's refusal reason (or None). Every rank's client starts with rank 0's session
+    rank 0's refusal (``[fields.Refusal, message]``, or None). Every rank's client starts with rank 0's session
     id (a fresh one, or ``session``: a static job's) and, for a static job, at the
-    position rank 0 read from the switch (where a new run resumes; STATUS)."""
+    position rank 0 read from the switch (where a new run resumes; STATUS). ``fresh``:
+    the new session to install under, when the caller draws it (the ``ina`` backend's
+    ``run_session``)."""
     import json
     from ina_fabric.protocol.jobtable import new_session
-    mine = session if session is not None else new_session()
+    mine = session if session is not None else fresh or new_session()
     position = 0      # a static job: rank 0 asks where a new run resumes
     if session is not None and peers.rank == 0:
         from ..transport.switch_client import static_position
         try:
             position = static_position(client.switch, client.job, mine,
-                                       timeout=connect_timeout)
+                                       timeout=connect_timeout, workers=peers.world)
         except OSError as e:      # SwitchRefused: no such job, another session, ...
-            position = f"error: {e}"
+            position = [int(getattr(e, "reason", 0) or 0), str(e)]
     mac = local_mac(client.address[0])     # (a board sends RESULT frames to it)
     gathered = [json.loads(t) for t in peers.gather(json.dumps(
         [f"{client.address[0]}:{client.address[1]}" + (f"@{mac}" if mac else ""),
          client.group, str(mine), position]))]
     members = [(m, tuple(g) if g else None) for m, g, _, _ in gathered]
-    refused = gathered[0][3][7:] if isinstance(gathered[0][3], str) else None
+    refused = gathered[0][3] if isinstance(gathered[0][3], list) else None
     if session is not None and gathered[0][3] is None:
         sw = client.switch
         warnings.warn(f"INA: switch {sw[0]}:{sw[1]} did not answer STATUS (no "

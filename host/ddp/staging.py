@@ -9,8 +9,10 @@ ranks make the same sequence of calls whatever device their tensors are on.
 * CPU, contiguous float32: each chunk is a ``.numpy()`` view of the tensor; the result is
   written back into it in place (one copy, which the client's fresh result array needs
   anyway; AVG divides on that copy).
-* CPU otherwise (fp16, bf16, non-contiguous): one float32 contiguous copy, reduced as
-  above, copied back with a cast.
+* CPU otherwise (fp16, bf16, any non-contiguous layout): one float32 contiguous copy
+  (``contiguous_float32``), reduced as above, copied back with a cast through the
+  tensor's own strides. A tensor in a graph (requires grad) is reduced detached: its
+  values, in place, as Gloo does.
 * A device tensor (``StagingDevice``): on the caller's thread, one device-to-host copy
   per chunk is queued on the device's copy stream, ordered after the work already queued
   on the tensor's stream (the gradient's producer), into a pinned host buffer. On the
@@ -34,7 +36,7 @@ import numpy as np
 import torch
 
 __all__ = ["StagingDevice", "CudaDevice", "SimDevice", "PinnedPool", "stage_chunks",
-           "reduce_host", "StagedCall"]
+           "reduce_host", "contiguous_float32", "StagedCall"]
 
 
 def stage_chunks(n: int, chunk: int):
@@ -47,6 +49,14 @@ def _write_result(dst: np.ndarray, out: np.ndarray, divide: int):
         np.divide(out, np.float32(divide), out=dst)
     else:
         np.copyto(dst, out)
+
+
+def contiguous_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as a new contiguous float32 tensor on its device, outside any
+    graph. (``t.to(torch.float32, memory_format=torch.contiguous_format)`` returns a
+    float32 tensor itself, transposed or not, and ``.view(-1)`` on it then fails.)"""
+    out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+    return out.copy_(t.detach())
 
 
 def reduce_host(flat: torch.Tensor, chunk: int, reduce, divide: int = 1):
@@ -250,8 +260,10 @@ class StagedCall:
         self.stream = device.stream_of(tensor)
         # on the caller's thread, whose current stream is the tensor's: a conversion
         # is queued behind the tensor's producer like any other work
+        tensor = tensor.detach()    # the values (a bucket may be in a graph)
+        self.tensor = tensor
         self.work = tensor if tensor.dtype == torch.float32 and tensor.is_contiguous() \
-            else tensor.detach().to(torch.float32, memory_format=torch.contiguous_format)
+            else contiguous_float32(tensor)
         self.n = tensor.numel()
         self.chunks = stage_chunks(self.n, chunk)
         self.host = pool.acquire(self.n) if self.n else torch.empty(0)
@@ -272,7 +284,7 @@ class StagedCall:
         if self.work is not self.tensor:
             work, tensor = self.work, self.tensor
             last = self.device.on_stream(self.stream,
-                                         lambda: tensor.copy_(work.view_as(tensor)))
+                                         lambda: tensor.copy_(work.view(tensor.shape)))
         if self.n:
             self.pool.release(self.host, last)
         return last

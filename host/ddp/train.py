@@ -78,6 +78,10 @@ class TrainConfig:
     static_job: bool = False          # the switch has the job already (FPGA): no CONTROL
     worker_base_port: int = 0         # with static_job: worker r binds this + r
     session: int = 0                  # with static_job: the session id of the job it holds
+    #: a switch that cannot be used at setup: "gloo" (every rank falls back together,
+    #: with a warning on every rank and in the table) or "never" (every rank raises);
+    #: None: INA_FALLBACK, else ``default_fallback`` (never for a static job, else gloo)
+    fallback: str | None = None
     # uplink impairment (userspace, per worker, seeded)
     loss: float = 0.0
     duplicate: float = 0.0
@@ -105,6 +109,16 @@ class TrainConfig:
     straggler_ranks: str = "all"
     time_gloo: bool = False           # gloo: a timing comm hook records each allreduce
 
+    def resolved_fallback(self) -> str:
+        """gloo or never: INA_FALLBACK (gloo, never; raise = never) over ``fallback``
+        over ``default_fallback``."""
+        env = os.environ.get("INA_FALLBACK", "").strip().lower()
+        if env:
+            if env not in ("gloo", "never", "raise"):
+                raise ValueError(f"INA_FALLBACK={env!r}: expected gloo or never")
+            return "never" if env == "raise" else env
+        return self.fallback or default_fallback(self.static_job)
+
     def straggler_delay(self, rank: int, step: int) -> float:
         """Seconds rank ``rank`` sleeps before step ``step`` (0 when not a straggler)."""
         if self.straggler_ms <= 0:
@@ -128,6 +142,9 @@ class TrainConfig:
     def validate(self):
         if not 1 <= self.workers <= 32:
             raise ValueError(f"workers={self.workers}: need 1..32")
+        if self.fallback not in (None, "gloo", "never"):
+            raise ValueError(f"fallback {self.fallback!r}: expected gloo or never")
+        self.resolved_fallback()
         if self.straggler_ms < 0 or self.straggler_p99_over_p50 < 1:
             raise ValueError("straggler_ms >= 0 and straggler_p99_over_p50 >= 1")
         if self.straggler_ranks != "all":
@@ -216,6 +233,9 @@ class TrainResult:
     max_abs_grad: float = 0.0                     # largest local |gradient| of any rank
     call_seconds: list = field(default_factory=list)  # rank 0: each allreduce call's time
     rank_seconds: list = field(default_factory=list)  # each rank's wall time, in rank order
+    #: bounded modes: each rank's rejoins (host.ddp.rejoin): {"rejoins", "steps_skipped",
+    #: "seconds"}, in rank order (empty dicts where the run had none)
+    rejoin: list = field(default_factory=list)
 
 
 def load_factory(path: str):
@@ -232,10 +252,23 @@ def _params_hash(model):
     return h.hexdigest()
 
 
+def default_fallback(static_job: bool) -> str:
+    """The fallback when neither ``--fallback`` nor INA_FALLBACK chooses: ``never`` for a
+    static job, ``gloo`` otherwise. A static job names a switch that was set up by hand
+    for this run (an FPGA loaded with ``ina hw-config``): a run that could not use it
+    measures Gloo while its user believes it measured the board, so it stops with the
+    reason. A job installed by the run itself (a switch started here, or ``--switch``
+    with CONTROL) is a convenience whose absence should not lose the training: every
+    rank falls back together and says so (a warning on every rank, and the table)."""
+    return "never" if static_job else "gloo"
+
+
 def _worker(rank, cfg_d, master_port, switch, queue, keep_params, netns=None):
     """A rank: train, or report its own error (the parent shows that one, not the
     "connection closed" its peers see next). ``netns``: the namespace to train in (the
     board engine's, where the board's TAP is)."""
+    from ..oneline import quiet_child
+    quiet_child()             # Ctrl-C: the parent ends the ranks, quietly
     try:
         if netns:
             from ..lab.netns import enter
@@ -279,6 +312,7 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
         opt = torch.optim.SGD(model.parameters(), lr=lr0, momentum=cfg.momentum)
     lossf = torch.nn.CrossEntropyLoss()
     controller = load_factory(cfg.controller)(cfg) if (cfg.controller and rank == 0) else None
+    rejoin = _rejoin(cfg, state, model, opt, rank, world)
     accum, precision = cfg.accum_steps, 32
     n_train = len(wl.y_train)
 
@@ -338,6 +372,8 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             samples += accum * batch * world
             micro = 0
             step += 1
+            if rejoin is not None:     # bounded: a rank that fell behind rejoins here
+                rejoin.after_step(step)
             if cfg.controller and step % cfg.control_interval == 0:
                 accum, precision = _apply_knobs(
                     controller, state, opt, cfg, rank, queue, lr, t0, step, epoch, loss,
@@ -361,9 +397,11 @@ def _train_rank(rank, cfg_d, master_port, switch, queue, keep_params):
             stop = _eval_and_decide(evals, rank, queue, t0, epoch, step, samples, cfg)
         if epoch >= cfg.max_epochs:
             stop = True
+    if rejoin is not None:
+        rejoin.finish(step)
     seconds = time.perf_counter() - t0
     final, _ = evaluate()
-    out = _rank_result(rank, model, state, step, seconds, final, gloo_times)
+    out = _rank_result(rank, model, state, step, seconds, final, gloo_times, rejoin)
     if keep_params and rank == 0:
         out["params"] = [p.detach().numpy().copy() for p in model.module.parameters()]
     queue.put(("done", out))
@@ -385,6 +423,7 @@ def _hook_state(cfg, rank, world, switch):
             deadline="auto" if cfg.deadline_ms is None else cfg.deadline_ms / 1e3,
             deadline_rule=cfg.deadline_rule,
             impairment=cfg.uplink(rank), configure=not cfg.static_job,
+            fallback_to_gloo=cfg.resolved_fallback() == "gloo",
             bind_port=cfg.worker_base_port or None, session=cfg.session or None,
             # the simulated board runs thousands of times slower than real time
             **({"connect_timeout": 60.0, "status_timeout": 60.0}
@@ -437,7 +476,8 @@ def _apply_knobs(controller, state, opt, cfg, rank, queue, lr, t0, step, epoch, 
     return accum, precision
 
 
-def _rank_result(rank, model, state, step, seconds, final, gloo_times) -> dict:
+def _rank_result(rank, model, state, step, seconds, final, gloo_times,
+                 rejoin=None) -> dict:
     """What one rank reports at the end of its run."""
     out = {"rank": rank, "hash": _params_hash(model.module), "steps": step,
            "seconds": seconds, "final": final,
@@ -448,9 +488,29 @@ def _rank_result(rank, model, state, step, seconds, final, gloo_times) -> dict:
                          if state.deadline_history else {})}
                      if state is not None else {}),
            "fallbacks": int(state is not None and not state.use_switch),
+           "rejoin": ({"rejoins": rejoin.rejoins, "steps_skipped": rejoin.steps_skipped,
+                       "seconds": rejoin.seconds} if rejoin is not None else {}),
            "call_seconds": state.call_seconds if state is not None else gloo_times,
            "max_abs_local": state.max_abs_local if state is not None else 0.0}
     return out
+
+
+def _rejoin(cfg, state, model, opt, rank, world):
+    """Bounded modes with more than one rank: a rank that falls more than a window
+    behind rejoins from a peer's replica (``host.ddp.rejoin``) instead of ending the
+    job; INA_REJOIN_S is its give-up time (0: no rejoin, the job ends as before)."""
+    if state is None or cfg.backend not in INA_BACKENDS or world < 2 or \
+            INA_BACKENDS[cfg.backend][0] == "reliable" or not state.use_switch:
+        return None
+    import torch.distributed as dist
+    from .rejoin import Rejoin, REJOIN_GIVEUP_S
+    giveup = float(os.environ.get("INA_REJOIN_S", REJOIN_GIVEUP_S))
+    if giveup <= 0:
+        return None
+    state.rejoin = True
+    state.collective.end_on_too_late = False
+    return Rejoin(dist.distributed_c10d._get_default_store(), rank, world, state, model,
+                  opt, giveup)
 
 
 def _timed_gloo_hook(times, bucket):
@@ -526,7 +586,7 @@ def run_training(cfg: TrainConfig, progress=None, keep_params=False, timeout=180
     port = free_tcp_port()
     procs = [ctx.Process(target=_worker, args=(r, asdict(cfg), port, switch, queue,
                                                keep_params, board and board.netns),
-                         daemon=True)
+                         daemon=True, name=f"ina-rank-{r}")
              for r in range(cfg.workers)]
     try:
         for p in procs:
@@ -626,6 +686,7 @@ def _finish(result, done):
     result.steps = r0["steps"]
     result.seconds = r0["seconds"]
     result.rank_seconds = [d["seconds"] for d in done]
+    result.rejoin = [d.get("rejoin", {}) for d in done]
     result.stats = r0["stats"]
     result.param_hashes = [d["hash"] for d in done]
     result.fallbacks = sum(d["fallbacks"] for d in done)

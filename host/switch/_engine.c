@@ -60,21 +60,8 @@
 /* the reasons of fields.Refusal */
 enum { R_UNKNOWN_JOB = 1, R_NOT_MEMBER, R_BAD_LENGTH, R_BAD_SESSION, R_STALE };
 
-enum {
-    C_RX, C_RX_DATA, C_ACCEPTED, C_DUPLICATES, C_LATE, C_RESULTS, C_PARTIALS,
-    C_OVERFLOWS, C_RESENT, C_DROP_TRUNCATED, C_DROP_MALFORMED, C_DROP_UNKNOWN_JOB,
-    C_DROP_UNKNOWN_SOURCE, C_DROP_BAD_SESSION, C_DROP_STALE, C_DROP_OUT_OF_WINDOW,
-    C_SKIPPED, C_UP, C_UP_RESENT, C_RELAYED, C_DROP_RESULT, C_ERRORS_SENT, C_ERRORS_LIMITED,
-    /* the engine's own (not model counters) */
-    C_SEND_ERRORS, C_RX_BATCHES, C_TX_BATCHES, C_PACE_HELD, NCOUNTERS
-};
-static const char *COUNTER_NAMES[NCOUNTERS] = {
-    "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials",
-    "overflows", "resent", "drop_truncated", "drop_malformed", "drop_unknown_job",
-    "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-    "skipped", "up", "up_resent", "relayed", "drop_result", "errors_sent", "errors_limited",
-    "send_errors", "rx_batches", "tx_batches", "pace_held",
-};
+/* the counters (C_<NAME>, COUNTER_NAMES): generated from ina_fabric/protocol/counters.py */
+#include "ina_counters.h"
 
 typedef InaLayout Layout;
 

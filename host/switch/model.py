@@ -102,26 +102,17 @@ from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
 __all__ = ["SwitchModel", "COUNTERS", "INT32_MIN", "INT32_MAX", "GROUP_WORKER", "BOUNDED",
            "ANSWER_COUNTERS", "error_datagram"]
 
+from ina_fabric.protocol.counters import MODEL_COUNTERS, ANSWER_COUNTERS  # noqa: E402
+
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 #: the modes whose slots close at a deadline (jobtable.MODES)
 BOUNDED = ("bounded", "bounded-skip")
 SEQ_MASK = 0xFFFFFFFF
 
-COUNTERS = (
-    "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
-    "resent", "status_requests", "status_unpadded", "control", "control_refused",
-    "drop_unauthenticated",
-    "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
-    "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-    "skipped",     # bounded-skip: slots closed before their deadline without an absent worker
-    # trees (docs/fabric.md): partial sums sent to the parent, sent again on a member's
-    # re-send, RESULTs from the parent relayed to the group, RESULTs no slot awaited
-    "up", "up_resent", "relayed", "drop_result",
-    "errors_sent",     # ERROR replies to DATA dropped for a reason the sender can fix
-    "errors_limited",  # ... not sent: that source was answered within ERROR_INTERVAL
-)
-#: the counters of a switch that does not answer refused DATA (the gateware, for now)
-ANSWER_COUNTERS = ("errors_sent", "errors_limited")
+#: the counters the model keeps, by name (defined once: ``ina_fabric.protocol.counters``,
+#: with what each counts); ANSWER_COUNTERS: those of a switch that answers refused DATA
+#: (not the gateware, for now)
+COUNTERS = MODEL_COUNTERS
 
 _OFF = field_offsets()
 

@@ -82,7 +82,7 @@ def install_tree(tree: Tree, job: int, settings: JobSettings, session=None,
     key). Leaves first, the spine last; if one refuses (or does not answer), the entries
     already installed are removed (with this session) and the error is raised:
     ``JobRefused`` or ``OSError``, naming the switch. Returns the configs installed."""
-    from .server import send_job, remove_job, JobRefused
+    from ina_fabric.protocol.control_client import send_job, remove_job, JobRefused
     jobs = tree_jobs(tree, job, settings, session, spine_deadline)
     keys = _keys(tree, key_file)
     order = [tuple(leaf.switch) for leaf in tree.leaves] + [tuple(tree.spine)]
@@ -109,7 +109,7 @@ def install_tree(tree: Tree, job: int, settings: JobSettings, session=None,
 
 def remove_tree(tree: Tree, job: int, session: int = 0, key_file=None, timeout=1.0):
     """Remove the job from every switch of the tree (errors ignored, as a clean-up)."""
-    from .server import remove_job, JobRefused
+    from ina_fabric.protocol.control_client import remove_job, JobRefused
     for addr, key in _keys(tree, key_file).items():
         try:
             remove_job(addr, job, session, timeout=timeout, key=key)
@@ -130,7 +130,7 @@ def tree_status(tree: Tree, job: int, key_file=None, timeout=1.0) -> dict:
     """STATUS of the job on every switch, read level by level: the spine's
     ``waiting_for`` as racks, each leaf's as workers (their addresses), the slots each
     leaf has sent up and waits on; a switch that does not answer is named as such."""
-    from .server import query_status
+    from ina_fabric.protocol.control_client import query_status
     keys = _keys(tree, key_file)
 
     def ask(addr):

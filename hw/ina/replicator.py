@@ -19,7 +19,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, stream, data, memory
 from amaranth.lib.wiring import In, Out
 
-from ina_fabric.protocol.fields import GROUP_WORKER, HEADER_BYTES
+from ina_fabric.protocol.fields import GROUP_WORKER, HEADER_BYTES, VERSION, MsgType
 
 from .layout import HeaderLayout, header_words, out_layout, request_layout, busy_layout
 from .params import CoreParams, HEADER_WORDS
@@ -227,7 +227,7 @@ class Replicator(wiring.Component):
         # output payload
         oh = Signal(HeaderLayout)
         m.d.comb += [
-            oh.version.eq(1), oh.type.eq(2),
+            oh.version.eq(VERSION), oh.type.eq(MsgType.RESULT),
             oh.flags.eq(Cat(cur.partial, ovf_flag, cur.unicast)),
             oh.exponent.eq(cur.exponent), oh.job.eq(jf("job_id", cur.job)),
             oh.worker.eq(Mux(cur.unicast, cur.worker, GROUP_WORKER)), oh.count.eq(cur.count),

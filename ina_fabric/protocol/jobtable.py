@@ -356,7 +356,7 @@ def removal_entry(job: int, session: int = 0) -> bytes:
 
 
 def load_jobs_toml(path) -> list[JobConfig]:
-    """Jobs from a TOML file with one ``[[job]]`` table per job. See README for keys."""
+    """Jobs from a TOML file with one ``[[job]]`` table per job. See docs/design.md, "Software switch", for keys."""
     try:
         with open(path, "rb") as fh:
             doc = tomllib.load(fh)
@@ -364,7 +364,7 @@ def load_jobs_toml(path) -> list[JobConfig]:
         raise ConfigError(f"{path}: {e}") from None
     jobs = []
     known = {"id", "workers", "window", "elements", "deadline_ms", "mode", "multicast",
-             "session"}
+             "session", "parent", "index", "total_workers"}
     for t in doc.get("job", []):
         unknown = set(t) - known
         if unknown:
@@ -390,7 +390,13 @@ def load_jobs_toml(path) -> list[JobConfig]:
                               num("elements", int, _D.elements),
                               num("deadline_ms", float, _D.deadline_ms) / 1e3,
                               t.get("mode", _D.mode), mcast,
-                              _session_of(t, path) or new_session()))
+                              _session_of(t, path) or new_session(),
+                              # a tree of switches (docs/fabric.md)
+                              parent=Member.parse(t["parent"]).addr if "parent" in t
+                              else None,
+                              index=num("index", int, 0),
+                              children="total_workers" in t,
+                              workers=num("total_workers", int, 0)))
     if not jobs:
         raise ConfigError(f"{path}: no [[job]] tables")
     if len({j.job for j in jobs}) != len(jobs):

@@ -14,6 +14,8 @@ the register at ``addr`` :data:`READ_LATENCY` cycles later (0 where there is no 
 from dataclasses import dataclass
 import ipaddress
 
+from .counters import GATEWARE_COUNTERS
+
 __all__ = ["Reg", "GLOBAL_REGS", "JOB_REGS", "MEMBER_REGS", "COUNTER_NAMES",
            "JOB_BASE", "JOB_STRIDE", "MEMBER_BASE", "COUNTER_BASE", "ID_VALUE",
            "job_reg_addr", "member_reg_addr", "counter_addr", "config_writes",
@@ -39,17 +41,9 @@ GLOBAL_REGS = (
 )
 
 COUNTER_BASE = 0x040
-#: the reference model's counter names (``ina_fabric.host.switch`` COUNTERS) that apply,
-#: plus stream_errors (a stream whose beat count disagrees with its length) and
-#: drop_control_busy (a CONTROL that came while the control plane was busy with one)
-COUNTER_NAMES = (
-    "rx", "rx_data", "accepted", "duplicates", "late", "results", "partials", "overflows",
-    "resent", "status_requests",
-    "drop_truncated", "drop_malformed", "drop_bad_version", "drop_unknown_job",
-    "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-    "stream_errors", "status_unpadded", "control", "control_refused", "drop_unauthenticated",
-    "drop_control_busy",
-)
+#: the gateware's counters, in register order (defined once, with the model's and the C
+#: engine's: ``ina_fabric.protocol.counters``)
+COUNTER_NAMES = GATEWARE_COUNTERS
 
 JOB_BASE, JOB_STRIDE = 0x100, 0x10
 JOB_REGS = (

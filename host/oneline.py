@@ -1,0 +1,72 @@
+"""One line per failure (issue 43): how a process that runs INA code ends.
+
+Under torchrun every rank that fails prints its traceback, and two ranks' tracebacks
+interleave: a one-line reason ("INA: no switch answered at ...") hid inside about 100
+lines. ``install()`` (done when the DDP hook or the ``ina`` backend is imported) makes an
+uncaught error that INA raised for a reason the user can act on (an ``OSError``,
+``ValueError``, ``RuntimeError`` or ``TimeoutError`` whose innermost frame is INA's
+code) print one line, ``rank R: Type: message``, with no traceback unless
+``INA_DEBUG=1``; every other error (a bug, the user's own code) keeps its traceback.
+Ctrl-C ends such a process quietly (``interrupted``), in every rank.
+
+``quiet_child()``: the worker processes the ``ina`` verbs fork ignore Ctrl-C; the verb's
+own process takes it, ends them and exits quietly (``host.cli``), so one Ctrl-C gives
+no traceback from any of them.
+"""
+
+import os
+import signal
+import sys
+
+__all__ = ["install", "quiet_child", "is_ours", "one_line"]
+
+#: error types INA raises for a reason the user can act on (bugs raise others)
+_ACTIONABLE = (OSError, ValueError, RuntimeError, TimeoutError)
+_ROOTS = tuple(os.path.dirname(os.path.abspath(p)) + os.sep for p in (
+    __file__, __import__("ina_fabric").__file__))
+_previous = None
+
+
+def is_ours(exc: BaseException) -> bool:
+    """An actionable error raised in INA's code (its innermost frame)."""
+    if not isinstance(exc, _ACTIONABLE) or isinstance(exc, NotImplementedError):
+        return False
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    return path.startswith(_ROOTS)
+
+
+def one_line(exc: BaseException) -> str:
+    rank = os.environ.get("RANK")
+    text = " ".join(str(exc).split())        # one line, whatever the message held
+    return f"{'rank ' + rank + ': ' if rank else ''}{type(exc).__name__}: {text}"
+
+
+def _hook(exc_type, exc, tb):
+    if os.environ.get("INA_DEBUG", "") not in ("", "0"):
+        return _previous(exc_type, exc, tb)
+    if issubclass(exc_type, KeyboardInterrupt):
+        rank = os.environ.get("RANK")
+        print(f"{'rank ' + rank + ': ' if rank else ''}interrupted", file=sys.stderr)
+        return None
+    if exc is not None and is_ours(exc):
+        print(one_line(exc) + " (INA_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return None
+    return _previous(exc_type, exc, tb)
+
+
+def install():
+    """Make this process's uncaught INA errors one line (idempotent)."""
+    global _previous
+    if sys.excepthook is not _hook:
+        _previous = sys.excepthook
+        sys.excepthook = _hook
+
+
+def quiet_child():
+    """In a worker process of an ``ina`` verb: Ctrl-C is the parent's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
