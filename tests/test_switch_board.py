@@ -128,7 +128,7 @@ def _allreduce(rank, world, store, netns, switch, bind_ip, key, mode):
     from ina_fabric.host.transport import SwitchClient
     from ina_fabric.protocol.jobtable import JobConfig, new_session
     client = SwitchClient(tuple(switch), JOB, rank, world, 8, 64, mode, bind=(bind_ip, 0),
-                          rto=0.2, deadline=0.0002)
+                          rto=0.2, deadline=0.0002, connect_timeout=30.0)
     mac = local_mac(client.address[0])
     store.set(f"addr{rank}", f"{client.address[0]}:{client.address[1]}"
               + (f"@{mac}" if mac else ""))
