@@ -378,7 +378,7 @@ class SwitchClient:
         instead of mixing packets of different calls. A bounded-mode worker whose result
         is gone for good (``AllreduceTooLate``) also ends the job at the switch, so every
         other rank's next call raises too instead of carrying on without it (see the
-        README's trust model)."""
+        docs/design.md, "Trust model")."""
         if self.session != self._run:     # a new install: sequence afresh, failure cleared
             self._run, self.seq, self.failed = self.session, 0, None
             self._residual.clear()
@@ -693,7 +693,7 @@ class SwitchClient:
     def call_window(self, chunks: int) -> int:
         """The window of one call: a power of two that divides the job's window (so
         that a slot's result is never overwritten before every worker has it; see the
-        README), about half the chunk count: fewer header-only packets for small buckets
+        docs/design.md), about half the chunk count: fewer header-only packets for small buckets
         at the cost of a few more round trips. It also keeps at most
         ``max_inflight_bytes`` on the wire, so N workers' bursts fit the switch's socket
         buffer instead of overflowing it."""
