@@ -99,7 +99,7 @@ class SwitchRefused(ConnectionError):
 
 
 def static_position(switch, job: int, session: int, timeout=1.0, key=None,
-                    settle=1.0) -> int | None:
+                    settle=1.0, workers: int | None = None) -> int | None:
     """Where a new run of a static job (loaded into the switch beforehand, no CONTROL)
     starts: the job's position, the seq after the newest slot it opened, asked with
     STATUS. A static job cannot be reset by its workers (the FPGA's table is loaded by
@@ -107,7 +107,7 @@ def static_position(switch, job: int, session: int, timeout=1.0, key=None,
     *resumes*: its first packet opens a slot whose previous result (of the earlier
     run) is complete and is overwritten, so no stored result of an earlier run reaches
     the new one. Raises SwitchRefused when the switch holds no such job, holds it under
-    another session, or has slots of an earlier run still open after ``settle`` seconds
+    another session or for another number of members than ``workers``, or has slots of an earlier run still open after ``settle`` seconds
     (a reliable run that failed mid-call: its contributions would mix into the new
     run's sums; load the job again). Returns None when the switch does not answer
     STATUS (no control key here): the run then starts at 0, and the switch's STALE
@@ -130,6 +130,11 @@ def static_position(switch, job: int, session: int, timeout=1.0, key=None,
             raise SwitchRefused(f"{at} holds job {job} under another session than "
                                 f"{session:#x}: give the session of its [[job]] table "
                                 f"(--session / INA_SESSION)", Refusal.BAD_SESSION)
+        if workers is not None and st.get("workers") not in (None, workers):
+            raise SwitchRefused(f"{at} holds job {job} with {st['workers']} member(s), and "
+                                f"this run has {workers} workers: start as many workers as "
+                                f"the job has members (--workers), or load the job for "
+                                f"{workers}", Refusal.NOT_MEMBER, st["workers"])
         if "position" not in st:
             return None
         if not st.get("open_slots"):
