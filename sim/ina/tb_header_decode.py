@@ -12,7 +12,7 @@ from ina_fabric.hw.ina.layout import HeaderLayout
 from ina_fabric.hw.ina.params import CoreParams
 from ina_fabric.hw.ina.regfile import job_layout
 from ina_fabric.hw.ina.slot import log2
-from ina_fabric.protocol.fields import HEADER_BYTES, MsgType
+from ina_fabric.protocol.fields import HEADER_BYTES, MsgType, VERSION
 from ina_fabric.sim.bench import Bench, bench_params, pack
 
 
@@ -40,7 +40,7 @@ async def test_header_decode(dut):
         hrec = [rr(LWM + 1) for _ in range(NJ)]
         wbit = [1 << b.rng.randint(0, LWM) for _ in range(NJ)]
         nelem = b.rng.randint(0, P.elements + 2)
-        f = {"version": 1 if b.rng.random() < 0.9 else rr(8),
+        f = {"version": VERSION if b.rng.random() < 0.9 else rr(8),
              "type": MsgType.DATA if b.rng.random() < 0.7 else b.rng.randint(0, 6),
              "worker": b.rng.randrange(P.workers + 2), "nelem": nelem, "seq": rr(32)}
         body = 4 * nelem + (0 if b.rng.random() < 0.8 else b.rng.randint(-8, 8))
@@ -70,7 +70,7 @@ async def test_header_decode(dut):
         hits = [jobs[j]["enable"] and hit[j] and hit_hi[j] for j in range(NJ)]
         sel = next((j for j in range(NJ) if hits[j]), 0)
         jb = jobs[sel]
-        checks = [x["short"] or x["len_short"], f["version"] != 1,
+        checks = [x["short"] or x["len_short"], f["version"] != VERSION,
                   f["type"] in (MsgType.STATUS_REQ, MsgType.CONTROL), f["type"] != MsgType.DATA,
                   body < 4 * nelem, body != 4 * nelem, not any(hits), sess[sel] != 15,
                   f["worker"] >= jb["nworkers"], nelem > jb["elements"]]
