@@ -252,7 +252,8 @@ class LocalCluster:
         else:     # a static job: a second run resumes at the switch's position
             from .transport.switch_client import static_position
             try:
-                position = static_position(self.switch, spec.job, self.config.session) or 0
+                position = static_position(self.switch, spec.job, self.config.session,
+                                           workers=spec.nworkers) or 0
             except OSError:
                 self.close()
                 raise
