@@ -77,6 +77,26 @@ def test_fabric_refuses_addresses_outside_the_benchmark_range():
         from_dict(doc, {})
 
 
+def test_a_static_tree_leaf_is_not_refused_for_holding_a_share_of_the_workers(monkeypatch):
+    """A rank of a static tree job asks its own leaf where the run starts; the leaf
+    holds its rack's members (2), the run has the whole fabric's workers (4). Before the
+    fix, static_position refused it as "another number of members"."""
+    from ina_fabric.protocol import control_client
+    from ina_fabric.host.transport.switch_client import SwitchRefused, static_position
+    leaf = {"workers": 2, "session": f"{7:016x}", "position": 0, "open_slots": 0,
+            "parent": "198.18.255.254:19900", "index": 0, "members_are": "workers",
+            "total_workers": 2}
+    monkeypatch.setattr(control_client, "query_status",
+                        lambda *a, **k: {"jobs": {"1": leaf}})
+    assert static_position(("198.18.0.254", 19900), 1, 7, workers=4) == 0
+    one = {k: v for k, v in leaf.items() if k not in ("parent", "index", "members_are",
+                                                      "total_workers")}
+    monkeypatch.setattr(control_client, "query_status",
+                        lambda *a, **k: {"jobs": {"1": one}})
+    with pytest.raises(SwitchRefused, match="2 member"):
+        static_position(("198.18.0.254", 19900), 1, 7, workers=4)
+
+
 def test_lab_up_fabric_flags_in_help():
     import subprocess
     r = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "lab", "up", "--help"],
