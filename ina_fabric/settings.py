@@ -119,8 +119,6 @@ SETTINGS = (
     Setting("INA_MUTATION", "tests", "1: the mutation harness", "0", "", "tests/"),
     Setting("INA_TREE_SCALE", "tests", "1: the tree-of-switches scale tier", "0", "",
             "tests/test_tree_service.py"),
-    Setting("INA_FABRIC_BENCH", "tests", "1: `ina bench fabric --quick` end to end on a "
-            "fabric lab (root)", "0", "", "tests/test_lab_fabric.py"),
     Setting("INA_TREE_WORKERS", "tests", "the scale tier's workers", "64", "",
             "tests/test_tree_service.py"),
     Setting("INA_TREE_RACK", "tests", "the scale tier's workers per rack", "16", "",
