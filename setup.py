@@ -2,7 +2,7 @@
 
 The C extensions are optional: without a C compiler the install still succeeds, and the
 software switch and the client say once, at start, that they run the slower pure-Python
-path (``ina_fabric.host.fastpath.engine_status()`` tells why).
+path (``ina_fabric.host.switch.fast.WHY_NOT`` and ``ina_fabric.host.transport.fastcall`` say why).
 """
 
 from setuptools import Extension, setup

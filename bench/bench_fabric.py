@@ -63,47 +63,48 @@ def _client(a, mode, bounded=False):
 
 
 def _tree_state(a, kw):
-    """A tree job: every rank a member of its rack's switch (its id there: --worker-id);
-    rank 0 draws the session, gathers the ranks' addresses and installs the job on the
-    tree (``host.switch.tree.install_tree``: each rack's switch, then the spine's). With
-    one rack, the job is the rack switch's alone (it needs no spine): the one-rack
-    baseline of ``tree_over_one_rack``."""
+    """A tree job: every rank a member of its rack's switch (its id there: --worker-id),
+    on port 20000 + 1000 x job + rank; rank 0 draws the session, gathers the ranks'
+    addresses and installs the job on the tree (``host.switch.tree.install_tree``: each
+    rack's switch, then the spine's) before any rank takes it as a static job. With one
+    rack, the job is the rack switch's alone (it needs no spine): the one-rack baseline
+    of ``tree_over_one_rack``."""
     import torch.distributed as dist
-    from ina_fabric.host.ddp.hook import InaHookState
+    from ina_fabric.host.ddp.hook import InaHookState, local_address_towards
     from ina_fabric.host.switch.tree import Leaf, Tree, install_tree
     from ina_fabric.protocol.jobtable import job_defaults, new_session
-    box = [new_session() if a.rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    os.environ["INA_SWITCH"], os.environ["INA_WORKER"] = a.tor, str(a.worker_id)
-    try:
-        state = InaHookState.from_env(configure=False, session=box[0], **kw)
-    finally:
-        os.environ.pop("INA_WORKER")
-    c = state.collective
+
+    def ip_port(text):
+        ip, _, port = text.rpartition(":")
+        return ip, int(port)
+    base = 20000 + 1000 * kw["job"]
+    me = f"{local_address_towards(ip_port(a.tor))}:{base + a.rank}"
     seen = [None] * a.world
-    dist.all_gather_object(seen, (a.tor, f"{c.address[0]}:{c.address[1]}"))
+    dist.all_gather_object(seen, (a.tor, me))
+    box = [new_session() if a.rank == 0 else None]
     if a.rank == 0:
         racks = {}
         for tor, addr in seen:                   # ranks rack by rack: dicts keep order
             racks.setdefault(tor, []).append(addr)
-
-        def ip_port(text):
-            ip, _, port = text.rpartition(":")
-            return ip, int(port)
-        s = job_defaults("ethernet", elements=c.elements, window=c.window, mode=c.mode,
-                         deadline=c.deadline)
-        if len(racks) == 1:      # one rack: its switch alone (the one-rack baseline)
+        s = job_defaults("ethernet", elements=kw["elements"], window=kw["window"],
+                         mode=kw["mode"], deadline=kw["deadline"])
+        if len(racks) == 1:
             from ina_fabric.host.switch import send_job
             from ina_fabric.protocol.jobtable import JobConfig
             (tor, workers), = racks.items()
-            send_job(ip_port(tor), JobConfig.from_settings(c.job, workers, s,
+            send_job(ip_port(tor), JobConfig.from_settings(kw["job"], workers, s,
                                                            session=box[0]), timeout=2.0)
         else:
             install_tree(Tree(ip_port(a.spine), tuple(Leaf(ip_port(t), tuple(w))
                                                       for t, w in racks.items())),
-                         c.job, s, session=box[0], timeout=2.0)
-    dist.barrier()
-    return state
+                         kw["job"], s, session=box[0], timeout=2.0)
+    dist.broadcast_object_list(box, src=0)       # also: the job is installed
+    os.environ["INA_SWITCH"], os.environ["INA_WORKER"] = a.tor, str(a.worker_id)
+    try:
+        return InaHookState.from_env(configure=False, session=box[0],
+                                     **{**kw, "bind_port": base})
+    finally:
+        os.environ.pop("INA_WORKER")
 
 
 def _digest(z) -> str:
@@ -242,7 +243,8 @@ def measure(a, racks, per_rack, modes):
         world = len(lab.hosts)
         host_rate, up_rate = topo.hosts[0].link.rate, topo.wan[0].link.rate
         flat_pace = int(min(host_rate, up_rate / per_rack)) if a.pace else 0
-        tree_pace = int(min(host_rate, up_rate)) if a.pace else 0
+        # one rack: the tree is its switch alone, the uplink is not on its path
+        tree_pace = int(min(host_rate, up_rate) if racks > 1 else host_rate) if a.pace else 0
         straggler = lab.hosts.index(a.straggler_host) if a.straggler_host in lab.hosts \
             else min(1, world - 1)
         procs = []
@@ -303,9 +305,10 @@ def _cpu_seconds(pids=()):
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ina bench fabric", description=__doc__.strip(),
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--shapes", default="1x4,4x4",
+    ap.add_argument("--shapes", default=None,
                     help="comma-separated RACKSxHOSTS_PER_RACK fabrics; the one-rack shape "
-                         "with the most hosts per rack is tree_over_one_rack's base")
+                         "with the most hosts per rack is tree_over_one_rack's base "
+                         "(default 1x4,4x4; --quick: 1x2,2x2)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     ap.add_argument("--rate", default="100mbit", help="host link rate")
     ap.add_argument("--oversubscription", type=float, default=4.0,
@@ -330,11 +333,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="slot deadline of the bounded jobs (each level's)")
     ap.add_argument("--bounded-mode", default="bounded-skip",
                     choices=("bounded", "bounded-skip"), help="the straggler phase's mode")
-    ap.add_argument("--no-pace", dest="pace", action="store_false",
-                    help="workers send unpaced (default: each paced at its fair share of "
-                         "its path's narrowest link: flat uplink/H, tree min(host, uplink))")
+    ap.add_argument("--pace", action="store_true",
+                    help="each worker paced at its fair share of its path's narrowest link "
+                         "(flat uplink/H, tree min(host, uplink), one rack's tree the host "
+                         "rate); default unpaced, as `ina bench lab-allreduce` (on these "
+                         "loaded cores the pacer delivered about 2/3 of its rate)")
     ap.add_argument("--quick", action="store_true",
-                    help="2x2 and 1x2 at 100mbit, 4MB, 1 repetition")
+                    help="shapes 1x2,2x2 (unless --shapes), 4MB, 1 repetition")
     ap.add_argument("--id", default="fabric", help="lab id")
     ap.add_argument("--timeout", type=float, default=1500.0, help="seconds per shape")
     # the worker side (run by the bench inside each host's namespace)
@@ -359,7 +364,8 @@ def main(argv=()):
         print(f"fabric: skipped: {why}")
         return 0
     if a.quick:
-        a.shapes, a.size, a.reps = "1x2,2x2", "4MB", 1
+        a.shapes, a.size, a.reps = a.shapes or "1x2,2x2", "4MB", 1
+    a.shapes = a.shapes or "1x4,4x4"
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes) or a.reps < 1:
         raise SystemExit(f"fabric: --modes from {', '.join(MODES)}, --reps >= 1")

@@ -19,7 +19,7 @@ def main(argv=None) -> int:
     from ina_fabric.host.schedule.model import NetConfig, RoundModel
     from ina_fabric.host.schedule.search import optimize
     from ina_fabric.host.schedule.simulate import simulate_schedule
-    from ina_fabric.host.schedule.experiments import memory_sweep, training_comparison, DEFAULT_SWEEP
+    from ina_fabric.bench.experiments.schedule import memory_sweep, training_comparison, DEFAULT_SWEEP
     from ina_fabric.host.schedule.train import IslandTrainConfig
     from ina_fabric.host.schedule.hwparams import default_memory
     from ina_fabric.host.schedule import plot

@@ -11,7 +11,8 @@ packet, staging bytes) are the link's (``ina_fabric.protocol.jobtable.LINK_DEFAU
 from dataclasses import dataclass
 import os
 
-__all__ = ["Setting", "SETTINGS", "SCOPES", "NOT_SETTINGS", "by_name", "current", "table"]
+__all__ = ["Setting", "SETTINGS", "SCOPES", "NOT_SETTINGS", "by_name", "current", "table",
+           "markdown"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ SETTINGS = (
             "leaf in a tree of switches, docs/fabric.md)", "the rank", "", _J),
     Setting("INA_CONGESTION", "job", "the client's congestion control: aimd | delay | off",
             "aimd", "", _J),
+    Setting("INA_TAKEOVER", "job", "1: take over a job id another (crashed) run still "
+            "holds (a key holder's explicit takeover)", "0", "", _H),
+    Setting("INA_REJOIN_S", "job", "seconds a rank waits for a rejoin round before ending "
+            "(0: no rejoin)", "30", "", "host/ddp/train.py"),
     Setting("INA_STATIC_JOB", "job", "1: the switch has the job already (as on the FPGA)",
             "0", "configure=False", _H),
     Setting("INA_DTYPES", "job", "convert (float16/bfloat16 to float32 on the wire; "
@@ -118,6 +123,18 @@ SETTINGS = (
             "tests/test_tree_service.py"),
     Setting("INA_TREE_RACK", "tests", "the scale tier's workers per rack", "16", "",
             "tests/test_tree_service.py"),
+    Setting("INA_UPSTREAM", "tests", "1: torch's upstream distributed tests, whole "
+            "selection", "0", "", "tests/test_torch_upstream.py"),
+    Setting("INA_LONG", "tests", "1: the no-hang long tier", "0", "",
+            "tests/test_no_hang_stall.py"),
+    Setting("INA_TEST_BLOCK", "tests", "comma-separated steps a no-hang CLI test blocks",
+            "", "", "tests/test_no_hang_cli.py"),
+    Setting("INA_BOARD_TRAIN", "tests", "1: digits training through the board", "0", "",
+            "tests/test_switch_board.py"),
+    Setting("INA_BENCH", "tests", "a block bench's options (JSON: seed, n, ...)", "{}", "",
+            "sim/bench.py"),
+    Setting("INA_FABRIC_BENCH", "tests", "1: the fabric lab's bench tier", "0", "",
+            "tests/test_lab_fabric.py"),
     Setting("INA_LINE_RATE_SEQS", "tests", "sequences of the board's line-rate test", "250",
             "", "tests/test_eth_board.py"),
     Setting("INA_PARAMS", "tests", "a cocotb bench's core (CoreParams as JSON)", "", "",
@@ -186,3 +203,27 @@ def table(scopes=None, env=None, width=100) -> str:
                 lines.append(" " * 23 + f"set here: {s.name}={now[s.name]}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def markdown() -> str:
+    """docs/settings.md: the table as Markdown (``ina env --markdown`` writes it)."""
+    out = ["# Settings: every INA_* environment variable", "",
+           "Generated from `ina_fabric/settings.py` by `ina env --markdown > docs/settings.md`"
+           " (a test checks it is current). `ina env` prints the same table with the values "
+           "set in your shell.", "",
+           "An environment variable overrides the argument or flag it shadows, which "
+           "overrides the default. Defaults that depend on the path (elements per packet, "
+           "staging bytes) are the loopback link's when the switch is on this host's "
+           "loopback, else Ethernet's (`LINK_DEFAULTS` in `ina_fabric/protocol/jobtable.py`).",
+           ""]
+    for scope, what in SCOPES.items():
+        out += [f"## {scope}", "", what[0].upper() + what[1:] + ".", "",
+                "| variable | what | default | flag or argument | read by |",
+                "|---|---|---|---|---|"]
+        for s in (s for s in SETTINGS if s.scope == scope):
+            cells = [f"`{s.name}`", s.doc, s.default, f"`{s.flag}`" if s.flag else "",
+                     f"`{s.read_by}`" if s.read_by else ""]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)
+

@@ -34,10 +34,27 @@ def verilog_of(component, toplevel: str, path: pathlib.Path) -> pathlib.Path:
     """Write the Verilog of an Amaranth component (all its ports) to ``path``."""
     from amaranth.back import verilog
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = _kick_comb(verilog.convert(component, name=toplevel, emit_src=False))
+    text = _kick_comb(verilog.convert(component, name=toplevel, emit_src=False,
+                                      ports=_ports(component)))
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return path
+
+
+def _ports(component):
+    """A component's ports for the Verilog, without the constant ones (an
+    ``always_ready`` stream's ``ready``); None (all of them) when none is constant."""
+    from amaranth.hdl import Const, Value
+    from amaranth.hdl._ir import PortDirection
+    from amaranth.lib import wiring
+    if not isinstance(component, wiring.Component):
+        return None
+    flat = list(component.signature.flatten(component))
+    if not any(isinstance(v, Const) for _, _, v in flat):
+        return None
+    return {"__".join(map(str, path)): (Value.cast(v), PortDirection.Input
+                                         if m.flow == wiring.In else PortDirection.Output)
+            for path, m, v in flat if not isinstance(v, Const)}
 
 
 _TRIGGER = re.compile(r"^\s*reg (\\\$auto\$verilog_backend[^ ]*) += 0;", re.M)

@@ -100,3 +100,38 @@ def test_the_run_tag_is_the_launchers(monkeypatch):
     assert run_tag({"TORCHELASTIC_RUN_ID": "job-8"}) != run_tag(env)
     # torchrun's default id: the agent (this process's parent) names the run
     assert run_tag({"TORCHELASTIC_RUN_ID": "none"}) == run_tag({"TORCHELASTIC_RUN_ID": ""})
+
+
+EXIT_WITHOUT_DESTROY = r"""
+import multiprocessing as mp, sys, torch, torch.distributed as dist
+import ina_fabric.distributed
+def rank(job):
+    import os
+    os.environ["INA_JOB"] = str(job)
+    dist.init_process_group("ina", store=dist.HashStore(), rank=0, world_size=1)
+    dist.all_reduce(torch.ones(10))
+    sys.exit(0)                   # no destroy_process_group
+if __name__ == "__main__":
+    for job, how in ((44, "fork"), (45, "spawn")):   # a multiprocessing child
+        p = mp.get_context(how).Process(target=rank, args=(job,))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0, p.exitcode
+    rank(46)                      # the main process
+"""
+
+
+def test_a_rank_that_exits_without_destroy_removes_its_job(env, ina_switch, tmp_path):
+    """A process that ends without ``destroy_process_group`` (``sys.exit``; upstream's
+    tests skip that way after init) left its job installed for good: on a software
+    switch the slot memory stayed held, and after 42 such jobs every install was
+    refused ("25141248 B of slot memory, but only 17809408 B of 1073741824 B are
+    free"). Rank 0 now removes its job at exit, in a multiprocessing child too."""
+    e = {**os.environ, "OMP_NUM_THREADS": "1",
+         "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    script = tmp_path / "exit_without_destroy.py"      # (spawn needs a file)
+    script.write_text(EXIT_WITHOUT_DESTROY)
+    p = subprocess.run([sys.executable, str(script)], env=e, capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert not {"44", "45", "46"} & set(query_status(ina_switch)["jobs"])

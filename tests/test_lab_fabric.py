@@ -176,3 +176,24 @@ def test_one_allreduce_through_the_tree(fabric_lab):
         pytest.skip(F.tree_missing())
     got = _allreduce(fabric_lab, "tree", 2, session=0x5EED38C)
     assert all(r["exact"] for r in got) and len({r["digest"] for r in got}) == 1
+
+
+@needs_lab
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("INA_FABRIC_BENCH"),
+                    reason="`ina bench fabric --quick` end to end (about 90 s on 2 cores): "
+                           "set INA_FABRIC_BENCH=1")
+def test_fabric_bench_quick_writes_checked_rows(lab_bench, tmp_path):
+    from ina_fabric.bench import bench_fabric as B
+    rc = B.main(["--quick", "--shapes", "1x2,2x2", "--straggler-ms", "20",
+                 "--straggler-calls", "3", "--id", lab_bench("fb")])
+    assert rc == 0
+    rows = json.loads((tmp_path / "fabric.json").read_text())["figures"]["rows"]
+    assert [(r["hosts"], r["racks"]) for r in rows] == [(2, 1), (4, 2)]
+    for r in rows:
+        for key in ("oversubscription", "rate_mbit", "tree_s", "flat_s", "gloo_s",
+                    "gloo_over_tree", "flat_over_tree", "tree_over_one_rack", "checked"):
+            assert r[key] is not None, key
+        assert r["checked"] and r["oversubscription"] == 4 and r["rate_mbit"] == 100
+        assert r["straggler"]["tree"]["identical"]
+    assert rows[0]["tree_over_one_rack"] == 1.0

@@ -1,7 +1,9 @@
 """Mutation harness (opt-in: ``INA_MUTATION=1``): realistic bugs planted in a copy of
 hw/ina's source, one at a time; each must be killed by the suite (the block tests and
-proofs of tests/test_hw_ina_blocks.py first, then the cocotb benches: directed L = 8
-and L = 1, coverage L = 4 and L = 1). Prints killed/total.
+proofs of tests/test_hw_ina_blocks.py first, then the cocotb benches of the mutated
+module's own blocks (tests/test_sim_blocks.py, seconds each), then the core's benches:
+directed L = 8 and L = 1, coverage L = 4 and L = 1). Prints what killed each mutant and
+after how many seconds.
 
 Each mutant runs in its own process: the mutated module's source is executed over the
 imported module, and the modules that import from it are reloaded, so the core built
@@ -22,39 +24,39 @@ pytestmark = [
 
 #: (name, module, old, new): each a bug a reviewer could plant or a designer could make
 MUTANTS = [
-    ("expiry one cycle late", "header", "return ~(ts - due)[31]", "return ~(ts - due - 1)[31]"),
-    ("expiry one cycle early", "header", "return ~(ts - due)[31]", "return ~(ts - due + 1)[31]"),
-    ("non-modular seq compare", "header", "return ~(tag[:32] - seq[:32])[31]",
+    ("expiry one cycle late", "slot", "return ~(ts - due)[31]", "return ~(ts - due - 1)[31]"),
+    ("expiry one cycle early", "slot", "return ~(ts - due)[31]", "return ~(ts - due + 1)[31]"),
+    ("non-modular seq compare", "slot", "return ~(tag[:32] - seq[:32])[31]",
      "return seq[:32] <= tag[:32]"),
-    ("reuse compare on 34 bits", "header", "eq_chain(mdx.tag[:32], op.seqm[:32])",
+    ("reuse compare on 34 bits", "slot", "eq_chain(mdx.tag[:32], op.seqm[:32])",
      "eq_chain(mdx.tag, op.seqm)"),
-    ("set bit from the wrong seq bit", "header", "wset = (seq_low & wbit[:lwm + 1]).any()",
+    ("set bit from the wrong seq bit", "slot", "wset = (seq_low & wbit[:lwm + 1]).any()",
      "wset = (seq_low & (wbit << 1)[:lwm + 1]).any()"),
     ("checksum folds the carry once", "replicator", "s2 = s1[0:16] + s1[16:]", "s2 = s1"),
     ("saturation off by one", "replicator", "hi = v >= (1 << 31)", "hi = v > (1 << 31)"),
     ("no forwarding of the last write", "element",
      "e1_f1.eq(e2_valid & (e2_addr == s1_addr))", "e1_f1.eq(0)"),
-    ("late counter not raised", "header", 'inc["late"].append(resend & ~isdup)',
+    ("late counter not raised", "slot_effects", 'inc["late"].append(resend & ~isdup)',
      'inc["late"].append(C(0))'),
-    ("duplicate on an open slot not counted", "header",
+    ("duplicate on an open slot not counted", "slot_effects",
      'inc["duplicates"] += [resend & isdup, v2 & dup_only]',
      'inc["duplicates"] += [resend & isdup, C(0)]'),
-    ("scanner skips the last record", "header",
+    ("scanner skips the last record", "slot_issue",
      "scan_ptr.eq(Mux(scan_ptr == R - 1, 0, scan_ptr + 1))",
      "scan_ptr.eq(Mux(scan_ptr >= R - 2, 0, scan_ptr + 1))"),
-    ("scanner uses the current time", "header",
+    ("scanner uses the current time", "header_pop",
      "horizon = Mux(collecting, ts_reg, Mux(avail, b.ts, now))", "horizon = now"),
-    ("re-run skips the source check", "header",
+    ("re-run skips the source check", "slot_compare",
      "src_ok1 = Mux(p1_reinj, p1_op.src_ok, Array(p1_src_eq)[p1_job].all())",
      "src_ok1 = p1_reinj | Array(p1_src_eq)[p1_job].all()"),
-    ("reuse not deferred while the result is sent", "header",
+    ("reuse not deferred while the result is sent", "slot_rules",
      "k_defer1 = k_reuse1 & q1m.nelem_nz & (k_expire1 | q1m.pend)",
      "k_defer1 = k_reuse1 & q1m.nelem_nz & k_expire1"),
-    ("completion at count == N (one late)", "header", '"cnt1_n": mdx.count == nm1,',
+    ("completion at count == N (one late)", "slot", '"cnt1_n": mdx.count == nm1,',
      '"cnt1_n": mdx.count == nm1 + 1,'),
     ("unicast copies one short", "replicator",
      'Mux(one0, 0, jf("nworkers", nxt0.job) - 1)', 'Mux(one0, 0, jf("nworkers", nxt0.job) - 2)'),
-    ("larger exponent compare inverted", "header",
+    ("larger exponent compare inverted", "slot_rules",
      "(q1_op.exp > q1_mdx.exponent)", "(q1_op.exp < q1_mdx.exponent)"),
     ("overflow bit of the last beat only", "element",
      "ovf_now = Mux(e2_first, beat_ovf, ovf_run | beat_ovf)", "ovf_now = beat_ovf"),
@@ -65,6 +67,17 @@ _RUNNER = textwrap.dedent('''
     import importlib, json, sys, dataclasses
     spec = json.loads(sys.argv[1])
     import ina_fabric.hw.ina as pkg
+    # each mutated module's (or planted bug's) blocks, whose own benches run first
+    BLOCKS = {"slot": ("SlotCompare", "SlotRules", "HeaderPop"),
+              "header_pop": ("HeaderPop",), "slot_issue": ("SlotIssue",),
+              "slot_compare": ("SlotCompare",), "slot_rules": ("SlotRules",),
+              "slot_effects": ("SlotEffects",), "element": ("ElementPath",),
+              "replicator": ("Replicator",), "wrapping_adder": ("ElementPath",),
+              "no_duplicate_check": ("SlotRules",)}
+    # every module that imports from a mutated one, in import order (hw/ina/*.py)
+    DEPENDENTS = ("slot", "element", "header_pop", "header_decode", "slot_issue",
+                  "slot_compare", "slot_rules", "slot_effects", "header", "replicator",
+                  "core")
     bug = spec.get("planted")
     if spec.get("module"):
         name = "ina_fabric.hw.ina." + spec["module"]
@@ -73,13 +86,30 @@ _RUNNER = textwrap.dedent('''
         assert src.count(spec["old"]) == 1, "mutation site not found once: " + spec["old"]
         src = src.replace(spec["old"], spec["new"])
         exec(compile(src, mod.__file__, "exec"), mod.__dict__)
-        for dep in ("element", "replicator", "header", "core"):
+        for dep in DEPENDENTS:
             if dep != spec["module"]:
                 importlib.reload(importlib.import_module("ina_fabric.hw.ina." + dep))
-    import pytest
+    import pytest, time
+    t0 = time.time()
+    def killed(by):
+        print(f"KILLED by {by} after {time.time() - t0:.0f} s"); sys.exit(0)
     # 1. block tests and proofs, on the mutated modules (in this process)
     if pytest.main(["-q", "-x", "-p", "no:cacheprovider", "tests/test_hw_ina_blocks.py"]) != 0:
-        print("KILLED by tests/test_hw_ina_blocks.py"); sys.exit(0)
+        killed("tests/test_hw_ina_blocks.py")
+    # 2. the cocotb benches of the blocks the mutated module holds (seconds each)
+    sys.path.insert(0, "tests")
+    from test_sim_blocks import bench_of, run_block
+    for name in BLOCKS.get(spec.get("module") or bug, ()):
+        try:
+            n, make, module, options = bench_of(name)
+        except KeyError:        # (a block with no bench of its own yet)
+            continue
+        if bug:
+            options["planted"] = bug
+        try:
+            run_block(n, make, module, options, tag="mut_" + spec["tag"] + "_")
+        except AssertionError:
+            killed("the " + name + " bench")
     from ina_fabric.hw.ina.core import InaCore
     from ina_fabric.sim.common import run_cocotb
     sys.path.insert(0, "tests")
@@ -104,7 +134,7 @@ _RUNNER = textwrap.dedent('''
             if isinstance(cov, dict) and [n for n in cov["required"] if not cov["hits"].get(n)]:
                 raise AssertionError("coverage holes")
         except AssertionError as e:
-            print("KILLED by " + what); sys.exit(0)
+            killed(what)
     print("SURVIVED"); sys.exit(0)
 ''')
 

@@ -280,3 +280,30 @@ def test_static_job_runs_twice_and_never_sees_stored_results(switch_of):
         with LocalCluster(spec, switch=switch) as cluster:
             cluster.allreduce_check(10_000, 1)
     assert time.monotonic() - t0 < 5
+
+
+# -- ina train against a static job ---------------------------------------------------
+def test_train_static_job_twice_and_with_too_many_workers(switch_of):
+    """`ina train --static-job` (run_training) twice against one static job: the second
+    run resumes (before: its DATA was stale, it fell back to Gloo without a word and
+    exited 0; or it took the first run's stored results). With 4 workers against the
+    2-member job: every rank raises, naming both counts (before: 200 s with ranks 2-3 on
+    Gloo and ranks 0-1 on the switch)."""
+    from conftest import consecutive_free_ports
+    from ina_fabric.host.ddp.train import TrainConfig, run_training
+    base = consecutive_free_ports(4)
+    job = JobConfig(1, (f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"), elements=256,
+                    session=0x437)
+    server = switch_of([job])
+    cfg = dict(backend="ina", switch=f"127.0.0.1:{server.address[1]}", static_job=True,
+               worker_base_port=base, session=0x437, elements=256, max_steps=3,
+               stop_at_target=False)
+    for run in range(2):
+        res = run_training(TrainConfig(workers=2, **cfg))
+        assert res.fallbacks == 0 and res.stats["packets_sent"] > 0, run
+        assert res.stats["refetched"] == 0 and len(set(res.param_hashes)) == 1, run
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"holds job 1 with 2 member\(s\), and this run "
+                                           r"has 4 workers"):
+        run_training(TrainConfig(workers=4, **cfg))
+    assert time.monotonic() - t0 < 90      # process start-up and torch imports included

@@ -7,7 +7,7 @@ import pytest
 
 from ina_fabric.host.cli import main
 from ina_fabric.protocol.jobtable import JobConfig, Member
-from ina_fabric.host.schedule.experiments import training_comparison
+from ina_fabric.bench.experiments.schedule import training_comparison
 from ina_fabric.host.schedule.model import NetConfig
 from ina_fabric.host.schedule.topology import default_topology
 from ina_fabric.host.schedule.train import IslandTrainConfig

@@ -62,3 +62,23 @@ def test_the_hook_takes_the_link_defaults_from_where_the_switch_is():
     assert eth.link == "ethernet" and eth.elements == LINK_DEFAULTS["ethernet"].elements
     assert hook_settings({"INA_SWITCH": "127.0.0.1:9999", "INA_ELEMENTS": "512"}).elements == 512
     assert STAGE_BYTES[link_towards(("127.0.0.1", 1))] > STAGE_BYTES["ethernet"]
+
+
+def test_bench_backend_measures_the_documented_path_with_nothing_set(monkeypatch):
+    """`ina bench backend` set INA_ELEMENTS=8192 quietly, so it never measured what a
+    user gets; now its ranks keep INA_SWITCH alone."""
+    import os
+    from ina_fabric.bench.bench_backend import _documented_env
+    monkeypatch.setenv("INA_ELEMENTS", "8192")
+    monkeypatch.setenv("INA_STAGE_BYTES", "1M")
+    _documented_env(("127.0.0.1", 5))
+    assert {k: v for k, v in os.environ.items() if k.startswith("INA_")} == \
+        {"INA_SWITCH": "127.0.0.1:5"}
+    src = pathlib.Path(ROOT / "bench" / "bench_backend.py").read_text()
+    assert "setdefault(\"INA_" not in src and "os.environ[\"INA_ELEMENTS\"]" not in src
+
+
+def test_docs_settings_md_is_the_table():
+    from ina_fabric.settings import markdown
+    assert (ROOT / "docs" / "settings.md").read_text() == markdown(), \
+        "docs/settings.md is stale: ina env --markdown > docs/settings.md"

@@ -163,3 +163,39 @@ def test_the_private_import_rule_itself(tmp_path, monkeypatch, source, expect):
     (lab / "planted.py").write_text(source)
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     assert len(private_imports(("host",))) == expect
+
+
+def test_paths_named_in_the_code_exist():
+    """A ``host/...``, ``hw/...``, ``bench/...`` or ``sim/...`` file a docstring or
+    comment names exists (stale names pointed at host.fastpath, host/quantize.py and
+    hw/boards/versa_ecp5.py)."""
+    import re
+    pat = re.compile(r"\b((?:host|hw|bench|sim|ina_fabric)/[\w/]+\.(?:py|c|h|toml))\b")
+    bad = []
+    for path in list(_sources("host", "hw", "bench", "sim", "ina_fabric")) + [ROOT / "setup.py"]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for ref in pat.findall(line):
+                if not (ROOT / ref).exists():
+                    bad.append(f"{path.relative_to(ROOT)}:{n}: {ref}")
+    dotted = re.compile(r"\bina_fabric\.(?:host|hw|bench|sim|protocol)(?:\.\w+)+")
+    for path in list(_sources("host", "hw", "bench", "sim", "ina_fabric")) + [ROOT / "setup.py"]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for ref in dotted.findall(line):
+                parts = ref.split(".")
+                if parts[-1].endswith("_"):        # a pattern (``bench_<name>``)
+                    continue
+                if not any(_resolves(parts[:k]) for k in range(3, len(parts) + 1)):
+                    bad.append(f"{path.relative_to(ROOT)}:{n}: {ref}")
+    assert not bad, "paths that do not exist:\n" + "\n".join(bad)
+
+
+def _resolves(parts) -> bool:
+    """``ina_fabric.host.x.y`` is a module or package of this checkout."""
+    head = ".".join(parts[:2])
+    folder = ROOT / FOLDERS[head] if head in FOLDERS else \
+        ROOT / "ina_fabric" / parts[1] if parts[1] == "protocol" else None
+    if folder is None:
+        return False
+    rest = parts[2:]
+    base = folder.joinpath(*rest) if rest else folder
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()

@@ -9,6 +9,7 @@ host's loopback, else Ethernet's.
     ina env --scope job         one scope (job, key, collectives, hardware, internal, tests)
     ina env --set               only the variables set in this shell
     ina env --json              the table as JSON
+    ina env --markdown          the table as Markdown (docs/settings.md)
 """
 
 HELP = "every INA_* environment variable: flag, default, what is set here"
@@ -20,12 +21,17 @@ def add_arguments(p):
                    help="only this scope (repeatable)")
     p.add_argument("--set", action="store_true", help="only the variables set here")
     p.add_argument("--json", action="store_true", help="the table as JSON")
+    p.add_argument("--markdown", action="store_true",
+                   help="the table as Markdown (what docs/settings.md holds)")
 
 
 def run(args):
     import dataclasses
     import json
-    from ina_fabric.settings import SETTINGS, current, table
+    from ina_fabric.settings import SETTINGS, current, table, markdown
+    if args.markdown:
+        print(markdown(), end="")
+        return 0
     if args.set:
         now = current()
         for name, value in now.items():

@@ -155,7 +155,7 @@ def _optimize(args):
 
 def _sweep(args):
     from ..cli import CliError
-    from ..schedule.experiments import memory_sweep, DEFAULT_SWEEP, family_order
+    from ina_fabric.bench.experiments.schedule import memory_sweep, DEFAULT_SWEEP, family_order
     from ..schedule.hwparams import default_memory
     import json
     args.memory = None
@@ -220,7 +220,7 @@ def _simulate(args):
 
 
 def _train(args):
-    from ..schedule.experiments import training_comparison
+    from ina_fabric.bench.experiments.schedule import training_comparison
     from ..schedule.train import IslandTrainConfig
     import json
     topo, net, note = _setup(args)

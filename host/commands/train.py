@@ -18,7 +18,7 @@ Results go to --out DIR (default ina-out/train): results.json, and accuracy.png 
 --plot.
 
 Under torchrun (multi-node), use host.ddp.hook.InaHookState.from_env in your script
-(see README, "Train with torchrun").
+(see docs/design.md, "Train with torchrun").
 """
 
 import sys

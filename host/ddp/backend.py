@@ -32,6 +32,14 @@ above the switch's 32 members (WorldTooLarge, at init), dtype refused (strict on
 Subgroups (``dist.new_group``) are switch jobs of their own: job = INA_JOB + the
 group's index.
 
+A crashed run's job id: a torchrun restart (``--max-restarts``) takes it back at once
+(the run's tag is in the session id, ``take_back``), and so does any run with
+INA_TAKEOVER=1; the crashed run's DATA and RESULTs never reach the new session. Sparse
+tensors go to Gloo; every strided layout (transposed, permuted, views) and tensors in a
+graph (``create_graph=True``) are reduced by value, in place. ``dist.monitored_barrier``
+is refused by torch for a backend not named gloo: ``monitored_barrier`` here runs it
+on the inner Gloo group.
+
 GPU tensors are staged through pinned host buffers (``host.ddp.staging``), overlapped
 with the wire; CPU tensors are reduced zero-copy, the result written in place.
 """
@@ -39,10 +47,12 @@ with the wire; CPU tensors are reduced zero-copy, the result written in place.
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from dataclasses import dataclass, fields
+import multiprocessing.util as mp_util
 import os
 import socket
 import threading
 import warnings
+import weakref
 import zlib
 
 import torch
@@ -175,15 +185,14 @@ def take_back(switch, job: int, session: int, takeover: bool = False,
     if not held or "session" not in held:
         return None
     old = int(held["session"], 16)
-    if old == session or not (takeover or old >> 32 == session >> 32 != 0 and
-                              run_tag() is not None):
+    same_run = run_tag() is not None and old >> 32 == session >> 32
+    if old == session or not (same_run or takeover):
         return None
     try:
         remove_job(addr, job, old, timeout=min(timeout, 1.0))
     except (OSError, JobRefused):     # gone or replaced meanwhile: the install decides
         return None
-    why = "INA_TAKEOVER=1" if takeover and old >> 32 != session >> 32 else \
-        "this run's previous attempt"
+    why = "this run's previous attempt" if same_run else "INA_TAKEOVER=1"
     warnings.warn(f"INA: job {job}: took the id back from session {old:016x} ({why}); "
                   f"its slots and results are gone, the new session is {session:016x}",
                   RuntimeWarning, stacklevel=3)
@@ -303,6 +312,10 @@ class ProcessGroupIna(ProcessGroup):
         # loopback, where fewer, larger calls win; 4 MiB on Ethernet)
         stage = o.stage_bytes or STAGE_BYTES[link_towards(client.switch)]
         self.chunk = max(1, stage // 4 // client.elements) * client.elements
+        if self.state.installed:
+            # (multiprocessing's exit hook, not atexit: it runs in the main process at
+            # exit and in a multiprocessing child, which ends with os._exit)
+            mp_util.Finalize(None, _remove_at_exit, (weakref.ref(self),), exitpriority=1)
         self._wire = ThreadPoolExecutor(1, thread_name_prefix="ina-wire")
         self._devices = {}
         self._pools = {}
@@ -538,6 +551,26 @@ class ProcessGroupIna(ProcessGroup):
             work = contiguous_float32(t)
             reduce_host(work.view(-1), self.chunk, self._reduce, divide)
             t.copy_(work.view(t.shape))
+
+
+def _remove_at_exit(ref):
+    """At interpreter exit, the rank that installed a job it has not removed (the
+    process ends without ``destroy_process_group``: ``sys.exit`` in a script or a
+    skipped test) removes it, under its own session: the job cannot go on without this
+    rank, and left installed it holds its slot memory on the switch (a software switch
+    refuses new jobs once 1 GiB is held: "N B of slot memory, but only M B ... are
+    free"). A crash that ends the process at once still leaves it: the next attempt
+    takes the id back (``take_back``)."""
+    pg = ref()
+    if pg is None or not pg.state.installed:
+        return
+    from ina_fabric.host.switch import remove_job
+    c = pg.state.collective
+    pg.state.installed = False
+    try:
+        remove_job(c.switch, c.job, c.session, timeout=0.5)
+    except Exception:  # noqa: BLE001 (switch gone: nothing is held there)
+        pass
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):

@@ -603,7 +603,7 @@ def exchange_addresses(peers, client: SwitchClient, session=None,
         from ..transport.switch_client import static_position
         try:
             position = static_position(client.switch, client.job, mine,
-                                       timeout=connect_timeout)
+                                       timeout=connect_timeout, workers=peers.world)
         except OSError as e:      # SwitchRefused: no such job, another session, ...
             position = [int(getattr(e, "reason", 0) or 0), str(e)]
     mac = local_mac(client.address[0])     # (a board sends RESULT frames to it)

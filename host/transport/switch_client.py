@@ -99,7 +99,7 @@ class SwitchRefused(ConnectionError):
 
 
 def static_position(switch, job: int, session: int, timeout=1.0, key=None,
-                    settle=1.0) -> int | None:
+                    settle=1.0, workers: int | None = None) -> int | None:
     """Where a new run of a static job (loaded into the switch beforehand, no CONTROL)
     starts: the job's position, the seq after the newest slot it opened, asked with
     STATUS. A static job cannot be reset by its workers (the FPGA's table is loaded by
@@ -107,7 +107,7 @@ def static_position(switch, job: int, session: int, timeout=1.0, key=None,
     *resumes*: its first packet opens a slot whose previous result (of the earlier
     run) is complete and is overwritten, so no stored result of an earlier run reaches
     the new one. Raises SwitchRefused when the switch holds no such job, holds it under
-    another session, or has slots of an earlier run still open after ``settle`` seconds
+    another session or for another number of members than ``workers``, or has slots of an earlier run still open after ``settle`` seconds
     (a reliable run that failed mid-call: its contributions would mix into the new
     run's sums; load the job again). Returns None when the switch does not answer
     STATUS (no control key here): the run then starts at 0, and the switch's STALE
@@ -130,6 +130,11 @@ def static_position(switch, job: int, session: int, timeout=1.0, key=None,
             raise SwitchRefused(f"{at} holds job {job} under another session than "
                                 f"{session:#x}: give the session of its [[job]] table "
                                 f"(--session / INA_SESSION)", Refusal.BAD_SESSION)
+        if workers is not None and st.get("workers") not in (None, workers):
+            raise SwitchRefused(f"{at} holds job {job} with {st['workers']} member(s), and "
+                                f"this run has {workers} workers: start as many workers as "
+                                f"the job has members (--workers), or load the job for "
+                                f"{workers}", Refusal.NOT_MEMBER, st["workers"])
         if "position" not in st:
             return None
         if not st.get("open_slots"):
@@ -373,7 +378,7 @@ class SwitchClient:
         instead of mixing packets of different calls. A bounded-mode worker whose result
         is gone for good (``AllreduceTooLate``) also ends the job at the switch, so every
         other rank's next call raises too instead of carrying on without it (see the
-        README's trust model)."""
+        docs/design.md, "Trust model")."""
         if self.session != self._run:     # a new install: sequence afresh, failure cleared
             self._run, self.seq, self.failed = self.session, 0, None
             self._residual.clear()
@@ -688,7 +693,7 @@ class SwitchClient:
     def call_window(self, chunks: int) -> int:
         """The window of one call: a power of two that divides the job's window (so
         that a slot's result is never overwritten before every worker has it; see the
-        README), about half the chunk count: fewer header-only packets for small buckets
+        docs/design.md), about half the chunk count: fewer header-only packets for small buckets
         at the cost of a few more round trips. It also keeps at most
         ``max_inflight_bytes`` on the wire, so N workers' bursts fit the switch's socket
         buffer instead of overflowing it."""

@@ -7,7 +7,7 @@ is in the worker subnet (or is a multicast group) and to port 1 otherwise. ARP a
 are answered on the port they came in on.
 
 Everything here is GMII-side: it simulates on Icarus as it is (sim/eth/tb_board.py), and
-the FPGA tops (hw/boards/versa_ecp5.py) add RGMII, the PLL and LEDs around it.
+the FPGA tops (hw/boards/ecp5_rgmii.py) add RGMII, the PLL and LEDs around it.
 """
 
 from dataclasses import dataclass, field

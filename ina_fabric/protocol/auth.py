@@ -12,7 +12,7 @@ gateware keeps in registers (the software switch, its model and the RTL follow t
 rule). A sender whose clock lags the others' by more than their last
 :data:`REPLAY_SLOTS` requests is refused too, and retries with a fresh nonce. DATA and
 RESULT datagrams are not covered here (they are checked by source address; see the
-README's trust model).
+docs/design.md, "Trust model").
 
 A CONTROL datagram whose length cannot hold one job-table entry and the trailer (see
 :func:`control_length_ok`) is malformed before its tag is looked at: the gateware hashes

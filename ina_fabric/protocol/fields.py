@@ -13,7 +13,7 @@ A switch drops DATA whose session is not its job's (``drop_bad_session``), and a
 takes only RESULTs with its own session, so a packet of a previous run, of another tenant
 that reuses the job id, or of an off-path forger who cannot see the traffic, never
 reaches a sum. (It is a capability, not a MAC: whoever sees the link sees it. See the
-README's "Trust model".)
+docs/design.md, "Trust model".)
 """
 
 from dataclasses import dataclass, field

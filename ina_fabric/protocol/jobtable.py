@@ -356,7 +356,7 @@ def removal_entry(job: int, session: int = 0) -> bytes:
 
 
 def load_jobs_toml(path) -> list[JobConfig]:
-    """Jobs from a TOML file with one ``[[job]]`` table per job. See README for keys."""
+    """Jobs from a TOML file with one ``[[job]]`` table per job. See docs/design.md, "Software switch", for keys."""
     try:
         with open(path, "rb") as fh:
             doc = tomllib.load(fh)

@@ -173,14 +173,15 @@ class CoreTB:
         """Backdoor: set slot records of job ``job_index`` (its place in the job table)
         to complete, empty records holding ``tags`` ({(set, index): seq}), as if the job
         had run up to there (the front door would need up to 2^32 sequence numbers).
-        Writes the header pipeline's metadata memory (``meta<j>``) through the simulator;
+        Writes the header pipeline's metadata memory (``meta<j>``, in its ``SlotIssue``
+        stage) through the simulator;
         call it after :meth:`configure` and before traffic. ``Scoreboard.preload_tags``
         does the same to the model. The deadline scanner writes back each record it
         visits (its read of the old word may be in flight), so the words are written
         twice, 8 cycles apart (longer than the pipeline)."""
         from ina_fabric.hw.ina.header import meta_layout
         lay = meta_layout(self.P)
-        mem = getattr(self.dut.header, f"meta{job_index}")
+        mem = getattr(self.dut.header.issue, f"meta{job_index}")
         fields = {n: (f.offset, f.width) for n, f in lay}
         words = {}
         for (st, idx), tag in tags.items():

@@ -1,6 +1,6 @@
 """Gradient precision that really changes the bytes on the wire.
 
-The switch path sums int32 (``host/quantize.py``), so fewer bits there would not shrink a
+The switch path sums int32 (``host/transport/quantize.py``), so fewer bits there would not shrink a
 packet. This module is the exchange the real-training experiments use instead: each worker
 quantizes its gradient once (``q`` = 16, 8 or 4 bits, one float32 scale per chunk,
 unbiased stochastic rounding; or raw float32 for ``q`` = 32), the packed messages are

@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from .model import NetConfig, Round, RoundModel, mixing_matrix
-from .search import optimize
-from .baselines import ring_allreduce_time, tree_allreduce_time
-from .train import IslandTrainConfig, train_run, time_to_target, load_data
+from ina_fabric.host.schedule.model import NetConfig, Round, RoundModel, mixing_matrix
+from ina_fabric.host.schedule.search import optimize
+from ina_fabric.host.schedule.baselines import ring_allreduce_time, tree_allreduce_time
+from ina_fabric.host.schedule.train import IslandTrainConfig, train_run, time_to_target, load_data
 
 __all__ = ["memory_sweep", "training_comparison", "DEFAULT_SWEEP", "family_order"]
 

@@ -1,0 +1,167 @@
+"""P2 and P3 of the header pipeline (see :mod:`.header`): P2 combines join,
+completeness, duplicate and element count into accept / complete / re-send, composes
+the metadata write and up to two requests (an expired PARTIAL, then a completion or a
+re-send) into registers; P3 is those registers: the write lands, the requests are
+pushed. Also the counter events, the element path's packet and the re-run's wait.
+
+Ports::
+
+    p2, c, p2_md, p2_bit, p2_cnt1, p2_due, p2_init_tag, p2_job
+                In: from :class:`~.slot_rules.SlotRules`
+    reinject    In: P2's operation goes back to P1a
+    v2          Out: P2's operation is valid (and not to be re-run)
+    w3          Out: P3's metadata write
+    push_a, a, push_b, b, push_hot
+                Out: P3's requests and its record, one-hot
+    elem_start, elem_packet
+                Out: a packet is decided, for the element path
+    retry       Out: a re-run packet is on its way (pops wait)
+    rewind_to   Out: the FIFO position the input is rewound to
+    events, accepted
+                Out: counter events (:data:`~.slot.HEADER_EVENTS`); per job, DATA accepted
+"""
+
+from amaranth.hdl import *
+from amaranth.lib import wiring, data
+from amaranth.lib.wiring import In, Out
+
+from .element import packet_layout
+from .layout import Reason, AccMode, request_layout
+from .params import CoreParams
+from .slot import HEADER_EVENTS, RULE_FIELDS, meta_layout, stage_layout, write_layout
+
+__all__ = ["SlotEffects"]
+
+
+class SlotEffects(wiring.Component):
+    """See the module docstring."""
+
+    def __init__(self, params: CoreParams):
+        self.params = P = params
+        NJ, R = P.jobs, P.records
+        super().__init__({
+            "p2": In(stage_layout(P)), "c": In(data.StructLayout({k: 1 for k in RULE_FIELDS})),
+            "p2_md": In(meta_layout(P)), "p2_bit": In(P.workers),
+            "p2_cnt1": In(range(P.workers + 2)), "p2_due": In(32), "p2_init_tag": In(signed(34)),
+            "p2_job": In(range(max(2, NJ))), "reinject": In(1),
+            "v2": Out(1), "w3": Out(write_layout(P)),
+            "push_a": Out(1), "a": Out(request_layout(P)),
+            "push_b": Out(1), "b": Out(request_layout(P)),
+            "push_hot": Out(R),
+            "elem_start": Out(1), "elem_packet": Out(packet_layout(P)),
+            "retry": Out(1), "rewind_to": Out(5),
+            "events": Out(data.StructLayout(HEADER_EVENTS)), "accepted": Out(NJ),
+        })
+
+    def elaborate(self, platform):
+        P = self.params
+        NJ, R = P.jobs, P.records
+        m = Module()
+        inc = {n: [] for n in HEADER_EVENTS}
+        p2_op, p2_valid, c = self.p2.op, self.p2.valid, self.c
+        p2_job, p2_bit, p2_due = self.p2_job, self.p2_bit, self.p2_due
+        v2 = self.v2
+        m.d.comb += v2.eq(p2_valid & ~self.p2.adj)
+        reason2 = p2_op.reason
+        is_pkt = v2 & c.pkt
+        is_init = v2 & c.init
+        defer = Signal()
+        m.d.comb += defer.eq(v2 & c.defer)
+        retry = self.retry
+        with m.If(self.reinject):
+            m.d.sync += retry.eq(1)
+        with m.Elif(p2_valid & self.p2.reinj):
+            m.d.sync += retry.eq(0)
+        md2 = self.p2_md
+        expired = v2 & c.expire
+        reuse = c.reuse
+        isdup = ~reuse & c.dup
+        nelem_bad = ~reuse & c.nelem_ne
+        resend_ = c.join & c.cur_complete
+        dup_only = c.join & ~c.cur_complete & isdup
+        malf3 = c.join & ~c.cur_complete & ~isdup & nelem_bad
+        accept = c.join & ~c.cur_complete & ~isdup & ~nelem_bad
+        completes = accept & Mux(reuse, c.one_n, c.cnt1_n)
+        cur_bitmap = Mux(reuse, 0, md2.bitmap)
+        cur_count = Mux(reuse, 0, md2.count)
+        cur_exp = Mux(reuse, -128, md2.exponent)
+        cur_nelem = Mux(reuse, p2_op.nelem, md2.nelem)
+        seqs2 = Signal(signed(34))
+        m.d.comb += seqs2.eq(p2_op.seq)
+        cur_tag = Mux(reuse, seqs2, md2.tag)
+        new_count = Mux(reuse, 1, self.p2_cnt1)
+        new_exp = Mux(c.new_exp, p2_op.exp, md2.exponent)
+        mode = Signal(AccMode)
+        m.d.comb += mode.eq(Mux(accept, Mux(c.opens, AccMode.OPEN, AccMode.ADD), AccMode.NONE))
+
+        # metadata write, registered (P3); P1a takes it from the register while it lands
+        w3 = self.w3
+        with m.If(is_init):
+            m.d.sync += [w3.en.eq(1), w3.addr.eq(p2_op.rec), w3.data.eq(0),
+                         w3.data.tag.eq(self.p2_init_tag),
+                         w3.data.complete.eq(1), w3.data.exponent.eq(-128)]
+        with m.Else():
+            m.d.sync += [
+                # every valid operation writes its record back (unchanged when no rule
+                # applies), so the bypass needs only the record number
+                w3.en.eq(v2), w3.addr.eq(p2_op.rec),
+                w3.data.tag.eq(cur_tag),
+                w3.data.complete.eq(~reuse & (md2.complete | c.expire) | completes),
+                w3.data.bitmap.eq(cur_bitmap | Mux(accept, p2_bit, 0)),
+                w3.data.count.eq(Mux(accept, new_count, cur_count)),
+                w3.data.exponent.eq(Mux(accept, new_exp, cur_exp)),
+                w3.data.due.eq(Mux(reuse, p2_due, md2.due)),
+                w3.data.nelem.eq(cur_nelem),
+            ]
+
+        # requests: a = expired PARTIAL (old contents), b = completion or re-send; registered
+        # (P3) before they enter the queue
+        p3_a, p3_b = self.a, self.b
+        p3_hot = self.push_hot      # P3's record, one-hot (registered with it)
+        m.d.sync += p3_hot.eq(1 << p2_op.rec)
+        m.d.sync += [
+            self.push_a.eq(expired),
+            p3_a.rec.eq(p2_op.rec), p3_a.job.eq(p2_job), p3_a.unicast.eq(0),
+            p3_a.seq.eq(md2.tag), p3_a.count.eq(md2.count), p3_a.bitmap.eq(md2.bitmap),
+            p3_a.exponent.eq(md2.exponent), p3_a.nelem.eq(md2.nelem), p3_a.partial.eq(1),
+            self.push_b.eq(v2 & (resend_ | completes)),
+            p3_b.rec.eq(p2_op.rec), p3_b.job.eq(p2_job), p3_b.unicast.eq(resend_),
+            p3_b.worker.eq(p2_op.worker),
+            p3_b.seq.eq(cur_tag),
+            p3_b.count.eq(Mux(completes, new_count, cur_count)),
+            p3_b.bitmap.eq(Mux(completes, cur_bitmap | p2_bit, cur_bitmap)),
+            p3_b.exponent.eq(Mux(completes, new_exp, cur_exp)),
+            p3_b.nelem.eq(cur_nelem),
+            p3_b.partial.eq(Mux(completes, 0, c.cnt_lt_n)),
+        ]
+
+        resend = v2 & resend_
+        inc["rx"].append(is_pkt & ~c.defer)
+        inc["rx_data"].append(v2 & c.pkt_ok & ~c.defer)
+        inc["drop_truncated"].append(is_pkt & (reason2 == Reason.TRUNCATED))
+        inc["drop_bad_version"].append(is_pkt & (reason2 == Reason.BAD_VERSION))
+        inc["drop_malformed"] += [is_pkt & (reason2 == Reason.MALFORMED), v2 & c.bignelem,
+                                  v2 & malf3]
+        inc["drop_unknown_job"].append(is_pkt & (reason2 == Reason.UNKNOWN_JOB))
+        inc["drop_bad_session"].append(is_pkt & (reason2 == Reason.BAD_SESSION))
+        inc["drop_unknown_source"].append(v2 & c.unksrc)
+        inc["drop_stale"].append(v2 & c.stale)
+        inc["drop_out_of_window"].append(v2 & c.oow)
+        inc["duplicates"] += [resend & isdup, v2 & dup_only]
+        inc["late"].append(resend & ~isdup)
+        inc["resent"].append(resend)
+        inc["accepted"].append(v2 & accept)
+        m.d.comb += [self.accepted[j].eq(v2 & accept & (p2_job == j)) for j in range(NJ)]
+        inc["results"] += [expired, v2 & completes]
+        inc["partials"].append(expired)
+        for name in HEADER_EVENTS:
+            assert len(inc[name]) == HEADER_EVENTS[name], name
+            m.d.comb += getattr(self.events, name).eq(Cat(inc[name]))
+
+        # the flush's rewind target, and the decided packet for the element path
+        m.d.comb += self.rewind_to.eq(p2_op.rewind)
+        m.d.comb += [self.elem_start.eq(is_pkt & ~defer),
+                     self.elem_packet.base.eq(p2_op.base), self.elem_packet.rec.eq(p2_op.rec),
+                     self.elem_packet.nelem.eq(p2_op.nelem),
+                     self.elem_packet.nbeats.eq(p2_op.nbeats), self.elem_packet.mode.eq(mode)]
+        return m
