@@ -49,7 +49,7 @@ def _bounded_rank(rank, world, store, net, deadline, late_s):
         cfg = JobConfig(9, members, 8, 64, deadline, "bounded", session=new_session())
         send_job(net.switch, cfg, timeout=10)
         store.set("session", str(cfg.session))
-    client.session = int(store.get("session"))
+    client.start(int(store.get("session")))
     if rank == world - 1:
         time.sleep(late_s)
     x = np.full(N_BOUNDED, rank + 1, np.float32)

@@ -17,7 +17,8 @@ goodput with nothing else on the links), then every level with every backend. Pe
   what it gets alone (the job: its steps per second on quiet links, level ``none``, same
   backend and repetition; a flow: its goodput with no job), so 1.0 means each lost the
   same share to the others; ``gloo_jain`` is the same beside Gloo;
-* ``checked``: every run finished, with identical replicas on every rank.
+* ``checked``: every ``ina`` run finished, with identical replicas on every rank
+  (``failed_runs``: the runs of each backend that did not finish).
 
 The machine's CPUs are shared with other work (two cores, several engineers): the
 load average is written with the figures, and the ratios move with it.
@@ -101,7 +102,7 @@ def summarize(runs, alone, levels, backends, args):
         none = {(r["backend"], r["repeat"]): r for r in runs if r["level"] == "none"}
         row = {"level": level, "rate_mbit": rate_mbit, "workload": args.workload,
                "repeats": args.repeats}
-        flows = bool(LEVELS[level]["flows"])
+        tcp = any(f[0] == "tcp" for f in LEVELS[level]["flows"])
         for name in backends:
             if name == "gloo":
                 continue
@@ -115,11 +116,11 @@ def summarize(runs, alone, levels, backends, args):
                     sp.append(g["time_to_accuracy_s"] / r["time_to_accuracy_s"])
                 if r["resent_fraction"] is not None:
                     rs.append(r["resent_fraction"])
-                if flows and r["bg_rate"] and g["bg_rate"] and sum(g["bg_rate"].values()):
+                if tcp and r["bg_rate"] and g["bg_rate"] and sum(g["bg_rate"].values()):
                     tg.append(sum(r["bg_rate"].values()) / sum(g["bg_rate"].values()))
                 a = alone.get((level, rep)) or {}
                 q = none.get((name, rep))
-                if a and r["bg_rate"] and q and q.get("step_rate") and r.get("step_rate"):
+                if tcp and a and r["bg_rate"] and q and q.get("step_rate") and r.get("step_rate"):
                     jn.append(jain([r["step_rate"] / q["step_rate"]] +
                                    [r["bg_rate"][h] / a[h] for h in a if a[h]]))
             row.update({f"tta_speedup_vs_gloo{sfx}": med(sp),
@@ -132,14 +133,18 @@ def summarize(runs, alone, levels, backends, args):
         gj = []
         for rep in range(args.repeats):
             g, q, a = by.get(("gloo", rep)), none.get(("gloo", rep)), alone.get((level, rep))
-            if g and q and a and g.get("step_rate") and q.get("step_rate") and g["bg_rate"]:
+            if tcp and g and q and a and g.get("step_rate") and q.get("step_rate") \
+                    and g["bg_rate"]:
                 gj.append(jain([g["step_rate"] / q["step_rate"]] +
                                [g["bg_rate"][h] / a[h] for h in a if a[h]]))
         row["gloo_jain"] = med(gj)
-        rs = [r for r in by.values()]
+        # checked: every run of congestion control as shipped (``ina``) finished with
+        # identical replicas on every rank; the other backends' failures are counted
+        rs = [r for r in by.values() if r["backend"] == "ina"]
         row["checked"] = bool(rs) and all(not r.get("failed") and r["replicas_identical"]
                                           for r in rs)
-        row["failed_runs"] = sum(1 for r in rs if r.get("failed"))
+        row["failed_runs"] = {b: sum(1 for r in by.values() if r["backend"] == b
+                                     and r.get("failed")) for b in backends}
         rows.append(row)
     return rows
 

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         args.paces = tuple(float(x) for x in args.paces.split(",") if x.strip())
-        from ina_fabric.host.control.knobs import KnobSpace
+        from ina_fabric.host.controller.knobs import KnobSpace
         KnobSpace(paces=args.paces)           # 1 (unpaced, the default) must be there
     except ValueError as e:
         print(f"ina bench control: --paces {args.paces!r}: {e}", file=sys.stderr)
@@ -137,7 +137,7 @@ def _lab(args, _results):
         print(f"ina bench control: the lab is not available here: {why}", file=sys.stderr)
         return 2
     if args.lab_pace_ab is not None:
-        from ina_fabric.host.control.knobs import ConfigError, Knobs
+        from ina_fabric.host.controller.knobs import ConfigError, Knobs
         from ina_fabric.bench.experiments.labexp import pace_ab
         try:
             Knobs(4, 4, args.lab_pace_ab)

@@ -207,14 +207,16 @@ def _straggler(a, dist, torch, np):
         c = state.collective
         c.allreduce(x)                          # warm-up
         base, slow, same = [], [], True
+        partial = {False: 0, True: 0}            # rank 0's partial slots, per phase
         for i in range(2 * a.straggler_calls):
             late = i % 2 == 1
             dist.barrier()
             if late and a.rank == a.straggler_rank:
                 time.sleep(a.straggler_ms / 1e3)
             t = time.perf_counter()
-            z, _ = c.allreduce(x)
+            z, st = c.allreduce(x)
             dt = time.perf_counter() - t
+            partial[late] += st.partial_slots
             mine = torch.tensor([0.0 if a.rank == a.straggler_rank else dt])
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             (slow if late else base).append(mine.item())
@@ -225,6 +227,8 @@ def _straggler(a, dist, torch, np):
         state.close()
         out[m] = {"base_s": base, "straggler_s": slow, "identical": same,
                   "partial_slots": st["partial_slots"],
+                  "partial_slots_base": partial[False],
+                  "partial_slots_straggler": partial[True],
                   "abandoned_slots": st["abandoned_slots"]}
     return out
 
@@ -420,6 +424,8 @@ def main(argv=()):
                     "cost_p50_deadlines": (q["p50"] - b["p50"]) / (a.deadline_ms / 1e3),
                     "cost_p99_deadlines": (q["p99"] - b["p99"]) / (a.deadline_ms / 1e3),
                     "partial_slots": s["partial_slots"],
+                    "partial_slots_base": s["partial_slots_base"],
+                    "partial_slots_straggler": s["partial_slots_straggler"],
                     "abandoned_slots": s["abandoned_slots"]}
                 row["checked"] = row["checked"] and s["identical"]
         rows.append(row)
@@ -441,7 +447,9 @@ def main(argv=()):
                           f"(without: {s['base_p50_s'] * 1e3:.1f} / "
                           f"{s['base_p99_s'] * 1e3:.1f} ms): "
                           f"{s['cost_p50_deadlines']:.2f} / {s['cost_p99_deadlines']:.2f} "
-                          f"deadlines", flush=True)
+                          f"deadlines; partial slots (rank 0) "
+                          f"{s['partial_slots_straggler']} with, {s['partial_slots_base']} "
+                          f"without", flush=True)
     one_rack = [r for r in rows if r["racks"] == 1 and r["tree_s"]]
     base = max(one_rack, key=lambda r: r["hosts"]) if one_rack else None
     for r in rows:

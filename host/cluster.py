@@ -240,9 +240,7 @@ class LocalCluster:
         mcast = self.group if self.group and all(g == self.group for g in joined) else None
         if self.switch_proc is None and not spec.session:
             self.close()
-            raise ValueError(f"job {spec.job} on the switch at {self.switch[0]}:"
-                             f"{self.switch[1]}: give its session id (the `session` of "
-                             f"its [[job]] table, --session)")
+            raise ValueError(self._no_session_reason())
         self.config = JobConfig.from_settings(spec.job, addrs, spec.settings, mcast,
                                               spec.session or None)
         position = 0
@@ -260,6 +258,22 @@ class LocalCluster:
         for c in self.conns:
             c.send(("start", self.config.session, position))
         return self
+
+    def _no_session_reason(self) -> str:
+        """Why a run against a given switch cannot start without --session: the job is
+        not there at all (STATUS says so), or its session id is needed."""
+        at = f"the switch at {self.switch[0]}:{self.switch[1]}"
+        from .switch import query_status
+        try:
+            jobs = query_status(self.switch, timeout=1.0).get("jobs", {})
+        except Exception:  # noqa: BLE001 (no key, no answer: the general advice)
+            jobs = None
+        if jobs is not None and str(self.spec.job) not in jobs:
+            held = ", ".join(sorted(jobs, key=int)) or "none"
+            return (f"{at} has no job {self.spec.job} (it holds: {held}); check --job, or "
+                    f"load the job (`ina switch --local-workers`, `ina hw-config`)")
+        return (f"job {self.spec.job} on {at}: give its session id (the `session` of "
+                f"its [[job]] table, --session)")
 
     def allreduce_check(self, n, iters=1):
         for c in self.conns:

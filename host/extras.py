@@ -10,6 +10,7 @@ EXTRAS = {
     "hw": ("amaranth",),
     "sim": ("cocotb", "cocotbext.eth"),
     "lab": ("pyroute2",),
+    "watch": ("prometheus_client", "rich"),
 }
 
 

@@ -1,5 +1,5 @@
 """Cost model, noise-scale estimator, controllers, contention traces, simulator, and bad
-configuration (host/control)."""
+configuration (host/controller)."""
 
 import math
 
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from ina_fabric.bench.experiments.contention import BackgroundJob, BandwidthTrace, background_trace
-from ina_fabric.host.control.controllers import (CONTROLLERS, Decoupled, Joint, Telemetry,
+from ina_fabric.host.controller.controllers import (CONTROLLERS, Decoupled, Joint, Telemetry,
                                       make_controller)
-from ina_fabric.host.control.costmodel import CostModel, JobParams, model_quant_ratio, payload_bytes
-from ina_fabric.host.control.knobs import ConfigError, Knobs, KnobSpace
-from ina_fabric.host.control.measure import BandwidthMeter, Ewma, NoiseScaleEstimator
+from ina_fabric.host.controller.costmodel import CostModel, JobParams, model_quant_ratio, payload_bytes
+from ina_fabric.host.controller.knobs import ConfigError, Knobs, KnobSpace
+from ina_fabric.host.controller.measure import BandwidthMeter, Ewma, NoiseScaleEstimator
 from ina_fabric.bench.experiments.simulate import paper_scenario, simulate
 
 
@@ -293,7 +293,7 @@ def test_compute_meter_does_not_average_in_the_warm_up_interval():
     0.7 s per micro-step on the lab, against 0.025 s after it. It stands alone until the
     next sample, then drops out; averaged in (before), the estimate after the second
     sample was 0.325 s, 13x too high, and decayed over tens of intervals."""
-    from ina_fabric.host.control.measure import ComputeMeter
+    from ina_fabric.host.controller.measure import ComputeMeter
     m = ComputeMeter()
     assert m.value is None
     m.record(3.5, 5)                        # warm-up: 0.7 s a micro-step
@@ -314,7 +314,7 @@ def test_real_controller_keeps_codec_and_step_overhead_out_of_compute(monkeypatc
     Compute is then (1.0 - 0.3 - 0.1) / 10 micro-steps = 60 ms, and the cost model's
     per-step latency (0.1 + 0.05 + 0.1) / 5 + 0.5 / 5 = 150 ms. Before, the codec was
     charged per micro-step (70 ms) and the 0.5 s not at all (latency 30 ms)."""
-    from ina_fabric.host.control import compress
+    from ina_fabric.host.controller import compress
     from ina_fabric.bench.experiments import realrun
 
     class Fake:

@@ -1,5 +1,5 @@
 """Precision changes real bytes on the wire, and the knobs act on the real training loop
-(host/control/compress.py, bench/experiments/realrun.py)."""
+(host/controller/compress.py, bench/experiments/realrun.py)."""
 
 import json
 import multiprocessing as mp
@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from ina_fabric.host.control.compress import (TokenBucket, decode, encode, expected_sq_error,
+from ina_fabric.host.controller.compress import (TokenBucket, decode, encode, expected_sq_error,
                                    message_bytes, quantize, relative_errors)
-from ina_fabric.host.control.knobs import ConfigError
+from ina_fabric.host.controller.knobs import ConfigError
 from ina_fabric.host.cluster import free_tcp_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -68,7 +68,7 @@ def test_bad_input_rejected():
 
 
 def test_an_unknown_exchange_is_refused():
-    from ina_fabric.host.control.compress import CompressedCollective
+    from ina_fabric.host.controller.compress import CompressedCollective
     with pytest.raises(ConfigError, match="exchange 'star'"):
         CompressedCollective(0, 2, exchange="star", group=object())
 
@@ -85,7 +85,7 @@ def test_token_bucket_holds_back_to_its_rate():
 def _collective(rank, world, port, **kw):
     """A CompressedCollective on a fresh Gloo group, and this rank's 50,000 values."""
     import torch.distributed as dist
-    from ina_fabric.host.control.compress import CompressedCollective
+    from ina_fabric.host.controller.compress import CompressedCollective
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     x = np.random.default_rng(rank).standard_normal(50_000).astype(np.float32)
@@ -177,7 +177,7 @@ def test_a_paced_exchange_spreads_its_bytes_at_the_pace_and_sums_the_same(exchan
 
 
 def test_the_pace_knob_is_checked():
-    from ina_fabric.host.control.compress import CompressedCollective
+    from ina_fabric.host.controller.compress import CompressedCollective
     c = CompressedCollective(0, 2, group=object(), link_rate=1e6)
     for bad in (0, 1.5, float("nan"), -0.5):
         with pytest.raises(ConfigError, match="pace"):

@@ -77,6 +77,26 @@ def test_fabric_refuses_addresses_outside_the_benchmark_range():
         from_dict(doc, {})
 
 
+def test_a_static_tree_leaf_is_not_refused_for_holding_a_share_of_the_workers(monkeypatch):
+    """A rank of a static tree job asks its own leaf where the run starts; the leaf
+    holds its rack's members (2), the run has the whole fabric's workers (4). Before the
+    fix, static_position refused it as "another number of members"."""
+    from ina_fabric.protocol import control_client
+    from ina_fabric.host.transport.switch_client import SwitchRefused, static_position
+    leaf = {"workers": 2, "session": f"{7:016x}", "position": 0, "open_slots": 0,
+            "parent": "198.18.255.254:19900", "index": 0, "members_are": "workers",
+            "total_workers": 2}
+    monkeypatch.setattr(control_client, "query_status",
+                        lambda *a, **k: {"jobs": {"1": leaf}})
+    assert static_position(("198.18.0.254", 19900), 1, 7, workers=4) == 0
+    one = {k: v for k, v in leaf.items() if k not in ("parent", "index", "members_are",
+                                                      "total_workers")}
+    monkeypatch.setattr(control_client, "query_status",
+                        lambda *a, **k: {"jobs": {"1": one}})
+    with pytest.raises(SwitchRefused, match="2 member"):
+        static_position(("198.18.0.254", 19900), 1, 7, workers=4)
+
+
 def test_lab_up_fabric_flags_in_help():
     import subprocess
     r = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "lab", "up", "--help"],
@@ -197,3 +217,24 @@ def test_fabric_bench_quick_writes_checked_rows(lab_bench, tmp_path):
         assert r["checked"] and r["oversubscription"] == 4 and r["rate_mbit"] == 100
         assert r["straggler"]["tree"]["identical"]
     assert rows[0]["tree_over_one_rack"] == 1.0
+
+
+@needs_lab
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("INA_FABRIC_BENCH"),
+                    reason="`ina train --lab fabric` end to end (about 3 min on 2 cores): "
+                           "set INA_FABRIC_BENCH=1")
+def test_train_on_the_fabric_tree(tmp_path, lab_bench):
+    """2 racks x 2: the ina backend through the tree (a static tree job, each rank at its
+    rack's switch) reaches the target with identical replicas; no lab left."""
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "train", "--lab",
+                        "fabric", "--workers", "4", "--lab-set", "hosts_per_rack=2",
+                        "--lab-set", "rate=100mbit", "--backends", "ina", "--no-progress",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())["ina"]
+    assert res["time_to_accuracy"] is not None and res["fallbacks"] == 0
+    assert len(set(res["param_hashes"])) == 1
+    assert res["config"]["static_job"] == (F.tree_missing() is None)
+    assert "train" not in list_labs()

@@ -148,6 +148,10 @@ def test_allreduce_cli_mismatches_are_named(tmp_path, ports):
         out, secs = _allreduce(tmp_path, sport, base, "--job", "7", "--elements", "256")
         assert out.returncode == 2 and "has no job 7" in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1
+        out = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "allreduce",
+                              "--switch", f"127.0.0.1:{sport}", "--job", "7"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 2 and "has no job 7 (it holds: 1)" in out.stderr, out.stderr
         for run in range(2):                                    # a static job, twice
             out, _ = _allreduce(tmp_path, sport, base, "--elements", "256")
             assert out.returncode == 0, (run, out.stderr)

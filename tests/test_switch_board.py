@@ -128,7 +128,7 @@ def _allreduce(rank, world, store, netns, switch, bind_ip, key, mode):
     from ina_fabric.host.transport import SwitchClient
     from ina_fabric.protocol.jobtable import JobConfig, new_session
     client = SwitchClient(tuple(switch), JOB, rank, world, 8, 64, mode, bind=(bind_ip, 0),
-                          rto=0.2, deadline=0.0002)
+                          rto=0.2, deadline=0.0002, connect_timeout=30.0)
     mac = local_mac(client.address[0])
     store.set(f"addr{rank}", f"{client.address[0]}:{client.address[1]}"
               + (f"@{mac}" if mac else ""))
@@ -137,7 +137,7 @@ def _allreduce(rank, world, store, netns, switch, bind_ip, key, mode):
         cfg = JobConfig(JOB, members, 8, 64, 0.0002, mode, session=new_session())
         send_job(tuple(switch), cfg, key=key, timeout=10)
         store.set("session", str(cfg.session))
-    client.session = int(store.get("session"))
+    client.start(int(store.get("session")))
     out = []
     for it in range(2):
         rng = np.random.default_rng([rank, it])

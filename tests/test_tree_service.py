@@ -259,8 +259,14 @@ def test_worker_processes_on_a_two_level_tree_agree_bitwise(tree_of, tmp_path, r
         p.join(300)
     print(f"{len(roles)} workers, {racks} racks: {calls} calls in "
           f"{time.monotonic() - t0:.1f} s (processes started included)")
-    check_results(roles, out, n, 256, calls)
     from ina_fabric.protocol.keys import switch_key
+    try:
+        check_results(roles, out, n, 256, calls)
+    except AssertionError as e:      # say where the tree stood (every switch's STATUS)
+        where = {f"{a}:{p}": query_status((a, p), key=switch_key(path=t.keys[(a, p)]),
+                                          timeout=5.0)
+                 for a, p in [t.spine] + t.leaves}
+        raise AssertionError(f"{e}\n{json.dumps(where, indent=1, sort_keys=True)}") from None
     spine = query_status(t.spine, key=switch_key(path=t.keys[t.spine]))["counters"]
     # one DATA per rack and packet reached the spine, one RESULT per packet left it
     assert spine["results"] > 0

@@ -9,5 +9,5 @@ analysis), ``experiments`` (the simulated and real comparisons and their figures
 ``schedule``: the WAN schedule's memory sweep and training comparison (behind ``ina
 schedule sweep-memory|train`` and ``ina bench schedule``).
 The controller itself (knobs, measurements, cost model, controllers, compression) stays in
-``ina_fabric.host.control``. See docs/control.md.
+``ina_fabric.host.controller``. See docs/control.md.
 """

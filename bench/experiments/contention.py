@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from ina_fabric.host.control.knobs import ConfigError
+from ina_fabric.host.controller.knobs import ConfigError
 
 __all__ = ["BandwidthTrace", "BackgroundJob", "background_trace", "LEVELS"]
 

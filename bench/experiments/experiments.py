@@ -5,7 +5,7 @@ in real training. Each returns plain dicts (figures) and prints a table."""
 import numpy as np
 
 from .contention import LEVELS, background_trace
-from ina_fabric.host.control.controllers import CONTROLLERS, make_controller
+from ina_fabric.host.controller.controllers import CONTROLLERS, make_controller
 from .simulate import paper_scenario, simulate
 
 __all__ = ["LINKS", "KAPPA2", "sim_comparison", "sim_pace_comparison", "trace_figure",
@@ -71,7 +71,7 @@ def sim_pace_comparison(links=("100G", "10G"), levels=("light", "medium", "heavy
     """The pace knob beside precision and accumulation, with the objective pricing the
     link share a job holds (``costmodel``: cost = time x (1 + lambda r)): simulated cost
     and time to target per controller, ratios to Joint, and the mean pace each kept."""
-    from ina_fabric.host.control.knobs import PACES, KnobSpace
+    from ina_fabric.host.controller.knobs import PACES, KnobSpace
     figures = {}
     names = list(CONTROLLERS)
     space = KnobSpace(paces=tuple(paces or PACES))
@@ -201,7 +201,7 @@ def _knob_shares(result):
     """Share of optimizer steps run at each knob setting, from run_training's record of
     (seconds, step, accum, precision) at each control point (knobs before the first
     record: the default fp32/a=1)."""
-    from ina_fabric.host.control.knobs import Knobs
+    from ina_fabric.host.controller.knobs import Knobs
     marks = [(0, Knobs(32, 1))] + [(step, Knobs(int(p), int(a)))
                                    for _, step, a, p in result.knobs]
     shares = {}
@@ -293,7 +293,7 @@ def measure_kappa2(workload="digits", steps=60, every=10, seed=0, out=print):
     from the exact stochastic-rounding error at int4 and int8, every ``every`` steps."""
     import torch
     from ina_fabric.host.ddp.workloads import get_workload
-    from ina_fabric.host.control.compress import relative_errors
+    from ina_fabric.host.controller.compress import relative_errors
     torch.manual_seed(seed)
     wl = get_workload(workload, seed)
     opt = torch.optim.SGD(wl.model.parameters(), lr=wl.lr, momentum=0.9)

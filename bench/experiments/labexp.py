@@ -114,9 +114,9 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
     max-min with the lab's background jobs on the level's schedule. Returns seconds, or
     with ``detail`` (seconds, steps, {"int4/a=4": share of steps, ...})."""
     from .contention import BackgroundJob, background_trace
-    from ina_fabric.host.control.controllers import Telemetry, make_controller
-    from ina_fabric.host.control.costmodel import JobParams, payload_bytes
-    from ina_fabric.host.control.knobs import KnobSpace
+    from ina_fabric.host.controller.controllers import Telemetry, make_controller
+    from ina_fabric.host.controller.costmodel import JobParams, payload_bytes
+    from ina_fabric.host.controller.knobs import KnobSpace
     rng = np.random.default_rng(seed)
     N, b = setup.hosts, model.micro_batch
     params = _params(setup.workload)
@@ -157,7 +157,7 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
         if step % setup.control_interval == 0:
             p = tel.params().with_(b_noise=model.b_noise_at_loss(model.loss_at(u)),
                                    latency=latency)
-            from ina_fabric.host.control.costmodel import CostModel
+            from ina_fabric.host.controller.costmodel import CostModel
             knobs = ctl.decide(CostModel(p))
     if detail:
         return t, step, {k: round(v / max(step, 1), 3) for k, v in sorted(used.items())}, cost

@@ -131,7 +131,7 @@ def lab_run(lab, setup: LabSetup, controller: str, level: str, seed: int, script
     """One training run of our job beside the level's background jobs in ``lab``; returns
     (TrainResult, schedule, controller log)."""
     from ina_fabric.host.ddp.train import TrainConfig, run_training_lab
-    from ina_fabric.host.control.compress import message_bytes
+    from ina_fabric.host.controller.compress import message_bytes
     hosts = lab.hosts[:setup.hosts]
     schedule = schedule_for(level, seed, setup.phase_s, setup.horizon)
     fd, epoch_file = tempfile.mkstemp(prefix="ina-ctl-epoch-")

@@ -21,10 +21,10 @@ import os
 import time
 
 from .contention import BackgroundJob, background_trace
-from ina_fabric.host.control.controllers import Telemetry, make_controller
-from ina_fabric.host.control.costmodel import CostModel, JobParams
-from ina_fabric.host.control.measure import Ewma
-from ina_fabric.host.control.knobs import Knobs, KnobSpace
+from ina_fabric.host.controller.controllers import Telemetry, make_controller
+from ina_fabric.host.controller.costmodel import CostModel, JobParams
+from ina_fabric.host.controller.measure import Ewma
+from ina_fabric.host.controller.knobs import Knobs, KnobSpace
 
 __all__ = ["RealSpec", "collective", "controller", "real_run", "ENV"]
 
@@ -78,7 +78,7 @@ def _spec() -> RealSpec:
 
 
 def collective(rank, world, cfg):
-    from ina_fabric.host.control.compress import CompressedCollective
+    from ina_fabric.host.controller.compress import CompressedCollective
     spec = _spec()
     bits = 32
     if spec.script and min(spec.script)[0] == 0:
@@ -115,7 +115,7 @@ class RealController:
                          rate_price=self.spec.rate_price)
 
     def on_step(self, info: dict) -> dict:
-        from ina_fabric.host.control.compress import current_collective
+        from ina_fabric.host.controller.compress import current_collective
         coll = current_collective()
         m = coll.take_measurements() if coll is not None else None
         dsteps = info["step"] - self.last["step"]

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .contention import BackgroundJob, BandwidthTrace, LEVELS, background_trace
-from ina_fabric.host.control.controllers import Controller, Telemetry, make_controller
-from ina_fabric.host.control.costmodel import CostModel, JobParams, payload_bytes
-from ina_fabric.host.control.knobs import Knobs, KnobSpace
+from ina_fabric.host.controller.controllers import Controller, Telemetry, make_controller
+from ina_fabric.host.controller.costmodel import CostModel, JobParams, payload_bytes
+from ina_fabric.host.controller.knobs import Knobs, KnobSpace
 
 __all__ = ["Scenario", "paper_scenario", "simulate", "SimResult", "compare_levels"]
 
@@ -141,7 +141,7 @@ def compare_levels(sc: Scenario, levels=("light", "medium", "heavy"), controller
                    seed: int = 0, hysteresis: float = 0.05, horizon: float = 100_000.0):
     """Time to target for each controller under each constant contention level (the same
     trace for every controller of a level). Returns {level: {controller: SimResult}}."""
-    from ina_fabric.host.control.controllers import CONTROLLERS
+    from ina_fabric.host.controller.controllers import CONTROLLERS
     controllers = controllers or list(CONTROLLERS)
     out = {}
     for i, level in enumerate(levels):

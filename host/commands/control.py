@@ -90,11 +90,11 @@ def run(args):
         require_extras("plot")
     elif getattr(args, "plot", False):
         require_extras("plot", what="--plot")
-    from ..control.knobs import ConfigError
+    from ..controller.knobs import ConfigError
     try:
         if args.what == "model":
-            from ..control.costmodel import CostModel, JobParams
-            from ..control.knobs import Knobs, KnobSpace
+            from ..controller.costmodel import CostModel, JobParams
+            from ..controller.knobs import Knobs, KnobSpace
             space = KnobSpace(_ints(args.precisions, "precisions"), _ints(args.accums, "accums"),
                               paces=_paces(args.paces, args.rate_price))
             m = CostModel(JobParams(params=args.params, workers=args.workers,

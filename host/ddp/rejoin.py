@@ -141,5 +141,12 @@ class Rejoin:
         self._asked = False
         self.store.set(f"{_KEY}/{r}/done/{self.rank}", "1")
         self._wait([f"{_KEY}/{r}/done/{k}" for k in range(self.world)], "every rank loaded")
+        if self.rank == donor:          # every rank has it: free the store's copy
+            try:
+                n = int(self.store.get(f"{_KEY}/{r}/replica").decode())
+                for i in range(n):
+                    self.store.delete_key(f"{_KEY}/{r}/replica/{i}")
+            except Exception:  # noqa: BLE001 (a store without delete: it stays)
+                pass
         self.round, self.meet = r, None
         self.seconds += time.perf_counter() - t

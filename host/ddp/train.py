@@ -712,7 +712,7 @@ def _fabric_job(cfg: TrainConfig, lab, hosts):
         return cfg, spine, {}
     from ina_fabric.protocol.fields import HEADER_BYTES
     from ina_fabric.protocol.jobtable import job_defaults, new_session
-    from ..transport.slot_deadline import slot_deadline
+    from ..deadline import slot_deadline
     mode = INA_BACKENDS[cfg.backend][0]
     s = job_defaults("ethernet", elements=cfg.elements, window=cfg.window, mode=mode,
                      deadline=None if cfg.deadline_ms is None else cfg.deadline_ms / 1e3)

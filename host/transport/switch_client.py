@@ -107,7 +107,9 @@ def static_position(switch, job: int, session: int, timeout=1.0, key=None,
     *resumes*: its first packet opens a slot whose previous result (of the earlier
     run) is complete and is overwritten, so no stored result of an earlier run reaches
     the new one. Raises SwitchRefused when the switch holds no such job, holds it under
-    another session or for another number of members than ``workers``, or has slots of an earlier run still open after ``settle`` seconds
+    another session or (a one-switch job, not a tree's leaf) for another number of
+    members than ``workers``, or has slots of an earlier run still open after ``settle``
+    seconds
     (a reliable run that failed mid-call: its contributions would mix into the new
     run's sums; load the job again). Returns None when the switch does not answer
     STATUS (no control key here): the run then starts at 0, and the switch's STALE
@@ -130,7 +132,10 @@ def static_position(switch, job: int, session: int, timeout=1.0, key=None,
             raise SwitchRefused(f"{at} holds job {job} under another session than "
                                 f"{session:#x}: give the session of its [[job]] table "
                                 f"(--session / INA_SESSION)", Refusal.BAD_SESSION)
-        if workers is not None and st.get("workers") not in (None, workers):
+        # a leaf of a tree of switches (STATUS has its parent) holds its own members,
+        # a share of the run's workers: only a one-switch job's count must match
+        if workers is not None and not st.get("parent") and \
+                st.get("workers") not in (None, workers):
             raise SwitchRefused(f"{at} holds job {job} with {st['workers']} member(s), and "
                                 f"this run has {workers} workers: start as many workers as "
                                 f"the job has members (--workers), or load the job for "
