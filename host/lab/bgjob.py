@@ -34,6 +34,10 @@ import time
 
 import numpy as np
 
+# imported here, not at the first step: ina_fabric.host.collectives takes ~0.7 s to
+# import, which would eat into the job's first active interval (a 0.6 s one ran 1 step)
+from ina_fabric.host.collectives.tar import recv_exact
+
 __all__ = ["intervals_for", "main"]
 
 TOKEN = struct.Struct("!cd")       # command (G go, X exit), compute seconds
@@ -54,7 +58,6 @@ def intervals_for(schedule, job: int, horizon: float):
 
 
 def _ring_recv(sock, n, buf=None):
-    from ina_fabric.host.collectives.tar import recv_exact
     return recv_exact(sock, n, buf, who="background job ring")
 
 
