@@ -648,7 +648,11 @@ class SwitchClient:
                    f"job that did not resume at the switch's position, or a worker that "
                    f"fell more than a window behind)")
             if self.mode != "reliable":
-                return AllreduceTooLate(f"{who}: bounded mode, {msg}")
+                return AllreduceTooLate(
+                    f"{who}: bounded mode, {msg}; a bounded worker may fall at most "
+                    f"2 x {self.window} less its call's window datagrams behind the "
+                    f"others: the switch keeps 2 x {self.window} results, and a larger "
+                    f"job window leaves more room")
         return SwitchRefused(f"{who}: {msg}", reason, figure)
 
     def _stalled(self, remaining, packets) -> "AllreduceTimeout":
