@@ -291,7 +291,7 @@ class CoverageMonitor:
 
         def sig(name):
             return hp[byname[name]]
-        rec = sig("p2_op.rec")
+        rec = sig("p2.op.rec")   # P2's operation (SlotRules' p2 register, header.p2 since the split)
         names = ("defer", "expire", "reuse", "join", "cur_complete", "dup", "nelem_ne",
                  "one_n", "cnt1_n", "opens", "new_exp", "stale", "oow", "unksrc",
                  "bignelem", "pkt", "scan", "init", "pkt_ok", "cnt_lt_n")
