@@ -46,12 +46,12 @@ def test_board_arp_ping_results_and_drops():
     from scapy.utils import rdpcap
     from scapy.layers.inet import UDP
     from ina_fabric.protocol.scapy_view import INA
-    from ina_fabric.protocol.fields import MsgType
+    from ina_fabric.protocol.fields import MsgType, VERSION
     pkts = rdpcap(str(pcap))
     ina = [p[INA] for p in pkts if INA in p]
     types = {int(p.type) for p in ina}
     assert MsgType.DATA in types and MsgType.RESULT in types
-    assert all(p.version == 1 for p in ina)
+    assert all(p.version == VERSION for p in ina)    # protocol v2 (issue 38)
     results = [p for p in ina if p.type == MsgType.RESULT]
     assert all(len(p.elements) == p.nelem for p in results)
     assert len(pkts) > len(ina) > 0
