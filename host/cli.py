@@ -57,11 +57,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _note_sigint():
+    """Record a Ctrl-C (then raise KeyboardInterrupt as Python does): the error a verb
+    raises after it (a child that saw the same Ctrl-C first: its switch or worker gone)
+    is its consequence, not a failure to report."""
+    import signal
+    import threading
+    seen = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return seen, lambda: None
+
+    def on_sigint(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, on_sigint)
+    return seen, lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    interrupted, restore = _note_sigint()
     try:
         return int(args._run(args) or 0)
     except CliError as e:
+        if interrupted:             # Ctrl-C, and its consequence in a child: quiet
+            return 130
         print(f"ina {args.verb}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -74,6 +95,8 @@ def main(argv=None) -> int:
         print(f"ina {args.verb}: error: needs the {extra} extra ({e.name} is not "
               f"installed): pip install 'ina-fabric[{extra}]'", file=sys.stderr)
         return 2
+    finally:
+        restore()
 
 
 if __name__ == "__main__":

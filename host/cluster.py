@@ -51,7 +51,9 @@ def free_udp_ports(n: int) -> list[int]:
 
 
 def _serve(conn, engine):
+    from .oneline import quiet_child
     from .switch import SwitchServer
+    quiet_child()             # Ctrl-C: the parent ends the switch (terminate), quietly
     try:
         server = SwitchServer([], "127.0.0.1", 0, engine=engine,
                               log=lambda m: print(m, file=sys.stderr))
