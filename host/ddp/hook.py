@@ -253,7 +253,7 @@ class InaHookState:
     )
 
     def __init__(self, collective, process_group=None, average: bool = True,
-                 fallback_to_gloo: bool = True, peers=None, status_timeout: float = 1.0):
+                 fallback_to_gloo: bool = True, peers=None, status_timeout: float = 3.0):
         self.collective, self.process_group, self.peers = collective, process_group, peers
         #: seconds a STATUS request (the start-up probe) waits for its answer (a
         #: simulated board answers in simulated time: ``ina train --engine board``
