@@ -71,6 +71,9 @@ def test_bench_backend_measures_the_documented_path_with_nothing_set(monkeypatch
     from ina_fabric.bench.bench_backend import _documented_env
     monkeypatch.setenv("INA_ELEMENTS", "8192")
     monkeypatch.setenv("INA_STAGE_BYTES", "1M")
+    # recorded, so that the INA_SWITCH _documented_env sets is undone after the test
+    # (it leaked into this xdist worker: later tests reached the dead 127.0.0.1:5)
+    monkeypatch.setenv("INA_SWITCH", "unset-after-the-test")
     _documented_env(("127.0.0.1", 5))
     assert {k: v for k, v in os.environ.items() if k.startswith("INA_")} == \
         {"INA_SWITCH": "127.0.0.1:5"}
