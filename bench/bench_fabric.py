@@ -373,11 +373,6 @@ def main(argv=()):
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes) or a.reps < 1:
         raise SystemExit(f"fabric: --modes from {', '.join(MODES)}, --reps >= 1")
-    from ina_fabric.host.lab.fabric import tree_missing
-    missing = tree_missing() if "tree" in modes else None
-    if missing:
-        print(f"fabric: tree mode left out: {missing}", flush=True)
-        modes.remove("tree")
     try:
         shapes = [tuple(int(v) for v in s.lower().split("x")) for s in a.shapes.split(",")]
         assert all(len(s) == 2 and min(s) >= 1 for s in shapes)

@@ -156,7 +156,7 @@ def fabric_lab():
     lab_id = f"fab{os.getpid() % 100000}"[:8]
     lab = Lab(topo, lab_id).up()
     try:
-        lab.switches = lab.start_fabric(tree=F.tree_missing() is None)
+        lab.switches = lab.start_fabric(tree=True)
         yield lab
     finally:
         lab.down()
@@ -192,8 +192,6 @@ def test_one_allreduce_through_a_single_switch_at_the_spine(fabric_lab):
 
 @needs_lab
 def test_one_allreduce_through_the_tree(fabric_lab):
-    if F.tree_missing():
-        pytest.skip(F.tree_missing())
     got = _allreduce(fabric_lab, "tree", 2, session=0x5EED38C)
     assert all(r["exact"] for r in got) and len({r["digest"] for r in got}) == 1
 
@@ -236,5 +234,5 @@ def test_train_on_the_fabric_tree(tmp_path, lab_bench):
     res = json.loads((tmp_path / "results.json").read_text())["ina"]
     assert res["time_to_accuracy"] is not None and res["fallbacks"] == 0
     assert len(set(res["param_hashes"])) == 1
-    assert res["config"]["static_job"] == (F.tree_missing() is None)
+    assert res["config"]["static_job"]
     assert "train" not in list_labs()

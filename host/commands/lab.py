@@ -108,10 +108,7 @@ def _up(args):
     lab = Lab(topo, args.id).up()
     switches = []
     if args.switch and topo.spine:
-        from ..lab.fabric import tree_missing
-        if tree_missing():
-            print(f"ina lab: switches stand alone (no tree): {tree_missing()}")
-        switches = lab.start_fabric(tree=not tree_missing())
+        switches = lab.start_fabric(tree=True)
     elif args.switch:
         switches = [lab.start_switch(s.name, engine=args.switch)
                     for s in topo.switches]

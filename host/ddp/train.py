@@ -702,13 +702,12 @@ def _fabric_job(cfg: TrainConfig, lab, hosts):
     inside the lab (each rank a member of its rack's switch, rank r on port 20000 + r, a
     fresh session; a bounded job's deadline derived from the host links as the hook
     derives it, fixed for the run; the spine's twice that) and the ranks take it as a
-    static job, each with INA_WORKER its id at its rack's switch; otherwise (Gloo,
-    or no tree in this checkout) a single switch at the spine, installed by rank 0."""
+    static job, each with INA_WORKER its id at its rack's switch; otherwise (Gloo) a single switch at the spine, installed by rank 0."""
     from dataclasses import replace
     from ..lab import fabric as F
     from ..lab.lab import SWITCH_PORT
     spine = (lab.address(lab.topo.spine), SWITCH_PORT)
-    if cfg.backend not in INA_BACKENDS or F.tree_missing():
+    if cfg.backend not in INA_BACKENDS:
         return cfg, spine, {}
     from ina_fabric.protocol.fields import HEADER_BYTES
     from ina_fabric.protocol.jobtable import job_defaults, new_session

@@ -5,32 +5,14 @@ mechanism of ``host.switch.tree``, docs/fabric.md).
 :func:`lab_tree` turns the workers' addresses (ranks numbered rack by rack) into the
 lab's ``Tree``; :func:`install_in_lab` installs a job, flat or as a tree, from inside the
 lab (its switches listen on lab addresses, which the default namespace cannot reach) and
-returns what each worker passes its client (:func:`roles`). :func:`tree_missing` says
-why a checkout cannot build trees (None when it can), so benches and tests leave the tree
-out with the reason instead of failing.
+returns what each worker passes its client (:func:`roles`).
 """
 
 import json
 import sys
 
-__all__ = ["tree_missing", "rack_of", "lab_tree", "roles", "install_in_lab",
+__all__ = ["rack_of", "lab_tree", "roles", "install_in_lab",
            "remove_in_lab"]
-
-
-def tree_missing() -> str | None:
-    """None when this checkout has the tree mechanism (issue 38: ``host.switch.tree`` and
-    ``ina switch --parent``); else what is missing."""
-    import argparse
-    try:
-        from ina_fabric.host.switch import tree  # noqa: F401
-    except ImportError:
-        return "no host.switch.tree in this checkout (the tree mechanism, issue 38)"
-    from ina_fabric.host.commands import switch as S
-    p = argparse.ArgumentParser()
-    S.add_arguments(p)
-    if not any("--parent" in a.option_strings for a in p._actions):
-        return "`ina switch --parent` is not in this checkout (issue 38)"
-    return None
 
 
 def rack_of(topo, address: str) -> str:
@@ -95,8 +77,6 @@ def remove_in_lab(lab, kind, job, session, members, node=None, timeout=30.0):
 def _run_in_lab(lab, action, kind, job, settings, session, members, node, timeout):
     if kind not in ("flat", "tree"):
         raise ValueError(f"kind {kind!r}: flat or tree")
-    if kind == "tree" and tree_missing():
-        raise NotImplementedError(tree_missing())
     doc = {"action": action, "kind": kind, "job": job, "session": session, "members": list(members),
            "spine": list(_spine(lab)), "window": settings.window,
            "elements": settings.elements, "deadline": settings.deadline,

@@ -324,9 +324,6 @@ class Lab:
         [(ip, port)] spine first, then the racks in order."""
         if not self.topo.spine:
             raise LabError(f"lab {self.id}: {self.topo.name} is not a fabric (no spine)")
-        from .fabric import tree_missing
-        if tree and tree_missing():
-            raise LabError(f"lab {self.id}: no tree of switches here: {tree_missing()}")
         spine = self.start_switch(self.topo.spine, extra=extra)
         parent = ("--parent", f"{spine[0]}:{spine[1]}") if tree else ()
         return [spine] + [self.start_switch(t, extra=(*parent, *extra, *leaf_extra))
@@ -410,8 +407,7 @@ def training_lab(topology: str, hosts: int, sets: dict | None = None, lab_id="tr
     extra = tuple(a.format(rate=min(h.link.rate for h in topo.hosts)) for a in extra)
     try:
         if topo.spine:
-            from .fabric import tree_missing
-            host, port = lab.start_fabric(tree=tree_missing() is None, extra=extra)[0]
+            host, port = lab.start_fabric(tree=True, extra=extra)[0]
         else:
             host, port = lab.start_switch(extra=extra)
     except BaseException:
