@@ -99,6 +99,11 @@ def _router(o):
     return Router()
 
 
+def _lanes(o):
+    from ina_fabric.hw.ina.lanes import LaneCodec, LaneFormat
+    return LaneCodec(LaneFormat(o["workers"], tuple(o["widths"])))
+
+
 def _elem(o):
     from ina_fabric.hw.ina.element import ElementPath
     return ElementPath(_P(**o["core"]), wrapping_adder=o.get("planted") == "wrapping_adder")
@@ -202,6 +207,10 @@ BENCHES = [
     ("Router", _router, "ina_fabric.sim.eth.tb_router",
      [{"n": 20, "prefix": 15, "idle": 0.3, "bp": 0.3},
       {"n": 200, "prefix": 24, "idle": 0.5, "bp": 0.7, "seed": 2}]),
+    ("LaneCodec", _lanes, "ina_fabric.sim.ina.tb_lane_codec",
+     [{"workers": 32, "widths": [8, 16, 32], "n": 300},
+      {"workers": 3, "widths": [16, 32], "n": 2000, "seed": 2},
+      {"workers": 1, "widths": [8, 32], "n": 2000, "seed": 3}]),
     ("ElementPath", _elem, "ina_fabric.sim.ina.tb_element_path",
      [{"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 4, "jobs": 2}, "n": 60,
        "idle": 0.2, "records": 2},
