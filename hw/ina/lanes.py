@@ -26,7 +26,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, enum
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["WIDTHS", "Width", "LaneFormat", "lane_unpack", "lane_add", "lane_pack",
+__all__ = ["WIDTHS", "Width", "LaneFormat", "lane_unpack", "lane_add", "lane_pack", "lane_wrap",
            "elements_py", "word_py", "unpack_py", "add_py", "pack_py", "acc_values_py",
            "words_of", "LaneCodec"]
 
@@ -206,6 +206,19 @@ def lane_add(fmt: LaneFormat, acc, addend, width):
         on = [w for w in fmt.widths if props[w][k]]
         bits[p] = Cat(*(width == Width.of_bits(w) for w in on)).any() if on else Const(0, 1)
     return (Cat(*bits) + addend)[:fmt.bits]
+
+
+def lane_wrap(fmt: LaneFormat, acc, width):
+    """Amaranth expression: each element of ``acc`` wrapped to its width (the planted
+    bug ``wrapping_adder``: the sum kept modulo 2^width)."""
+    def build(w):
+        bits = [acc[i] for i in range(fmt.bits)]
+        for j in range(fmt.per(w)):
+            pos = fmt.span(w, j)
+            for i, p in enumerate(pos):
+                bits[p] = acc[pos[min(i, w - 1)]]
+        return Cat(*bits)
+    return _per_width(fmt, width, build)
 
 
 def lane_pack(fmt: LaneFormat, acc, width):

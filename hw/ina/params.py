@@ -35,6 +35,10 @@ class CoreParams:
     jobs      number of job-table entries, each with its own range of 2W slot records
     queue     depth of the output request queue, in operations (each holds the up to two
               results one operation produces for the replicator)
+    widths    element widths the core sums, in bits: (32,) (int32 only), or with 8 and/or
+              16, packed 4 x 8 / 2 x 16 per 32-bit lane word (hw/ina/lanes.py; wider
+              accumulators and a result memory: a board that cannot afford them leaves
+              them out)
     """
     workers: int = 32
     window: int = 8
@@ -42,6 +46,7 @@ class CoreParams:
     lanes: int = 1
     jobs: int = 2
     queue: int = 16
+    widths: tuple = (32,)
 
     def __post_init__(self):
         if not 1 <= self.workers <= 32:
@@ -54,6 +59,9 @@ class CoreParams:
             raise ValueError(f"lanes {self.lanes} not in (1, 2, 4, 8, 16)")
         if self.jobs < 2:
             raise ValueError(f"jobs {self.jobs} must be >= 2")
+        if 32 not in self.widths or not set(self.widths) <= {8, 16, 32}:
+            raise ValueError(f"widths {self.widths} must be a subset of (8, 16, 32) with 32")
+        object.__setattr__(self, "widths", tuple(sorted(set(self.widths))))
         if self.queue <= QUEUE_SLACK or self.queue & (self.queue - 1):
             raise ValueError(f"queue {self.queue} must be a power of two > {QUEUE_SLACK} "
                              f"(the pipeline can add {QUEUE_SLACK} operations after the "
@@ -64,6 +72,23 @@ class CoreParams:
     def acc_bits(self) -> int:
         """Accumulator width: exact sum of ``workers`` int32 (37 bits for 32 workers)."""
         return 32 + _clog2(self.workers)
+
+    @property
+    def narrow(self) -> bool:
+        """The core takes int8 and/or int16 elements besides int32."""
+        return self.widths != (32,)
+
+    @property
+    def acc_word_bits(self) -> int:
+        """Bits of one lane's accumulator word (:class:`~.lanes.LaneFormat`): ``acc_bits``
+        for int32 only; with narrow widths, segments and gap bits (55 for 32 workers and
+        int8), plus the 32-bit saturated result word the element path keeps beside it."""
+        if not self.narrow:
+            return self.acc_bits
+        wmin = self.widths[0]
+        nseg = 32 // wmin
+        seg = max(-(-(w + _clog2(self.workers)) * wmin // w) for w in self.widths)
+        return nseg * seg + nseg - 1 + 32
 
     @property
     def header_beats(self) -> int:
@@ -93,7 +118,7 @@ class CoreParams:
 
     @property
     def slot_memory_bits(self) -> int:
-        acc = self.elem_beats * self.lanes * self.acc_bits
+        acc = self.elem_beats * self.lanes * self.acc_word_bits
         return self.records * (acc + self.meta_bits)
 
     @property
@@ -103,4 +128,6 @@ class CoreParams:
 
     def describe(self) -> str:
         return (f"N<={self.workers} W={self.window} E={self.elements} L={self.lanes} "
-                f"jobs={self.jobs}: {self.slot_memory_bytes} B slot state")
+                f"jobs={self.jobs}"
+                + (f" widths={','.join(map(str, self.widths))}" if self.narrow else "")
+                + f": {self.slot_memory_bytes} B slot state")
