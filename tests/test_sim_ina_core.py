@@ -43,6 +43,27 @@ def test_sim_ina_random_10k():
          INA_E=P_RND.elements, INA_MIN_PACKETS=10000, INA_DEADLINE=100)
 
 
+#: narrow widths (issue 40): int8 and int16 packed into L = 2 lane words, partial last words
+P_WIDTHS = CoreParams(workers=8, window=4, elements=6, lanes=2, jobs=2, widths=(8, 16, 32))
+
+
+def _model_takes_widths():
+    import inspect
+    from ina_fabric.host.switch.model import SwitchModel
+    return "widths" in inspect.signature(SwitchModel).parameters
+
+
+@pytest.mark.skipif(not _model_takes_widths(),
+                    reason="the reference model has no element widths yet (issue 40's model)")
+def test_sim_ina_random_widths():
+    """Random traffic whose seqs draw int8, int16 or int32 (with every impairment, width
+    bytes the core does not take, overflow at each width, idle cycles and backpressure),
+    against the model with the same widths."""
+    full = bool(os.environ.get("INA_SIM_FULL"))
+    _run(P_WIDTHS, "ina_random_widths", "test_random", INA_NSEQ=1200 if full else 250,
+         INA_SEED=3, INA_E=P_WIDTHS.elements, INA_DEADLINE=100)
+
+
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("params", [
     P_L1, pytest.param(P_L8, marks=pytest.mark.skipif(

@@ -58,6 +58,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, memory
 from amaranth.lib.wiring import In, Out
 
+from .lanes import nkey, width_byte, width_checks, words_hw
 from .element import beat_layout, packet_layout
 from .input_fifo import entry_layout
 from .layout import request_layout
@@ -171,6 +172,10 @@ class HeaderPipeline(wiring.Component):
                      p0_op.worker.eq(hdr.worker), p0_op.exp.eq(hdr.exponent),
                      p0_op.nelem.eq(hdr.nelem), p0_op.base.eq(dec.rec * EB),
                      p0_op.nbeats.eq((hdr.nelem + (L - 1)) >> LL), p0_op.rewind.eq(pop.rewind)]
+        if P.narrow:    # the record's key holds the width; beats of packed lane words
+            code = width_checks(P.widths, width_byte(hdr), hdr.nelem)[3]
+            m.d.comb += [p0_op.nelem.eq(nkey(code, hdr.nelem)),
+                         p0_op.nbeats.eq((words_hw(P.widths, code, hdr.nelem) + (L - 1)) >> LL)]
         # P1a's operation
         m.d.comb += [iss.p0_valid.eq(pop.dec), iss.p0_op.eq(p0_op), iss.hrec.eq(pop.hrec),
                      iss.near.eq(dec.near[:3]), iss.w3_near.eq(dec.near[3]),

@@ -20,6 +20,7 @@ from amaranth.lib.wiring import In, Out
 
 from ina_fabric.protocol.fields import MsgType, VERSION
 
+from .lanes import width_byte, width_checks
 from .layout import HeaderLayout
 from .params import CoreParams
 from .regfile import job_layout, member_layout
@@ -87,16 +88,19 @@ class HeaderDecode(wiring.Component):
                                                 for j in range(NJ)], 1))
 
         # the checks, in the model's priority order; P1a turns them into one reason
+        # (the width byte: one the core does not take is malformed right after the type,
+        # as in the model; an int32-only core takes only 0)
         body = self.body
-        nelem4 = hdr.nelem * 4
+        bad_width, nbytes, width_ne, _ = width_checks(P.widths, width_byte(hdr), hdr.nelem)
         checks = (self.short | self.len_short,
                   hdr.version != VERSION,
                   (hdr.type == MsgType.STATUS_REQ) | (hdr.type == MsgType.CONTROL),
-                  hdr.type != MsgType.DATA,
-                  body < nelem4, body != nelem4,
+                  (hdr.type != MsgType.DATA) | bad_width,
+                  body < nbytes, body != nbytes,
                   unkjob, bad_session,
                   bad_worker,
-                  big_nelem)
+                  big_nelem,
+                  width_ne)
         assert len(checks) == len(CHECK_REASONS)
         m.d.comb += self.checks.eq(Cat(checks))
         # member table: read in P0 by (job, worker) and compared with the source (in three

@@ -28,7 +28,8 @@ from amaranth.lib.wiring import In, Out
 
 __all__ = ["WIDTHS", "Width", "LaneFormat", "lane_unpack", "lane_add", "lane_pack", "lane_wrap",
            "elements_py", "word_py", "unpack_py", "add_py", "pack_py", "acc_values_py",
-           "words_of", "LaneCodec"]
+           "words_of", "width_byte", "width_checks", "width_checks_py", "nkey", "nkey_split", "words_hw",
+           "LaneCodec"]
 
 #: element widths a lane word can carry, in bits
 WIDTHS = (8, 16, 32)
@@ -238,6 +239,69 @@ def lane_pack(fmt: LaneFormat, acc, width):
         clamps[w] = Cat(*cs).any()
     return (_per_width(fmt, width, lambda w: words[w]),
             _per_width(fmt, width, lambda w: clamps[w]))
+
+
+# -- the header's width byte (ina_fabric.protocol.fields: low nibble the elements' width
+# code, high nibble the RESULT's; 0 int32, 1 int16, 2 int8) ------------------------------
+
+def width_byte(hdr):
+    """The header's width byte (the field that was ``reserved`` before issue 40)."""
+    from .layout import HeaderLayout
+    names = {name for name, _ in HeaderLayout}
+    return hdr.width if "width" in names else hdr.reserved
+
+
+def width_checks(widths, wb, nelem):
+    """Amaranth expressions for a DATA's width byte ``wb`` and ``nelem``, in a core that
+    sums ``widths``: the byte names no width the core takes (or elements narrower than
+    the result: ``drop_malformed``, checked before the length), the bytes the elements
+    take, the two nibbles differ (``drop_malformed``, checked after the job's checks: only
+    a child switch sends elements wider than its result, and the core has no children),
+    and the width code the pipeline carries."""
+    if tuple(widths) == (32,):
+        return wb != 0, nelem * 4, Const(0, 1), Const(0, 2)
+    lo, hi = wb[0:4], wb[4:8]
+    codes = [Width.of_bits(w).value for w in widths]
+    lo_ok = Cat(*(lo == c for c in codes)).any()
+    hi_ok = Cat(*(hi == c for c in codes)).any()
+    nbytes = nelem * 4
+    for w in widths:
+        if w != 32:
+            nbytes = Mux(lo == Width.of_bits(w).value, nelem * (w // 8), nbytes)
+    return ~lo_ok | ~hi_ok | (lo > hi), nbytes, lo != hi, lo[:2]
+
+
+def width_checks_py(widths, wb: int, nelem: int):
+    """:func:`width_checks`' twin: ``(bad, nbytes, nibbles differ, code)``."""
+    lo, hi = wb & 15, wb >> 4
+    codes = {Width.of_bits(w).value: w for w in widths}
+    bad = lo not in codes or hi not in codes or lo > hi
+    nbytes = nelem * (codes[lo] // 8 if lo in codes else 4)
+    return bad, nbytes, lo != hi and tuple(widths) != (32,), lo & 3 if tuple(widths) != (32,) else 0
+
+
+def nkey(code, nelem):
+    """In a core with narrow widths the header pipeline's ``nelem`` (the operation's, the
+    slot record's and the requests') is this key: the width code in its low two bits,
+    the element count above. A packet joins a record only with both equal (``nelem_ne``),
+    and the element path and the replicator take the width from it."""
+    return Cat(code, nelem)
+
+
+def nkey_split(key):
+    """``(width code, nelem)`` of a key (:func:`nkey`)."""
+    return key[:2], key[2:]
+
+
+def words_hw(fmt_widths, code, nelem):
+    """Amaranth expression: the lane words ``nelem`` elements of width ``code`` fill."""
+    out = nelem
+    for w in fmt_widths:
+        if w != 32:
+            per = 32 // w
+            out = Mux(code == Width.of_bits(w).value,
+                      (nelem + (per - 1)) >> (per.bit_length() - 1), out)
+    return out
 
 
 class LaneCodec(wiring.Component):

@@ -141,7 +141,9 @@ def request_layout(P) -> data.StructLayout:
     return data.StructLayout({
         "rec": range(P.records), "job": range(max(2, P.jobs)), "unicast": 1,
         "worker": range(32), "seq": 32, "count": range(P.workers + 1),
-        "bitmap": P.workers, "exponent": signed(8), "nelem": range(P.elements + 1),
+        "bitmap": P.workers, "exponent": signed(8),
+        "nelem": (unsigned(P.elements.bit_length() + 2) if P.narrow  # with narrow widths,
+                  else range(P.elements + 1)),           # the key (lanes.nkey)
         "partial": 1,
     })
 

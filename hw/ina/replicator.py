@@ -21,6 +21,7 @@ from amaranth.lib.wiring import In, Out
 
 from ina_fabric.protocol.fields import GROUP_WORKER, HEADER_BYTES, VERSION, MsgType
 
+from .lanes import nkey_split, width_byte, words_hw
 from .layout import HeaderLayout, header_words, out_layout, request_layout, busy_layout
 from .params import CoreParams, HEADER_WORDS
 from .regfile import job_layout, member_layout, jobs_at
@@ -102,6 +103,11 @@ class Replicator(wiring.Component):
     overflow     a group result with its overflow bit went out (the ``overflows`` event)
     o            the RESULT copies (:func:`~.layout.out_layout`)
 
+    With narrow widths (``params.widths``) the accumulator port reads lane words the
+    element path already saturated and packed, sent as they are; a request's ``nelem`` is
+    the record's key (``lanes.nkey``), whose width sets the RESULT's width byte, length
+    and beats.
+
     The queue's head moves into a register (``nxt0``), then into ``nxt`` with what the
     start needs worked out (copies, beats per copy), so the start decision and the
     counters it loads work from registers; a request is prefetched while the one before
@@ -119,7 +125,7 @@ class Replicator(wiring.Component):
                                                    shape=member_layout(mac=True))),
             "acc": In(memory.ReadPort.Signature(
                 addr_width=_log2(P.records * P.elem_beats),
-                shape=data.ArrayLayout(signed(P.acc_bits), P.lanes))),
+                shape=data.ArrayLayout(32 if P.narrow else signed(P.acc_bits), P.lanes))),
             "ovf": In(memory.ReadPort.Signature(addr_width=_log2(P.records), shape=1)),
             "busy": In(busy_layout(P)),
             "done_hot": Out(P.records),
@@ -137,6 +143,17 @@ class Replicator(wiring.Component):
         def jf(name, idx):
             return jobs_at(jobs, name, idx)
         m = Module()
+
+        def split(key):     # (width code, element count) of a request's nelem
+            return nkey_split(key) if P.narrow else (Const(0, 2), key)
+
+        def words(key):     # the lane words of a request's elements
+            code, n = split(key)
+            return words_hw(P.widths, code, n) if P.narrow else n
+
+        def nbytes(key):
+            code, n = split(key)
+            return n * 4 if not P.narrow else Mux(code == 1, n * 2, Mux(code == 2, n, n * 4))
         nxt, nxt_valid = Signal(ReqL), Signal()     # the prefetched request
         run, cur = Signal(), Signal(ReqL)            # the request being sent
         nxt0, nxt0_valid = Signal(ReqL), Signal()
@@ -153,7 +170,7 @@ class Replicator(wiring.Component):
         one0 = nxt0.unicast | jf("mcast_en", nxt0.job)
         with m.If(move):
             m.d.sync += [nxt.eq(nxt0), nxt_valid.eq(1), nxt0_valid.eq(0),
-                         nxt_nb.eq(H + ((nxt0.nelem + (L - 1)) >> LL)),
+                         nxt_nb.eq(H + ((words(nxt0.nelem) + (L - 1)) >> LL)),
                          nxt_copies_m1.eq(Mux(one0, 0, jf("nworkers", nxt0.job) - 1)),
                          nxt_base.eq(nxt0.rec * EB - H)]
 
@@ -188,7 +205,7 @@ class Replicator(wiring.Component):
         # folds are left in that cycle)
         ck_pre = Signal(20)
         with m.If(start):
-            m.d.sync += ck_pre.eq(ip_checksum_pre(self.src_ip, HEADER_BYTES + nxt.nelem * 4 + 28))
+            m.d.sync += ck_pre.eq(ip_checksum_pre(self.src_ip, HEADER_BYTES + nbytes(nxt.nelem) + 28))
             member0 = Mux(nxt.unicast, nxt.worker, 0)[:max(1, LWS)]
             m.d.sync += [run.eq(1), cur.eq(nxt), beat.eq(0), beat0.eq(1),
                          maddr.eq(nxt.job * WS + member0 if WS > 1 else nxt.job),
@@ -196,7 +213,8 @@ class Replicator(wiring.Component):
                          copies_left.eq(nxt_copies_m1), copy_last.eq(nxt_copies_m1 == 0),
                          nbeats_out.eq(nxt_nb), left.eq(nxt_nb - 1),
                          beat_last.eq(nxt_nb == 1)]
-        ovf_flag = self.ovf.data & (cur.nelem != 0)
+        cur_code, cur_nelem = split(cur.nelem)
+        ovf_flag = self.ovf.data & (cur_nelem != 0)
         m.d.comb += self.overflow.eq(started & ~cur.unicast & ovf_flag)
         issue = run & adv
         # the accumulator beat to read for ``beat`` (rec * EB + beat - H), as a counter
@@ -231,14 +249,16 @@ class Replicator(wiring.Component):
             oh.flags.eq(Cat(cur.partial, ovf_flag, cur.unicast)),
             oh.exponent.eq(cur.exponent), oh.job.eq(jf("job_id", cur.job)),
             oh.worker.eq(Mux(cur.unicast, cur.worker, GROUP_WORKER)), oh.count.eq(cur.count),
-            oh.seq.eq(cur.seq), oh.nelem.eq(cur.nelem), oh.bitmap.eq(cur.bitmap),
+            oh.seq.eq(cur.seq), oh.nelem.eq(cur_nelem), oh.bitmap.eq(cur.bitmap),
             oh.session.eq(Cat(jf("session_lo", cur.job), jf("session_hi", cur.job))),
         ]
+        if P.narrow:        # the RESULT's width byte: the slot's width in both nibbles
+            m.d.comb += width_byte(oh).eq(Cat(cur_code, C(0, 2), cur_code, C(0, 2)))
         owords = header_words(oh)
         op = o.payload
         ob_e = Signal(16)
         m.d.comb += ob_e.eq(o_beat - H)
-        length = HEADER_BYTES + cur.nelem * 4
+        length = HEADER_BYTES + nbytes(cur.nelem)
         use_mcast = ~cur.unicast & cur_mcast
         md = self.member.data
         dst_ip = Mux(use_mcast, jf("mcast_ip", cur.job), md.ip)
@@ -258,8 +278,9 @@ class Replicator(wiring.Component):
                         w = b * L + k
                         m.d.comb += op.data[k].eq(owords[w] if w < HEADER_WORDS else 0)
         with m.Else():
-            rem = cur.nelem - ob_e * L
+            rem = words(cur.nelem) - ob_e * L
             m.d.comb += op.n.eq(Mux(rem >= L, L, rem))
             for k in range(L):
-                m.d.comb += op.data[k].eq(saturate32(self.acc.data[k])[0])
+                m.d.comb += op.data[k].eq(self.acc.data[k] if P.narrow
+                                          else saturate32(self.acc.data[k])[0])
         return m

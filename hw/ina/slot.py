@@ -29,7 +29,9 @@ HEADER_EVENTS = {
 #: P0's checks, in the model's priority order (the reason each one gives)
 CHECK_REASONS = (Reason.TRUNCATED, Reason.BAD_VERSION, Reason.CONTROL, Reason.MALFORMED,
                  Reason.TRUNCATED, Reason.MALFORMED, Reason.UNKNOWN_JOB, Reason.BAD_SESSION,
-                 Reason.UNKNOWN_SOURCE, Reason.BIG_NELEM)
+                 Reason.UNKNOWN_SOURCE, Reason.BIG_NELEM, Reason.BIG_NELEM)
+# (the last: the width byte's nibbles differ, malformed once the source is the member's,
+# as a DATA with too many elements; lanes.width_checks)
 
 #: P1a's registered compares (P1b applies the rules from them)
 CMP_FIELDS = ("late", "complete", "eq_seqm", "eq_seq", "lt", "cnt1_n", "one_n", "cnt0",
@@ -92,8 +94,14 @@ def meta_layout(P: CoreParams) -> data.StructLayout:
     return data.StructLayout({
         "tag": signed(34), "complete": 1, "bitmap": P.workers,
         "count": range(P.workers + 1), "exponent": signed(8), "due": 32,
-        "nelem": range(P.elements + 1),
+        "nelem": nelem_shape(P),
     })
+
+
+def nelem_shape(P: CoreParams):
+    """A record's element count (with narrow widths, its key: ``lanes.nkey``, the width
+    code in the low two bits)."""
+    return unsigned(P.elements.bit_length() + 2) if P.narrow else range(P.elements + 1)
 
 
 def op_layout(P: CoreParams) -> data.StructLayout:
@@ -101,7 +109,7 @@ def op_layout(P: CoreParams) -> data.StructLayout:
     write, its record, and what the later stages need of its header."""
     return data.StructLayout({
         "kind": OpKind, "checks": len(CHECK_REASONS), "reason": Reason, "rec": range(P.records),
-        "seq": 32, "seqm": signed(34), "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16,
+        "seq": 32, "seqm": signed(34), "ts": 32, "worker": 8, "exp": signed(8), "nelem": 18 if P.narrow else 16,
         "base": range(P.records * P.elem_beats + 1), "nbeats": 16, "rewind": 5, "src_ok": 1,
     })
 

@@ -164,4 +164,7 @@ class SlotEffects(wiring.Component):
                      self.elem_packet.base.eq(p2_op.base), self.elem_packet.rec.eq(p2_op.rec),
                      self.elem_packet.nelem.eq(p2_op.nelem),
                      self.elem_packet.nbeats.eq(p2_op.nbeats), self.elem_packet.mode.eq(mode)]
+        if P.narrow:    # the key (lanes.nkey): the width code below the element count
+            m.d.comb += [self.elem_packet.width.eq(p2_op.nelem[:2]),
+                         self.elem_packet.nelem.eq(p2_op.nelem[2:])]
         return m

@@ -43,11 +43,14 @@ def _key(dgram):
 
 class Scoreboard:
     def __init__(self, jobs, src_ip="10.0.0.254", *, key=None, time_scale=1.0,
-                 max_jobs=None):
+                 max_jobs=None, widths=None):
         # the gateware runs GATEWARE_MODES: the model drops other modes' CONTROL as it does
-        # (the gateware does not answer refused DATA yet: issue 43, answers=False)
+        # (the gateware does not answer refused DATA yet: issue 43, answers=False);
+        # ``widths``: the element widths the core was built with (``CoreParams.widths``),
+        # so the model drops the others as malformed as the core does
         self.model = SwitchModel(jobs, key=key, modes=GATEWARE_MODES, answers=False,
-                                 **({"max_jobs": max_jobs} if max_jobs else {}))
+                                 **({"max_jobs": max_jobs} if max_jobs else {}),
+                                 **({"widths": tuple(widths)} if widths else {}))
         self.time_scale = time_scale
         #: the model's STATUS replies (to CONTROL) are compared with the core's, in order
         self.compare_replies = key is not None

@@ -33,8 +33,9 @@ async def test_random(dut):
     jobs = make_jobs(window=min(4, _env("INA_WINDOW", 4)), elements=_env("INA_E", 8),
                      deadline_cycles=_env("INA_DEADLINE", 400))
     tb = await _setup(dut, jobs)
-    sb = Scoreboard(jobs)
-    traffic = generate(jobs, _env("INA_NSEQ", 100), _env("INA_SEED", 1))
+    # (a core built with narrow widths gets DATA of every width it takes, random per seq)
+    sb = Scoreboard(jobs, widths=tb.P.widths if tb.P.narrow else None)
+    traffic = generate(jobs, _env("INA_NSEQ", 100), _env("INA_SEED", 1), widths=tb.P.widths)
     assert len(traffic) >= _env("INA_MIN_PACKETS", 0), f"only {len(traffic)} datagrams"
     if _env("INA_MAX_PACKETS", 0):
         traffic = traffic[:_env("INA_MAX_PACKETS", 0)]

@@ -1,5 +1,6 @@
 """Bench of :class:`~ina_fabric.hw.ina.header_decode.HeaderDecode` (P0): random headers
-(every type and version, element counts and lengths that agree or not, known and
+(every type and version, width bytes the core takes or not, element counts and lengths
+that agree or not, known and
 unknown jobs, sessions, workers) and job tables; the checks in the model's priority
 order, the job select (lowest matching job), the packet's record and ``seq - 2W``, the
 records near it, and the member-table source compare (the bench answers the
@@ -8,6 +9,7 @@ asynchronous read port from its own table) against a model of the stage."""
 import cocotb
 from amaranth.lib import data
 
+from ina_fabric.hw.ina.lanes import Width, width_checks_py
 from ina_fabric.hw.ina.layout import HeaderLayout
 from ina_fabric.hw.ina.params import CoreParams
 from ina_fabric.hw.ina.regfile import job_layout
@@ -43,7 +45,11 @@ async def test_header_decode(dut):
         f = {"version": VERSION if b.rng.random() < 0.9 else rr(8),
              "type": MsgType.DATA if b.rng.random() < 0.7 else b.rng.randint(0, 6),
              "worker": b.rng.randrange(P.workers + 2), "nelem": nelem, "seq": rr(32)}
-        body = 4 * nelem + (0 if b.rng.random() < 0.8 else b.rng.randint(-8, 8))
+        code = Width.of_bits(b.rng.choice(P.widths)).value
+        wb = code * 17 if b.rng.random() < 0.85 else b.rng.choice((rr(8), rr(2) | rr(2) << 4))
+        f["width" if "width" in {n for n, _ in HeaderLayout} else "reserved"] = wb
+        bad_width, nbytes, width_ne, _ = width_checks_py(P.widths, wb, nelem)
+        body = nbytes + (0 if b.rng.random() < 0.8 else b.rng.randint(-8, 8))
         x = {"short": int(b.rng.random() < 0.05), "len_short": int(b.rng.random() < 0.05),
              "sip": rr(32), "sport": rr(16)}
         near_rec = [b.rng.randrange(R) for _ in range(4)]
@@ -71,9 +77,10 @@ async def test_header_decode(dut):
         sel = next((j for j in range(NJ) if hits[j]), 0)
         jb = jobs[sel]
         checks = [x["short"] or x["len_short"], f["version"] != VERSION,
-                  f["type"] in (MsgType.STATUS_REQ, MsgType.CONTROL), f["type"] != MsgType.DATA,
-                  body < 4 * nelem, body != 4 * nelem, not any(hits), sess[sel] != 15,
-                  f["worker"] >= jb["nworkers"], nelem > jb["elements"]]
+                  f["type"] in (MsgType.STATUS_REQ, MsgType.CONTROL),
+                  f["type"] != MsgType.DATA or bad_width,
+                  body < nbytes, body != nbytes, not any(hits), sess[sel] != 15,
+                  f["worker"] >= jb["nworkers"], nelem > jb["elements"], width_ne]
         rec = (sel << (LWM + 1)) | hrec[sel]
         got = b.rd("checks")
         want = sum(int(bool(c)) << k for k, c in enumerate(checks))

@@ -2,6 +2,10 @@
 duplicates, reordering across workers, late packets, overflow values, unknown jobs and
 sources, truncated and malformed datagrams, and garbage. Plain Python + numpy.
 
+``widths`` (element widths in bits, default int32 only): each seq's DATA carry one width
+drawn from them (all its workers'), with values and overflow values of that width; the
+malformed kinds then include width bytes the core does not take (``fields.width_byte``).
+
 Returns ``[(datagram, source)]`` in arrival order. Arrival order is built by giving each
 event a sort key in "seq units" (seq + jitter + delays) so slots interleave the way a
 windowed sender's would; the stream is open loop (it does not react to results).
@@ -37,15 +41,21 @@ def make_jobs(*, n_a=4, n_b=3, window=4, elements=8, deadline_cycles=400):
     return [a, b]
 
 
-def _values(rng, nelem, overflow):
+def _values(rng, nelem, overflow, bits=32):
+    if bits != 32:
+        top = 1 << (bits - 1)
+        if overflow:
+            return rng.choice(np.array([top - 1, -top, top - 3, -top + 2], np.int64), nelem)
+        return rng.integers(-(top >> 2), top >> 2, nelem, dtype=np.int64)
     if overflow:
         return rng.choice(np.array([2**31 - 1, -2**31, 2**31 - 7, -2**31 + 3], np.int64),
                           nelem).astype(np.int32)
     return rng.integers(-2**20, 2**20, nelem, dtype=np.int32)
 
 
-def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix()):
+def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix(), widths=(32,)):
     rng = np.random.default_rng(seed)
+    narrow = tuple(widths) != (32,)
     events = []  # (key, tiebreak, datagram, source)
 
     def add(key, dgram, src):
@@ -58,11 +68,14 @@ def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix()):
             if rng.random() < mix.short_nelem:
                 nelem = int(rng.integers(0, cfg.elements + 1))
             ovf = rng.random() < mix.overflow
+            bits = int(rng.choice(widths)) if narrow else 32
+            wide = {"width": width_byte(bits)} if narrow else {}
             for w, mem in enumerate(cfg.members):
                 src = mem.addr
-                vals = _values(rng, nelem, ovf)
+                vals = _values(rng, nelem, ovf, bits)
                 exp = int(rng.integers(-20, 20))
-                d = pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp)
+                d = pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp,
+                         **wide)
                 key = seq + rng.random() * mix.jitter * cfg.window
                 if rng.random() < mix.loss:
                     if bounded:
@@ -71,14 +84,14 @@ def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix()):
                         key += cfg.window * 1.5   # arrives after the deadline: late
                     key += cfg.window * 0.8   # host retransmits after a timeout
                     d = pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp,
-                             flags=Flags.RETRANSMIT)
+                             flags=Flags.RETRANSMIT, **wide)
                 add(key, d, src)
                 if rng.random() < mix.dup:
                     add(key + rng.random() * cfg.window, d, src)
                 if rng.random() < mix.late:
                     add(key + cfg.window * (1 + rng.random()), d, src)
                 if rng.random() < mix.bad:
-                    kind = int(rng.integers(0, 12))
+                    kind = int(rng.integers(0, 13 if narrow else 12))
                     if kind == 9:      # right header, wrong source address
                         add(key + rng.random(), d, ("10.9.9.9", src[1]))
                     elif kind == 10:   # a status request
@@ -88,6 +101,11 @@ def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix()):
                         add(key + rng.random(), _bad(rng, kind, cfg, seq, d), src)
     events.sort(key=lambda e: (e[0], e[1]))
     return [(d, s) for _, _, d, s in events]
+
+
+def width_byte(bits):
+    from ina_fabric.protocol.fields import width_byte as wb    # (issue 40's width field)
+    return wb(bits)
 
 
 def _bad(rng, kind, cfg, seq, d):
@@ -109,6 +127,10 @@ def _bad(rng, kind, cfg, seq, d):
     if kind == 7:
         b = bytearray(d); b[8:12] = (seq + 5 * cfg.window).to_bytes(4, "big")
         return bytes(b)                                          # ahead of the window
+    if kind == 12:      # a width byte the core does not take, or nibbles that differ
+        at = field_offsets()["width"]
+        b = bytearray(d); b[at] = int(rng.choice([0x33, 0x21, 0x10, 0x20, 0x03, 0x12]))
+        return bytes(b)
     if kind == 11:                                   # another run's session (or a forger's)
         at = field_offsets()["session"] + int(rng.integers(0, 8))
         b = bytearray(d); b[at] ^= 1 << int(rng.integers(0, 8)); return bytes(b)
