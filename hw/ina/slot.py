@@ -36,12 +36,12 @@ CHECK_REASONS = (Reason.TRUNCATED, Reason.BAD_VERSION, Reason.CONTROL, Reason.MA
 #: P1a's registered compares (P1b applies the rules from them)
 CMP_FIELDS = ("late", "complete", "eq_seqm", "eq_seq", "lt", "cnt1_n", "one_n", "cnt0",
               "cnt_lt_n", "nelem_ne", "nelem_nz", "src_ok", "pend", "enable", "bounded", "ok",
-              "pkt", "may_expire")
+              "pkt", "may_expire", "width_ne")
 
 #: P1b's registered rules (P2 combines them)
 RULE_FIELDS = ("defer", "expire", "reuse", "join", "cur_complete", "dup", "nelem_ne",
                "one_n", "cnt1_n", "opens", "new_exp", "stale", "oow", "unksrc", "bignelem",
-               "pkt", "scan", "init", "pkt_ok", "cnt_lt_n")
+               "pkt", "scan", "init", "pkt_ok", "cnt_lt_n", "width_ne")
 
 
 def log2(n):
@@ -129,8 +129,10 @@ def eq_chain(a, b):
     return ~below(a, b) & ~below(b, a)
 
 
-def md_compares(mdx, op, n, nm1, bit):
-    """Every compare of an operation against its record's metadata."""
+def md_compares(mdx, op, n, nm1, bit, narrow=False):
+    """Every compare of an operation against its record's metadata. ``narrow``: the
+    ``nelem`` fields are keys (``lanes.nkey``): ``nelem_ne`` compares the element counts
+    and ``width_ne`` the widths (the model's ``drop_bad_width``)."""
     # sequence numbers compare modulo 2^32 (the model's serial-number arithmetic):
     # only the tag's low 32 bits count (the initial tags are negative)
     return {"late": due_reached(op.ts, mdx.due), "complete": mdx.complete,
@@ -138,7 +140,9 @@ def md_compares(mdx, op, n, nm1, bit):
             "eq_seq": eq_chain(mdx.tag[:32], op.seq),
             "lt": seq_at_or_behind(mdx.tag, op.seq), "cnt1_n": mdx.count == nm1,
             "cnt0": mdx.count == 0, "cnt_lt_n": mdx.count < n,
-            "nelem_ne": ~eq_chain(op.nelem, mdx.nelem)}
+            "nelem_ne": (~eq_chain(op.nelem[2:], mdx.nelem[2:]) if narrow
+                         else ~eq_chain(op.nelem, mdx.nelem)),
+            "width_ne": op.nelem[:2] != mdx.nelem[:2] if narrow else C(0, 1)}
 
 
 def stage_layout(P: CoreParams) -> data.StructLayout:

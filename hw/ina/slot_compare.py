@@ -121,9 +121,11 @@ class SlotCompare(wiring.Component):
         # and the registered selects pick one at the end (off the compare chains)
         nm1 = Array(nwm1)[p1_job]
         # (a candidate's select: byp1 first, then byp0, then the record's job)
-        cands = [(byp1, md_compares(w3_data, p1_op, n1, nm1, bit1)),
-                 (~byp1 & byp0, md_compares(w4_data, p1_op, n1, nm1, bit1))]
-        cands += [(~byp1 & ~byp0 & (p1_job == j), md_compares(p1_md[j], p1_op, n1, nm1, bit1))
+        nw = P.narrow
+        cands = [(byp1, md_compares(w3_data, p1_op, n1, nm1, bit1, nw)),
+                 (~byp1 & byp0, md_compares(w4_data, p1_op, n1, nm1, bit1, nw))]
+        cands += [(~byp1 & ~byp0 & (p1_job == j),
+                   md_compares(p1_md[j], p1_op, n1, nm1, bit1, nw))
                   for j in range(NJ)]
         # every compare, by name:
         for k in cands[0][1]:

@@ -80,7 +80,9 @@ class SlotEffects(wiring.Component):
         resend_ = c.join & c.cur_complete
         dup_only = c.join & ~c.cur_complete & isdup
         malf3 = c.join & ~c.cur_complete & ~isdup & nelem_bad
-        accept = c.join & ~c.cur_complete & ~isdup & ~nelem_bad
+        # (another width than the record's: the model's drop_bad_width, a counter the
+        # gateware does not keep; the packet is not summed)
+        accept = c.join & ~c.cur_complete & ~isdup & ~nelem_bad & ~(~reuse & c.width_ne)
         completes = accept & Mux(reuse, c.one_n, c.cnt1_n)
         cur_bitmap = Mux(reuse, 0, md2.bitmap)
         cur_count = Mux(reuse, 0, md2.count)

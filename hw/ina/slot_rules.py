@@ -75,7 +75,7 @@ class SlotRules(wiring.Component):
             q1_sel = Signal()
             m.d.sync += q1_sel.eq(p2.valid & ~p2.adj & (p2.op.rec == self.p1_rec))
             cw = md_compares(w3_data, q1_op, jobs_at(self.jobs, "nworkers", q1_job),
-                             Array(self.nwm1)[q1_job], self.q1_bit)
+                             Array(self.nwm1)[q1_job], self.q1_bit, P.narrow)
             q1m = Signal.like(q1c)
             m.d.comb += q1m.eq(q1c)
             for k, v in cw.items():
@@ -116,7 +116,7 @@ class SlotRules(wiring.Component):
             self.p2_bit.eq(self.q1_bit), self.p2_cnt1.eq(q1_mdx.count + 1),
             self.p2_due.eq(self.q1_due), self.p2_init_tag.eq(self.q1_init_tag),
             c.defer.eq(k_defer1), c.expire.eq(k_expire1), c.reuse.eq(reuse1), c.join.eq(join1),
-            c.cur_complete.eq(cur_complete1), c.dup.eq(dup1), c.nelem_ne.eq(q1m.nelem_ne),
+            c.cur_complete.eq(cur_complete1), c.dup.eq(dup1), c.nelem_ne.eq(q1m.nelem_ne), c.width_ne.eq(q1m.width_ne),
             c.one_n.eq(q1m.one_n), c.cnt1_n.eq(q1m.cnt1_n),
             c.opens.eq(reuse1 | q1m.cnt0),
             # the larger exponent (compared here from registers, off P1a's path)

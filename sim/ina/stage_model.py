@@ -10,7 +10,7 @@ __all__ = ["md_compares_py", "rules_py"]
 M32 = 0xFFFFFFFF
 
 
-def md_compares_py(md, op, n, nm1):
+def md_compares_py(md, op, n, nm1, narrow=False):
     """The compares of an operation against a record's metadata (``slot.md_compares``):
     ``md``, ``op`` as dicts of unsigned fields (tag: 34 bits two's complement)."""
     tag32 = md["tag"] & M32
@@ -18,7 +18,8 @@ def md_compares_py(md, op, n, nm1):
             "eq_seqm": int(tag32 == op["seqm"] & M32), "eq_seq": int(tag32 == op["seq"]),
             "lt": int(seq_at_or_behind_py(tag32, op["seq"])), "cnt1_n": int(md["count"] == nm1),
             "cnt0": int(md["count"] == 0), "cnt_lt_n": int(md["count"] < n),
-            "nelem_ne": int(op["nelem"] != md["nelem"])}
+            "nelem_ne": int(op["nelem"] >> 2 * narrow != md["nelem"] >> 2 * narrow),
+            "width_ne": int(narrow and (op["nelem"] & 3) != (md["nelem"] & 3))}
 
 
 def _s8(v):
@@ -49,7 +50,8 @@ def rules_py(q, op, md, duplicate_check=True):
                             or (early_ok and not q["src_ok"])),
          "bignelem": pkt and op["reason"] == Reason.BIG_NELEM.value and q["src_ok"],
          "pkt": pkt, "scan": op["kind"] == OpKind.SCAN.value and q["enable"],
-         "init": op["kind"] == OpKind.INIT.value, "pkt_ok": pkt_ok, "cnt_lt_n": q["cnt_lt_n"]}
+         "init": op["kind"] == OpKind.INIT.value, "pkt_ok": pkt_ok, "cnt_lt_n": q["cnt_lt_n"],
+         "width_ne": q["width_ne"]}
     return {k: int(bool(v)) for k, v in c.items()}
 
 
@@ -70,7 +72,8 @@ def effects_py(P, v, op, c, md, bit, cnt1, due, init_tag, job):
     resend_ = join and cc
     dup_only = join and not cc and isdup
     malf3 = join and not cc and not isdup and nelem_bad
-    accept = join and not cc and not isdup and not nelem_bad
+    accept = join and not cc and not isdup and not nelem_bad and \
+        not (not reuse and c.get("width_ne", 0))
     completes = accept and (c["one_n"] if reuse else c["cnt1_n"])
     cur_bitmap = 0 if reuse else md["bitmap"]
     cur_count = 0 if reuse else md["count"]

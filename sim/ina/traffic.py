@@ -4,7 +4,8 @@ sources, truncated and malformed datagrams, and garbage. Plain Python + numpy.
 
 ``widths`` (element widths in bits, default int32 only): each seq's DATA carry one width
 drawn from them (all its workers'), with values and overflow values of that width; the
-malformed kinds then include width bytes the core does not take (``fields.width_byte``).
+malformed kinds then include width bytes the core does not take (``fields.width_byte``),
+and a worker's DATA is sometimes sent again at another width.
 
 Returns ``[(datagram, source)]`` in arrival order. Arrival order is built by giving each
 event a sort key in "seq units" (seq + jitter + delays) so slots interleave the way a
@@ -86,6 +87,14 @@ def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix(), widths=(32,)):
                     d = pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp,
                              flags=Flags.RETRANSMIT, **wide)
                 add(key, d, src)
+                if narrow and rng.random() < mix.bad:
+                    # the same DATA again at another width, after it: the slot is open at
+                    # the seq's width (the model's drop_bad_width), or complete (re-send)
+                    other = int(rng.choice([b for b in widths if b != bits]))
+                    top = 1 << (other - 1)
+                    add(key + 1e-6, pack(np.clip(vals, -top, top - 1), job=cfg.job,
+                                         session=cfg.session, worker=w, seq=seq, exponent=exp,
+                                         width=width_byte(other)), src)
                 if rng.random() < mix.dup:
                     add(key + rng.random() * cfg.window, d, src)
                 if rng.random() < mix.late:
