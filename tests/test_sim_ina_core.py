@@ -60,7 +60,7 @@ def test_sim_ina_random_widths():
     bytes the core does not take, overflow at each width, idle cycles and backpressure),
     against the model with the same widths."""
     full = bool(os.environ.get("INA_SIM_FULL"))
-    _run(P_WIDTHS, "ina_random_widths", "test_random", INA_NSEQ=1200 if full else 250,
+    _run(P_WIDTHS, "ina_random_widths", "test_random", INA_NSEQ=1200 if full else 80,
          INA_SEED=3, INA_E=P_WIDTHS.elements, INA_DEADLINE=100)
 
 
