@@ -109,8 +109,14 @@ class RtlSwitchModel(SwitchModel):
         from ina_fabric.hw.verilator.core import RtlCore
         self.params = params or rtl_params()
         self.core = RtlCore(self.params, planted_bug=planted_bug, log=log)
+        # the element widths the core sums (CoreParams.widths): the model drops the others
+        # as malformed, as the core does (once the model takes ``widths``)
+        import inspect
+        wkw = ({"widths": self.params.widths}
+               if "widths" in inspect.signature(SwitchModel).parameters else {})
+        kw = {**wkw, **kw}
         #: the scoreboard: the reference model fed exactly what the core is fed
-        self.ref = SwitchModel(modes=GATEWARE_MODES, answers=False)
+        self.ref = SwitchModel(modes=GATEWARE_MODES, answers=False, **wkw)
         self._index = {}            # job id -> entry of the core's job table
         self._deadline_cycles = {}  # job id -> its deadline in cycles
         self._expected = {}         # key -> deque of (cycle, dest, bytes): model's, unmatched
