@@ -155,6 +155,11 @@ def _pbuf(o):
     return PacketBuffer(depth=o["depth"])
 
 
+def _regfile(o):
+    from ina_fabric.hw.ina.regfile import RegisterFile
+    return RegisterFile(_P(**o["core"]))
+
+
 def _ingress(o):
     from ina_fabric.hw.eth.ingress import Ingress
     return Ingress()
@@ -264,6 +269,13 @@ BENCHES = [
       {"depth": 256, "n": 200, "max_len": 60, "idle": 0.0, "bp": 0.0, "seed": 2,
        "no_overflow": True},
       {"depth": 32, "n": 200, "max_len": 40, "idle": 0.0, "bp": 0.8, "seed": 3}]),
+    ("RegisterFile", _regfile, "ina_fabric.sim.ina.tb_register_file",
+     [{"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 2, "jobs": 2}, "n": 400,
+       "idle": 0.2},
+      {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 3}, "n": 4000,
+       "idle": 0.1, "seed": 2},
+      {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 8, "jobs": 5}, "n": 4000,
+       "idle": 0.5, "writes": 0.8, "seed": 3}]),
     ("Ingress", _ingress, "ina_fabric.sim.eth.tb_ingress",
      [{"n": 13, "idle": 0.2, "bp": 0.3}, {"n": 150, "idle": 0.0, "bp": 0.0, "seed": 2},
       {"n": 150, "idle": 0.5, "bp": 0.7, "seed": 3}]),
