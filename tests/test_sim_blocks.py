@@ -160,6 +160,11 @@ def _regfile(o):
     return RegisterFile(_P(**o["core"]))
 
 
+def _replicator(o):
+    from ina_fabric.hw.ina.replicator import Replicator
+    return Replicator(_P(**o["core"]))
+
+
 def _ingress(o):
     from ina_fabric.hw.eth.ingress import Ingress
     return Ingress()
@@ -276,6 +281,15 @@ BENCHES = [
        "idle": 0.1, "seed": 2},
       {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 8, "jobs": 5}, "n": 4000,
        "idle": 0.5, "writes": 0.8, "seed": 3}]),
+    ("Replicator", _replicator, "ina_fabric.sim.ina.tb_replicator",
+     [{"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 2, "jobs": 2}, "n": 40,
+       "idle": 0.3, "bp": 0.3},
+      {"core": {"workers": 32, "window": 4, "elements": 16, "lanes": 1, "jobs": 3}, "n": 60,
+       "idle": 0.1, "bp": 0.5, "mcast": 0.2, "seed": 2},
+      {"core": {"workers": 3, "window": 1, "elements": 20, "lanes": 8, "jobs": 2}, "n": 300,
+       "idle": 0.0, "bp": 0.0, "unicast": 0.5, "seed": 3},
+      {"core": {"workers": 8, "window": 2, "elements": 7, "lanes": 4, "jobs": 2}, "n": 300,
+       "idle": 0.6, "bp": 0.7, "mcast": 0.6, "seed": 4}]),
     ("Ingress", _ingress, "ina_fabric.sim.eth.tb_ingress",
      [{"n": 13, "idle": 0.2, "bp": 0.3}, {"n": 150, "idle": 0.0, "bp": 0.0, "seed": 2},
       {"n": 150, "idle": 0.5, "bp": 0.7, "seed": 3}]),
