@@ -16,7 +16,7 @@ import pkgutil
 import pytest
 from amaranth.lib import wiring
 
-from ina_fabric.sim.common import run_cocotb
+from ina_fabric.sim.common import BUILD, run_cocotb
 
 pytestmark = pytest.mark.xdist_group("sim_blocks")
 
@@ -165,6 +165,16 @@ def _replicator(o):
     return Replicator(_P(**o["core"]))
 
 
+def _rgmii(o):
+    from ina_fabric.hw.eth.rgmii import RgmiiPhy
+    from ina_fabric.sim.eth import tb_rgmii_phy as tb
+    phy = RgmiiPhy(tb.Pins(), rx_domain="rx", tx_domain="tx",
+                   rx_delay_taps=o["rx_delay_taps"], tx_delay_taps=o["tx_delay_taps"])
+    # its DDR primitives: amaranth's ECP5 buffers and the bench's models of them
+    phy.bench_sources = tb.sources
+    return phy
+
+
 def _ingress(o):
     from ina_fabric.hw.eth.ingress import Ingress
     return Ingress()
@@ -290,6 +300,13 @@ BENCHES = [
        "idle": 0.0, "bp": 0.0, "unicast": 0.5, "seed": 3},
       {"core": {"workers": 8, "window": 2, "elements": 7, "lanes": 4, "jobs": 2}, "n": 300,
        "idle": 0.6, "bp": 0.7, "mcast": 0.6, "seed": 4}]),
+    ("RgmiiPhy", _rgmii, "ina_fabric.sim.eth.tb_rgmii_phy",
+     [{"rx_delay_taps": 0, "tx_delay_taps": 0, "n": 200},
+      {"rx_delay_taps": 80, "tx_delay_taps": 80, "n": 200, "seed": 2},
+      {"rx_delay_taps": 0, "tx_delay_taps": 60, "n": 2000, "idle": 0.8, "seed": 3,
+       "rx_period_ns": 7.9},
+      {"rx_delay_taps": 80, "tx_delay_taps": 0, "n": 2000, "idle": 0.1, "seed": 4,
+       "tx_period_ns": 8.1}]),
     ("Ingress", _ingress, "ina_fabric.sim.eth.tb_ingress",
      [{"n": 13, "idle": 0.2, "bp": 0.3}, {"n": 150, "idle": 0.0, "bp": 0.0, "seed": 2},
       {"n": 150, "idle": 0.5, "bp": 0.7, "seed": 3}]),
@@ -310,9 +327,12 @@ def run_block(name, make, module, options, tag=""):
     dut = make(options)
     assert type(dut).__name__ == name, f"the bench of {name} builds a {type(dut).__name__}"
     key = "".join(c if c.isalnum() else "_" for c in json.dumps(options, sort_keys=True))
-    run_cocotb(dut, toplevel=f"blk_{name.lower()}", test_module=module,
-               name=f"blk_{name}_{tag}{abs(hash(key)) % 10 ** 8}",
-               env={"INA_BENCH": json.dumps(options)})
+    run = f"blk_{name}_{tag}{abs(hash(key)) % 10 ** 8}"
+    top = f"blk_{name.lower()}"
+    # (a block with vendor primitives brings its Verilog and the bench's models of them)
+    src = getattr(dut, "bench_sources", None)
+    run_cocotb(dut if src is None else src(dut, top, BUILD / run), toplevel=top,
+               test_module=module, name=run, env={"INA_BENCH": json.dumps(options)})
 
 
 def bench_of(name):
