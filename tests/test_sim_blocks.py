@@ -175,6 +175,11 @@ def _rgmii(o):
     return phy
 
 
+def _writer(o):
+    from ina_fabric.hw.ina.entry import EntryWriter
+    return EntryWriter(_P(**o["core"]), max_words=512, reclaim_cycles=o["reclaim"])
+
+
 def _ingress(o):
     from ina_fabric.hw.eth.ingress import Ingress
     return Ingress()
@@ -307,6 +312,13 @@ BENCHES = [
        "rx_period_ns": 7.9},
       {"rx_delay_taps": 80, "tx_delay_taps": 0, "n": 2000, "idle": 0.1, "seed": 4,
        "tx_period_ns": 8.1}]),
+    ("EntryWriter", _writer, "ina_fabric.sim.ina.tb_entry_writer",
+     [{"core": {"workers": 4, "window": 4, "elements": 8, "lanes": 1, "jobs": 2}, "n": 40,
+       "reclaim": 40, "accept": 0.05},
+      {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 3}, "n": 300,
+       "reclaim": 100, "accept": 0.02, "seed": 2},
+      {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 2, "jobs": 4}, "n": 300,
+       "reclaim": 20, "accept": 0.2, "seed": 3}]),
     ("Ingress", _ingress, "ina_fabric.sim.eth.tb_ingress",
      [{"n": 13, "idle": 0.2, "bp": 0.3}, {"n": 150, "idle": 0.0, "bp": 0.0, "seed": 2},
       {"n": 150, "idle": 0.5, "bp": 0.7, "seed": 3}]),
