@@ -180,6 +180,12 @@ def _writer(o):
     return EntryWriter(_P(**o["core"]), max_words=512, reclaim_cycles=o["reclaim"])
 
 
+def _status(o):
+    from ina_fabric.hw.ina.status import StatusWriter
+    return StatusWriter(_P(**o["core"]), clock_hz=o["clock_hz"], reclaim_cycles=o["reclaim"],
+                        max_words=512)
+
+
 def _ingress(o):
     from ina_fabric.hw.eth.ingress import Ingress
     return Ingress()
@@ -319,6 +325,13 @@ BENCHES = [
        "reclaim": 100, "accept": 0.02, "seed": 2},
       {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 2, "jobs": 4}, "n": 300,
        "reclaim": 20, "accept": 0.2, "seed": 3}]),
+    ("StatusWriter", _status, "ina_fabric.sim.ina.tb_status_writer",
+     [{"core": {"workers": 4, "window": 4, "elements": 8, "lanes": 2, "jobs": 2}, "n": 12,
+       "clock_hz": 1000, "reclaim": 5000, "bp": 0.3},
+      {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 4}, "n": 60,
+       "clock_hz": 75_000_000, "reclaim": 75_000_000 * 30, "bp": 0.0, "seed": 2},
+      {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 8, "jobs": 3}, "n": 60,
+       "clock_hz": 7, "reclaim": 1000, "bp": 0.7, "seed": 3}]),
     ("Ingress", _ingress, "ina_fabric.sim.eth.tb_ingress",
      [{"n": 13, "idle": 0.2, "bp": 0.3}, {"n": 150, "idle": 0.0, "bp": 0.0, "seed": 2},
       {"n": 150, "idle": 0.5, "bp": 0.7, "seed": 3}]),
