@@ -186,6 +186,12 @@ def _status(o):
                         max_words=512)
 
 
+def _pipeline(o):
+    from ina_fabric.hw.ina.header import HeaderPipeline
+    return HeaderPipeline(_P(**o["core"]), duplicate_check=o.get("planted")
+                          != "no_duplicate_check")
+
+
 def _ingress(o):
     from ina_fabric.hw.eth.ingress import Ingress
     return Ingress()
@@ -332,6 +338,14 @@ BENCHES = [
        "clock_hz": 75_000_000, "reclaim": 75_000_000 * 30, "bp": 0.0, "seed": 2},
       {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 8, "jobs": 3}, "n": 60,
        "clock_hz": 7, "reclaim": 1000, "bp": 0.7, "seed": 3}]),
+    ("HeaderPipeline", _pipeline, "ina_fabric.sim.ina.tb_header_pipeline",
+     [{"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 2, "jobs": 2}, "n": 12,
+       "idle": 0.3, "drain": 0.3},
+      {"core": {"workers": 8, "window": 4, "elements": 16, "lanes": 1, "jobs": 2, "queue": 4},
+       "n": 60, "window": 4, "idle": 0.1, "drain": 0.1, "send_cycles": 30, "seed": 2},
+      {"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 8, "jobs": 3}, "n": 60,
+       "idle": 0.0, "drain": 0.5, "deadline": 60, "seed": 3,
+       "mix": {"loss": 0.1, "dup": 0.1, "late": 0.1, "bad": 0.1}}]),
     ("Ingress", _ingress, "ina_fabric.sim.eth.tb_ingress",
      [{"n": 13, "idle": 0.2, "bp": 0.3}, {"n": 150, "idle": 0.0, "bp": 0.0, "seed": 2},
       {"n": 150, "idle": 0.5, "bp": 0.7, "seed": 3}]),
