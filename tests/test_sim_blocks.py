@@ -192,6 +192,12 @@ def _pipeline(o):
                           != "no_duplicate_check")
 
 
+def _control(o):
+    from ina_fabric.hw.ina.control import ControlPlane
+    from ina_fabric.sim.ina.control_scenario import KEY
+    return ControlPlane(_P(**o["core"]), key=KEY, cycles_per_us=1)
+
+
 def _ingress(o):
     from ina_fabric.hw.eth.ingress import Ingress
     return Ingress()
@@ -346,6 +352,13 @@ BENCHES = [
       {"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 8, "jobs": 3}, "n": 60,
        "idle": 0.0, "drain": 0.5, "deadline": 60, "seed": 3,
        "mix": {"loss": 0.1, "dup": 0.1, "late": 0.1, "bad": 0.1}}]),
+    ("ControlPlane", _control, "ina_fabric.sim.ina.tb_control_plane",
+     [{"core": {"workers": 4, "window": 4, "elements": 8, "lanes": 2, "jobs": 2}, "n": 10,
+       "idle": 0.3, "bp": 0.3},
+      {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 2}, "n": 1000,
+       "idle": 0.0, "bp": 0.0, "seed": 2},
+      {"core": {"workers": 8, "window": 2, "elements": 8, "lanes": 8, "jobs": 3}, "n": 1000,
+       "idle": 0.6, "bp": 0.7, "seed": 3}]),
     ("Ingress", _ingress, "ina_fabric.sim.eth.tb_ingress",
      [{"n": 13, "idle": 0.2, "bp": 0.3}, {"n": 150, "idle": 0.0, "bp": 0.0, "seed": 2},
       {"n": 150, "idle": 0.5, "bp": 0.7, "seed": 3}]),
