@@ -60,6 +60,10 @@ MUTANTS = [
      "(q1_op.exp > q1_mdx.exponent)", "(q1_op.exp < q1_mdx.exponent)"),
     ("overflow bit of the last beat only", "element",
      "ovf_now = Mux(e2_first, beat_ovf, ovf_run | beat_ovf)", "ovf_now = beat_ovf"),
+    ("a carry crosses between narrow elements", "lanes",
+     "on = [w for w in fmt.widths if props[w][k]]", "on = list(fmt.widths)"),
+    ("narrow saturation off by one", "lanes", "hi = v > (1 << (w - 1)) - 1",
+     "hi = v > (1 << (w - 1))"),
 ]
 PLANTED = ["wrapping_adder", "no_duplicate_check"]
 
@@ -76,9 +80,10 @@ _RUNNER = textwrap.dedent('''
               "slot_rules": ("SlotRules", "HeaderPipeline"),
               "slot_effects": ("SlotEffects", "HeaderPipeline"), "element": ("ElementPath",),
               "replicator": ("Replicator",), "wrapping_adder": ("ElementPath",),
+              "lanes": ("LaneCodec",),
               "no_duplicate_check": ("SlotRules", "HeaderPipeline")}
     # every module that imports from a mutated one, in import order (hw/ina/*.py)
-    DEPENDENTS = ("slot", "element", "header_pop", "header_decode", "slot_issue",
+    DEPENDENTS = ("lanes", "slot", "element", "header_pop", "header_decode", "slot_issue",
                   "slot_compare", "slot_rules", "slot_effects", "header", "replicator",
                   "core")
     bug = spec.get("planted")
