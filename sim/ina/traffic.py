@@ -5,7 +5,7 @@ sources, truncated and malformed datagrams, and garbage. Plain Python + numpy.
 ``widths`` (element widths in bits, default int32 only): each seq's DATA carry one width
 drawn from them (all its workers'), with values and overflow values of that width; the
 malformed kinds then include width bytes the core does not take (``fields.width_byte``),
-and a worker's DATA is sometimes sent again at another width.
+and a worker's DATA is sometimes sent first at another width, while the slot is open.
 
 Returns ``[(datagram, source)]`` in arrival order. Arrival order is built by giving each
 event a sort key in "seq units" (seq + jitter + delays) so slots interleave the way a
@@ -70,6 +70,7 @@ def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix(), widths=(32,)):
                 nelem = int(rng.integers(0, cfg.elements + 1))
             ovf = rng.random() < mix.overflow
             bits = int(rng.choice(widths)) if narrow else 32
+            opened = None           # the earliest of the seq's DATA so far
             wide = {"width": width_byte(bits)} if narrow else {}
             for w, mem in enumerate(cfg.members):
                 src = mem.addr
@@ -87,14 +88,16 @@ def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix(), widths=(32,)):
                     d = pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp,
                              flags=Flags.RETRANSMIT, **wide)
                 add(key, d, src)
-                if narrow and rng.random() < mix.bad:
-                    # the same DATA again at another width, after it: the slot is open at
-                    # the seq's width (the model's drop_bad_width), or complete (re-send)
+                if narrow and opened is not None and opened < key and rng.random() < 3 * mix.bad:
+                    # the same DATA first at another width, after an earlier worker's DATA
+                    # of the seq and before its own: the slot is open at the seq's width
+                    # (the model's drop_bad_width; or past, if the slot moved on)
                     other = int(rng.choice([b for b in widths if b != bits]))
                     top = 1 << (other - 1)
-                    add(key + 1e-6, pack(np.clip(vals, -top, top - 1), job=cfg.job,
-                                         session=cfg.session, worker=w, seq=seq, exponent=exp,
-                                         width=width_byte(other)), src)
+                    add((opened + key) / 2, pack(np.clip(vals, -top, top - 1), job=cfg.job,
+                                                 session=cfg.session, worker=w, seq=seq,
+                                                 exponent=exp, width=width_byte(other)), src)
+                opened = key if opened is None else min(opened, key)
                 if rng.random() < mix.dup:
                     add(key + rng.random() * cfg.window, d, src)
                 if rng.random() < mix.late:
