@@ -115,7 +115,7 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
     with ``detail`` (seconds, steps, {"int4/a=4": share of steps, ...})."""
     from .contention import BackgroundJob, background_trace
     from ina_fabric.host.controller.controllers import Telemetry, make_controller
-    from ina_fabric.host.controller.costmodel import JobParams, payload_bytes
+    from ina_fabric.host.controller.costmodel import CostModel, JobParams
     from ina_fabric.host.controller.knobs import KnobSpace
     rng = np.random.default_rng(seed)
     N, b = setup.hosts, model.micro_batch
@@ -129,10 +129,13 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
                       paces=tuple(setup.paces))
     ctl = make_controller(controller_name, space)
     link = setup.capacity()
+    switch = getattr(setup, "path", "gloo") == "switch"
     base = JobParams(params=params, workers=N, micro_batch=b, t_compute=t_compute,
-                     bandwidth=capacity, b_noise=64.0, wire_factor=float(N - 1),
+                     bandwidth=capacity, b_noise=64.0,
+                     wire_factor=1.0 if switch else float(N - 1),
                      latency=latency, quant_ratio=dict(model.quant_ratio), link_rate=link,
-                     rate_price=setup.rate_price)
+                     rate_price=setup.rate_price, path="switch" if switch else "gloo")
+    wire_bytes = CostModel(base).wire_bytes
     tel = Telemetry(base=base)
     knobs = ctl.current
     goal = model.total(target_loss)
@@ -143,7 +146,7 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
         name = _knob_name(q, a, r)
         used[name] = used.get(name, 0) + 1
         comp = t_compute * rng.lognormal(0.0, 0.1, a).sum()
-        nbytes = (N - 1) * payload_bytes(params, q)
+        nbytes = base.wire_factor * wire_bytes(q)
         start = t + comp
         if r < 1.0 and r not in paced:
             paced[r] = trace.capped(r * link)
@@ -157,7 +160,6 @@ def simulate_fitted(controller_name, model, setup: LabSetup, level, seed, t_comp
         if step % setup.control_interval == 0:
             p = tel.params().with_(b_noise=model.b_noise_at_loss(model.loss_at(u)),
                                    latency=latency)
-            from ina_fabric.host.controller.costmodel import CostModel
             knobs = ctl.decide(CostModel(p))
     if detail:
         return t, step, {k: round(v / max(step, 1), 3) for k, v in sorted(used.items())}, cost
