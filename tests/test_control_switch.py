@@ -250,3 +250,35 @@ def test_the_switch_path_refuses_a_pace_and_bad_precisions():
     with pytest.raises(ValueError, match="non-finite"):
         c.allreduce(np.array([np.nan], np.float32))
     c.close()
+
+
+@pytest.mark.slow
+def test_real_training_through_a_real_switch_at_int4_and_fp32():
+    """digits on 2 workers through ``ina switch`` (the software switch, loopback): the
+    switch path is what the run used (no fallback), the int4 payload is 4x smaller than
+    fp32's, and every rank ends with the same parameters."""
+    import multiprocessing as mp
+    import os
+    from ina_fabric.host.cluster import start_switch_process
+    from ina_fabric.bench.experiments.realrun import RealSpec, real_run
+    addr, proc = start_switch_process(mp.get_context("spawn"))
+    old = os.environ.get("INA_SWITCH")
+    os.environ["INA_SWITCH"] = f"{addr[0]}:{addr[1]}"
+    try:
+        sent = {}
+        for q in (32, 4):
+            spec = RealSpec(controller="static", throttle=False, path="switch",
+                            script=[(0, q, 1)])
+            res = real_run(spec, workload="digits", workers=2, seed=0, max_epochs=1,
+                           max_steps=8, timeout=200)
+            assert res.steps == 8 and res.fallbacks == 0
+            assert len(set(res.param_hashes)) == 1
+            sent[q] = res.stats["bytes"]
+        assert sent[4] * 4 == pytest.approx(sent[32], rel=0.01)
+    finally:
+        if old is None:
+            os.environ.pop("INA_SWITCH", None)
+        else:
+            os.environ["INA_SWITCH"] = old
+        proc.terminate()
+        proc.join(5)
