@@ -282,3 +282,28 @@ def test_real_training_through_a_real_switch_at_int4_and_fp32():
             os.environ["INA_SWITCH"] = old
         proc.terminate()
         proc.join(5)
+
+
+def test_control_real_json_keeps_a_row_per_path_and_level(tmp_path, monkeypatch):
+    """A switch-path lab run adds its rows beside the Gloo path's (and a file from
+    before the rows gives its levels as Gloo rows)."""
+    import json
+    from ina_fabric.bench import _results
+    from ina_fabric.bench.bench_control import _write_real
+    monkeypatch.setattr(_results, "RESULTS", tmp_path)
+
+    def figs(m):
+        return {"levels": {"heavy": {"decoupled_over_joint": m, "ci95_low": m - 0.1,
+                                     "ci95_high": m + 0.1, "seeds": 3, "verdict": "x"}}}
+
+    old = figs(1.035)                       # as issue 23's runs wrote it, no rows
+    (tmp_path / "control_real.json").write_text(json.dumps({"figures": old}))
+    _write_real(_results, figs(1.2), "switch")
+    rows = json.loads((tmp_path / "control_real.json").read_text())["figures"]["rows"]
+    assert {(r["path"], r["level"], r["decoupled_over_joint"]) for r in rows} == {
+        ("gloo", "heavy", 1.035), ("switch", "heavy", 1.2)}
+    assert all({"ci95_low", "ci95_high", "seeds"} <= set(r) for r in rows)
+    _write_real(_results, figs(1.1), "switch")          # a second switch run replaces
+    rows = json.loads((tmp_path / "control_real.json").read_text())["figures"]["rows"]
+    assert sorted((r["path"], r["decoupled_over_joint"]) for r in rows) == [
+        ("gloo", 1.035), ("switch", 1.1)]
