@@ -2,7 +2,7 @@
 
     ina bench precision-tta                     digits, 4 hosts at 10 Mbit/s, int32/8/4,
                                                 3 repetitions (about 10 minutes)
-    ina bench precision-tta --widths 32,8,4 --reps 3 --rate 10mbit --epochs 15
+    ina bench precision-tta --widths 32,8,4 --reps 3 --rate 10mbit --epochs 20
 
 Every run trains the same workload with its gradients summed in the lab's ``ina switch``
 (``host.controller.switchpath.SwitchCollective``), the precision fixed for the whole run:
@@ -43,7 +43,7 @@ def main(argv=()):
     ap.add_argument("--workload", default="digits", help="host.ddp.workloads name")
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--rate", default="10mbit", help="every host link, each way")
-    ap.add_argument("--epochs", type=int, default=15, help="epochs per run")
+    ap.add_argument("--epochs", type=int, default=20, help="epochs per run")
     ap.add_argument("--lab-id", default="ptta", help="lab id (unique on this machine)")
     args = ap.parse_args(list(argv))
     from ina_fabric.host.controller.knobs import PRECISIONS
