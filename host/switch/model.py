@@ -222,7 +222,7 @@ class SwitchModel:
             raise ValueError("a slot pool needs a parent switch to take its overflow "
                              "(ina switch --pool-slots N --parent HOST:PORT)")
         self.pool_slots = None if pool_slots is None else int(pool_slots)
-        self.pool_used = 0
+        self._pool_used = 0
         self.parent = None if parent is None else (str(parent[0]), int(parent[1]))
         from ina_fabric.protocol.jobtable import MODES
         self.modes = tuple(MODES if modes is None else modes)
@@ -327,10 +327,15 @@ class SwitchModel:
         self.jobs.pop(job, None)
 
     # -- the shared slot pool (docs/pool.md) -------------------------------------------
+    @property
+    def pool_used(self) -> int:
+        """Pool slots held now."""
+        return self._pool_used
+
     def _release(self, slot):
         if slot.held:
             slot.held = False
-            self.pool_used -= 1
+            self._pool_used -= 1
 
     def _release_job(self, js):
         for half in js.slots:
@@ -345,7 +350,7 @@ class SwitchModel:
         if self.pool_used >= self.pool_slots:
             return False
         slot.held = True
-        self.pool_used += 1
+        self._pool_used += 1
         return True
 
     def _confirmed(self, js, seq):
