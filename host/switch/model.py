@@ -828,7 +828,8 @@ class SwitchModel:
         """One page of STATUS, at most ``budget`` bytes: the counters, the jobs with ids
         from ``start`` on that fit, and ``next_job`` (where the next page starts, or
         None). Page cost is independent of how many jobs the page leaves out."""
-        doc = {"counters": dict(self.counters), "jobs": {}, "next_job": None}
+        doc = {"counters": dict(self.counters), "jobs": {}, "next_job": None} | (
+            {"pool": self.pool_status()} if self.pool_slots is not None else {})
         size = len(self._status_bytes(doc)) + 16
         for j in sorted(j for j in self.jobs if j >= start):
             entry = self._job_status(self.jobs[j])
