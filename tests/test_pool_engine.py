@@ -11,6 +11,7 @@ import pytest
 from ina_fabric.host.switch.model import SwitchModel
 from ina_fabric.host.switch import fast
 from ina_fabric.protocol.jobtable import MODES
+from ina_fabric.protocol.counters import JOB_COUNTERS
 
 from pool_net import PoolNet
 from test_pool_model import random_jobs, check_results, OUTCOMES
@@ -34,6 +35,13 @@ def test_engine_pool_matches_the_model_byte_for_byte(seed):
     assert engine.received == model.received
     for a in model.switches:
         assert dict(engine.switches[a].counters) == dict(model.switches[a].counters), a
+        for job in model.switches[a].jobs:                  # and each job's own
+            jc = model.switches[a].job_counters(job)
+            assert jc == engine.switches[a].job_counters(job), (a, job)
+            assert set(jc) <= set(JOB_COUNTERS)
+    # the leaf's per-job overflow adds up to its total
+    assert sum(model.leaf.job_counters(j).get("overflow", 0) for j in model.leaf.jobs) == \
+        model.leaf.counters["overflow"]
     assert engine.leaf.pool_used == model.leaf.pool_used
     assert engine.pool_peak == model.pool_peak <= model.leaf.pool_slots
     assert model.done()
