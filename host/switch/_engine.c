@@ -636,6 +636,10 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
         flags |= L->f_overflow;
         COUNT(e, j, C_OVERFLOWS);
     }
+    if (!j->has_parent && e->pool && e->pool_used >= e->pool_slots) {  /* _pool_full */
+        flags |= L->f_congested;
+        COUNT(e, j, C_CONGESTED);
+    }
     memset(r, 0, L->header);
     r[L->version] = L->v_version;
     r[L->type] = j->has_parent ? L->t_data : L->t_result;
@@ -687,12 +691,17 @@ static void process_result(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t 
         }
         j->active = now;
         COUNT(e, j, C_RELAYED);
+        int cong = 0;
+        if (e->pool && e->pool_used >= e->pool_slots) {
+            cong = L->f_congested;
+            COUNT(e, j, C_CONGESTED);
+        }
         if (worker != L->group_worker) {
-            sink_push_raw(e, k, j->members[worker], d, n, 0, 0);
+            sink_push_raw(e, k, j->members[worker], d, n, cong, 0);
             return;
         }
         for (int g = 0; g < j->ngroup; g++)
-            sink_push_raw(e, k, j->group[g], d, n, 0, L->f_retransmit);
+            sink_push_raw(e, k, j->group[g], d, n, cong, L->f_retransmit);
         return;
     }
     if (!s->up || s->tag != seq) { COUNT(e, j, C_DROP_RESULT); return; }

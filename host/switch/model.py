@@ -383,6 +383,11 @@ class SwitchModel:
             slot.result = None
             self._release(slot)
 
+    def _pool_full(self) -> bool:
+        """The congestion signal (docs/congestion.md): every pool slot is held, so new
+        slots go to the parent; a RESULT sent now carries CONGESTED."""
+        return self.pool_slots is not None and self._pool_used >= self.pool_slots
+
     def _forward(self, js, slot, datagram):
         """The slot found the pool full: the DATA goes on to the parent (FORWARDED)."""
         _Tally(self._counts, js.counts)["overflow"] += 1
@@ -664,9 +669,12 @@ class SwitchModel:
                 return []
             js.active = now
             c["relayed"] += 1
-            if worker != GROUP_WORKER:
-                return [(cfg.members[worker].addr, bytes(datagram))]
             b = bytearray(datagram)
+            if self._pool_full():
+                b[_OFF["flags"]] |= Flags.CONGESTED
+                c["congested"] += 1
+            if worker != GROUP_WORKER:
+                return [(cfg.members[worker].addr, bytes(b))]
             b[_OFF["flags"]] &= ~Flags.RETRANSMIT & 0xFF
             return [(dest, bytes(b)) for dest in js.group]
         if slot.up is None or slot.tag != seq:
@@ -782,6 +790,9 @@ class SwitchModel:
         if slot.nelem and not np.array_equal(clipped, slot.acc):
             flags |= Flags.OVERFLOW
             c["overflows"] += 1
+        if self._pool_full():
+            flags |= Flags.CONGESTED
+            c["congested"] += 1
         hdr = np.zeros((), HEADER_DTYPE)
         hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.RESULT, flags
         hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, js.cfg.job, GROUP_WORKER
