@@ -1140,6 +1140,15 @@ static PyObject *Engine_retune(Engine *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* the accessors' one argument, a job id: its job, or NULL where none is installed;
+ * -1 with an exception when the argument is not an int */
+static int job_arg(Engine *e, PyObject *args, Job **j) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return -1;
+    *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    return 0;
+}
+
 static PyObject *Engine_absent(Engine *e, PyObject *args) {
     int id;
     if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
@@ -1178,9 +1187,8 @@ static PyObject *Engine_start_at(Engine *e, PyObject *args) {
 
 /* position(id): the job's head (the seq after the newest slot it opened), or None */
 static PyObject *Engine_position(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     if (!j) Py_RETURN_NONE;
     return PyLong_FromUnsignedLong(j->head);
 }
@@ -1188,9 +1196,8 @@ static PyObject *Engine_position(Engine *e, PyObject *args) {
 /* oldest_open_bitmap(id): the contributor bitmap of the job's oldest open slot (the
  * model's first entry of js.open), or None */
 static PyObject *Engine_oldest_open_bitmap(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     Slot *best = NULL;
     for (size_t k = 0; j && k < 2 * (size_t)j->window; k++) {
         Slot *s = &j->slots[k];
@@ -1202,9 +1209,8 @@ static PyObject *Engine_oldest_open_bitmap(Engine *e, PyObject *args) {
 
 /* awaiting_parent(id): the job's slots that are up (their parent's RESULT awaited) */
 static PyObject *Engine_awaiting_parent(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     long n = 0;
     for (size_t k = 0; j && k < 2 * (size_t)j->window; k++) n += j->slots[k].up;
     return PyLong_FromLong(n);
@@ -1212,17 +1218,15 @@ static PyObject *Engine_awaiting_parent(Engine *e, PyObject *args) {
 
 /* active(id): when the job was installed or last accepted DATA, or None */
 static PyObject *Engine_active(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     if (!j) Py_RETURN_NONE;
     return PyFloat_FromDouble(j->active);
 }
 
 static PyObject *Engine_open_slots(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     return PyLong_FromLong(j ? j->nopen : 0);
 }
 
@@ -1307,9 +1311,8 @@ static PyObject *Engine_counters(Engine *e, PyObject *noargs) {
 
 /* job_counters(id): the job's own counters not zero, or None (no such job) */
 static PyObject *Engine_job_counters(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     if (!j) Py_RETURN_NONE;
     return counters_dict(j->c, 1);
 }

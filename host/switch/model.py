@@ -699,6 +699,16 @@ class SwitchModel:
         return self._emit(js, slot) if js.cfg.parent is None else self._send_up(js, slot)
 
     def _send_up(self, js, slot):
+        data = self._sum_datagram(js, slot, MsgType.DATA, js.cfg.index)
+        slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
+        _Tally(self._counts, js.counts)["up"] += 1
+        return [(js.cfg.parent, data)]
+
+    def _sum_datagram(self, js, slot, mtype, worker) -> bytes:
+        """The datagram a closing slot sends (a RESULT at the root, the DATA up at a
+        switch with a parent): the saturated sum, PARTIAL when it covers fewer than the
+        job's workers, OVERFLOW when it saturated or a child's DATA had it (counted).
+        The slot's accumulator is released."""
         c, cfg = _Tally(self._counts, js.counts), js.cfg
         flags = Flags.OVERFLOW if slot.overflow else 0
         if slot.count < cfg.total:
@@ -709,15 +719,12 @@ class SwitchModel:
             flags |= Flags.OVERFLOW
             c["overflows"] += 1
         hdr = np.zeros((), HEADER_DTYPE)
-        hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.DATA, flags
-        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, cfg.index
+        hdr["version"], hdr["type"], hdr["flags"] = VERSION, mtype, flags
+        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, worker
         hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
         hdr["bitmap"], hdr["session"] = slot.bitmap, cfg.session
-        data = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
-        slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
         slot.acc = None
-        c["up"] += 1
-        return [(cfg.parent, data)]
+        return hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
 
     def _refuse(self, reason, figure, datagram, source, now):
         """The ERROR answering a refused DATA (the module's docstring), or nothing when
@@ -782,25 +789,13 @@ class SwitchModel:
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
         c = _Tally(self._counts, js.counts)
-        flags = Flags.OVERFLOW if slot.overflow else 0
-        if slot.count < js.cfg.total:
-            flags |= Flags.PARTIAL
-            c["partials"] += 1
-        clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
-        if slot.nelem and not np.array_equal(clipped, slot.acc):
-            flags |= Flags.OVERFLOW
-            c["overflows"] += 1
+        slot.result = self._sum_datagram(js, slot, MsgType.RESULT, GROUP_WORKER)
         if self._pool_full():
-            flags |= Flags.CONGESTED
+            b = bytearray(slot.result)
+            b[_OFF["flags"]] |= Flags.CONGESTED
+            slot.result = bytes(b)
             c["congested"] += 1
-        hdr = np.zeros((), HEADER_DTYPE)
-        hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.RESULT, flags
-        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, js.cfg.job, GROUP_WORKER
-        hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
-        hdr["bitmap"], hdr["session"] = slot.bitmap, js.cfg.session
-        slot.result = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
         slot.complete = True
-        slot.acc = None
         c["results"] += 1
         return [(dest, slot.result) for dest in ([slot.via] if slot.via else js.group)]
 
