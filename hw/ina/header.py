@@ -58,6 +58,8 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, memory
 from amaranth.lib.wiring import In, Out
 
+from ina_fabric.protocol.fields import Flags
+
 from .element import beat_layout, packet_layout
 from .input_fifo import entry_layout
 from .layout import request_layout
@@ -171,6 +173,9 @@ class HeaderPipeline(wiring.Component):
                      p0_op.worker.eq(hdr.worker), p0_op.exp.eq(hdr.exponent),
                      p0_op.nelem.eq(hdr.nelem), p0_op.base.eq(dec.rec * EB),
                      p0_op.nbeats.eq((hdr.nelem + (L - 1)) >> LL), p0_op.rewind.eq(pop.rewind)]
+        if P.tree:
+            m.d.comb += [p0_op.covers.eq(hdr.count),
+                         p0_op.ovf.eq((hdr.flags & int(Flags.OVERFLOW)) != 0)]
         # P1a's operation
         m.d.comb += [iss.p0_valid.eq(pop.dec), iss.p0_op.eq(p0_op), iss.hrec.eq(pop.hrec),
                      iss.near.eq(dec.near[:3]), iss.w3_near.eq(dec.near[3]),
@@ -200,6 +205,8 @@ class HeaderPipeline(wiring.Component):
                      eff.p2_bit.eq(rul.p2_bit), eff.p2_cnt1.eq(rul.p2_cnt1),
                      eff.p2_due.eq(rul.p2_due), eff.p2_init_tag.eq(rul.p2_init_tag),
                      eff.p2_job.eq(rul.p2_job), eff.reinject.eq(rul.reinject)]
+        if P.tree:
+            m.d.comb += eff.p2_wc1.eq(rul.p2_wc1)
         # out: requests, the flush and rewind, the element path, events
         m.d.comb += [self.push_a.eq(eff.push_a), self.a.eq(eff.a), self.push_b.eq(eff.push_b),
                      self.b.eq(eff.b), self.push_hot.eq(eff.push_hot),
