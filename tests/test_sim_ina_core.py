@@ -56,6 +56,14 @@ def test_sim_ina_tree_spine():
              INA_SEED=seed, INA_E=P_TREE.elements, INA_DEADLINE=300)
 
 
+def test_sim_ina_tree_spine_planted_bug_is_caught():
+    """A spine that counts a child switch's DATA as one worker fails the bench."""
+    with pytest.raises(AssertionError, match="cocotb tests failed"):
+        _run(P_TREE, "ina_bug_child_counts_one", "test_tree_spine",
+             planted_bug="child_counts_one", INA_NSEQ=20, INA_SEED=1,
+             INA_E=P_TREE.elements, INA_DEADLINE=300)
+
+
 def test_sim_ina_random_tree_core():
     """A core built with the tree option runs ordinary (worker) jobs as before: the
     randomized bench of test_sim_ina_random_10k, shorter."""

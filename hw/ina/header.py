@@ -103,12 +103,15 @@ class HeaderPipeline(wiring.Component):
     events        counter events (:data:`HEADER_EVENTS`)
 
     ``duplicate_check=False`` plants a bug for the tests: a worker's repeated
-    contribution to an open slot is added again.
+    contribution to an open slot is added again; ``child_counts=False``: a spine counts a
+    child switch's DATA as one worker.
     """
 
-    def __init__(self, params: CoreParams, *, duplicate_check: bool = True):
+    def __init__(self, params: CoreParams, *, duplicate_check: bool = True,
+                 child_counts: bool = True):
         self.params = P = params
         self.duplicate_check = duplicate_check
+        self.child_counts = child_counts
         ws = 1 << log2(P.workers)
         super().__init__({
             "jobs": In(data.ArrayLayout(job_layout(), P.jobs)),
@@ -146,7 +149,8 @@ class HeaderPipeline(wiring.Component):
         m.submodules.p0 = dec = HeaderDecode(P)
         m.submodules.issue = iss = SlotIssue(P)
         m.submodules.p1a = cmp = SlotCompare(P)
-        m.submodules.p1b = rul = SlotRules(P, duplicate_check=self.duplicate_check)
+        m.submodules.p1b = rul = SlotRules(P, duplicate_check=self.duplicate_check,
+                                            child_counts=self.child_counts)
         m.submodules.p2 = eff = SlotEffects(P)
         jobs = self.jobs
 

@@ -160,7 +160,7 @@ class SlotEffects(wiring.Component):
         inc["drop_truncated"].append(is_pkt & (reason2 == Reason.TRUNCATED))
         inc["drop_bad_version"].append(is_pkt & (reason2 == Reason.BAD_VERSION))
         inc["drop_malformed"] += [is_pkt & (reason2 == Reason.MALFORMED),
-                                  v2 & (c.bignelem | c.badcount),
+                                  v2 & ((c.bignelem | c.badcount) if P.tree else c.bignelem),
                                   v2 & malf3]
         inc["drop_unknown_job"].append(is_pkt & (reason2 == Reason.UNKNOWN_JOB))
         inc["drop_bad_session"].append(is_pkt & (reason2 == Reason.BAD_SESSION))

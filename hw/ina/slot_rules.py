@@ -27,7 +27,8 @@ Ports::
                 Out: P2's operation goes back to P1a; low: the input side flushes
 
 ``duplicate_check=False`` plants a bug for the tests: a worker's repeated contribution
-to an open slot is added again.
+to an open slot is added again. ``child_counts=False`` plants another (a spine): a child
+switch's DATA counts one worker, whatever its ``count``.
 """
 
 from amaranth.hdl import *
@@ -45,9 +46,11 @@ __all__ = ["SlotRules"]
 class SlotRules(wiring.Component):
     """See the module docstring."""
 
-    def __init__(self, params: CoreParams, *, duplicate_check: bool = True):
+    def __init__(self, params: CoreParams, *, duplicate_check: bool = True,
+                 child_counts: bool = True):
         self.params = P = params
         self.duplicate_check = duplicate_check
+        self.child_counts = child_counts
         NJ, R = P.jobs, P.records
         MetaL = meta_layout(P)
         super().__init__({
@@ -117,7 +120,7 @@ class SlotRules(wiring.Component):
             total = Mux(kids, jobs_at(self.jobs, "total_workers", q1_job),
                         jobs_at(self.jobs, "nworkers", q1_job))
             covers = Signal(TREE_COUNT_BITS)
-            m.d.comb += covers.eq(Mux(kids, q1_op.covers, 1))
+            m.d.comb += covers.eq(Mux(kids & self.child_counts, q1_op.covers, 1))
             wc1 = Signal(TREE_COUNT_BITS + 1)
             m.d.comb += wc1.eq(q1_mdx.wcount + covers)
             tree_sync = [
