@@ -152,7 +152,8 @@ class RtlSwitchModel(SwitchModel):
                               f"switches only (the gateware has {', '.join(self.modes)})")
         if cfg.tree:
             raise ConfigError(f"job {cfg.job}: a tree of switches (docs/fabric.md) runs on "
-                              f"the software switches only; the gateware has no tree yet")
+                              f"the software switches only (the gateware is a spine only, "
+                              f"built with the tree option, and not a leaf)")
         index = self._index.get(cfg.job)
         if index is None:
             free = sorted(set(range(P.jobs)) - set(self._index.values()))
