@@ -92,3 +92,14 @@ def test_config_writes_refuses_a_leaf_and_a_spine_without_the_tree_option():
     w = dict(config_writes(leaves[1].__class__(9, leaves[1].members, window=4, elements=8),
                            0, **kw, tree=True))
     assert w[job_reg_addr(0, "children")] == 0 and w[job_reg_addr(0, "total_workers")] == 3
+
+
+def test_hw_config_writes_a_spine_for_a_tree_core_only():
+    """``ina hw-config --format regs``: a spine's entry needs ``--core-tree``."""
+    from ina_fabric.host.commands.hw_config import render
+    from ina_fabric.protocol.regs import job_reg_addr
+    spine, _ = tree_configs([2, 3], window=4, elements=8)
+    with pytest.raises(ValueError, match="--core-tree"):
+        render([spine], "regs", core_window=8, core_elements=8)
+    out = render([spine], "regs", core_window=8, core_elements=8, core_tree=True)
+    assert f"0x{job_reg_addr(0, 'total_workers'):04x} 0x00000005" in out

@@ -114,7 +114,8 @@ def config_writes(cfg, job_index: int, *, clock_hz: float, window_max: int,
     children = bool(getattr(cfg, "children", False))
     if children and not tree:
         raise ValueError(f"job {cfg.job}: its members are child switches; this core was "
-                         f"built without the tree option (CoreParams(tree=True))")
+                         f"built without the tree option (CoreParams(tree=True); ina hw-config "
+                         f"--core-tree)")
     if deadline_cycles is None:
         deadline_cycles = max(1, round(cfg.deadline * clock_hz))
     if not 1 <= deadline_cycles < 1 << 31:
