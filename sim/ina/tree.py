@@ -4,10 +4,13 @@ The leaves are reference models (``SwitchModel`` with a parent): seeded worker t
 (``traffic.generate``, every impairment) goes into them, and what they send upward is
 the spine's input. The loop is closed while the traffic is made: a spine model answers
 the leaves (their slots close only when the spine's RESULT comes back, so they reuse
-records and keep going), and both directions lose datagrams: a lost upward DATA or a
-lost RESULT is recovered by a worker's re-send, which its leaf answers with the stored
-upward DATA again (``up_resent``, RETRANSMIT), and the spine with a unicast re-send of
-its RESULT. The spine's input also gets duplicates and what a spine must drop: a count
+records and keep going), and both directions lose datagrams. A worker re-sends, on its
+timeout, each DATA of its own whose RESULT has not reached it: its leaf takes it (a DATA
+the leaf had dropped ahead of its window), or answers with the stored upward DATA again
+(``up_resent``, RETRANSMIT: a lost upward DATA or a lost RESULT), which the spine answers
+with a unicast re-send of its RESULT. The workers do not hold back at a window (the
+traffic is open loop), so in a long run a leaf whose RESULT was lost after the spine had
+moved 2W on stays behind, and its re-sends are stale at the spine (checked too). The spine's input also gets duplicates and what a spine must drop: a count
 of 0 or above the job's workers, a child switch that is not a member.
 
 The core under test then takes that input (with idle cycles and backpressure), and the
@@ -22,9 +25,9 @@ Returns ``(spine_jobs, [(datagram, source)])``.
 import numpy as np
 
 from ina_fabric.host.switch.model import SwitchModel
-from ina_fabric.protocol.fields import MsgType, Flags, field_offsets
+from ina_fabric.protocol.fields import MsgType, Flags, HEADER_BYTES, field_offsets
 from ina_fabric.protocol.jobtable import JobConfig, GATEWARE_MODES
-from ina_fabric.protocol.numpy_view import HEADER_DTYPE, pack
+from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 
 from .traffic import Mix, generate
 
@@ -119,53 +122,74 @@ def generate_tree(n_seq: int, seed: int, *, window=4, elements=4, deadline_cycle
             for dest, res in spine.process(dg, s, now):
                 down(dest, res, now)
 
+    # each worker's DATA per seq, until a RESULT of that seq reaches it (its leaf relayed
+    # it or re-sent it): a worker re-sends what it has no RESULT of on its timeout
+    waiting = {}        # (leaf, worker address, seq) -> [datagram, time of the last send]
+    members = {key: {m.addr for m in cfg.members} for key, cfg in leafs.items()}
+
+    def answered(key, outs):
+        for dest, o in outs:
+            if o[1] == MsgType.RESULT and tuple(dest) in members[key]:
+                seq = int.from_bytes(o[_OFF["seq"]:_OFF["seq"] + 4], "big")
+                waiting.pop((key, tuple(dest), seq), None)
+
     def down(dest, res, now):
         if res[1] != MsgType.RESULT or rng.random() < loss:
             return
+        job = int.from_bytes(res[_OFF["job"]:_OFF["job"] + 2], "big")
         for key in ([by_addr[tuple(dest)]] if tuple(dest) in by_addr else
-                    [k for k in leafs if k[0] == int.from_bytes(res[_OFF["job"]:_OFF["job"] + 2], "big")]):
-            for d2, o2 in leaf_models[key].process(res, SPINE, now):
-                pass    # (relayed to the leaf's workers: not the spine's business)
+                    [k for k in leafs if k[0] == job]):
+            answered(key, leaf_models[key].process(res, SPINE, now))
 
     def leaf(key, d, s, now):
-        for dest, o in leaf_models[key].process(d, s, now):
+        outs = leaf_models[key].process(d, s, now)
+        answered(key, outs)
+        for dest, o in outs:
             if tuple(dest) == SPINE and o[1] == MsgType.DATA:
                 up(key, o, now)
 
-    # a worker whose RESULT does not come re-sends (its timeout): a leaf slot that waits
-    # for the spine this long gets a re-send from one of its members
+    def own_data(key, d, s):
+        """The seq of a worker's well-formed DATA of its leaf's job, else None."""
+        cfg = leafs[key]
+        if len(d) < HEADER_BYTES or tuple(s) not in members[key]:
+            return None
+        h = np.frombuffer(d, HEADER_DTYPE, count=1)[0]
+        if (int(h["type"]) == MsgType.DATA and int(h["job"]) == cfg.job
+                and int(h["session"]) == cfg.session and int(h["worker"]) < cfg.n
+                and cfg.members[int(h["worker"])].addr == tuple(s)
+                and len(d) == HEADER_BYTES + 4 * int(h["nelem"])):
+            return int(h["seq"])
+        return None
+
+    def worker_sends(key, d, s, now):
+        q = own_data(key, d, s)
+        if q is not None:
+            waiting.setdefault((key, tuple(s), q), [d, now])
+        leaf(key, d, s, now)
+
+    def resend(now):
+        for (key, s, seq), entry in sorted(waiting.items()):
+            if now - entry[1] >= timeout and (key, s, seq) in waiting:
+                entry[1] = now
+                b = bytearray(entry[0])
+                b[_OFF["flags"]] |= Flags.RETRANSMIT
+                leaf(key, bytes(b), s, now)
+
     timeout = 6.0 * window * len(leafs)
-    asked = {}
     now = 0.0
     for n, (_, _, key, d, s) in enumerate(streams):
         now += 1.0
-        leaf(key, d, s, now)
+        worker_sends(key, d, s, now)
         if n % 16 == 0:
-            resend_waiting(leaf, leaf_models, leafs, asked, now, timeout)
-    for _ in range(8):        # until every slot that waits got its answer
+            resend(now)
+    for _ in range(8):        # until every worker has its RESULTs (or its seq is gone)
+        if not waiting:
+            break
         now += timeout
-        resend_waiting(leaf, leaf_models, leafs, asked, now, timeout)
+        resend(now)
     for key, lm in leaf_models.items():       # the leaves' last deadlines
         for dest, o in lm.tick(now + 1e6):
             if tuple(dest) == SPINE and o[1] == MsgType.DATA:
                 up(key, o, now + 1e6)
     return spines, out
 
-
-def resend_waiting(leaf, models, leafs, asked, now, timeout):
-    """Each leaf slot that has waited ``timeout`` for the spine's RESULT (up) gets a
-    re-send from a member of it (a worker's timeout), once per ``timeout``."""
-    for key, lm in models.items():
-        cfg = leafs[key]
-        for half in lm.jobs[cfg.job].slots:
-            for slot in half:
-                if slot.up is None or not slot.bitmap:
-                    continue
-                last = asked.get((key, slot.tag), slot.opened_at)
-                if now - last < timeout:
-                    continue
-                asked[(key, slot.tag)] = now
-                w = (slot.bitmap & -slot.bitmap).bit_length() - 1
-                d = pack(np.zeros(slot.nelem, np.int32), job=cfg.job, session=cfg.session,
-                         worker=w, seq=slot.tag, exponent=0, flags=Flags.RETRANSMIT)
-                leaf(key, d, cfg.members[w].addr, now)
