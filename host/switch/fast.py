@@ -73,6 +73,12 @@ class FastSwitchModel(SwitchModel):
         self._data = (VERSION, int(MsgType.DATA))
         self._result = (VERSION, int(MsgType.RESULT))
         super().__init__(jobs, **kw)
+        if self.pool_slots is not None:
+            self.engine.set_pool(self.pool_slots, (ip_int(self.parent[0]), self.parent[1]))
+
+    @property
+    def pool_used(self) -> int:
+        return self.engine.pool_used()
 
     # -- the job table: the model's, mirrored into the engine ------------------------
     def add_job(self, cfg, now=None):
@@ -114,6 +120,10 @@ class FastSwitchModel(SwitchModel):
     def _waiting_for(self, js):
         bitmap = self.engine.oldest_open_bitmap(js.cfg.job)
         return [] if bitmap is None else self._missing(js.cfg.n, bitmap)
+
+    def job_counters(self, job: int) -> dict:
+        c = Counter(super().job_counters(job)) + Counter(self.engine.job_counters(job) or {})
+        return dict(sorted(c.items()))
 
     @property
     def counters(self) -> Counter:

@@ -178,9 +178,26 @@ class _Slot:
         self.via = None     # parent of a pool: the child switch whose FORWARDED DATA it sums
 
 
+class _Tally:
+    """``c[name] += 1`` into the switch's counters and one job's at once: every count
+    made once a datagram's job is found (the job's own counters, ``JOB_COUNTERS``)."""
+    __slots__ = ("switch", "job")
+
+    def __init__(self, switch, job):
+        self.switch, self.job = switch, job
+
+    def __getitem__(self, name):
+        return self.switch[name]
+
+    def __setitem__(self, name, value):
+        self.job[name] += value - self.switch[name]
+        self.switch[name] = value
+
+
 class _JobState:
     def __init__(self, cfg, now=0.0):
         self.cfg = cfg
+        self.counts = Counter()   # this job's share of the counters (JOB_COUNTERS)
         self.active = now     # last install or accepted DATA (job ids held by sessions)
         w = cfg.window
         self.slots = [[_Slot((i + s * w - 2 * w) & SEQ_MASK) for i in range(w)]
@@ -222,7 +239,7 @@ class SwitchModel:
             raise ValueError("a slot pool needs a parent switch to take its overflow "
                              "(ina switch --pool-slots N --parent HOST:PORT)")
         self.pool_slots = None if pool_slots is None else int(pool_slots)
-        self.pool_used = 0
+        self._pool_used = 0
         self.parent = None if parent is None else (str(parent[0]), int(parent[1]))
         from ina_fabric.protocol.jobtable import MODES
         self.modes = tuple(MODES if modes is None else modes)
@@ -327,10 +344,15 @@ class SwitchModel:
         self.jobs.pop(job, None)
 
     # -- the shared slot pool (docs/pool.md) -------------------------------------------
+    @property
+    def pool_used(self) -> int:
+        """Pool slots held now."""
+        return self._pool_used
+
     def _release(self, slot):
         if slot.held:
             slot.held = False
-            self.pool_used -= 1
+            self._pool_used -= 1
 
     def _release_job(self, js):
         for half in js.slots:
@@ -345,7 +367,7 @@ class SwitchModel:
         if self.pool_used >= self.pool_slots:
             return False
         slot.held = True
-        self.pool_used += 1
+        self._pool_used += 1
         return True
 
     def _confirmed(self, js, seq):
@@ -361,9 +383,14 @@ class SwitchModel:
             slot.result = None
             self._release(slot)
 
+    def _pool_full(self) -> bool:
+        """The congestion signal (docs/congestion.md): every pool slot is held, so new
+        slots go to the parent; a RESULT sent now carries CONGESTED."""
+        return self.pool_slots is not None and self._pool_used >= self.pool_slots
+
     def _forward(self, js, slot, datagram):
         """The slot found the pool full: the DATA goes on to the parent (FORWARDED)."""
-        self._counts["overflow"] += 1
+        _Tally(self._counts, js.counts)["overflow"] += 1
         b = bytearray(datagram)
         b[_OFF["flags"]] |= Flags.FORWARDED
         return [(self.parent, bytes(b))]
@@ -420,7 +447,7 @@ class SwitchModel:
         out = []
         for seq, slot in list(js.open.items()):
             if slot.bitmap | js.absent == full:
-                self._counts["skipped"] += 1
+                _Tally(self._counts, js.counts)["skipped"] += 1
                 del js.open[seq]
                 out += self._close(js, slot)
         return out
@@ -437,6 +464,12 @@ class SwitchModel:
     def counters(self) -> Counter:
         """Every counter (``COUNTERS``), by name."""
         return self._counts
+
+    def job_counters(self, job: int) -> dict:
+        """Job ``job``'s own counters (those not zero): the counts made for datagrams of
+        the job (after its lookup: ``JOB_COUNTERS``) and for its slots' results, since
+        it was installed (a live update keeps them)."""
+        return {k: v for k, v in sorted(self.jobs[job].counts.items()) if v}
 
     def process(self, datagram: bytes, source, now: float):
         """Fire the deadlines due at ``now``, then take one datagram from ``source``.
@@ -494,6 +527,7 @@ class SwitchModel:
             c["drop_unknown_job"] += 1
             return out + self._refuse(Refusal.UNKNOWN_JOB, 0, datagram, source, now)
         cfg = js.cfg
+        c = _Tally(c, js.counts)      # from here on, every count is also the job's
         if mtype == MsgType.RESULT:
             return self._from_parent(js, h, datagram, source, now)
         if int(h["session"]) != cfg.session:
@@ -617,7 +651,7 @@ class SwitchModel:
     def _from_parent(self, js, h, datagram, source, now):
         """A RESULT: taken only from the job's parent, for a slot that is up (sent to the
         parent and awaiting this); relayed to the group (the module's docstring)."""
-        c, cfg = self._counts, js.cfg
+        c, cfg = _Tally(self._counts, js.counts), js.cfg
         if tuple(source) != (cfg.parent if cfg.parent is not None else self.parent):
             c["drop_unknown_source"] += 1
             return []
@@ -635,9 +669,12 @@ class SwitchModel:
                 return []
             js.active = now
             c["relayed"] += 1
-            if worker != GROUP_WORKER:
-                return [(cfg.members[worker].addr, bytes(datagram))]
             b = bytearray(datagram)
+            if self._pool_full():
+                b[_OFF["flags"]] |= Flags.CONGESTED
+                c["congested"] += 1
+            if worker != GROUP_WORKER:
+                return [(cfg.members[worker].addr, bytes(b))]
             b[_OFF["flags"]] &= ~Flags.RETRANSMIT & 0xFF
             return [(dest, bytes(b)) for dest in js.group]
         if slot.up is None or slot.tag != seq:
@@ -662,7 +699,17 @@ class SwitchModel:
         return self._emit(js, slot) if js.cfg.parent is None else self._send_up(js, slot)
 
     def _send_up(self, js, slot):
-        c, cfg = self._counts, js.cfg
+        data = self._sum_datagram(js, slot, MsgType.DATA, js.cfg.index)
+        slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
+        _Tally(self._counts, js.counts)["up"] += 1
+        return [(js.cfg.parent, data)]
+
+    def _sum_datagram(self, js, slot, mtype, worker) -> bytes:
+        """The datagram a closing slot sends (a RESULT at the root, the DATA up at a
+        switch with a parent): the saturated sum, PARTIAL when it covers fewer than the
+        job's workers, OVERFLOW when it saturated or a child's DATA had it (counted).
+        The slot's accumulator is released."""
+        c, cfg = _Tally(self._counts, js.counts), js.cfg
         flags = Flags.OVERFLOW if slot.overflow else 0
         if slot.count < cfg.total:
             flags |= Flags.PARTIAL
@@ -672,15 +719,12 @@ class SwitchModel:
             flags |= Flags.OVERFLOW
             c["overflows"] += 1
         hdr = np.zeros((), HEADER_DTYPE)
-        hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.DATA, flags
-        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, cfg.index
+        hdr["version"], hdr["type"], hdr["flags"] = VERSION, mtype, flags
+        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, worker
         hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
         hdr["bitmap"], hdr["session"] = slot.bitmap, cfg.session
-        data = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
-        slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
         slot.acc = None
-        c["up"] += 1
-        return [(cfg.parent, data)]
+        return hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
 
     def _refuse(self, reason, figure, datagram, source, now):
         """The ERROR answering a refused DATA (the module's docstring), or nothing when
@@ -744,23 +788,14 @@ class SwitchModel:
 
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
-        c = self._counts
-        flags = Flags.OVERFLOW if slot.overflow else 0
-        if slot.count < js.cfg.total:
-            flags |= Flags.PARTIAL
-            c["partials"] += 1
-        clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
-        if slot.nelem and not np.array_equal(clipped, slot.acc):
-            flags |= Flags.OVERFLOW
-            c["overflows"] += 1
-        hdr = np.zeros((), HEADER_DTYPE)
-        hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.RESULT, flags
-        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, js.cfg.job, GROUP_WORKER
-        hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
-        hdr["bitmap"], hdr["session"] = slot.bitmap, js.cfg.session
-        slot.result = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
+        c = _Tally(self._counts, js.counts)
+        slot.result = self._sum_datagram(js, slot, MsgType.RESULT, GROUP_WORKER)
+        if self._pool_full():
+            b = bytearray(slot.result)
+            b[_OFF["flags"]] |= Flags.CONGESTED
+            slot.result = bytes(b)
+            c["congested"] += 1
         slot.complete = True
-        slot.acc = None
         c["results"] += 1
         return [(dest, slot.result) for dest in ([slot.via] if slot.via else js.group)]
 
@@ -776,7 +811,8 @@ class SwitchModel:
         return {"workers": js.cfg.n, "window": js.cfg.window, "elements": js.cfg.elements,
                 "mode": js.cfg.mode, "deadline_ms": js.cfg.deadline * 1e3,
                 "open_slots": len(js.open), "waiting_for": self._waiting_for(js),
-                "session": f"{js.cfg.session:016x}"} | (
+                "session": f"{js.cfg.session:016x}",
+                "counters": self.job_counters(js.cfg.job)} | (
                     {"position": js.head} if self.answers else {}) | (
                     {"absent": self._missing(js.cfg.n, ~js.absent)}
                     if js.cfg.mode == "bounded-skip" else {}) | (
@@ -823,11 +859,17 @@ class SwitchModel:
         """One page of STATUS, at most ``budget`` bytes: the counters, the jobs with ids
         from ``start`` on that fit, and ``next_job`` (where the next page starts, or
         None). Page cost is independent of how many jobs the page leaves out."""
-        doc = {"counters": dict(self.counters), "jobs": {}, "next_job": None}
+        doc = {"counters": dict(self.counters), "jobs": {}, "next_job": None} | (
+            {"pool": self.pool_status()} if self.pool_slots is not None else {})
         size = len(self._status_bytes(doc)) + 16
         for j in sorted(j for j in self.jobs if j >= start):
             entry = self._job_status(self.jobs[j])
             add = len(json.dumps({str(j): entry})) + 1
+            if size + add > budget and not doc["jobs"]:
+                # alone on its page and still too large: its counters are left out (None),
+                # so that paging moves on (a larger request gets them)
+                entry["counters"] = None
+                add = len(json.dumps({str(j): entry})) + 1
             if size + add > budget:
                 doc["next_job"] = j
                 break
