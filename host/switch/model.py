@@ -39,6 +39,14 @@ hold-off costs nothing measurable, and worse beside a flood; docs/tail.md, "Runs
 
 Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result is
 saturated to int32 when it is emitted, with OVERFLOW set if any element saturated.
+
+Element widths (issue 40, docs/precision.md). A DATA's ``width`` byte names its
+elements' width (int32, int16 or int8; ``fields.width_byte``). The DATA that opens a slot
+sets the slot's width; a member's DATA of another width is ``drop_bad_width``, answered
+with ``Refusal.BAD_WIDTH`` (bitmap: the slot's width byte). Narrow elements are summed
+into the same int64 accumulators, and the RESULT carries the slot's width, saturated to
+its range once, when emitted (OVERFLOW, ``overflows``), as int32 is. The client scales so
+that the sum of N workers fits (headroom S = bits - 1 - ceil(log2 N)).
 Saturating at each add would make the result depend on arrival order; this way every
 order gives the same bytes, which the gateware matches with 37-bit accumulators.
 
@@ -52,7 +60,9 @@ with its own window, mode and deadline. Per level:
   with "all members" read as the bitmap being full;
 * closing at a switch with a parent does not emit a RESULT: the switch sends one DATA to
   the parent (``up``) as member ``cfg.index`` of the parent's job, with the saturated
-  int32 partial sum, ``count`` = the workers it covers, ``bitmap`` = its own members,
+  partial sum (int32, saturated; a narrow slot's goes up wider and exact,
+  ``fields.up_width``: int8 as int16, int16 as int32, with the RESULT's width in the
+  width byte's high nibble), ``count`` = the workers it covers, ``bitmap`` = its own members,
   the exponent max, OVERFLOW if it saturated or a child's DATA had it. The slot is then
   *up*: it takes no more contributions (a late member's DATA is counted ``late``), and a
   member's re-sent DATA sends the stored upward DATA again (``up_resent``, RETRANSMIT),
@@ -92,7 +102,9 @@ import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                         GROUP_WORKER, MAX_JOB_WORKERS, field_offsets, Refusal,
-                                        ERROR_INTERVAL, ERROR_SOURCES, error_bucket)
+                                        ERROR_INTERVAL, ERROR_SOURCES, error_bucket,
+                                        valid_width, elem_bytes, sum_width, up_width,
+                                        width_byte, WIDTH_BITS)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.jobtable import IDLE_RECLAIM_S
 from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
@@ -131,6 +143,29 @@ MAX_TOTAL_BYTES = 1 << 30
 #: ina_fabric.protocol.jobtable, where the gateware reads it too)
 
 
+#: element dtype of each width code (big-endian, as on the wire)
+_ELEM = {0: ELEM_DTYPE, 1: np.dtype(">i2"), 2: np.dtype("i1")}
+
+
+def _result_byte(width: int) -> int:
+    """The width byte of the RESULT of a slot opened by DATA with ``width``: its elements
+    are the result's width."""
+    return (width >> 4) | (width & 0xF0)
+
+
+def _member_width(cfg, width: int) -> int:
+    """The width byte a member's DATA must carry, given the result width it names: a
+    worker's elements are the result's width; a child switch's are ``up_width``."""
+    bits = sum_width(width)
+    return width_byte(up_width(bits, cfg.total) if cfg.children else bits, bits)
+
+
+def _clip(acc, width: int):
+    """Saturate accumulators to the range of the elements of ``width`` (the low nibble)."""
+    bits = WIDTH_BITS[width & 0xF]
+    return np.clip(acc, -(1 << bits - 1), (1 << bits - 1) - 1)
+
+
 def _full(n: int) -> int:
     """The bitmap of n members, all in."""
     return (1 << n) - 1
@@ -143,7 +178,7 @@ def job_bytes(cfg) -> int:
 
 class _Slot:
     __slots__ = ("tag", "complete", "acc", "nelem", "bitmap", "count", "exponent",
-                 "opened_at", "result", "up", "overflow")
+                 "opened_at", "result", "up", "overflow", "width")
 
     def __init__(self, tag):
         self.tag = tag
@@ -157,6 +192,7 @@ class _Slot:
         self.result = None  # header+payload bytes of the emitted RESULT
         self.up = None      # tree: the DATA sent to the parent, while its RESULT is awaited
         self.overflow = False   # a child switch's DATA was saturated (OVERFLOW)
+        self.width = 0          # the width byte of the DATA that opened it (int32: 0)
 
 
 class _JobState:
@@ -180,7 +216,7 @@ class SwitchModel:
 
     def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
                  max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES,
-                 modes=None, answers=True, parent=None):
+                 modes=None, answers=True, parent=None, widths=None):
         """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
         are taken only when sealed with it; without a key, none is taken over the wire
         (jobs come from ``jobs`` and ``add_job``). ``modes``: the modes this switch runs
@@ -190,7 +226,11 @@ class SwitchModel:
         for a reason the sender can fix is answered with an ERROR (the module's
         docstring); False for the gateware's scoreboards until the gateware answers.
         ``parent``: this switch's parent ``(ip, port)`` (``ina switch --parent``): a tree
-        entry naming another parent is refused (None: whatever parent an entry names)."""
+        entry naming another parent is refused (None: whatever parent an entry names).
+        ``widths``: the element widths (bits) this switch sums (default 32, 16 and 8); a
+        DATA of another width is ``drop_malformed``, as a switch that predates widths
+        drops it (its length is not ``nelem * 4``)."""
+        self.widths = tuple(WIDTH_BITS.values() if widths is None else widths)
         self.parent = None if parent is None else (str(parent[0]), int(parent[1]))
         from ina_fabric.protocol.jobtable import MODES
         self.modes = tuple(MODES if modes is None else modes)
@@ -403,11 +443,16 @@ class SwitchModel:
             c["drop_malformed"] += 1          # (a switch takes RESULTs only from a parent)
             return out
         nelem = int(h["nelem"])
+        width = int(h["width"])
+        if not valid_width(width) or WIDTH_BITS[width & 0xF] not in self.widths or \
+                WIDTH_BITS[width >> 4] not in self.widths:
+            c["drop_malformed"] += 1
+            return out
         body = n - HEADER_BYTES
-        if body < 4 * nelem:
+        if body < elem_bytes(width) * nelem:
             c["drop_truncated"] += 1
             return out
-        if body != 4 * nelem:
+        if body != elem_bytes(width) * nelem:
             c["drop_malformed"] += 1
             return out
         js = self.jobs.get(int(h["job"]))
@@ -433,6 +478,9 @@ class SwitchModel:
         if not 1 <= covers <= cfg.total:
             c["drop_malformed"] += 1
             return out
+        if width != _member_width(cfg, width):
+            c["drop_malformed"] += 1     # a worker's nibbles differ, or a child's partial
+            return out                   # sum is not as wide as up_width says
         c["rx_data"] += 1
         seq = int(h["seq"])
         w = cfg.window
@@ -445,7 +493,7 @@ class SwitchModel:
             slot.acc = np.zeros(nelem, np.int64)
             slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
             slot.exponent, slot.opened_at = NO_EXPONENT, now
-            slot.up, slot.overflow = None, False
+            slot.up, slot.overflow, slot.width = None, False, width
             js.open[seq] = slot
             if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
                 js.head = (seq + 1) & SEQ_MASK
@@ -482,11 +530,15 @@ class SwitchModel:
         if nelem != slot.nelem:
             c["drop_malformed"] += 1
             return out + self._refuse(Refusal.BAD_LENGTH, slot.nelem, datagram, source, now)
+        if width != slot.width:
+            c["drop_bad_width"] += 1
+            return out + self._refuse(Refusal.BAD_WIDTH, slot.width, datagram, source, now)
         c["accepted"] += 1
         js.active = now
         js.absent &= ~bit          # in step again (bounded-skip): slots wait for it again
         if nelem:
-            slot.acc += np.frombuffer(datagram, ELEM_DTYPE, count=nelem, offset=HEADER_BYTES)
+            slot.acc += np.frombuffer(datagram, _ELEM[width & 0xF], count=nelem,
+                                      offset=HEADER_BYTES)
         slot.bitmap |= bit
         slot.count += covers
         slot.exponent = max(slot.exponent, int(h["exponent"]))
@@ -519,7 +571,8 @@ class SwitchModel:
         if slot.up is None or slot.tag != seq:
             c["drop_result"] += 1
             return []
-        if int(h["nelem"]) != slot.nelem or int(h["count"]) > MAX_JOB_WORKERS:
+        if int(h["nelem"]) != slot.nelem or int(h["count"]) > MAX_JOB_WORKERS or \
+                int(h["width"]) != _result_byte(slot.width):
             c["drop_malformed"] += 1
             return []
         b = bytearray(datagram)
@@ -543,16 +596,19 @@ class SwitchModel:
         if slot.count < cfg.total:
             flags |= Flags.PARTIAL
             c["partials"] += 1
-        clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
+        bits = sum_width(slot.width)
+        up = width_byte(up_width(bits, cfg.total), bits)
+        clipped = _clip(slot.acc, up)
         if slot.nelem and not np.array_equal(clipped, slot.acc):
             flags |= Flags.OVERFLOW
             c["overflows"] += 1
         hdr = np.zeros((), HEADER_DTYPE)
         hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.DATA, flags
+        hdr["width"] = up
         hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, cfg.index
         hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
         hdr["bitmap"], hdr["session"] = slot.bitmap, cfg.session
-        data = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
+        data = hdr.tobytes() + clipped.astype(_ELEM[up & 0xF]).tobytes()
         slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
         slot.acc = None
         c["up"] += 1
@@ -625,16 +681,18 @@ class SwitchModel:
         if slot.count < js.cfg.total:
             flags |= Flags.PARTIAL
             c["partials"] += 1
-        clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
+        width = _result_byte(slot.width)
+        clipped = _clip(slot.acc, width)
         if slot.nelem and not np.array_equal(clipped, slot.acc):
             flags |= Flags.OVERFLOW
             c["overflows"] += 1
         hdr = np.zeros((), HEADER_DTYPE)
         hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.RESULT, flags
+        hdr["width"] = width
         hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, js.cfg.job, GROUP_WORKER
         hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
         hdr["bitmap"], hdr["session"] = slot.bitmap, js.cfg.session
-        slot.result = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
+        slot.result = hdr.tobytes() + clipped.astype(_ELEM[width & 0xF]).tobytes()
         slot.complete = True
         slot.acc = None
         c["results"] += 1
@@ -716,6 +774,6 @@ def error_datagram(data: bytes, reason, figure: int) -> bytes:
     b[_OFF["exponent"]] = 0
     b[_OFF["count"]:_OFF["count"] + 2] = int(reason).to_bytes(2, "big")
     b[_OFF["nelem"]:_OFF["nelem"] + 2] = bytes(2)
-    b[_OFF["reserved"]] = 0
+    b[_OFF["width"]] = 0
     b[_OFF["bitmap"]:_OFF["bitmap"] + 4] = (figure & SEQ_MASK).to_bytes(4, "big")
     return bytes(b)

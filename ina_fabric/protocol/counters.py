@@ -73,6 +73,8 @@ TABLE = (
                "re-send"),
     CounterDef("relayed", (M, E), "RESULTs from the parent relayed to the job's members"),
     CounterDef("drop_result", (M, E), "RESULTs no slot awaited"),
+    CounterDef("drop_bad_width", (M, E), "DATA whose element width is not its slot's "
+               "(docs/precision.md)"),
     CounterDef("errors_sent", (M, E), "ERROR replies to DATA dropped for a fixable reason"),
     CounterDef("errors_limited", (M, E), "ERROR replies not sent (that source was answered "
                "within ERROR_INTERVAL)"),
