@@ -167,3 +167,15 @@ def test_a_width_refusal_says_what_to_fix():
         c._prec = c.precision
         e = c._refused(Refusal.BAD_WIDTH, width_byte(16), 7, 10)
     assert "int16" in str(e) and "int8" in str(e) and "same precision" in str(e)
+
+
+def test_a_narrow_call_keeps_as_many_bytes_in_flight():
+    """The call window counts max_inflight_bytes at the call's width: an int8 call may
+    have 4 x the int32 call's packets in flight (the same bytes), up to the job's window
+    (a bench at 100 Mbit/s measured int8 window-bound at int32's packet count)."""
+    from ina_fabric.host.transport import SwitchClient
+    with SwitchClient(("127.0.0.1", 9), 1, 0, 2, window=256, elements=2048, session=5,
+                      max_inflight_bytes=512 << 10) as c:
+        assert [c.call_window(10_000, b) for b in (32, 16, 8)] == [64, 128, 256]
+        c.window = 64
+        assert c.call_window(10_000, 8) == 64

@@ -482,7 +482,7 @@ class SwitchClient:
         if not 0 < self.session < 1 << 64:
             raise ValueError(f"job {self.job}: the client has no session id (give it the "
                              f"session of the job's install, JobConfig.session)")
-        W = self.call_window(-(-x.size // self.elements))
+        W = self.call_window(-(-x.size // self.elements), prec.bits)
         missed = None
         if self.carry:            # x is a new array from here on (out may be values)
             x, missed = self._carry_in(x), np.zeros(-(-x.size // self.elements), np.uint8)
@@ -758,15 +758,17 @@ class SwitchClient:
                     f"(the switch's oldest open slot lacks them)")
         return ""
 
-    def call_window(self, chunks: int) -> int:
+    def call_window(self, chunks: int, bits: int = 32) -> int:
         """The window of one call: a power of two that divides the job's window (so
         that a slot's result is never overwritten before every worker has it; see the
         docs/design.md), about half the chunk count: fewer header-only packets for small buckets
         at the cost of a few more round trips. It also keeps at most
         ``max_inflight_bytes`` on the wire, so N workers' bursts fit the switch's socket
-        buffer instead of overflowing it."""
+        buffer instead of overflowing it: counted at the call's element width (``bits``),
+        so a narrow call keeps as many bytes in flight as an int32 one, in more packets
+        (up to the job's window)."""
         cap = max(1, min(chunks // 2, self.window,
-                         self.max_inflight_bytes // (4 * self.elements)))
+                         self.max_inflight_bytes // (bits // 8 * self.elements)))
         w = 1
         while w * 2 <= cap and self.window % (w * 2) == 0:
             w *= 2
