@@ -73,9 +73,10 @@ TABLE = (
                "re-send"),
     CounterDef("relayed", (M, E), "RESULTs from the parent relayed to the job's members"),
     CounterDef("drop_result", (M, E), "RESULTs no slot awaited"),
-    CounterDef("errors_sent", (M, E), "ERROR replies to DATA dropped for a fixable reason"),
-    CounterDef("errors_limited", (M, E), "ERROR replies not sent (that source was answered "
-               "within ERROR_INTERVAL)"),
+    CounterDef("errors_sent", (M, E, G), "ERROR replies to DATA dropped for a fixable reason",
+               24),
+    CounterDef("errors_limited", (M, E, G), "ERROR replies not sent (that source was "
+               "answered within ERROR_INTERVAL)", 25),
     # the gateware's own
     CounterDef("stream_errors", (G,), "streams whose beat count disagrees with their "
                "length", 18),
@@ -93,7 +94,8 @@ MODEL_COUNTERS = tuple(c.name for c in TABLE if MODEL in c.kept_by)
 ENGINE_COUNTERS = tuple(c.name for c in TABLE if ENGINE in c.kept_by)
 GATEWARE_COUNTERS = tuple(c.name for c in sorted((c for c in TABLE if GATEWARE in c.kept_by),
                                                  key=lambda c: c.register))
-#: the counters of a switch that answers refused DATA (not the gateware, for now)
+#: the counters of a switch that answers refused DATA (every engine: the model's
+#: ``answers=False`` leaves them out)
 ANSWER_COUNTERS = ("errors_sent", "errors_limited")
 #: name -> what it counts
 DOCS = {c.name: c.doc for c in TABLE}
