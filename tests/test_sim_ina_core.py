@@ -52,6 +52,14 @@ def test_sim_ina_directed_and_back_to_back_L8():
                           "test_refusal_flood"], error_interval=REFUSAL_INTERVAL)
 
 
+def test_sim_ina_refusal_flood_every_answer():
+    """The flood with an answer to every refused DATA (1 cycle between two answers to a
+    bucket: header-only refusals come one a cycle at 8 lanes, the output stalls at
+    random): the answer queue fills, the header pipeline stops for it, no answer is lost
+    or reordered, and the bytes out stay below the bytes in."""
+    _run(P_L8, "ina_L8_flood", "test_refusal_flood", error_interval=1, INA_FLOOD_STOP=1)
+
+
 def test_sim_ina_random_10k():
     _run(P_RND, "ina_random", "test_random", INA_NSEQ=RANDOM_SEQS, INA_SEED=1,
          INA_E=P_RND.elements, INA_MIN_PACKETS=10000, INA_DEADLINE=100,

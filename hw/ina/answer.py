@@ -35,9 +35,9 @@ does.
 Time. The rate limit compares the DATA's time (its first beat's cycle, as the model's
 ``now``) with the time its bucket may next be answered, both 64-bit (the 32-bit packet
 time extended with a wrap count: 2^64 cycles never wrap), so the rule is the model's
-exactly, with no scrubber: a bucket stores ``last answer + interval`` (0: never
-answered). A reset clears the table in its first 256 cycles (a refusal in those cycles
-may still meet a bucket's time from before the reset).
+exactly, with no scrubber: a bucket stores ``last answer + interval`` in block RAM, and
+whether it was ever answered in a 256-bit register (a reset clears it at once: a fresh
+switch, as a fresh model).
 
 Backpressure. The queue holds 32 answers; while it holds more than
 ``32 - STOP_SLACK`` (room for every refusal that can still come after the header
@@ -94,9 +94,10 @@ _REASON = {Kind.UNKNOWN_JOB: Refusal.UNKNOWN_JOB, Kind.NOT_MEMBER: Refusal.NOT_M
 
 def capture_layout() -> data.StructLayout:
     """What P0 hands over for each decoded packet: where (``pos``, the FIFO position
-    after its header) and what an ERROR needs of it."""
+    after its header) and what an ERROR needs of it (``seq1``: seq + 1, the job's
+    position should the packet open a slot)."""
     return data.StructLayout({"valid": 1, "pos": 4, "job": 16, "worker": 8, "seq": 32,
-                              "session": 64, "ts": 32, "sip": 32, "sport": 16,
+                              "seq1": 32, "session": 64, "ts": 32, "sip": 32, "sport": 16,
                               "smac": 48})
 
 
@@ -183,8 +184,7 @@ class ErrorAnswer(wiring.Component):
         pos = [Signal(32, name=f"position{j}") for j in range(NJ)]
         b_pos = Signal(32)
         m.d.comb += b_pos.eq(Array(pos)[b.job])
-        nxt = Signal(32)
-        m.d.comb += nxt.eq(b_cap.seq + 1)
+        nxt = b_cap.seq1                    # seq + 1 (added at the capture)
         ahead = ~(nxt - b_pos)[31]          # (seq + 1 - head) mod 2^32 < 2^31
         for j in range(NJ):
             with m.If(self.reset_pos[j]):
@@ -243,8 +243,7 @@ class ErrorAnswer(wiring.Component):
         m.submodules.table = table = memory.Memory(shape=64, depth=ERROR_SOURCES, init=[])
         tw = table.write_port()
         tr = table.read_port(domain="sync")
-        clearing = Signal(init=1)
-        clr = Signal(8)
+        seen = Signal(ERROR_SOURCES)       # the bucket was answered since the reset
         m.d.comb += [tr.addr.eq(e_bucket), tr.en.eq(1)]
 
         # ---------------------------------------------------------------- F: the read
@@ -253,27 +252,27 @@ class ErrorAnswer(wiring.Component):
         m.d.sync += [f_valid.eq(e_valid), f.eq(e), f_bucket.eq(e_bucket), f_ts.eq(e_ts),
                      f_next.eq(e_ts + self.interval)]
         g_valid, g = Signal(), Signal(EntryL)
-        g_bucket, g_ts, g_next, g_old = Signal(8), Signal(64), Signal(64), Signal(64)
+        g_bucket, g_next = Signal(8), Signal(64)
+        g_seen, g_lt = Signal(), Signal()
         # writes F's read missed: G's now, and G's of the cycle before (``w1``)
         w1_en, w1_addr, w1_data = Signal(), Signal(8), Signal(64)
         g_limited = Signal()
         g_we = Signal()
-        m.d.comb += [g_limited.eq(g_valid & (g_ts < g_old)), g_we.eq(g_valid & ~g_limited)]
+        m.d.comb += [g_limited.eq(g_valid & g_seen & g_lt), g_we.eq(g_valid & ~g_limited)]
         m.d.sync += [w1_en.eq(g_we), w1_addr.eq(g_bucket), w1_data.eq(g_next)]
-        old = Mux(g_we & (g_bucket == f_bucket), g_next,
-                  Mux(w1_en & (w1_addr == f_bucket), w1_data, tr.data))
-        m.d.sync += [g_valid.eq(f_valid), g.eq(f), g_bucket.eq(f_bucket), g_ts.eq(f_ts),
-                     g_next.eq(f_next), g_old.eq(old)]
+        fw0 = g_we & (g_bucket == f_bucket)
+        fw1 = w1_en & (w1_addr == f_bucket)
+        # F's time against each candidate for its bucket's entry (the read, G's write,
+        # the write before), side by side; the forwarding select picks one after them
+        lt = Mux(fw0, f_ts < g_next, Mux(fw1, f_ts < w1_data, f_ts < tr.data))
+        m.d.sync += [g_valid.eq(f_valid), g.eq(f), g_bucket.eq(f_bucket),
+                     g_next.eq(f_next), g_lt.eq(lt),
+                     g_seen.eq(fw0 | fw1 | seen.bit_select(f_bucket, 1))]
 
         # ---------------------------------------------------------------- G: the decision
-        # (a reset clears the table first, 256 cycles; a decision meanwhile takes the port)
-        with m.If(clearing & ~g_we):
-            m.d.comb += [tw.addr.eq(clr), tw.data.eq(0), tw.en.eq(1)]
-            m.d.sync += clr.eq(clr + 1)
-            with m.If(clr == ERROR_SOURCES - 1):
-                m.d.sync += clearing.eq(0)
-        with m.Else():
-            m.d.comb += [tw.addr.eq(g_bucket), tw.data.eq(g_next), tw.en.eq(g_we)]
+        m.d.comb += [tw.addr.eq(g_bucket), tw.data.eq(g_next), tw.en.eq(g_we)]
+        with m.If(g_we):
+            m.d.sync += seen.bit_select(g_bucket, 1).eq(1)
         m.d.comb += [self.sent.eq(g_we), self.limited.eq(g_limited)]
 
         # ---------------------------------------------------------------- the queue

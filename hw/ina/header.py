@@ -215,7 +215,8 @@ class HeaderPipeline(wiring.Component):
         # for the answer path: the packet in P0 (its header, time and source), P2's drop
         cp = self.cap
         m.d.comb += [cp.valid.eq(pop.dec), cp.pos.eq(pop.rewind[:4]), cp.job.eq(hdr.job),
-                     cp.worker.eq(hdr.worker), cp.seq.eq(hdr.seq), cp.session.eq(hdr.session),
+                     cp.worker.eq(hdr.worker), cp.seq.eq(hdr.seq), cp.seq1.eq(hdr.seq + 1),
+                     cp.session.eq(hdr.session),
                      cp.ts.eq(pop.ts), cp.sip.eq(pop.sip), cp.sport.eq(pop.sport),
                      cp.smac.eq(pop.smac), self.refusal.eq(eff.refusal)]
         return m

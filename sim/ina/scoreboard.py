@@ -148,7 +148,11 @@ class Scoreboard:
         for k in bad[:1]:
             e, g = self.expected.get(k, []), self.got.get(k, [])
             if e != g:
+                at = next((i for i, (x, y) in enumerate(zip(e, g)) if x != y),
+                          min(len(e), len(g)))
+                e, g = e[at:], g[at:]
                 raise ScoreboardError(
+                    f"(from datagram {at} of the slot on)\n"
                     f"{len(bad)} of {len(keys)} slots differ, first {bad[:8]}\n"
                     f"slot job={k[0]} seq={k[1]}: expected {len(e)} datagrams, got {len(g)}\n"
                     f"  expected: {[(d, o.hex()) for d, o in e][:4]}\n"

@@ -320,12 +320,22 @@ async def test_refusal_flood(dut):
     more than the bytes in, at most one answer per source bucket per interval."""
     from .refusals import flood
     from .scoreboard import ERRORS
+    from cocotb.triggers import RisingEdge
     tb = CoreTB(dut)
     jobs, traffic, gaps = flood(_env("INA_FLOOD_N", 240))
     await tb.reset()
     await tb.configure(jobs)
     sb = Scoreboard(jobs)
+    stopped = 0
+
+    async def watch():         # cycles the answer path holds the header pipeline
+        nonlocal stopped
+        while True:
+            await RisingEdge(dut.clk)
+            stopped += int(dut.answer.stop.value)
+    watcher = cocotb.start_soon(watch())
     first, last = await tb.run(traffic, sb, gaps=gaps, backpressure=0.3, seed=3, drain=200)
+    watcher.cancel()
     sb.check()
     hw = await tb.counters()
     sb.check_counters(hw)
@@ -338,7 +348,10 @@ async def test_refusal_flood(dut):
     bound = buckets * (1 + (last - first) // interval + 1)
     dut._log.info(f"flood: {len(traffic)} DATA, {bytes_in} B in; {len(outs)} datagrams, "
                   f"{bytes_out} B out; {len(errors)} ERRORs (bound {bound}), counters "
-                  f"errors_sent {hw['errors_sent']} errors_limited {hw['errors_limited']}")
+                  f"errors_sent {hw['errors_sent']} errors_limited {hw['errors_limited']}; "
+                  f"the answer path held the pipeline {stopped} cycles")
+    if _env("INA_FLOOD_STOP", 0):
+        assert stopped > 0, "the answer queue never filled: the stop path is untested"
     assert bytes_out <= bytes_in, f"{bytes_out} B out > {bytes_in} B in"
     assert all(len(o) == 28 for _, o in errors)
     assert 0 < len(errors) <= bound
