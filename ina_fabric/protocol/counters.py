@@ -73,6 +73,11 @@ TABLE = (
                "re-send"),
     CounterDef("relayed", (M, E), "RESULTs from the parent relayed to the job's members"),
     CounterDef("drop_result", (M, E), "RESULTs no slot awaited"),
+    # the shared slot pool (docs/pool.md)
+    CounterDef("overflow", (M, E), "DATA sent on to the parent switch (FORWARDED): no pool "
+               "slot was free"),
+    CounterDef("overflow_in", (M, E), "FORWARDED DATA taken from a child switch whose pool "
+               "was full"),
     CounterDef("errors_sent", (M, E, G), "ERROR replies to DATA dropped for a fixable reason",
                24),
     CounterDef("errors_limited", (M, E, G), "ERROR replies not sent (that source was "
