@@ -6,7 +6,8 @@ Instantiate::
     from ina_fabric.hw.ina.params import CoreParams
     core = InaCore(CoreParams(workers=32, window=8, elements=64, lanes=1, jobs=2))
     # core.i   : In(stream.Signature(in_layout(L)))   INA datagrams (UDP payloads) from workers
-    # core.o   : Out(stream.Signature(out_layout(L))) RESULT datagrams, one per destination
+    # core.o   : Out(stream.Signature(out_layout(L))) RESULT datagrams, one per destination;
+    #            ERRORs answering refused DATA (hw/ina/answer.py); the control plane's replies
     # core.cfg : In(RegBus)                            job table, member table, counters
     # core.now : Out(32)                               the cycle counter (time of deadlines)
 
