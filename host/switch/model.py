@@ -177,9 +177,26 @@ class _Slot:
         self.via = None     # parent of a pool: the child switch whose FORWARDED DATA it sums
 
 
+class _Tally:
+    """``c[name] += 1`` into the switch's counters and one job's at once: every count
+    made once a datagram's job is found (the job's own counters, ``JOB_COUNTERS``)."""
+    __slots__ = ("switch", "job")
+
+    def __init__(self, switch, job):
+        self.switch, self.job = switch, job
+
+    def __getitem__(self, name):
+        return self.switch[name]
+
+    def __setitem__(self, name, value):
+        self.job[name] += value - self.switch[name]
+        self.switch[name] = value
+
+
 class _JobState:
     def __init__(self, cfg, now=0.0):
         self.cfg = cfg
+        self.counts = Counter()   # this job's share of the counters (JOB_COUNTERS)
         self.active = now     # last install or accepted DATA (job ids held by sessions)
         w = cfg.window
         self.slots = [[_Slot((i + s * w - 2 * w) & SEQ_MASK) for i in range(w)]
@@ -423,7 +440,7 @@ class SwitchModel:
         out = []
         for seq, slot in list(js.open.items()):
             if slot.bitmap | js.absent == full:
-                self._counts["skipped"] += 1
+                _Tally(self._counts, js.counts)["skipped"] += 1
                 del js.open[seq]
                 out += self._close(js, slot)
         return out
@@ -440,6 +457,12 @@ class SwitchModel:
     def counters(self) -> Counter:
         """Every counter (``COUNTERS``), by name."""
         return self._counts
+
+    def job_counters(self, job: int) -> dict:
+        """Job ``job``'s own counters (those not zero): the counts made for datagrams of
+        the job (after its lookup: ``JOB_COUNTERS``) and for its slots' results, since
+        it was installed (a live update keeps them)."""
+        return {k: v for k, v in sorted(self.jobs[job].counts.items()) if v}
 
     def process(self, datagram: bytes, source, now: float):
         """Fire the deadlines due at ``now``, then take one datagram from ``source``.
@@ -497,6 +520,7 @@ class SwitchModel:
             c["drop_unknown_job"] += 1
             return out + self._refuse(Refusal.UNKNOWN_JOB, 0, datagram, source, now)
         cfg = js.cfg
+        c = _Tally(c, js.counts)      # from here on, every count is also the job's
         if mtype == MsgType.RESULT:
             return self._from_parent(js, h, datagram, source, now)
         if int(h["session"]) != cfg.session:
@@ -620,7 +644,7 @@ class SwitchModel:
     def _from_parent(self, js, h, datagram, source, now):
         """A RESULT: taken only from the job's parent, for a slot that is up (sent to the
         parent and awaiting this); relayed to the group (the module's docstring)."""
-        c, cfg = self._counts, js.cfg
+        c, cfg = _Tally(self._counts, js.counts), js.cfg
         if tuple(source) != (cfg.parent if cfg.parent is not None else self.parent):
             c["drop_unknown_source"] += 1
             return []
@@ -665,7 +689,7 @@ class SwitchModel:
         return self._emit(js, slot) if js.cfg.parent is None else self._send_up(js, slot)
 
     def _send_up(self, js, slot):
-        c, cfg = self._counts, js.cfg
+        c, cfg = _Tally(self._counts, js.counts), js.cfg
         flags = Flags.OVERFLOW if slot.overflow else 0
         if slot.count < cfg.total:
             flags |= Flags.PARTIAL
@@ -747,7 +771,7 @@ class SwitchModel:
 
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
-        c = self._counts
+        c = _Tally(self._counts, js.counts)
         flags = Flags.OVERFLOW if slot.overflow else 0
         if slot.count < js.cfg.total:
             flags |= Flags.PARTIAL
@@ -779,7 +803,8 @@ class SwitchModel:
         return {"workers": js.cfg.n, "window": js.cfg.window, "elements": js.cfg.elements,
                 "mode": js.cfg.mode, "deadline_ms": js.cfg.deadline * 1e3,
                 "open_slots": len(js.open), "waiting_for": self._waiting_for(js),
-                "session": f"{js.cfg.session:016x}"} | (
+                "session": f"{js.cfg.session:016x}",
+                "counters": self.job_counters(js.cfg.job)} | (
                     {"position": js.head} if self.answers else {}) | (
                     {"absent": self._missing(js.cfg.n, ~js.absent)}
                     if js.cfg.mode == "bounded-skip" else {}) | (
@@ -831,6 +856,11 @@ class SwitchModel:
         for j in sorted(j for j in self.jobs if j >= start):
             entry = self._job_status(self.jobs[j])
             add = len(json.dumps({str(j): entry})) + 1
+            if size + add > budget and not doc["jobs"]:
+                # alone on its page and still too large: its counters are left out (None),
+                # so that paging moves on (a larger request gets them)
+                entry["counters"] = None
+                add = len(json.dumps({str(j): entry})) + 1
             if size + add > budget:
                 doc["next_job"] = j
                 break
