@@ -285,6 +285,7 @@ def test_wrong_element_count_against_the_rtl_raises_at_once(rtl_server, ports):
     for c in clients:
         c.close()
     for e, secs in out:
+        print(f"{secs:.2f} s: {type(e).__name__}: {e}")
         assert isinstance(e, SwitchRefused) and e.reason == Refusal.BAD_LENGTH, e
         assert secs < 5 and "64 elements" in str(e) and "\n" not in str(e), (secs, e)
     m = rtl_server.model
