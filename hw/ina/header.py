@@ -60,6 +60,7 @@ from amaranth.lib.wiring import In, Out
 
 from ina_fabric.protocol.fields import Flags
 
+from .answer import capture_layout, refusal_layout
 from .element import beat_layout, packet_layout
 from .input_fifo import entry_layout
 from .layout import request_layout
@@ -101,6 +102,8 @@ class HeaderPipeline(wiring.Component):
                   popped beats after the delay line, and each decided packet, for the
                   element path (:class:`~.element.ElementPath`)
     events        counter events (:data:`HEADER_EVENTS`)
+    cap, refusal  for the answer to refused DATA (:class:`~.answer.ErrorAnswer`): each
+                  packet decoded in P0 with its FIFO position, and P2's operation
 
     ``duplicate_check=False`` plants a bug for the tests: a worker's repeated
     contribution to an open slot is added again; ``child_counts=False``: a spine counts a
@@ -138,6 +141,8 @@ class HeaderPipeline(wiring.Component):
             "elem_packet": Out(packet_layout(P)),
             "events": Out(data.StructLayout(HEADER_EVENTS)),
             "accepted": Out(P.jobs),    # job j's DATA accepted (the control plane's idle)
+            "cap": Out(capture_layout()),
+            "refusal": Out(refusal_layout(P)),
         })
 
     def elaborate(self, platform):
@@ -218,4 +223,11 @@ class HeaderPipeline(wiring.Component):
                      self.elem.eq(pop.elem), self.elem_start.eq(eff.elem_start),
                      self.elem_packet.eq(eff.elem_packet), self.events.eq(eff.events),
                      self.accepted.eq(eff.accepted)]
+        # for the answer path: the packet in P0 (its header, time and source), P2's drop
+        cp = self.cap
+        m.d.comb += [cp.valid.eq(pop.dec), cp.pos.eq(pop.rewind[:4]), cp.job.eq(hdr.job),
+                     cp.worker.eq(hdr.worker), cp.seq.eq(hdr.seq), cp.seq1.eq(hdr.seq + 1),
+                     cp.session.eq(hdr.session),
+                     cp.ts.eq(pop.ts), cp.sip.eq(pop.sip), cp.sport.eq(pop.sport),
+                     cp.smac.eq(pop.smac), self.refusal.eq(eff.refusal)]
         return m

@@ -19,6 +19,9 @@ Ports::
     rewind_to   Out: the FIFO position the input is rewound to
     events, accepted
                 Out: counter events (:data:`~.slot.HEADER_EVENTS`); per job, DATA accepted
+    refusal     Out: the operation's answerable drop, whether it opened a slot, its FIFO
+                position, job and record's element count
+                (:func:`~.answer.refusal_layout`, for :class:`~.answer.ErrorAnswer`)
 """
 
 from amaranth.hdl import *
@@ -29,6 +32,7 @@ from .element import packet_layout
 from .layout import Reason, AccMode, request_layout
 from .params import CoreParams, TREE_COUNT_BITS
 from .slot import HEADER_EVENTS, RULE_FIELDS, meta_layout, stage_layout, write_layout
+from .answer import Kind, refusal_layout
 
 __all__ = ["SlotEffects"]
 
@@ -52,6 +56,7 @@ class SlotEffects(wiring.Component):
             "retry": Out(1), "rewind_to": Out(5),
             "events": Out(data.StructLayout(HEADER_EVENTS)), "accepted": Out(NJ),
             **({"p2_wc1": In(TREE_COUNT_BITS + 1)} if P.tree else {}),
+            "refusal": Out(refusal_layout(P)),
         })
 
     def elaborate(self, platform):
@@ -180,6 +185,18 @@ class SlotEffects(wiring.Component):
         for name in HEADER_EVENTS:
             assert len(inc[name]) == HEADER_EVENTS[name], name
             m.d.comb += getattr(self.events, name).eq(Cat(inc[name]))
+
+        # the drops the model answers (``SwitchModel._refuse``), for the answer path
+        rf = self.refusal
+        kinds = ((is_pkt & (reason2 == Reason.UNKNOWN_JOB), Kind.UNKNOWN_JOB),
+                 (is_pkt & (reason2 == Reason.BAD_SESSION), Kind.BAD_SESSION),
+                 (v2 & c.unksrc, Kind.NOT_MEMBER), (v2 & c.bignelem, Kind.BIG_NELEM),
+                 (v2 & c.stale, Kind.STALE), (v2 & malf3, Kind.SLOT_NELEM))
+        kind = Kind.NONE
+        for cond, k in reversed(kinds):
+            kind = Mux(cond, k, kind)
+        m.d.comb += [rf.kind.eq(kind), rf.opened.eq(v2 & reuse), rf.pos.eq(p2_op.rewind[:4]),
+                     rf.job.eq(p2_job), rf.slot_nelem.eq(md2.nelem)]
 
         # the flush's rewind target, and the decided packet for the element path
         m.d.comb += self.rewind_to.eq(p2_op.rewind)

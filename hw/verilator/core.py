@@ -46,10 +46,12 @@ def _ip(text: str) -> int:
 class RtlCore:
     """One core instance in Verilator (built, or loaded from the cache, on creation)."""
 
-    def __init__(self, params: CoreParams, *, planted_bug=None, log=None, src_ip="127.0.0.1"):
+    def __init__(self, params: CoreParams, *, planted_bug=None, log=None, src_ip="127.0.0.1",
+                 error_interval=None):
         self.params = params
         t = time.perf_counter()
-        self.lib_path = build_core(params, planted_bug=planted_bug, log=log)
+        self.lib_path = build_core(params, planted_bug=planted_bug, log=log,
+                                   error_interval=error_interval)
         self.build_seconds = time.perf_counter() - t
         lib = self._lib = ctypes.CDLL(str(self.lib_path))
         vp, u32, u64, i32 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
