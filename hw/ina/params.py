@@ -7,9 +7,12 @@ The WAN schedule optimizer imports :class:`CoreParams` for its FPGA-memory defau
 from dataclasses import dataclass
 import math
 
-__all__ = ["CoreParams", "HEADER_WORDS", "QUEUE_SLACK"]
+__all__ = ["CoreParams", "HEADER_WORDS", "QUEUE_SLACK", "TREE_COUNT_BITS"]
 
-from ina_fabric.protocol.fields import HEADER_BYTES
+from ina_fabric.protocol.fields import HEADER_BYTES, MAX_JOB_WORKERS
+
+#: a spine's worker count (``CoreParams.tree``): up to MAX_JOB_WORKERS workers
+TREE_COUNT_BITS = MAX_JOB_WORKERS.bit_length()
 
 #: the INA header in 32-bit words (28 bytes = 7 words; ina_fabric/protocol/fields.py)
 HEADER_WORDS = HEADER_BYTES // 4
@@ -39,6 +42,12 @@ class CoreParams:
               16, packed 4 x 8 / 2 x 16 per 32-bit lane word (hw/ina/lanes.py; wider
               accumulators and a result memory: a board that cannot afford them leaves
               them out)
+    tree      the core can be a spine of a tree of switches (docs/fabric.md): a job whose
+              members are child switches (``JobConfig.children``) takes their DATA's
+              ``count`` (the workers each covers) and OVERFLOW, and its RESULT carries
+              the workers in the sum and PARTIAL below the job's total (per record: an
+              11-bit worker count and an overflow bit more). Off: such a job is refused
+              (``config_writes``)
     """
     workers: int = 32
     window: int = 8
@@ -47,6 +56,7 @@ class CoreParams:
     jobs: int = 2
     queue: int = 16
     widths: tuple = (32,)
+    tree: bool = False
 
     def __post_init__(self):
         if not 1 <= self.workers <= 32:
@@ -62,6 +72,9 @@ class CoreParams:
         if 32 not in self.widths or not set(self.widths) <= {8, 16, 32}:
             raise ValueError(f"widths {self.widths} must be a subset of (8, 16, 32) with 32")
         object.__setattr__(self, "widths", tuple(sorted(set(self.widths))))
+        if self.tree and self.narrow:
+            raise ValueError("a spine (tree=True) with narrow widths is not built: its "
+                             "children's DATA come up wider than the result (fields.up_width)")
         if self.queue <= QUEUE_SLACK or self.queue & (self.queue - 1):
             raise ValueError(f"queue {self.queue} must be a power of two > {QUEUE_SLACK} "
                              f"(the pipeline can add {QUEUE_SLACK} operations after the "
@@ -112,9 +125,10 @@ class CoreParams:
     @property
     def meta_bits(self) -> int:
         """Per-record state besides the accumulators: tag (34, signed), complete,
-        bitmap, count, max exponent, overflow, deadline time (32), nelem."""
+        bitmap, count, max exponent, overflow, deadline time (32), nelem; with ``tree``
+        the workers covered and a child's OVERFLOW."""
         return (34 + 1 + self.workers + _clog2(self.workers + 1) + 8 + 1 + 32
-                + _clog2(self.elements + 1))
+                + _clog2(self.elements + 1) + (TREE_COUNT_BITS + 1 if self.tree else 0))
 
     @property
     def slot_memory_bits(self) -> int:
@@ -128,6 +142,6 @@ class CoreParams:
 
     def describe(self) -> str:
         return (f"N<={self.workers} W={self.window} E={self.elements} L={self.lanes} "
-                f"jobs={self.jobs}"
+                f"jobs={self.jobs}{' tree' if self.tree else ''}"
                 + (f" widths={','.join(map(str, self.widths))}" if self.narrow else "")
                 + f": {self.slot_memory_bytes} B slot state")

