@@ -80,7 +80,9 @@ async def test_header_decode(dut):
                   f["type"] in (MsgType.STATUS_REQ, MsgType.CONTROL),
                   f["type"] != MsgType.DATA or bad_width,
                   body < nbytes, body != nbytes, not any(hits), sess[sel] != 15,
-                  f["worker"] >= jb["nworkers"], nelem > jb["elements"], width_ne]
+                  f["worker"] >= jb["nworkers"], nelem > jb["elements"],
+                  0,    # a spine's bad count (CoreParams.tree; the benches build none)
+                  width_ne]
         rec = (sel << (LWM + 1)) | hrec[sel]
         got = b.rd("checks")
         want = sum(int(bool(c)) << k for k, c in enumerate(checks))
