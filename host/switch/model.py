@@ -545,18 +545,8 @@ class SwitchModel:
         if mtype != MsgType.DATA and not (mtype == MsgType.RESULT and self._has_parent(h)):
             c["drop_malformed"] += 1          # (a switch takes RESULTs only from a parent)
             return out
-        nelem = int(h["nelem"])
-        width = int(h["width"])
-        if not valid_width(width) or WIDTH_BITS[width & 0xF] not in self.widths or \
-                WIDTH_BITS[width >> 4] not in self.widths:
-            c["drop_malformed"] += 1
-            return out
-        body = n - HEADER_BYTES
-        if body < elem_bytes(width) * nelem:
-            c["drop_truncated"] += 1
-            return out
-        if body != elem_bytes(width) * nelem:
-            c["drop_malformed"] += 1
+        nelem, width = int(h["nelem"]), self._sized(h, n)
+        if width is None:
             return out
         js = self.jobs.get(int(h["job"]))
         if js is None:
@@ -582,12 +572,10 @@ class SwitchModel:
                                       now)
         # the workers this DATA covers: one for a worker, the count of a child switch
         covers = int(h["count"]) if cfg.children else 1
-        if not 1 <= covers <= cfg.total:
+        # (and a worker's width nibbles agree; a child's partial sum is up_width wide)
+        if not 1 <= covers <= cfg.total or width != _member_width(cfg, width):
             c["drop_malformed"] += 1
             return out
-        if width != _member_width(cfg, width):
-            c["drop_malformed"] += 1     # a worker's nibbles differ, or a child's partial
-            return out                   # sum is not as wide as up_width says
         c["rx_data"] += 1
         if fwd:
             c["overflow_in"] += 1
@@ -682,6 +670,21 @@ class SwitchModel:
             del js.open[seq]
             out += self._close(js, slot)
         return out
+
+    def _sized(self, h, n):
+        """The width byte of a DATA or RESULT of ``n`` bytes, or None (counted) when it
+        names no width this switch sums (``drop_malformed``) or the length is not
+        ``nelem`` elements of it (``drop_truncated``, ``drop_malformed``)."""
+        c, width = self._counts, int(h["width"])
+        if not valid_width(width) or WIDTH_BITS[width & 0xF] not in self.widths or \
+                WIDTH_BITS[width >> 4] not in self.widths:
+            c["drop_malformed"] += 1
+            return None
+        body, need = n - HEADER_BYTES, elem_bytes(width) * int(h["nelem"])
+        if body != need:
+            c["drop_truncated" if body < need else "drop_malformed"] += 1
+            return None
+        return width
 
     def _has_parent(self, h) -> bool:
         js = self.jobs.get(int(h["job"]))
