@@ -280,7 +280,7 @@ class SwitchModel:
             raise ValueError("a slot pool needs a parent switch to take its overflow "
                              "(ina switch --pool-slots N --parent HOST:PORT)")
         self.pool_slots = None if pool_slots is None else int(pool_slots)
-        self.pool_used = 0
+        self._pool_used = 0
         self.parent = None if parent is None else (str(parent[0]), int(parent[1]))
         from ina_fabric.protocol.jobtable import MODES
         self.modes = tuple(MODES if modes is None else modes)
@@ -385,10 +385,15 @@ class SwitchModel:
         self.jobs.pop(job, None)
 
     # -- the shared slot pool (docs/pool.md) -------------------------------------------
+    @property
+    def pool_used(self) -> int:
+        """Pool slots held now."""
+        return self._pool_used
+
     def _release(self, slot):
         if slot.held:
             slot.held = False
-            self.pool_used -= 1
+            self._pool_used -= 1
 
     def _release_job(self, js):
         for half in js.slots:
@@ -403,7 +408,7 @@ class SwitchModel:
         if self.pool_used >= self.pool_slots:
             return False
         slot.held = True
-        self.pool_used += 1
+        self._pool_used += 1
         return True
 
     def _confirmed(self, js, seq):
@@ -419,9 +424,14 @@ class SwitchModel:
             slot.result = None
             self._release(slot)
 
+    def _pool_full(self) -> bool:
+        """The congestion signal (docs/congestion.md): every pool slot is held, so new
+        slots go to the parent; a RESULT sent now carries CONGESTED."""
+        return self.pool_slots is not None and self._pool_used >= self.pool_slots
+
     def _forward(self, js, slot, datagram):
         """The slot found the pool full: the DATA goes on to the parent (FORWARDED)."""
-        self._counts["overflow"] += 1
+        _Tally(self._counts, js.counts)["overflow"] += 1
         b = bytearray(datagram)
         b[_OFF["flags"]] |= Flags.FORWARDED
         return [(self.parent, bytes(b))]
@@ -715,9 +725,12 @@ class SwitchModel:
                 return []
             js.active = now
             c["relayed"] += 1
-            if worker != GROUP_WORKER:
-                return [(cfg.members[worker].addr, bytes(datagram))]
             b = bytearray(datagram)
+            if self._pool_full():
+                b[_OFF["flags"]] |= Flags.CONGESTED
+                c["congested"] += 1
+            if worker != GROUP_WORKER:
+                return [(cfg.members[worker].addr, bytes(b))]
             b[_OFF["flags"]] &= ~Flags.RETRANSMIT & 0xFF
             return [(dest, bytes(b)) for dest in js.group]
         if slot.up is None or slot.tag != seq:
@@ -743,28 +756,36 @@ class SwitchModel:
         return self._emit(js, slot) if js.cfg.parent is None else self._send_up(js, slot)
 
     def _send_up(self, js, slot):
+        bits = sum_width(slot.width)
+        up = width_byte(up_width(bits, js.cfg.total), bits)
+        data = self._sum_datagram(js, slot, MsgType.DATA, js.cfg.index, up)
+        slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
+        _Tally(self._counts, js.counts)["up"] += 1
+        return [(js.cfg.parent, data)]
+
+    def _sum_datagram(self, js, slot, mtype, worker, width) -> bytes:
+        """The datagram a closing slot sends (a RESULT at the root, the DATA up at a
+        switch with a parent), its elements ``width`` wide (the width byte): the sum
+        saturated to that width, PARTIAL when it covers fewer than the job's workers,
+        OVERFLOW when it saturated or a child's DATA had it (counted). The slot's
+        accumulator is released."""
         c, cfg = _Tally(self._counts, js.counts), js.cfg
         flags = Flags.OVERFLOW if slot.overflow else 0
         if slot.count < cfg.total:
             flags |= Flags.PARTIAL
             c["partials"] += 1
-        bits = sum_width(slot.width)
-        up = width_byte(up_width(bits, cfg.total), bits)
-        clipped = _clip(slot.acc, up)
+        clipped = _clip(slot.acc, width)
         if slot.nelem and not np.array_equal(clipped, slot.acc):
             flags |= Flags.OVERFLOW
             c["overflows"] += 1
         hdr = np.zeros((), HEADER_DTYPE)
-        hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.DATA, flags
-        hdr["width"] = up
-        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, cfg.index
+        hdr["version"], hdr["type"], hdr["flags"] = VERSION, mtype, flags
+        hdr["width"] = width
+        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, worker
         hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
         hdr["bitmap"], hdr["session"] = slot.bitmap, cfg.session
-        data = hdr.tobytes() + clipped.astype(_ELEM[up & 0xF]).tobytes()
-        slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
         slot.acc = None
-        c["up"] += 1
-        return [(cfg.parent, data)]
+        return hdr.tobytes() + clipped.astype(_ELEM[width & 0xF]).tobytes()
 
     def _refuse(self, reason, figure, datagram, source, now):
         """The ERROR answering a refused DATA (the module's docstring), or nothing when
@@ -829,24 +850,14 @@ class SwitchModel:
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
         c = _Tally(self._counts, js.counts)
-        flags = Flags.OVERFLOW if slot.overflow else 0
-        if slot.count < js.cfg.total:
-            flags |= Flags.PARTIAL
-            c["partials"] += 1
-        width = _result_byte(slot.width)
-        clipped = _clip(slot.acc, width)
-        if slot.nelem and not np.array_equal(clipped, slot.acc):
-            flags |= Flags.OVERFLOW
-            c["overflows"] += 1
-        hdr = np.zeros((), HEADER_DTYPE)
-        hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.RESULT, flags
-        hdr["width"] = width
-        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, js.cfg.job, GROUP_WORKER
-        hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
-        hdr["bitmap"], hdr["session"] = slot.bitmap, js.cfg.session
-        slot.result = hdr.tobytes() + clipped.astype(_ELEM[width & 0xF]).tobytes()
+        slot.result = self._sum_datagram(js, slot, MsgType.RESULT, GROUP_WORKER,
+                                         _result_byte(slot.width))
+        if self._pool_full():
+            b = bytearray(slot.result)
+            b[_OFF["flags"]] |= Flags.CONGESTED
+            slot.result = bytes(b)
+            c["congested"] += 1
         slot.complete = True
-        slot.acc = None
         c["results"] += 1
         return [(dest, slot.result) for dest in ([slot.via] if slot.via else js.group)]
 
@@ -910,7 +921,8 @@ class SwitchModel:
         """One page of STATUS, at most ``budget`` bytes: the counters, the jobs with ids
         from ``start`` on that fit, and ``next_job`` (where the next page starts, or
         None). Page cost is independent of how many jobs the page leaves out."""
-        doc = {"counters": dict(self.counters), "jobs": {}, "next_job": None}
+        doc = {"counters": dict(self.counters), "jobs": {}, "next_job": None} | (
+            {"pool": self.pool_status()} if self.pool_slots is not None else {})
         size = len(self._status_bytes(doc)) + 16
         for j in sorted(j for j in self.jobs if j >= start):
             entry = self._job_status(self.jobs[j])

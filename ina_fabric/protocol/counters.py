@@ -81,6 +81,7 @@ TABLE = (
                "slot was free"),
     CounterDef("overflow_in", (M, E), "FORWARDED DATA taken from a child switch whose pool "
                "was full"),
+    CounterDef("congested", (M, E), "RESULTs sent with CONGESTED (the slot pool was full)"),
     CounterDef("errors_sent", (M, E), "ERROR replies to DATA dropped for a fixable reason"),
     CounterDef("errors_limited", (M, E), "ERROR replies not sent (that source was answered "
                "within ERROR_INTERVAL)"),
@@ -109,7 +110,7 @@ GATEWARE_COUNTERS = tuple(c.name for c in sorted((c for c in TABLE if GATEWARE i
 JOB_COUNTERS = ("rx_data", "accepted", "duplicates", "late", "results", "partials",
                 "overflows", "resent", "skipped", "up", "up_resent", "relayed", "drop_result",
                 "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-                "drop_malformed", "drop_bad_width")
+                "drop_malformed", "overflow", "overflow_in", "congested", "drop_bad_width")
 #: the counters of a switch that answers refused DATA (not the gateware, for now)
 ANSWER_COUNTERS = ("errors_sent", "errors_limited")
 #: name -> what it counts
