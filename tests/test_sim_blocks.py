@@ -16,7 +16,7 @@ import pkgutil
 import pytest
 from amaranth.lib import wiring
 
-from ina_fabric.sim.common import run_cocotb
+from ina_fabric.sim.common import BUILD, run_cocotb
 
 pytestmark = pytest.mark.xdist_group("sim_blocks")
 
@@ -155,6 +155,49 @@ def _pbuf(o):
     return PacketBuffer(depth=o["depth"])
 
 
+def _regfile(o):
+    from ina_fabric.hw.ina.regfile import RegisterFile
+    return RegisterFile(_P(**o["core"]))
+
+
+def _replicator(o):
+    from ina_fabric.hw.ina.replicator import Replicator
+    return Replicator(_P(**o["core"]))
+
+
+def _rgmii(o):
+    from ina_fabric.hw.eth.rgmii import RgmiiPhy
+    from ina_fabric.sim.eth import tb_rgmii_phy as tb
+    phy = RgmiiPhy(tb.Pins(), rx_domain="rx", tx_domain="tx",
+                   rx_delay_taps=o["rx_delay_taps"], tx_delay_taps=o["tx_delay_taps"])
+    # its DDR primitives: amaranth's ECP5 buffers and the bench's models of them
+    phy.bench_sources = tb.sources
+    return phy
+
+
+def _writer(o):
+    from ina_fabric.hw.ina.entry import EntryWriter
+    return EntryWriter(_P(**o["core"]), max_words=512, reclaim_cycles=o["reclaim"])
+
+
+def _status(o):
+    from ina_fabric.hw.ina.status import StatusWriter
+    return StatusWriter(_P(**o["core"]), clock_hz=o["clock_hz"], reclaim_cycles=o["reclaim"],
+                        max_words=512)
+
+
+def _pipeline(o):
+    from ina_fabric.hw.ina.header import HeaderPipeline
+    return HeaderPipeline(_P(**o["core"]), duplicate_check=o.get("planted")
+                          != "no_duplicate_check")
+
+
+def _control(o):
+    from ina_fabric.hw.ina.control import ControlPlane
+    from ina_fabric.sim.ina.control_scenario import KEY
+    return ControlPlane(_P(**o["core"]), key=KEY, cycles_per_us=1)
+
+
 def _ingress(o):
     from ina_fabric.hw.eth.ingress import Ingress
     return Ingress()
@@ -264,6 +307,58 @@ BENCHES = [
       {"depth": 256, "n": 200, "max_len": 60, "idle": 0.0, "bp": 0.0, "seed": 2,
        "no_overflow": True},
       {"depth": 32, "n": 200, "max_len": 40, "idle": 0.0, "bp": 0.8, "seed": 3}]),
+    ("RegisterFile", _regfile, "ina_fabric.sim.ina.tb_register_file",
+     [{"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 2, "jobs": 2}, "n": 400,
+       "idle": 0.2},
+      {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 3}, "n": 4000,
+       "idle": 0.1, "seed": 2},
+      {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 8, "jobs": 5}, "n": 4000,
+       "idle": 0.5, "writes": 0.8, "seed": 3}]),
+    ("Replicator", _replicator, "ina_fabric.sim.ina.tb_replicator",
+     [{"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 2, "jobs": 2}, "n": 40,
+       "idle": 0.3, "bp": 0.3},
+      {"core": {"workers": 32, "window": 4, "elements": 16, "lanes": 1, "jobs": 3}, "n": 60,
+       "idle": 0.1, "bp": 0.5, "mcast": 0.2, "seed": 2},
+      {"core": {"workers": 3, "window": 1, "elements": 20, "lanes": 8, "jobs": 2}, "n": 300,
+       "idle": 0.0, "bp": 0.0, "unicast": 0.5, "seed": 3},
+      {"core": {"workers": 8, "window": 2, "elements": 7, "lanes": 4, "jobs": 2}, "n": 300,
+       "idle": 0.6, "bp": 0.7, "mcast": 0.6, "seed": 4}]),
+    ("RgmiiPhy", _rgmii, "ina_fabric.sim.eth.tb_rgmii_phy",
+     [{"rx_delay_taps": 0, "tx_delay_taps": 0, "n": 200},
+      {"rx_delay_taps": 80, "tx_delay_taps": 80, "n": 200, "seed": 2},
+      {"rx_delay_taps": 0, "tx_delay_taps": 60, "n": 2000, "idle": 0.8, "seed": 3,
+       "rx_period_ns": 7.9},
+      {"rx_delay_taps": 80, "tx_delay_taps": 0, "n": 2000, "idle": 0.1, "seed": 4,
+       "tx_period_ns": 8.1}]),
+    ("EntryWriter", _writer, "ina_fabric.sim.ina.tb_entry_writer",
+     [{"core": {"workers": 4, "window": 4, "elements": 8, "lanes": 1, "jobs": 2}, "n": 40,
+       "reclaim": 40, "accept": 0.05},
+      {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 3}, "n": 300,
+       "reclaim": 100, "accept": 0.02, "seed": 2},
+      {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 2, "jobs": 4}, "n": 300,
+       "reclaim": 20, "accept": 0.2, "seed": 3}]),
+    ("StatusWriter", _status, "ina_fabric.sim.ina.tb_status_writer",
+     [{"core": {"workers": 4, "window": 4, "elements": 8, "lanes": 2, "jobs": 2}, "n": 12,
+       "clock_hz": 1000, "reclaim": 5000, "bp": 0.3},
+      {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 4}, "n": 60,
+       "clock_hz": 75_000_000, "reclaim": 75_000_000 * 30, "bp": 0.0, "seed": 2},
+      {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 8, "jobs": 3}, "n": 60,
+       "clock_hz": 7, "reclaim": 1000, "bp": 0.7, "seed": 3}]),
+    ("HeaderPipeline", _pipeline, "ina_fabric.sim.ina.tb_header_pipeline",
+     [{"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 2, "jobs": 2}, "n": 12,
+       "idle": 0.3, "drain": 0.3},
+      {"core": {"workers": 8, "window": 4, "elements": 16, "lanes": 1, "jobs": 2, "queue": 8},
+       "n": 60, "window": 4, "idle": 0.1, "drain": 0.1, "send_cycles": 30, "seed": 2},
+      {"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 8, "jobs": 3}, "n": 60,
+       "idle": 0.0, "drain": 0.5, "deadline": 60, "seed": 3,
+       "mix": {"loss": 0.1, "dup": 0.1, "late": 0.1, "bad": 0.1}}]),
+    ("ControlPlane", _control, "ina_fabric.sim.ina.tb_control_plane",
+     [{"core": {"workers": 4, "window": 4, "elements": 8, "lanes": 2, "jobs": 2}, "n": 10,
+       "idle": 0.3, "bp": 0.3},
+      {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 2}, "n": 1000,
+       "idle": 0.0, "bp": 0.0, "seed": 2},
+      {"core": {"workers": 8, "window": 2, "elements": 8, "lanes": 8, "jobs": 3}, "n": 1000,
+       "idle": 0.6, "bp": 0.7, "seed": 3}]),
     ("Ingress", _ingress, "ina_fabric.sim.eth.tb_ingress",
      [{"n": 13, "idle": 0.2, "bp": 0.3}, {"n": 150, "idle": 0.0, "bp": 0.0, "seed": 2},
       {"n": 150, "idle": 0.5, "bp": 0.7, "seed": 3}]),
@@ -284,9 +379,12 @@ def run_block(name, make, module, options, tag=""):
     dut = make(options)
     assert type(dut).__name__ == name, f"the bench of {name} builds a {type(dut).__name__}"
     key = "".join(c if c.isalnum() else "_" for c in json.dumps(options, sort_keys=True))
-    run_cocotb(dut, toplevel=f"blk_{name.lower()}", test_module=module,
-               name=f"blk_{name}_{tag}{abs(hash(key)) % 10 ** 8}",
-               env={"INA_BENCH": json.dumps(options)})
+    run = f"blk_{name}_{tag}{abs(hash(key)) % 10 ** 8}"
+    top = f"blk_{name.lower()}"
+    # (a block with vendor primitives brings its Verilog and the bench's models of them)
+    src = getattr(dut, "bench_sources", None)
+    run_cocotb(dut if src is None else src(dut, top, BUILD / run), toplevel=top,
+               test_module=module, name=run, env={"INA_BENCH": json.dumps(options)})
 
 
 def bench_of(name):
@@ -319,31 +417,16 @@ def _components():
 
 
 def test_every_component_has_a_bench_of_its_own():
-    """Every Component of hw/ina and hw/eth has a bench of its own, except those listed in
-    NOT_YET (each with why); the list only shrinks: a listed block that has a bench, or
-    that no longer exists, fails here too."""
+    """Every Component of hw/ina and hw/eth has a bench of its own (the core's and the
+    port's are the system benches), and every bench's block exists."""
     comps = _components()
     assert {"InaCore", "HeaderPipeline", "ControlPlane", "EthPort"} <= set(comps)
     benched = {name for name, *_ in BENCHES} | set(SYSTEM_BENCHES)
-    missing = sorted(set(comps) - benched - set(NOT_YET))
+    missing = sorted(set(comps) - benched)
     assert not missing, f"Components with no bench of their own: {missing}"
-    assert not set(NOT_YET) & benched, f"benched, drop from NOT_YET: {set(NOT_YET) & benched}"
-    assert set(NOT_YET) <= set(comps), f"no such Component: {set(NOT_YET) - set(comps)}"
+    assert benched <= set(comps), f"benches of no Component: {benched - set(comps)}"
 
 
 #: blocks whose own bench is a system bench elsewhere: the core (tests/test_sim_ina_core.py,
 #: sim/ina/tb_core.py) and the Ethernet port (tests/test_eth_port.py, sim/eth/tb_port.py)
 SYSTEM_BENCHES = {"InaCore": "tests/test_sim_ina_core.py", "EthPort": "tests/test_eth_port.py"}
-
-#: Components whose bench of their own is not written yet, and where they are checked now
-NOT_YET = {
-    "Replicator": "through the core's benches (tests/test_sim_ina_core.py, coverage)",
-    "RegisterFile": "through the core's benches and tests/test_hw_ina_blocks.py (enables)",
-    "HeaderPipeline": "its six stages each have a bench; the whole through the core's",
-    "ControlPlane": "its five blocks: HmacSha256, ReplayStore and EntryParser have benches; "
-                    "the whole through tests/test_sim_ina_core.py::test_sim_ina_control",
-    "EntryWriter": "through tests/test_sim_ina_core.py::test_sim_ina_control",
-    "StatusWriter": "through tests/test_sim_ina_core.py::test_sim_ina_control",
-    "RgmiiPhy": "vendor DDR primitives (ECP5 IDDRX1F/ODDRX1F through io.DDRBuffer) have no "
-                "Icarus model; its GMII side is the board bench's (sim/eth/tb_board.py)",
-}

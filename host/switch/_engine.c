@@ -74,6 +74,10 @@ typedef struct {
     uint8_t up;                  /* tree: closed here, sent to the parent, its RESULT
                                     awaited (result holds the DATA sent up) */
     uint8_t overflow;            /* tree: a child switch's DATA had OVERFLOW */
+    uint8_t held;                /* pool: holds one of the engine's pool slots */
+    uint8_t over;                /* pool: opened on a full pool, its DATA go to the parent */
+    uint8_t via_set;             /* parent of a pool: sums a child's FORWARDED DATA */
+    Addr via;                    /* (that child: the RESULT goes to it) */
     uint16_t count;              /* workers in the sum (a child switch's DATA: its count) */
     uint8_t wide;                /* acc holds int64 sums (else int32: see narrow below) */
     uint64_t order;              /* when it opened, in the engine's opening count */
@@ -149,6 +153,12 @@ typedef struct {
     double error_interval;
     double answered[ERROR_SOURCES];
     uint8_t answered_set[ERROR_SOURCES];
+    /* the shared slot pool (the model's pool_slots; docs/pool.md): on when ``pool``,
+     * ``pool_slots`` slots of the flat jobs, ``pool_used`` of them held; the overflow
+     * goes to ``pool_parent`` */
+    int pool;
+    long pool_slots, pool_used;
+    Addr pool_parent;
 } Engine;
 
 #define rd16 ina_rd16
@@ -372,6 +382,74 @@ static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
     k->msgs[i].msg_hdr.msg_iovlen = 1;
 }
 
+/* One datagram out that no slot stores (a forwarded DATA, a relayed RESULT): copied
+ * into the scratch area, with ``set`` flags set and ``clear`` flags cleared. */
+static void sink_push_raw(Engine *e, Sink *k, Addr to, const uint8_t *buf, size_t len,
+                          int set, int clear) {
+    const Layout *L = &e->L;
+    if (k->list) {
+        if (k->failed) return;
+        PyObject *b = PyBytes_FromStringAndSize((const char *)buf, len);
+        if (!b) { k->failed = 1; return; }
+        uint8_t *p = (uint8_t *)PyBytes_AS_STRING(b);
+        p[L->flags] = (uint8_t)((p[L->flags] | set) & ~clear);
+        PyObject *t = Py_BuildValue("(kiN)", (unsigned long)to.ip, (int)to.port, b);
+        if (!t || PyList_Append(k->list, t) < 0) k->failed = 1;
+        Py_XDECREF(t);
+        return;
+    }
+    if (k->n == SENDQ || k->scratch_used + len > SCRATCH) sink_flush(e, k);
+    int i = k->n++;
+    uint8_t *data = k->scratch + k->scratch_used;
+    k->scratch_used += (len + 7) & ~(size_t)7;
+    memcpy(data, buf, len);
+    data[L->flags] = (uint8_t)((data[L->flags] | set) & ~clear);
+    k->ref[i] = NULL;
+    k->held[i] = 0;
+    k->iov[i].iov_base = data;
+    k->iov[i].iov_len = len;
+    k->addr[i].sin_family = AF_INET;
+    k->addr[i].sin_port = htons(to.port);
+    k->addr[i].sin_addr.s_addr = htonl(to.ip);
+    memset(&k->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
+    k->msgs[i].msg_hdr.msg_name = &k->addr[i];
+    k->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+    k->msgs[i].msg_hdr.msg_iov = &k->iov[i];
+    k->msgs[i].msg_hdr.msg_iovlen = 1;
+}
+
+/* ---- the shared slot pool (the model's _release, _take, _confirmed) ----------------- */
+static inline void pool_release(Engine *e, Slot *s) {
+    if (s->held) {
+        s->held = 0;
+        e->pool_used--;
+    }
+}
+
+static void pool_release_job(Engine *e, Job *j) {
+    if (!j) return;
+    for (size_t i = 0; i < 2 * (size_t)j->window; i++) pool_release(e, &j->slots[i]);
+}
+
+static inline int pool_take(Engine *e, Slot *s) {
+    if (!e->pool) return 1;
+    if (e->pool_used >= e->pool_slots) return 0;
+    s->held = 1;
+    e->pool_used++;
+    return 1;
+}
+
+/* every member contributed ``seq``: the stored result of seq - W goes back to the pool */
+static void pool_confirmed(Engine *e, Job *j, uint32_t seq) {
+    if (!e->pool) return;
+    uint32_t prev = seq - j->window;
+    Slot *s = slot_of(j, prev);
+    if (s->held && s->tag == prev && s->complete && !s->up) {
+        s->has_result = 0;
+        pool_release(e, s);
+    }
+}
+
 /* The model's _refuse: the ERROR answering DATA ``d`` from ``to`` (its header, type
  * ERROR, ``reason`` in count, ``figure`` in bitmap), unless the source's bucket was
  * answered within error_interval. */
@@ -558,6 +636,10 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
         flags |= L->f_overflow;
         COUNT(e, j, C_OVERFLOWS);
     }
+    if (!j->has_parent && e->pool && e->pool_used >= e->pool_slots) {  /* _pool_full */
+        flags |= L->f_congested;
+        COUNT(e, j, C_CONGESTED);
+    }
     memset(r, 0, L->header);
     r[L->version] = L->v_version;
     r[L->type] = j->has_parent ? L->t_data : L->t_result;
@@ -580,6 +662,10 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     s->complete = 1;
     s->has_result = 1;
     COUNT(e, j, C_RESULTS);
+    if (s->via_set) {                    /* a child's overflow: back to that child */
+        sink_push(e, k, s->via, s, -1);
+        return;
+    }
     for (int g = 0; g < j->ngroup; g++) sink_push(e, k, j->group[g], s, -1);
 }
 
@@ -589,13 +675,35 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
 static void process_result(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t n,
                            Addr src, double now) {
     const Layout *L = &e->L;
-    if (src.ip != j->parent.ip || src.port != j->parent.port) {
+    Addr parent = j->has_parent ? j->parent : e->pool_parent;
+    if (src.ip != parent.ip || src.port != parent.port) {
         COUNT(e, j, C_DROP_UNKNOWN_SOURCE);
         return;
     }
     if (ina_rd64(d + L->session) != j->session) { COUNT(e, j, C_DROP_BAD_SESSION); return; }
     uint32_t seq = rd32(d + L->seq);
     Slot *s = slot_of(j, seq);
+    if (s->over && s->tag == seq) {      /* the parent summed it (pool): relayed, unstored */
+        int worker = d[L->worker];
+        if (worker != L->group_worker && worker >= j->n) {
+            COUNT(e, j, C_DROP_MALFORMED);
+            return;
+        }
+        j->active = now;
+        COUNT(e, j, C_RELAYED);
+        int cong = 0;
+        if (e->pool && e->pool_used >= e->pool_slots) {
+            cong = L->f_congested;
+            COUNT(e, j, C_CONGESTED);
+        }
+        if (worker != L->group_worker) {
+            sink_push_raw(e, k, j->members[worker], d, n, cong, 0);
+            return;
+        }
+        for (int g = 0; g < j->ngroup; g++)
+            sink_push_raw(e, k, j->group[g], d, n, cong, L->f_retransmit);
+        return;
+    }
     if (!s->up || s->tag != seq) { COUNT(e, j, C_DROP_RESULT); return; }
     if (rd16(d + L->nelem) != s->nelem || (int)rd16(d + L->count) > L->max_job_workers) {
         COUNT(e, j, C_DROP_MALFORMED);
@@ -687,8 +795,10 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         return 0;
     }
     uint32_t worker = d[L->worker];
-    if ((int)worker >= j->n || j->members[worker].ip != src.ip ||
-            j->members[worker].port != src.port) {
+    /* a child switch's pool overflow: from that switch (the session is the capability) */
+    int fwd = (d[L->flags] & L->f_forwarded) && !j->has_parent && !j->children;
+    if ((int)worker >= j->n || (!fwd && (j->members[worker].ip != src.ip ||
+            j->members[worker].port != src.port))) {
         COUNT(e, j, C_DROP_UNKNOWN_SOURCE);
         refuse(e, k, src, d, R_NOT_MEMBER, (uint32_t)j->n, now);
         return 0;
@@ -702,12 +812,33 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     int covers = j->children ? (int)rd16(d + L->count) : 1;
     if (covers < 1 || covers > j->total) { COUNT(e, j, C_DROP_MALFORMED); return 0; }
     COUNT(e, j, C_RX_DATA);
+    if (fwd) COUNT(e, j, C_OVERFLOW_IN);
     uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
     Slot *s = slot_of(j, seq);
     uint32_t bit = 1u << worker;
     if ((j->absent & bit) && now >= j->absent_since[worker] + j->deadline)
         j->absent &= ~bit;               /* heard from a deadline on: waited for again */
-    if (seq == s->tag + w2 && s->complete) {
+    uint32_t ahead = seq - s->tag;
+    if (s->complete && (ahead == w2 || (fwd && ahead > 0 && ahead < SEQ_HALF))) {
+        pool_release(e, s);
+        s->over = 0;
+        if (!(fwd || j->has_parent || j->children || pool_take(e, s))) {
+            /* the pool is full: this seq is summed by the parent */
+            s->tag = seq;
+            s->has_result = 0;
+            s->up = 0;
+            s->nelem = nelem;
+            s->bitmap = 0;
+            s->count = 0;
+            s->over = 1;
+            if (seq + 1 - j->head < SEQ_HALF) j->head = seq + 1;
+            j->active = now;
+            COUNT(e, j, C_OVERFLOW);
+            sink_push_raw(e, k, e->pool_parent, d, n, L->f_forwarded, 0);
+            return 0;
+        }
+        s->via_set = fwd;
+        s->via = src;
         s->tag = seq;
         s->complete = 0;
         s->has_result = 0;
@@ -732,6 +863,13 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         if (stale) refuse(e, k, src, d, R_STALE, j->head, now);
         return 0;
     }
+    if (s->over) {                       /* summed by the parent: goes there too */
+        if (fwd) { COUNT(e, j, C_DROP_UNKNOWN_SOURCE); return 0; }
+        j->active = now;
+        COUNT(e, j, C_OVERFLOW);
+        sink_push_raw(e, k, e->pool_parent, d, n, L->f_forwarded, 0);
+        return 0;
+    }
     if (s->complete) {
         if (!s->has_result) {                /* before the job began */
             COUNT(e, j, C_DROP_STALE);
@@ -740,7 +878,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         }
         COUNT(e, j, (s->bitmap & bit) ? C_DUPLICATES : C_LATE);
         COUNT(e, j, C_RESENT);
-        sink_push(e, k, j->members[worker], s, (int)worker);
+        sink_push(e, k, fwd ? src : j->members[worker], s, (int)worker);
         return 0;
     }
     if (s->up) {                         /* closed here, the parent's RESULT awaited */
@@ -771,6 +909,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if ((s->bitmap | j->absent) == full_mask(j)) {
         /* the last one (bounded-skip: the last one not skipped): add, saturate, send */
         if (s->bitmap != full_mask(j)) COUNT(e, j, C_SKIPPED);
+        else pool_confirmed(e, j, seq);
         s->count += covers;
         j->nopen--;
         emit(e, k, j, s, in, first);
@@ -808,7 +947,7 @@ static inline Job *result_job(const Engine *e, const uint8_t *d, size_t n) {
             d[e->L.type] != e->L.t_result)
         return NULL;
     Job *j = e->jobs[rd16(d + e->L.job)];
-    return j && j->has_parent ? j : NULL;
+    return j && (j->has_parent || (e->pool && !j->children)) ? j : NULL;
 }
 
 /* the model's checks of a RESULT before _from_parent, then it; 0 or -1 as process_data */
@@ -957,6 +1096,7 @@ static PyObject *Engine_add_job(Engine *e, PyObject *args) {
         s->result = j->resmem + k * rlen;
     }
     if (e->sink->n) sink_flush(e, e->sink);   /* nothing queued may point at the old job */
+    pool_release_job(e, e->jobs[id]);
     job_free(e->jobs[id]);
     e->jobs[id] = j;
     Py_RETURN_NONE;
@@ -967,6 +1107,7 @@ static PyObject *Engine_remove_job(Engine *e, PyObject *args) {
     if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
     if (id >= 0 && id < 65536 && e->jobs[id]) {
         if (e->sink->n) sink_flush(e, e->sink);
+        pool_release_job(e, e->jobs[id]);
         job_free(e->jobs[id]);
         e->jobs[id] = NULL;
     }
@@ -1028,6 +1169,9 @@ static PyObject *Engine_start_at(Engine *e, PyObject *args) {
     for (uint32_t k = 0; k < w2; k++) {
         Slot *s = &j->slots[k];
         s->tag = (uint32_t)seq - w2 + ((k - (uint32_t)seq) & (w2 - 1));
+        pool_release(e, s);
+        s->over = 0;
+        s->via_set = 0;
         s->complete = 1;
         s->has_result = 0;
         s->up = 0;
@@ -1275,6 +1419,30 @@ static PyObject *Engine_serve(Engine *e, PyObject *args) {
     return out;
 }
 
+/* set_pool(slots, (ip, port)): the shared slot pool of ``slots`` slots, its overflow to
+ * the parent at (ip, port); set_pool(-1, None): no pool (the model's pool_slots None) */
+static PyObject *Engine_set_pool(Engine *e, PyObject *args) {
+    long slots;
+    PyObject *parent;
+    if (!PyArg_ParseTuple(args, "lO", &slots, &parent)) return NULL;
+    if (slots < 0) {
+        e->pool = 0;
+        Py_RETURN_NONE;
+    }
+    unsigned long ip;
+    int port;
+    if (!PyArg_ParseTuple(parent, "ki", &ip, &port)) return NULL;
+    e->pool = 1;
+    e->pool_slots = slots;
+    e->pool_parent.ip = (uint32_t)ip;
+    e->pool_parent.port = (uint16_t)port;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_pool_used(Engine *e, PyObject *noargs) {
+    return PyLong_FromLong(e->pool_used);
+}
+
 /* set_pace(bps): serve mode, no faster than bps bit/s to any one destination (0: off) */
 static PyObject *Engine_set_pace(Engine *e, PyObject *args) {
     double bps;
@@ -1289,6 +1457,8 @@ static PyObject *Engine_set_pace(Engine *e, PyObject *args) {
 }
 
 static PyMethodDef Engine_methods[] = {
+    {"set_pool", (PyCFunction)Engine_set_pool, METH_VARARGS, "the shared slot pool"},
+    {"pool_used", (PyCFunction)Engine_pool_used, METH_NOARGS, "pool slots held now"},
     {"set_pace", (PyCFunction)Engine_set_pace, METH_VARARGS,
      "set_pace(bps): serve mode, RESULTs to any one destination no faster than bps bit/s "
      "(0: off, the default)"},

@@ -38,6 +38,7 @@
 #define BOUNDED_MAX_BACKOFF 4   /* window.py: a bounded re-send fetches a stored result */
 /* congestion control: window.py's constants of the same names (docs/congestion.md) */
 #define LOSS_BETA 0.5
+#define CONGESTED_BETA 0.8       /* window.py's */
 #define DELAY_BETA 0.8
 #define MAX_DELAY_CUT 0.5
 #define DELAY_FACTOR 1.5
@@ -307,7 +308,7 @@ static void win_start(Win *w, double now) {
     win_pump(w, now);
 }
 
-static void win_on_result(Win *w, int p, double now) {
+static void win_on_result(Win *w, int p, double now, int congested) {
     w->started = 1;
     if (w->t_first == INFINITY) w->t_first = now;
     if (w->received[p]) return;
@@ -331,11 +332,12 @@ static void win_on_result(Win *w, int p, double now) {
          * at the deadline before p went; no sample then) */
         if (!w->tries[p] && t <= now) {
             rtt_sample(w->rtt, now - t);
-            if (w->cc) win_on_rtt(w, now - t, t, now);
+            if (w->cc && !congested) win_on_rtt(w, now - t, t, now);
             sampled = 1;
         }
     }
-    if (!sampled && w->cc) win_grow(w);   /* no sample (Karn), but delivered: ACK clock */
+    if (!sampled && w->cc && !congested) win_grow(w);   /* no sample (Karn): ACK clock */
+    if (w->cc && congested) win_cut(w, now, CONGESTED_BETA);   /* the switch's slots */
     push(w, A_DELIVER, p, 0);
     win_release(w, p + w->W, now);
     win_pump(w, now);
@@ -923,7 +925,7 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                         c->refusal_figure = (int)ina_rd16(d + L->count);   /* the job's member count */
                         return RC_MEMBERS_DIFFER;
                     }
-                    win_on_result(w, p, now);
+                    win_on_result(w, p, now, (d[L->flags] & L->f_congested) != 0);
                     if (w->nact) {
                         useful = 1;
                         if ((r = perform(w, c, q, d, n))) return r;
@@ -1137,11 +1139,11 @@ static PyObject *Window_start(WindowObject *self, PyObject *args) {
 }
 
 static PyObject *Window_on_result(WindowObject *self, PyObject *args) {
-    int p;
+    int p, congested = 0;
     double now;
-    if (!PyArg_ParseTuple(args, "id", &p, &now)) return NULL;
+    if (!PyArg_ParseTuple(args, "id|p", &p, &now, &congested)) return NULL;
     if (p < 0 || p >= self->w.P) return PyErr_Format(PyExc_IndexError, "packet %d", p);
-    win_on_result(&self->w, p, now);
+    win_on_result(&self->w, p, now, congested);
     return actions(&self->w);
 }
 

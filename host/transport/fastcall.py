@@ -94,8 +94,8 @@ class CSendWindow:
     def start(self, now):
         return self._acts(self._w.start(now))
 
-    def on_result(self, p, now):
-        return self._acts(self._w.on_result(p, now))
+    def on_result(self, p, now, congested=False):
+        return self._acts(self._w.on_result(p, now, bool(congested)))
 
     def on_timer(self, now):
         return self._acts(self._w.on_timer(now))

@@ -69,6 +69,7 @@ _D = LINK_DEFAULTS["ethernet"]
 _LAYOUT = c_layout()
 _DATA, _RESULT, _ERROR = int(MsgType.DATA), int(MsgType.RESULT), int(MsgType.ERROR)
 _PARTIAL, _OVERFLOW = int(Flags.PARTIAL), int(Flags.OVERFLOW)
+_CONGESTED = int(Flags.CONGESTED)
 _RETRANSMIT, _LAST = int(Flags.RETRANSMIT), int(Flags.LAST)
 
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
@@ -524,7 +525,7 @@ class SwitchClient:
                             f"again as bounded?)")
                     if not h[2] & _PARTIAL and h[H_COUNT] != self.nworkers:
                         raise self._members_differ(h[H_COUNT])
-                    actions = win.on_result(p, clock())
+                    actions = win.on_result(p, clock(), bool(h[2] & _CONGESTED))
                     if actions:
                         useful = True
                         perform(actions)
