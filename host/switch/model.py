@@ -489,28 +489,8 @@ class SwitchModel:
             c["drop_bad_version"] += 1
             return out
         mtype = int(h["type"])
-        if mtype == MsgType.STATUS_REQ:
-            c["status_requests"] += 1
-            if not status_length_ok(n):
-                c["status_unpadded"] += 1     # too short (an amplifier), too long, ragged
-                return out
-            opened = self._authentic(datagram)
-            if opened is None:
-                return out
-            inner, nonce = opened
-            start = int.from_bytes(inner[-4:], "big")
-            page = self.status_datagram(start, budget=n - TRAILER_BYTES)
-            return out + [(source, seal(page, self.key, nonce))]
-        if mtype == MsgType.CONTROL:
-            if self.key is not None and not control_length_ok(n):
-                c["drop_malformed"] += 1      # no entry fits: not even hashed
-                return out
-            opened = self._authentic(datagram)
-            if opened is None:
-                return out
-            inner, nonce = opened
-            return out + [(dest, seal(reply, self.key, nonce))
-                          for dest, reply in self._control(inner, source, now)]
+        if mtype in (MsgType.STATUS_REQ, MsgType.CONTROL):
+            return self._control_plane(mtype, datagram, source, now)
         if mtype != MsgType.DATA and not (mtype == MsgType.RESULT and self._has_parent(h)):
             c["drop_malformed"] += 1          # (a switch takes RESULTs only from a parent)
             return out
@@ -639,6 +619,32 @@ class SwitchModel:
             del js.open[seq]
             out += self._close(js, slot)
         return out
+
+    def _control_plane(self, mtype, datagram, source, now):
+        """STATUS_REQ (a page of STATUS, never larger than the request) and CONTROL (a
+        job-table entry), each sealed with the switch's key: the replies, sealed."""
+        c, n = self._counts, len(datagram)
+        if mtype == MsgType.STATUS_REQ:
+            c["status_requests"] += 1
+            if not status_length_ok(n):
+                c["status_unpadded"] += 1     # too short (an amplifier), too long, ragged
+                return []
+            opened = self._authentic(datagram)
+            if opened is None:
+                return []
+            inner, nonce = opened
+            start = int.from_bytes(inner[-4:], "big")
+            page = self.status_datagram(start, budget=n - TRAILER_BYTES)
+            return [(source, seal(page, self.key, nonce))]
+        if self.key is not None and not control_length_ok(n):
+            c["drop_malformed"] += 1          # no entry fits: not even hashed
+            return []
+        opened = self._authentic(datagram)
+        if opened is None:
+            return []
+        inner, nonce = opened
+        return [(dest, seal(reply, self.key, nonce))
+                for dest, reply in self._control(inner, source, now)]
 
     def _has_parent(self, h) -> bool:
         js = self.jobs.get(int(h["job"]))
