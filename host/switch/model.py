@@ -490,7 +490,7 @@ class SwitchModel:
             return out
         mtype = int(h["type"])
         if mtype in (MsgType.STATUS_REQ, MsgType.CONTROL):
-            return self._control_plane(mtype, datagram, source, now)
+            return self._control_datagram(mtype, datagram, source, now)
         if mtype != MsgType.DATA and not (mtype == MsgType.RESULT and self._has_parent(h)):
             c["drop_malformed"] += 1          # (a switch takes RESULTs only from a parent)
             return out
@@ -620,7 +620,7 @@ class SwitchModel:
             out += self._close(js, slot)
         return out
 
-    def _control_plane(self, mtype, datagram, source, now):
+    def _control_datagram(self, mtype, datagram, source, now):
         """STATUS_REQ (a page of STATUS, never larger than the request) and CONTROL (a
         job-table entry), each sealed with the switch's key: the replies, sealed."""
         c, n = self._counts, len(datagram)
