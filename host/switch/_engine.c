@@ -58,7 +58,7 @@
 #define WIRE_EXTRA 46      /* bytes a datagram costs on the wire beyond its UDP payload */
 #define ERROR_SOURCES 256  /* fields.ERROR_SOURCES: rate-limit buckets of ERROR replies */
 /* the reasons of fields.Refusal */
-enum { R_UNKNOWN_JOB = 1, R_NOT_MEMBER, R_BAD_LENGTH, R_BAD_SESSION, R_STALE };
+enum { R_UNKNOWN_JOB = 1, R_NOT_MEMBER, R_BAD_LENGTH, R_BAD_SESSION, R_STALE, R_BAD_WIDTH };
 
 /* the counters (C_<NAME>, COUNTER_NAMES): generated from ina_fabric/protocol/counters.py */
 #include "ina_counters.h"
@@ -80,6 +80,8 @@ typedef struct {
     Addr via;                    /* (that child: the RESULT goes to it) */
     uint16_t count;              /* workers in the sum (a child switch's DATA: its count) */
     uint8_t wide;                /* acc holds int64 sums (else int32: see narrow below) */
+    uint8_t width;               /* the width byte of the DATA that opened it (0: int32;
+                                    any other: the generic int64 path, sum_narrow) */
     uint64_t order;              /* when it opened, in the engine's opening count */
     int64_t bound;               /* narrow: sum over contributions of their max |value| */
     int exponent;
@@ -473,7 +475,7 @@ static void refuse(Engine *e, Sink *k, Addr to, const uint8_t *d, int reason,
     r[L->exponent] = 0;
     ina_wr16(r + L->count, reason);
     wr16(r + L->nelem, 0);
-    r[L->reserved] = 0;
+    r[L->width] = 0;
     wr32(r + L->bitmap, figure);
     if (k->list) {
         if (k->failed) return;
@@ -603,6 +605,49 @@ static int saturate(const int64_t *restrict acc, uint32_t *restrict dst, uint32_
     return sat_out(acc, NULL, dst, nelem, 0);
 }
 
+/* Element widths (issue 40, docs/precision.md): the width byte's low nibble is the code
+ * of the elements after the header (0 int32, 1 int16, 2 int8: 4 >> code bytes), its high
+ * nibble the RESULT's. fields.valid_width, fields.up_width. */
+static inline int width_ok(uint8_t w) {
+    int lo = w & 15, hi = w >> 4;
+    return lo <= 2 && hi <= 2 && lo <= hi;
+}
+
+/* the code a partial sum of result code ``hi`` goes up with (exact; fields.up_width) */
+static inline int up_code(int hi, int total) { return hi == 2 && total <= 255 ? 1 : 0; }
+
+/* one element of code ``code`` at index i (big-endian) */
+static inline int64_t elem_at(const uint8_t *in, int code, uint32_t i) {
+    if (code == 0) return ina_be32(in + 4 * i);
+    if (code == 1) return (int16_t)(((uint16_t)in[2 * i] << 8) | in[2 * i + 1]);
+    return (int8_t)in[i];
+}
+
+/* a slot of another width than int32/int32 sums in int64 (no narrow-int32 trick) */
+static void sum_narrow(Slot *s, const uint8_t *in, int first) {
+    int code = s->width & 15;
+    s->wide = 1;
+    if (first)
+        for (uint32_t i = 0; i < s->nelem; i++) s->acc[i] = elem_at(in, code, i);
+    else
+        for (uint32_t i = 0; i < s->nelem; i++) s->acc[i] += elem_at(in, code, i);
+}
+
+/* int64 sums saturated to code ``code`` and stored big-endian at dst; whether any
+ * element saturated */
+static int saturate_to(const int64_t *acc, uint8_t *dst, uint32_t n, int code) {
+    int bits = 32 >> code, clipped = 0;
+    int64_t hi = ((int64_t)1 << (bits - 1)) - 1, lo = -hi - 1;
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t v = acc[i], c = v > hi ? hi : (v < lo ? lo : v);
+        clipped |= c != v;
+        if (code == 0) ina_put_be32(dst + 4 * i, (uint32_t)(int32_t)c);
+        else if (code == 1) { dst[2 * i] = (uint8_t)(c >> 8); dst[2 * i + 1] = (uint8_t)c; }
+        else dst[i] = (uint8_t)c;
+    }
+    return clipped;
+}
+
 /* the model's _close: its _emit at the root (saturate, flag, store the RESULT, send it
  * to the group), its _send_up at a switch with a parent (the same sum, as one DATA to the
  * parent, kept for re-sends). ``in``: the completing packet's elements, not yet in acc
@@ -620,7 +665,10 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     int clipped = 0;
     /* the slot's result buffer: 64-aligned, the header a multiple of 4 bytes */
     uint32_t *dst = (uint32_t *)(r + L->header);
-    if (in && first) {
+    int hi = s->width >> 4, out = j->has_parent ? up_code(hi, j->total) : hi;
+    if (s->width) {                      /* another width: all of it is in acc */
+        clipped = saturate_to(s->acc, (uint8_t *)dst, s->nelem, out);
+    } else if (in && first) {
         memcpy(dst, in, 4 * (size_t)s->nelem);
     } else if (in) {
         if (!s->wide && s->bound + add32_out((int32_t *)s->acc, in, dst, s->nelem) >
@@ -652,7 +700,8 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     wr16(r + L->nelem, s->nelem);
     wr32(r + L->bitmap, s->bitmap);
     ina_wr64(r + L->session, j->session);
-    s->result_len = L->header + 4 * s->nelem;
+    r[L->width] = s->width ? (uint8_t)(out | hi << 4) : 0;
+    s->result_len = L->header + (4 >> out) * s->nelem;
     if (j->has_parent) {                 /* up: the slot waits for the parent's RESULT */
         s->up = 1;
         COUNT(e, j, C_UP);
@@ -705,7 +754,8 @@ static void process_result(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t 
         return;
     }
     if (!s->up || s->tag != seq) { COUNT(e, j, C_DROP_RESULT); return; }
-    if (rd16(d + L->nelem) != s->nelem || (int)rd16(d + L->count) > L->max_job_workers) {
+    if (rd16(d + L->nelem) != s->nelem || (int)rd16(d + L->count) > L->max_job_workers ||
+            d[L->width] != (uint8_t)((s->width >> 4) | (s->width & 0xF0))) {
         COUNT(e, j, C_DROP_MALFORMED);
         return;
     }
@@ -780,9 +830,11 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     uint64_t *c = e->c;
     c[C_RX]++;
     uint32_t nelem = rd16(d + L->nelem);
-    size_t body = n - L->header;
-    if (body < 4 * (size_t)nelem) { c[C_DROP_TRUNCATED]++; return 0; }
-    if (body != 4 * (size_t)nelem) { c[C_DROP_MALFORMED]++; return 0; }
+    uint8_t width = d[L->width];
+    if (!width_ok(width)) { c[C_DROP_MALFORMED]++; return 0; }
+    size_t body = n - L->header, eb = 4 >> (width & 15);
+    if (body < eb * nelem) { c[C_DROP_TRUNCATED]++; return 0; }
+    if (body != eb * nelem) { c[C_DROP_MALFORMED]++; return 0; }
     Job *j = e->jobs[rd16(d + L->job)];
     if (!j) {
         c[C_DROP_UNKNOWN_JOB]++;
@@ -811,6 +863,10 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     /* the workers this DATA covers: one for a worker, the count of a child switch */
     int covers = j->children ? (int)rd16(d + L->count) : 1;
     if (covers < 1 || covers > j->total) { COUNT(e, j, C_DROP_MALFORMED); return 0; }
+    {   /* a worker's nibbles agree; a child's elements are up_code wide */
+        int hi = width >> 4, lo = j->children ? up_code(hi, j->total) : hi;
+        if (width != (uint8_t)(lo | hi << 4)) { COUNT(e, j, C_DROP_MALFORMED); return 0; }
+    }
     COUNT(e, j, C_RX_DATA);
     if (fwd) COUNT(e, j, C_OVERFLOW_IN);
     uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
@@ -848,6 +904,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         s->exponent = L->no_exponent;
         s->up = 0;
         s->overflow = 0;
+        s->width = width;
         s->opened_at = now;
         s->order = ++e->opened;
         j->nopen++;
@@ -897,6 +954,11 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         refuse(e, k, src, d, R_BAD_LENGTH, s->nelem, now);
         return 0;
     }
+    if (width != s->width) {
+        COUNT(e, j, C_DROP_BAD_WIDTH);
+        refuse(e, k, src, d, R_BAD_WIDTH, s->width, now);
+        return 0;
+    }
     COUNT(e, j, C_ACCEPTED);
     j->active = now;
     j->absent &= ~bit;                   /* in step again: slots wait for it again */
@@ -906,6 +968,11 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if (j->children && (d[L->flags] & L->f_overflow)) s->overflow = 1;
     const uint8_t *in = d + L->header;
     int first = s->bitmap == bit;
+    if (width) {                         /* another width: the generic int64 path */
+        sum_narrow(s, in, first);
+        in = NULL;
+        first = 0;
+    }
     if ((s->bitmap | j->absent) == full_mask(j)) {
         /* the last one (bounded-skip: the last one not skipped): add, saturate, send */
         if (s->bitmap != full_mask(j)) COUNT(e, j, C_SKIPPED);
@@ -914,7 +981,9 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         j->nopen--;
         emit(e, k, j, s, in, first);
     } else {
-        if (first) {                         /* the first one: no zeroing pass */
+        if (!in) {
+            /* summed above (another width) */
+        } else if (first) {                  /* the first one: no zeroing pass */
             s->wide = 0;
             s->bound = load32((int32_t *)s->acc, in, nelem);
         } else if (s->wide) {
@@ -956,9 +1025,11 @@ static int process_down(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t n, 
     const Layout *L = &e->L;
     e->c[C_RX]++;
     uint32_t nelem = rd16(d + L->nelem);
-    size_t body = n - L->header;
-    if (body < 4 * (size_t)nelem) { e->c[C_DROP_TRUNCATED]++; return 0; }
-    if (body != 4 * (size_t)nelem) { e->c[C_DROP_MALFORMED]++; return 0; }
+    uint8_t width = d[L->width];
+    if (!width_ok(width)) { e->c[C_DROP_MALFORMED]++; return 0; }
+    size_t body = n - L->header, eb = 4 >> (width & 15);
+    if (body < eb * nelem) { e->c[C_DROP_TRUNCATED]++; return 0; }
+    if (body != eb * nelem) { e->c[C_DROP_MALFORMED]++; return 0; }
     process_result(e, k, j, d, n, src, now);
     return 0;
 }
@@ -1178,6 +1249,7 @@ static PyObject *Engine_start_at(Engine *e, PyObject *args) {
         s->bitmap = 0;
         s->count = 0;
         s->nelem = 0;
+        s->width = 0;
         s->exponent = e->L.no_exponent;
     }
     j->nopen = 0;

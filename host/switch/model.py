@@ -39,6 +39,14 @@ hold-off costs nothing measurable, and worse beside a flood; docs/tail.md, "Runs
 
 Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result is
 saturated to int32 when it is emitted, with OVERFLOW set if any element saturated.
+
+Element widths (issue 40, docs/precision.md). A DATA's ``width`` byte names its
+elements' width (int32, int16 or int8; ``fields.width_byte``). The DATA that opens a slot
+sets the slot's width; a member's DATA of another width is ``drop_bad_width``, answered
+with ``Refusal.BAD_WIDTH`` (bitmap: the slot's width byte). Narrow elements are summed
+into the same int64 accumulators, and the RESULT carries the slot's width, saturated to
+its range once, when emitted (OVERFLOW, ``overflows``), as int32 is. The client scales so
+that the sum of N workers fits (headroom S = bits - 1 - ceil(log2 N)).
 Saturating at each add would make the result depend on arrival order; this way every
 order gives the same bytes, which the gateware matches with 37-bit accumulators.
 
@@ -52,7 +60,9 @@ with its own window, mode and deadline. Per level:
   with "all members" read as the bitmap being full;
 * closing at a switch with a parent does not emit a RESULT: the switch sends one DATA to
   the parent (``up``) as member ``cfg.index`` of the parent's job, with the saturated
-  int32 partial sum, ``count`` = the workers it covers, ``bitmap`` = its own members,
+  partial sum (int32, saturated; a narrow slot's goes up wider and exact,
+  ``fields.up_width``: int8 as int16, int16 as int32, with the RESULT's width in the
+  width byte's high nibble), ``count`` = the workers it covers, ``bitmap`` = its own members,
   the exponent max, OVERFLOW if it saturated or a child's DATA had it. The slot is then
   *up*: it takes no more contributions (a late member's DATA is counted ``late``), and a
   member's re-sent DATA sends the stored upward DATA again (``up_resent``, RETRANSMIT),
@@ -108,7 +118,9 @@ import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                         GROUP_WORKER, MAX_JOB_WORKERS, field_offsets, Refusal,
-                                        ERROR_INTERVAL, ERROR_SOURCES, error_bucket)
+                                        ERROR_INTERVAL, ERROR_SOURCES, error_bucket,
+                                        valid_width, elem_bytes, sum_width, up_width,
+                                        width_byte, WIDTH_BITS)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.jobtable import IDLE_RECLAIM_S
 from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
@@ -127,7 +139,6 @@ SEQ_MASK = 0xFFFFFFFF
 
 #: the counters the model keeps, by name (defined once: ``ina_fabric.protocol.counters``,
 #: with what each counts); ANSWER_COUNTERS: those of a switch that answers refused DATA
-#: (not the gateware, for now)
 COUNTERS = MODEL_COUNTERS
 
 _OFF = field_offsets()
@@ -147,6 +158,29 @@ MAX_TOTAL_BYTES = 1 << 30
 #: ina_fabric.protocol.jobtable, where the gateware reads it too)
 
 
+#: element dtype of each width code (big-endian, as on the wire)
+_ELEM = {0: ELEM_DTYPE, 1: np.dtype(">i2"), 2: np.dtype("i1")}
+
+
+def _result_byte(width: int) -> int:
+    """The width byte of the RESULT of a slot opened by DATA with ``width``: its elements
+    are the result's width."""
+    return (width >> 4) | (width & 0xF0)
+
+
+def _member_width(cfg, width: int) -> int:
+    """The width byte a member's DATA must carry, given the result width it names: a
+    worker's elements are the result's width; a child switch's are ``up_width``."""
+    bits = sum_width(width)
+    return width_byte(up_width(bits, cfg.total) if cfg.children else bits, bits)
+
+
+def _clip(acc, width: int):
+    """Saturate accumulators to the range of the elements of ``width`` (the low nibble)."""
+    bits = WIDTH_BITS[width & 0xF]
+    return np.clip(acc, -(1 << bits - 1), (1 << bits - 1) - 1)
+
+
 def _full(n: int) -> int:
     """The bitmap of n members, all in."""
     return (1 << n) - 1
@@ -159,7 +193,8 @@ def job_bytes(cfg) -> int:
 
 class _Slot:
     __slots__ = ("tag", "complete", "acc", "nelem", "bitmap", "count", "exponent",
-                 "opened_at", "result", "up", "overflow", "held", "over", "via")
+                 "opened_at", "result", "up", "overflow", "held", "over", "via",
+                 "width")
 
     def __init__(self, tag):
         self.tag = tag
@@ -176,6 +211,7 @@ class _Slot:
         self.held = False   # pool: holds one of the switch's pool slots (docs/pool.md)
         self.over = False   # pool: no slot was free when it opened: its DATA go to the parent
         self.via = None     # parent of a pool: the child switch whose FORWARDED DATA it sums
+        self.width = 0      # the width byte of the DATA that opened it (int32: 0)
 
 
 class _Tally:
@@ -216,7 +252,8 @@ class SwitchModel:
 
     def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
                  max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES,
-                 modes=None, answers=True, parent=None, pool_slots=None):
+                 modes=None, answers=True, parent=None, pool_slots=None, widths=None,
+                 error_interval=ERROR_INTERVAL):
         """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
         are taken only when sealed with it; without a key, none is taken over the wire
         (jobs come from ``jobs`` and ``add_job``). ``modes``: the modes this switch runs
@@ -224,7 +261,9 @@ class SwitchModel:
         ``GATEWARE_MODES``): a CONTROL entry with another is ``drop_malformed``, as the
         gateware's parse drops it, and ``add_job`` refuses it. ``answers``: DATA refused
         for a reason the sender can fix is answered with an ERROR (the module's
-        docstring); False for the gateware's scoreboards until the gateware answers.
+        docstring), at most once per ``error_interval`` (in ``now``'s unit: the
+        gateware's scoreboards give the core's interval in cycles, scaled) per source
+        bucket; False: refused DATA is only counted.
         ``parent``: this switch's parent ``(ip, port)`` (``ina switch --parent``): a tree
         entry naming another parent is refused (None: whatever parent an entry names).
         ``pool_slots``: the shared slot pool (docs/pool.md): at most this many slots of the
@@ -232,7 +271,11 @@ class SwitchModel:
         memory (``max_total_bytes`` does not apply), and the DATA of a slot that finds the
         pool full goes on to ``parent`` (needed), which sums it. None: every job keeps its
         own 2W slots, as before. (Slots of tree jobs, and those a parent opens for a
-        child's overflow, are outside the pool: their memory is the switch's own.)"""
+        child's overflow, are outside the pool: their memory is the switch's own.)
+        ``widths``: the element widths (bits) this switch sums (default 32, 16 and 8); a
+        DATA of another width is ``drop_malformed``, as a switch that predates widths
+        drops it (its length is not ``nelem * 4``)."""
+        self.widths = tuple(WIDTH_BITS.values() if widths is None else widths)
         if pool_slots is not None and int(pool_slots) < 0:
             raise ValueError(f"pool_slots {pool_slots}: must be >= 0")
         if pool_slots is not None and parent is None:
@@ -248,6 +291,7 @@ class SwitchModel:
         self.jobs: dict[int, _JobState] = {}
         # (a switch without bounded-skip, as the gateware, has no "skipped" counter)
         self.answers = answers
+        self.error_interval = error_interval
         self._answered = [None] * ERROR_SOURCES    # when each source bucket was answered
         self._counts = Counter({name: 0 for name in COUNTERS
                                 if (name != "skipped" or "bounded-skip" in self.modes)
@@ -495,11 +539,16 @@ class SwitchModel:
             c["drop_malformed"] += 1          # (a switch takes RESULTs only from a parent)
             return out
         nelem = int(h["nelem"])
+        width = int(h["width"])
+        if not valid_width(width) or WIDTH_BITS[width & 0xF] not in self.widths or \
+                WIDTH_BITS[width >> 4] not in self.widths:
+            c["drop_malformed"] += 1
+            return out
         body = n - HEADER_BYTES
-        if body < 4 * nelem:
+        if body < elem_bytes(width) * nelem:
             c["drop_truncated"] += 1
             return out
-        if body != 4 * nelem:
+        if body != elem_bytes(width) * nelem:
             c["drop_malformed"] += 1
             return out
         js = self.jobs.get(int(h["job"]))
@@ -529,6 +578,9 @@ class SwitchModel:
         if not 1 <= covers <= cfg.total:
             c["drop_malformed"] += 1
             return out
+        if width != _member_width(cfg, width):
+            c["drop_malformed"] += 1     # a worker's nibbles differ, or a child's partial
+            return out                   # sum is not as wide as up_width says
         c["rx_data"] += 1
         if fwd:
             c["overflow_in"] += 1
@@ -556,7 +608,7 @@ class SwitchModel:
             slot.acc = np.zeros(nelem, np.int64)
             slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
             slot.exponent, slot.opened_at = NO_EXPONENT, now
-            slot.up, slot.overflow = None, False
+            slot.up, slot.overflow, slot.width = None, False, width
             js.open[seq] = slot
             if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
                 js.head = (seq + 1) & SEQ_MASK
@@ -600,11 +652,15 @@ class SwitchModel:
         if nelem != slot.nelem:
             c["drop_malformed"] += 1
             return out + self._refuse(Refusal.BAD_LENGTH, slot.nelem, datagram, source, now)
+        if width != slot.width:
+            c["drop_bad_width"] += 1
+            return out + self._refuse(Refusal.BAD_WIDTH, slot.width, datagram, source, now)
         c["accepted"] += 1
         js.active = now
         js.absent &= ~bit          # in step again (bounded-skip): slots wait for it again
         if nelem:
-            slot.acc += np.frombuffer(datagram, ELEM_DTYPE, count=nelem, offset=HEADER_BYTES)
+            slot.acc += np.frombuffer(datagram, _ELEM[width & 0xF], count=nelem,
+                                      offset=HEADER_BYTES)
         slot.bitmap |= bit
         slot.count += covers
         slot.exponent = max(slot.exponent, int(h["exponent"]))
@@ -686,7 +742,8 @@ class SwitchModel:
         if slot.up is None or slot.tag != seq:
             c["drop_result"] += 1
             return []
-        if int(h["nelem"]) != slot.nelem or int(h["count"]) > MAX_JOB_WORKERS:
+        if int(h["nelem"]) != slot.nelem or int(h["count"]) > MAX_JOB_WORKERS or \
+                int(h["width"]) != _result_byte(slot.width):
             c["drop_malformed"] += 1
             return []
         b = bytearray(datagram)
@@ -705,43 +762,47 @@ class SwitchModel:
         return self._emit(js, slot) if js.cfg.parent is None else self._send_up(js, slot)
 
     def _send_up(self, js, slot):
-        data = self._sum_datagram(js, slot, MsgType.DATA, js.cfg.index)
+        bits = sum_width(slot.width)
+        up = width_byte(up_width(bits, js.cfg.total), bits)
+        data = self._sum_datagram(js, slot, MsgType.DATA, js.cfg.index, up)
         slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
         _Tally(self._counts, js.counts)["up"] += 1
         return [(js.cfg.parent, data)]
 
-    def _sum_datagram(self, js, slot, mtype, worker) -> bytes:
+    def _sum_datagram(self, js, slot, mtype, worker, width) -> bytes:
         """The datagram a closing slot sends (a RESULT at the root, the DATA up at a
-        switch with a parent): the saturated sum, PARTIAL when it covers fewer than the
-        job's workers, OVERFLOW when it saturated or a child's DATA had it (counted).
-        The slot's accumulator is released."""
+        switch with a parent), its elements ``width`` wide (the width byte): the sum
+        saturated to that width, PARTIAL when it covers fewer than the job's workers,
+        OVERFLOW when it saturated or a child's DATA had it (counted). The slot's
+        accumulator is released."""
         c, cfg = _Tally(self._counts, js.counts), js.cfg
         flags = Flags.OVERFLOW if slot.overflow else 0
         if slot.count < cfg.total:
             flags |= Flags.PARTIAL
             c["partials"] += 1
-        clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
+        clipped = _clip(slot.acc, width)
         if slot.nelem and not np.array_equal(clipped, slot.acc):
             flags |= Flags.OVERFLOW
             c["overflows"] += 1
         hdr = np.zeros((), HEADER_DTYPE)
         hdr["version"], hdr["type"], hdr["flags"] = VERSION, mtype, flags
+        hdr["width"] = width
         hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, worker
         hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
         hdr["bitmap"], hdr["session"] = slot.bitmap, cfg.session
         slot.acc = None
-        return hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
+        return hdr.tobytes() + clipped.astype(_ELEM[width & 0xF]).tobytes()
 
     def _refuse(self, reason, figure, datagram, source, now):
         """The ERROR answering a refused DATA (the module's docstring), or nothing when
         this switch does not answer or answered the source's bucket within
-        ``ERROR_INTERVAL``."""
+        ``error_interval``."""
         if not self.answers:
             return []
         import socket
         b = error_bucket(int.from_bytes(socket.inet_aton(source[0]), "big"), source[1])
         last = self._answered[b]
-        if last is not None and now - last < ERROR_INTERVAL:
+        if last is not None and now - last < self.error_interval:
             self._counts["errors_limited"] += 1
             return []
         self._answered[b] = now
@@ -795,7 +856,8 @@ class SwitchModel:
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
         c = _Tally(self._counts, js.counts)
-        slot.result = self._sum_datagram(js, slot, MsgType.RESULT, GROUP_WORKER)
+        slot.result = self._sum_datagram(js, slot, MsgType.RESULT, GROUP_WORKER,
+                                         _result_byte(slot.width))
         if self._pool_full():
             b = bytearray(slot.result)
             b[_OFF["flags"]] |= Flags.CONGESTED
@@ -893,6 +955,6 @@ def error_datagram(data: bytes, reason, figure: int) -> bytes:
     b[_OFF["exponent"]] = 0
     b[_OFF["count"]:_OFF["count"] + 2] = int(reason).to_bytes(2, "big")
     b[_OFF["nelem"]:_OFF["nelem"] + 2] = bytes(2)
-    b[_OFF["reserved"]] = 0
+    b[_OFF["width"]] = 0
     b[_OFF["bitmap"]:_OFF["bitmap"] + 4] = (figure & SEQ_MASK).to_bytes(4, "big")
     return bytes(b)
