@@ -241,10 +241,10 @@ def main(argv=()):
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     a = ap.parse_args([str(v) for v in argv])
-    from ina_fabric.host.commands._common import size_arg
+    from ina_fabric.host.commands import parse_size
     try:
-        a.size = size_arg(str(a.size))
-    except Exception as e:  # noqa: BLE001 (argparse's type error, one line)
+        a.size = parse_size(str(a.size))
+    except ValueError as e:
         ap.error(f"--size: {e}")
     if a.size <= 0 or a.size % 4:
         ap.error(f"--size {a.size}: a positive multiple of 4 bytes")

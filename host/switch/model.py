@@ -604,16 +604,7 @@ class SwitchModel:
                 js.active = now
                 return out + self._forward(js, slot, datagram)
             slot.via = tuple(source) if fwd else None
-            slot.tag, slot.complete, slot.result = seq, False, None
-            slot.acc = np.zeros(nelem, np.int64)
-            slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
-            slot.exponent, slot.opened_at = NO_EXPONENT, now
-            slot.up, slot.overflow, slot.width = None, False, width
-            js.open[seq] = slot
-            if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
-                js.head = (seq + 1) & SEQ_MASK
-            if cfg.mode in BOUNDED:
-                heapq.heappush(self._deadlines, (now + cfg.deadline, cfg.job, seq, now))
+            self._open(js, slot, seq, nelem, width, now)
         elif seq != slot.tag:
             behind = 0 < ((slot.tag - seq) & SEQ_MASK) < 1 << 31
             c["drop_stale" if behind else "drop_out_of_window"] += 1
@@ -675,6 +666,21 @@ class SwitchModel:
             del js.open[seq]
             out += self._close(js, slot)
         return out
+
+    def _open(self, js, slot, seq, nelem, width, now):
+        """Slot ``slot`` opens for ``seq`` (empty, ``nelem`` elements); the job's head
+        moves past it; in a bounded mode its deadline goes on the heap."""
+        cfg = js.cfg
+        slot.tag, slot.complete, slot.result = seq, False, None
+        slot.acc = np.zeros(nelem, np.int64)
+        slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
+        slot.exponent, slot.opened_at = NO_EXPONENT, now
+        slot.up, slot.overflow, slot.width = None, False, width
+        js.open[seq] = slot
+        if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
+            js.head = (seq + 1) & SEQ_MASK
+        if cfg.mode in BOUNDED:
+            heapq.heappush(self._deadlines, (now + cfg.deadline, cfg.job, seq, now))
 
     def _control_datagram(self, mtype, datagram, source, now):
         """STATUS_REQ (a page of STATUS, never larger than the request) and CONTROL (a
