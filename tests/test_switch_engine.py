@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from ina_fabric.host.switch.model import SwitchModel, COUNTERS
+from ina_fabric.protocol.counters import JOB_COUNTERS
 from ina_fabric.host.switch import fast
 from ina_fabric.protocol import pack
 from ina_fabric.protocol.fields import HEADER_BYTES, MsgType, Flags
@@ -128,6 +129,10 @@ def run(seed, events=1500):
         assert outs[0] == outs[1], f"seed {seed} step {step}: outputs differ"
         c0, c1 = dict(ref.counters), {k: eng.counters[k] for k in COUNTERS}
         assert c0 == c1, f"seed {seed} step {step}: counters differ"
+        for k in cfgs:                                     # and each job's own
+            jc = ref.job_counters(k)
+            assert jc == eng.job_counters(k), f"seed {seed} step {step}: job {k}'s differ"
+            assert set(jc) <= set(JOB_COUNTERS), f"seed {seed}: {set(jc) - set(JOB_COUNTERS)}"
         assert ref.next_deadline() == eng.next_deadline(), f"seed {seed} step {step}"
         assert ref.jobs[j].absent == eng.engine.absent(j), f"seed {seed} step {step}"
     for j in cfgs:

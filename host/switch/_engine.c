@@ -102,7 +102,12 @@ typedef struct {
     Slot *slots;                 /* 2W, index seq mod 2W */
     int64_t *accmem;
     uint8_t *resmem;
+    uint64_t c[NCOUNTERS];       /* this job's share of the counters (JOB_COUNTERS) */
 } Job;
+
+/* a count made once a datagram's job is found: the switch's and the job's (the model's
+ * _Tally) */
+#define COUNT(e, j, x) ((e)->c[x]++, (j)->c[x]++)
 
 typedef struct { double t; uint32_t job, seq; double opened_at; } Entry;
 
@@ -532,7 +537,7 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     int flags = s->overflow ? L->f_overflow : 0;
     if (s->count < j->total) {
         flags |= L->f_partial;
-        e->c[C_PARTIALS]++;
+        COUNT(e, j, C_PARTIALS);
     }
     int clipped = 0;
     /* the slot's result buffer: 64-aligned, the header a multiple of 4 bytes */
@@ -551,7 +556,7 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     }
     if (clipped) {
         flags |= L->f_overflow;
-        e->c[C_OVERFLOWS]++;
+        COUNT(e, j, C_OVERFLOWS);
     }
     memset(r, 0, L->header);
     r[L->version] = L->v_version;
@@ -568,13 +573,13 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     s->result_len = L->header + 4 * s->nelem;
     if (j->has_parent) {                 /* up: the slot waits for the parent's RESULT */
         s->up = 1;
-        e->c[C_UP]++;
+        COUNT(e, j, C_UP);
         sink_push(e, k, j->parent, s, -1);
         return;
     }
     s->complete = 1;
     s->has_result = 1;
-    e->c[C_RESULTS]++;
+    COUNT(e, j, C_RESULTS);
     for (int g = 0; g < j->ngroup; g++) sink_push(e, k, j->group[g], s, -1);
 }
 
@@ -584,17 +589,16 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
 static void process_result(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t n,
                            Addr src, double now) {
     const Layout *L = &e->L;
-    uint64_t *c = e->c;
     if (src.ip != j->parent.ip || src.port != j->parent.port) {
-        c[C_DROP_UNKNOWN_SOURCE]++;
+        COUNT(e, j, C_DROP_UNKNOWN_SOURCE);
         return;
     }
-    if (ina_rd64(d + L->session) != j->session) { c[C_DROP_BAD_SESSION]++; return; }
+    if (ina_rd64(d + L->session) != j->session) { COUNT(e, j, C_DROP_BAD_SESSION); return; }
     uint32_t seq = rd32(d + L->seq);
     Slot *s = slot_of(j, seq);
-    if (!s->up || s->tag != seq) { c[C_DROP_RESULT]++; return; }
+    if (!s->up || s->tag != seq) { COUNT(e, j, C_DROP_RESULT); return; }
     if (rd16(d + L->nelem) != s->nelem || (int)rd16(d + L->count) > L->max_job_workers) {
-        c[C_DROP_MALFORMED]++;
+        COUNT(e, j, C_DROP_MALFORMED);
         return;
     }
     if (s->pending) sink_flush(e, k);    /* the DATA up is still queued: send it first */
@@ -609,7 +613,7 @@ static void process_result(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t 
     s->complete = 1;
     s->has_result = 1;
     j->active = now;
-    c[C_RELAYED]++;
+    COUNT(e, j, C_RELAYED);
     for (int g = 0; g < j->ngroup; g++) sink_push(e, k, j->group[g], s, -1);
 }
 
@@ -634,7 +638,7 @@ static void skip_absent(Engine *e, Sink *k, Job *j, uint32_t bitmap, double now)
                 best = s;
         }
         if (!best) return;
-        e->c[C_SKIPPED]++;
+        COUNT(e, j, C_SKIPPED);
         j->nopen--;
         emit(e, k, j, best, NULL, 0);
     }
@@ -678,26 +682,26 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         return 0;
     }
     if (ina_rd64(d + L->session) != j->session) {
-        c[C_DROP_BAD_SESSION]++;
+        COUNT(e, j, C_DROP_BAD_SESSION);
         refuse(e, k, src, d, R_BAD_SESSION, 0, now);
         return 0;
     }
     uint32_t worker = d[L->worker];
     if ((int)worker >= j->n || j->members[worker].ip != src.ip ||
             j->members[worker].port != src.port) {
-        c[C_DROP_UNKNOWN_SOURCE]++;
+        COUNT(e, j, C_DROP_UNKNOWN_SOURCE);
         refuse(e, k, src, d, R_NOT_MEMBER, (uint32_t)j->n, now);
         return 0;
     }
     if (nelem > j->elements) {
-        c[C_DROP_MALFORMED]++;
+        COUNT(e, j, C_DROP_MALFORMED);
         refuse(e, k, src, d, R_BAD_LENGTH, j->elements, now);
         return 0;
     }
     /* the workers this DATA covers: one for a worker, the count of a child switch */
     int covers = j->children ? (int)rd16(d + L->count) : 1;
-    if (covers < 1 || covers > j->total) { c[C_DROP_MALFORMED]++; return 0; }
-    c[C_RX_DATA]++;
+    if (covers < 1 || covers > j->total) { COUNT(e, j, C_DROP_MALFORMED); return 0; }
+    COUNT(e, j, C_RX_DATA);
     uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
     Slot *s = slot_of(j, seq);
     uint32_t bit = 1u << worker;
@@ -724,38 +728,38 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     } else if (seq != s->tag) {
         uint32_t behind = s->tag - seq;
         int stale = behind > 0 && behind < SEQ_HALF;
-        c[stale ? C_DROP_STALE : C_DROP_OUT_OF_WINDOW]++;
+        COUNT(e, j, stale ? C_DROP_STALE : C_DROP_OUT_OF_WINDOW);
         if (stale) refuse(e, k, src, d, R_STALE, j->head, now);
         return 0;
     }
     if (s->complete) {
         if (!s->has_result) {                /* before the job began */
-            c[C_DROP_STALE]++;
+            COUNT(e, j, C_DROP_STALE);
             refuse(e, k, src, d, R_STALE, j->head, now);
             return 0;
         }
-        c[(s->bitmap & bit) ? C_DUPLICATES : C_LATE]++;
-        c[C_RESENT]++;
+        COUNT(e, j, (s->bitmap & bit) ? C_DUPLICATES : C_LATE);
+        COUNT(e, j, C_RESENT);
         sink_push(e, k, j->members[worker], s, (int)worker);
         return 0;
     }
     if (s->up) {                         /* closed here, the parent's RESULT awaited */
         if (s->bitmap & bit) {
-            c[C_DUPLICATES]++;
-            c[C_UP_RESENT]++;
+            COUNT(e, j, C_DUPLICATES);
+            COUNT(e, j, C_UP_RESENT);
             sink_push(e, k, j->parent, s, j->index);    /* the DATA up, RETRANSMIT */
         } else {
-            c[C_LATE]++;
+            COUNT(e, j, C_LATE);
         }
         return 0;
     }
-    if (s->bitmap & bit) { c[C_DUPLICATES]++; return 0; }
+    if (s->bitmap & bit) { COUNT(e, j, C_DUPLICATES); return 0; }
     if (nelem != s->nelem) {
-        c[C_DROP_MALFORMED]++;
+        COUNT(e, j, C_DROP_MALFORMED);
         refuse(e, k, src, d, R_BAD_LENGTH, s->nelem, now);
         return 0;
     }
-    c[C_ACCEPTED]++;
+    COUNT(e, j, C_ACCEPTED);
     j->active = now;
     j->absent &= ~bit;                   /* in step again: slots wait for it again */
     s->bitmap |= bit;
@@ -766,7 +770,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     int first = s->bitmap == bit;
     if ((s->bitmap | j->absent) == full_mask(j)) {
         /* the last one (bounded-skip: the last one not skipped): add, saturate, send */
-        if (s->bitmap != full_mask(j)) c[C_SKIPPED]++;
+        if (s->bitmap != full_mask(j)) COUNT(e, j, C_SKIPPED);
         s->count += covers;
         j->nopen--;
         emit(e, k, j, s, in, first);
@@ -1136,11 +1140,13 @@ static PyObject *Engine_next_deadline(Engine *e, PyObject *noargs) {
     return PyFloat_FromDouble(t);
 }
 
-static PyObject *Engine_counters(Engine *e, PyObject *noargs) {
+/* the counters ``c`` as a dict by name (``nonzero``: only those not zero) */
+static PyObject *counters_dict(const uint64_t *c, int nonzero) {
     PyObject *d = PyDict_New();
     if (!d) return NULL;
     for (int i = 0; i < NCOUNTERS; i++) {
-        PyObject *v = PyLong_FromUnsignedLongLong(e->c[i]);
+        if (nonzero && !c[i]) continue;
+        PyObject *v = PyLong_FromUnsignedLongLong(c[i]);
         if (!v || PyDict_SetItemString(d, COUNTER_NAMES[i], v) < 0) {
             Py_XDECREF(v);
             Py_DECREF(d);
@@ -1149,6 +1155,19 @@ static PyObject *Engine_counters(Engine *e, PyObject *noargs) {
         Py_DECREF(v);
     }
     return d;
+}
+
+static PyObject *Engine_counters(Engine *e, PyObject *noargs) {
+    return counters_dict(e->c, 0);
+}
+
+/* job_counters(id): the job's own counters not zero, or None (no such job) */
+static PyObject *Engine_job_counters(Engine *e, PyObject *args) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
+    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    if (!j) Py_RETURN_NONE;
+    return counters_dict(j->c, 1);
 }
 
 /* serve(fd, max_wait): the socket loop for up to max_wait seconds (see the top) */
@@ -1292,6 +1311,8 @@ static PyMethodDef Engine_methods[] = {
     {"next_deadline", (PyCFunction)Engine_next_deadline, METH_NOARGS,
      "earliest time at which tick has work, or None"},
     {"counters", (PyCFunction)Engine_counters, METH_NOARGS, "counters as a dict"},
+    {"job_counters", (PyCFunction)Engine_job_counters, METH_VARARGS,
+     "job_counters(id): the job's own counters not zero, as a dict (None: no such job)"},
     {"awaiting_parent", (PyCFunction)Engine_awaiting_parent, METH_VARARGS,
      "slots of a job sent to the parent, its RESULT awaited"},
     {"serve", (PyCFunction)Engine_serve, METH_VARARGS,

@@ -115,6 +115,10 @@ class FastSwitchModel(SwitchModel):
         bitmap = self.engine.oldest_open_bitmap(js.cfg.job)
         return [] if bitmap is None else self._missing(js.cfg.n, bitmap)
 
+    def job_counters(self, job: int) -> dict:
+        c = Counter(super().job_counters(job)) + Counter(self.engine.job_counters(job) or {})
+        return dict(sorted(c.items()))
+
     @property
     def counters(self) -> Counter:
         c = Counter(self._counts)

@@ -74,6 +74,22 @@ Bounded mode has a deadline per level: a straggler costs its leaf one deadline, 
 leaf's partial sum then reaches the spine, whose deadline (longer than the leaves') only
 fires when a whole subtree is silent.
 
+The shared slot pool (issue 39, docs/pool.md; ``pool_slots``, ``ina switch --pool-slots``).
+The flat jobs of a switch with a pool share ``pool_slots`` slots of memory instead of
+holding 2W each, and no job is refused for memory. A slot takes a pool slot when it opens
+and gives it back when its record is reused, when its job goes, or as soon as every
+member contributed the seq one window on (each member then has its RESULT: a worker sends
+``s`` only once it has the result of ``s - W``), so a job at speed holds about W slots.
+A slot that opens while the pool is full is *over*: it holds no memory, and every DATA
+of its seq (re-sends included) goes on to the switch's parent, unchanged but for the
+FORWARDED flag (``overflow``). The parent holds the same job (members, session, window)
+and takes FORWARDED DATA from any source that carries the session (``overflow_in``),
+opens the slot for any later seq of its record (it sees only the overflowing ones), sums
+it as any other and sends the RESULT, and any unicast re-send, to the switch that
+forwarded; that switch relays it to the job's group, or to the one worker it names,
+without storing it (``relayed``). Results are exact, as without a pool. Slots of tree
+jobs, and those a parent opens for forwarded DATA, are outside the pool.
+
 Refusals (issue 43). DATA dropped for a reason its sender can fix (an unknown job, a
 source that is not the job's member, more elements than the job's or than the slot's,
 another session, a seq behind the job) is answered with one ERROR (``fields.Refusal``):
@@ -143,7 +159,7 @@ def job_bytes(cfg) -> int:
 
 class _Slot:
     __slots__ = ("tag", "complete", "acc", "nelem", "bitmap", "count", "exponent",
-                 "opened_at", "result", "up", "overflow")
+                 "opened_at", "result", "up", "overflow", "held", "over", "via")
 
     def __init__(self, tag):
         self.tag = tag
@@ -157,11 +173,31 @@ class _Slot:
         self.result = None  # header+payload bytes of the emitted RESULT
         self.up = None      # tree: the DATA sent to the parent, while its RESULT is awaited
         self.overflow = False   # a child switch's DATA was saturated (OVERFLOW)
+        self.held = False   # pool: holds one of the switch's pool slots (docs/pool.md)
+        self.over = False   # pool: no slot was free when it opened: its DATA go to the parent
+        self.via = None     # parent of a pool: the child switch whose FORWARDED DATA it sums
+
+
+class _Tally:
+    """``c[name] += 1`` into the switch's counters and one job's at once: every count
+    made once a datagram's job is found (the job's own counters, ``JOB_COUNTERS``)."""
+    __slots__ = ("switch", "job")
+
+    def __init__(self, switch, job):
+        self.switch, self.job = switch, job
+
+    def __getitem__(self, name):
+        return self.switch[name]
+
+    def __setitem__(self, name, value):
+        self.job[name] += value - self.switch[name]
+        self.switch[name] = value
 
 
 class _JobState:
     def __init__(self, cfg, now=0.0):
         self.cfg = cfg
+        self.counts = Counter()   # this job's share of the counters (JOB_COUNTERS)
         self.active = now     # last install or accepted DATA (job ids held by sessions)
         w = cfg.window
         self.slots = [[_Slot((i + s * w - 2 * w) & SEQ_MASK) for i in range(w)]
@@ -180,7 +216,7 @@ class SwitchModel:
 
     def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
                  max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES,
-                 modes=None, answers=True, parent=None):
+                 modes=None, answers=True, parent=None, pool_slots=None):
         """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
         are taken only when sealed with it; without a key, none is taken over the wire
         (jobs come from ``jobs`` and ``add_job``). ``modes``: the modes this switch runs
@@ -190,7 +226,20 @@ class SwitchModel:
         for a reason the sender can fix is answered with an ERROR (the module's
         docstring); False for the gateware's scoreboards until the gateware answers.
         ``parent``: this switch's parent ``(ip, port)`` (``ina switch --parent``): a tree
-        entry naming another parent is refused (None: whatever parent an entry names)."""
+        entry naming another parent is refused (None: whatever parent an entry names).
+        ``pool_slots``: the shared slot pool (docs/pool.md): at most this many slots of the
+        flat jobs, all together, hold memory at once; a job is then never refused for
+        memory (``max_total_bytes`` does not apply), and the DATA of a slot that finds the
+        pool full goes on to ``parent`` (needed), which sums it. None: every job keeps its
+        own 2W slots, as before. (Slots of tree jobs, and those a parent opens for a
+        child's overflow, are outside the pool: their memory is the switch's own.)"""
+        if pool_slots is not None and int(pool_slots) < 0:
+            raise ValueError(f"pool_slots {pool_slots}: must be >= 0")
+        if pool_slots is not None and parent is None:
+            raise ValueError("a slot pool needs a parent switch to take its overflow "
+                             "(ina switch --pool-slots N --parent HOST:PORT)")
+        self.pool_slots = None if pool_slots is None else int(pool_slots)
+        self.pool_used = 0
         self.parent = None if parent is None else (str(parent[0]), int(parent[1]))
         from ina_fabric.protocol.jobtable import MODES
         self.modes = tuple(MODES if modes is None else modes)
@@ -240,10 +289,12 @@ class SwitchModel:
             raise ConfigError(f"job {cfg.job}: the switch holds {len(others)} jobs, its "
                               f"limit")
         used = sum(job_bytes(js.cfg) for js in others)
-        if used + need > self.max_total_bytes:
+        if self.pool_slots is None and used + need > self.max_total_bytes:
             raise ConfigError(f"job {cfg.job}: {need} B of slot memory, but only "
                               f"{self.max_total_bytes - used} B of {self.max_total_bytes} "
                               f"B are free")
+        if held is not None:
+            self._release_job(held)
         self.jobs[cfg.job] = _JobState(cfg, 0.0 if now is None else now)
 
     def update_job(self, cfg):
@@ -288,7 +339,51 @@ class SwitchModel:
         js = self.jobs.get(job)
         if js is not None and session and js.cfg.session != session:
             raise ConfigError(f"job {job}: held by another session; not removed")
+        if js is not None:
+            self._release_job(js)
         self.jobs.pop(job, None)
+
+    # -- the shared slot pool (docs/pool.md) -------------------------------------------
+    def _release(self, slot):
+        if slot.held:
+            slot.held = False
+            self.pool_used -= 1
+
+    def _release_job(self, js):
+        for half in js.slots:
+            for slot in half:
+                self._release(slot)
+
+    def _take(self, slot) -> bool:
+        """A slot of a flat job opens: it takes a pool slot if one is free (always true
+        without a pool)."""
+        if self.pool_slots is None:
+            return True
+        if self.pool_used >= self.pool_slots:
+            return False
+        slot.held = True
+        self.pool_used += 1
+        return True
+
+    def _confirmed(self, js, seq):
+        """Every member contributed ``seq``: each has the RESULT of ``seq - W`` (a worker
+        sends ``s`` only once it has the result of ``s - W``), so, with a pool, that
+        stored result is freed and its slot goes back to the pool."""
+        if self.pool_slots is None:
+            return
+        w = js.cfg.window
+        prev = (seq - w) & SEQ_MASK
+        slot = js.slots[(prev // w) % 2][prev % w]
+        if slot.held and slot.tag == prev and slot.complete and slot.up is None:
+            slot.result = None
+            self._release(slot)
+
+    def _forward(self, js, slot, datagram):
+        """The slot found the pool full: the DATA goes on to the parent (FORWARDED)."""
+        self._counts["overflow"] += 1
+        b = bytearray(datagram)
+        b[_OFF["flags"]] |= Flags.FORWARDED
+        return [(self.parent, bytes(b))]
 
     def start_at(self, job: int, seq: int):
         """Set an idle job's records as if it had run ``seq`` packets, so that its next
@@ -298,6 +393,7 @@ class SwitchModel:
         w2 = 2 * js.cfg.window
         for k in range(w2):
             slot = js.slots[k // js.cfg.window][k % js.cfg.window]
+            self._release(slot)
             slot.__init__((seq - w2 + ((k - seq) % w2)) & SEQ_MASK)
         js.open.clear()
         js.head = seq & SEQ_MASK
@@ -341,7 +437,7 @@ class SwitchModel:
         out = []
         for seq, slot in list(js.open.items()):
             if slot.bitmap | js.absent == full:
-                self._counts["skipped"] += 1
+                _Tally(self._counts, js.counts)["skipped"] += 1
                 del js.open[seq]
                 out += self._close(js, slot)
         return out
@@ -358,6 +454,12 @@ class SwitchModel:
     def counters(self) -> Counter:
         """Every counter (``COUNTERS``), by name."""
         return self._counts
+
+    def job_counters(self, job: int) -> dict:
+        """Job ``job``'s own counters (those not zero): the counts made for datagrams of
+        the job (after its lookup: ``JOB_COUNTERS``) and for its slots' results, since
+        it was installed (a live update keeps them)."""
+        return {k: v for k, v in sorted(self.jobs[job].counts.items()) if v}
 
     def process(self, datagram: bytes, source, now: float):
         """Fire the deadlines due at ``now``, then take one datagram from ``source``.
@@ -415,13 +517,17 @@ class SwitchModel:
             c["drop_unknown_job"] += 1
             return out + self._refuse(Refusal.UNKNOWN_JOB, 0, datagram, source, now)
         cfg = js.cfg
+        c = _Tally(c, js.counts)      # from here on, every count is also the job's
         if mtype == MsgType.RESULT:
             return self._from_parent(js, h, datagram, source, now)
         if int(h["session"]) != cfg.session:
             c["drop_bad_session"] += 1
             return out + self._refuse(Refusal.BAD_SESSION, 0, datagram, source, now)
         worker = int(h["worker"])
-        if worker >= cfg.n or cfg.members[worker].addr != tuple(source):
+        # a child switch's pool overflow (docs/pool.md): its source is that switch, the
+        # session is the capability, as for every DATA
+        fwd = bool(h["flags"] & Flags.FORWARDED) and not cfg.tree
+        if worker >= cfg.n or (not fwd and cfg.members[worker].addr != tuple(source)):
             c["drop_unknown_source"] += 1
             return out + self._refuse(Refusal.NOT_MEMBER, cfg.n, datagram, source, now)
         if nelem > cfg.elements:
@@ -434,13 +540,28 @@ class SwitchModel:
             c["drop_malformed"] += 1
             return out
         c["rx_data"] += 1
+        if fwd:
+            c["overflow_in"] += 1
         seq = int(h["seq"])
         w = cfg.window
         slot = js.slots[(seq // w) % 2][seq % w]
         bit = 1 << worker
         if js.absent & bit and now >= js.absent_since[worker] + cfg.deadline:
             js.absent &= ~bit      # heard from a deadline on (bounded-skip): waited for again
-        if seq == (slot.tag + 2 * w) & SEQ_MASK and slot.complete:
+        ahead = (seq - slot.tag) & SEQ_MASK
+        # (a parent sees only the slots a child's pool could not hold: any later seq of
+        # the record opens it)
+        if slot.complete and (ahead == 2 * w or (fwd and 0 < ahead < 1 << 31)):
+            self._release(slot)
+            slot.over = False
+            if not (fwd or cfg.tree or self._take(slot)):
+                slot.tag, slot.result, slot.acc, slot.up = seq, None, None, None
+                slot.nelem, slot.bitmap, slot.count, slot.over = nelem, 0, 0, True
+                if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
+                    js.head = (seq + 1) & SEQ_MASK
+                js.active = now
+                return out + self._forward(js, slot, datagram)
+            slot.via = tuple(source) if fwd else None
             slot.tag, slot.complete, slot.result = seq, False, None
             slot.acc = np.zeros(nelem, np.int64)
             slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
@@ -457,6 +578,12 @@ class SwitchModel:
             if behind:
                 out += self._refuse(Refusal.STALE, js.head, datagram, source, now)
             return out
+        if slot.over:                  # the pool was full when it opened: the parent sums it
+            if fwd:         # (overflow goes up one level, never further: a misconfiguration)
+                c["drop_unknown_source"] += 1
+                return out
+            js.active = now
+            return out + self._forward(js, slot, datagram)
         if slot.complete:
             if slot.result is None:
                 # the virtual seq a record holds before the job's first traffic: the
@@ -468,7 +595,8 @@ class SwitchModel:
             else:
                 c["late"] += 1
             c["resent"] += 1
-            return out + [(cfg.members[worker].addr, self._unicast(slot.result, worker))]
+            to = tuple(source) if fwd else cfg.members[worker].addr
+            return out + [(to, self._unicast(slot.result, worker))]
         if slot.up is not None:        # closed here, its RESULT awaited from the parent
             if slot.bitmap & bit:
                 c["duplicates"] += 1
@@ -496,19 +624,25 @@ class SwitchModel:
         if slot.bitmap | js.absent == full:
             if slot.bitmap != full:
                 c["skipped"] += 1
+            else:
+                self._confirmed(js, seq)
             del js.open[seq]
             out += self._close(js, slot)
         return out
 
     def _has_parent(self, h) -> bool:
         js = self.jobs.get(int(h["job"]))
-        return js is not None and js.cfg.parent is not None
+        return js is not None and (js.cfg.parent is not None or self._pool_parent(js))
+
+    def _pool_parent(self, js) -> bool:
+        """The job's overflow goes to this switch's parent (a flat job, with a pool)."""
+        return self.pool_slots is not None and self.parent is not None and not js.cfg.tree
 
     def _from_parent(self, js, h, datagram, source, now):
         """A RESULT: taken only from the job's parent, for a slot that is up (sent to the
         parent and awaiting this); relayed to the group (the module's docstring)."""
-        c, cfg = self._counts, js.cfg
-        if tuple(source) != cfg.parent:
+        c, cfg = _Tally(self._counts, js.counts), js.cfg
+        if tuple(source) != (cfg.parent if cfg.parent is not None else self.parent):
             c["drop_unknown_source"] += 1
             return []
         if int(h["session"]) != cfg.session:
@@ -516,6 +650,20 @@ class SwitchModel:
             return []
         seq, w = int(h["seq"]), cfg.window
         slot = js.slots[(seq // w) % 2][seq % w]
+        if slot.over and slot.tag == seq:
+            # the parent summed this slot (the pool was full): relayed, not stored (a
+            # re-sent DATA goes to the parent again, whose unicast answer is relayed too)
+            worker = int(h["worker"])
+            if worker != GROUP_WORKER and worker >= cfg.n:
+                c["drop_malformed"] += 1
+                return []
+            js.active = now
+            c["relayed"] += 1
+            if worker != GROUP_WORKER:
+                return [(cfg.members[worker].addr, bytes(datagram))]
+            b = bytearray(datagram)
+            b[_OFF["flags"]] &= ~Flags.RETRANSMIT & 0xFF
+            return [(dest, bytes(b)) for dest in js.group]
         if slot.up is None or slot.tag != seq:
             c["drop_result"] += 1
             return []
@@ -538,7 +686,7 @@ class SwitchModel:
         return self._emit(js, slot) if js.cfg.parent is None else self._send_up(js, slot)
 
     def _send_up(self, js, slot):
-        c, cfg = self._counts, js.cfg
+        c, cfg = _Tally(self._counts, js.counts), js.cfg
         flags = Flags.OVERFLOW if slot.overflow else 0
         if slot.count < cfg.total:
             flags |= Flags.PARTIAL
@@ -620,7 +768,7 @@ class SwitchModel:
 
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
-        c = self._counts
+        c = _Tally(self._counts, js.counts)
         flags = Flags.OVERFLOW if slot.overflow else 0
         if slot.count < js.cfg.total:
             flags |= Flags.PARTIAL
@@ -638,7 +786,7 @@ class SwitchModel:
         slot.complete = True
         slot.acc = None
         c["results"] += 1
-        return [(dest, slot.result) for dest in js.group]
+        return [(dest, slot.result) for dest in ([slot.via] if slot.via else js.group)]
 
     @staticmethod
     def _unicast(result: bytes, worker: int) -> bytes:
@@ -652,7 +800,8 @@ class SwitchModel:
         return {"workers": js.cfg.n, "window": js.cfg.window, "elements": js.cfg.elements,
                 "mode": js.cfg.mode, "deadline_ms": js.cfg.deadline * 1e3,
                 "open_slots": len(js.open), "waiting_for": self._waiting_for(js),
-                "session": f"{js.cfg.session:016x}"} | (
+                "session": f"{js.cfg.session:016x}",
+                "counters": self.job_counters(js.cfg.job)} | (
                     {"position": js.head} if self.answers else {}) | (
                     {"absent": self._missing(js.cfg.n, ~js.absent)}
                     if js.cfg.mode == "bounded-skip" else {}) | (
@@ -682,7 +831,12 @@ class SwitchModel:
     def status(self) -> dict:
         """Everything, as one dict (for the process that holds the model)."""
         return {"counters": dict(self.counters),
-                "jobs": {j: self._job_status(js) for j, js in sorted(self.jobs.items())}}
+                "jobs": {j: self._job_status(js) for j, js in sorted(self.jobs.items())}} | (
+                    {"pool": self.pool_status()} if self.pool_slots is not None else {})
+
+    def pool_status(self) -> dict:
+        """The shared slot pool: its size and the slots in use now."""
+        return {"slots": self.pool_slots, "used": self.pool_used}
 
     @staticmethod
     def _status_bytes(doc) -> bytes:
@@ -699,6 +853,11 @@ class SwitchModel:
         for j in sorted(j for j in self.jobs if j >= start):
             entry = self._job_status(self.jobs[j])
             add = len(json.dumps({str(j): entry})) + 1
+            if size + add > budget and not doc["jobs"]:
+                # alone on its page and still too large: its counters are left out (None),
+                # so that paging moves on (a larger request gets them)
+                entry["counters"] = None
+                add = len(json.dumps({str(j): entry})) + 1
             if size + add > budget:
                 doc["next_job"] = j
                 break

@@ -11,7 +11,7 @@ import socket
 
 import numpy as np
 
-from .auth import seal, unseal, new_nonce, TRAILER_BYTES, STATUS_MIN_REQUEST
+from .auth import seal, unseal, new_nonce, TRAILER_BYTES, STATUS_MAX_REQUEST
 from .fields import HEADER_BYTES, VERSION, MsgType
 from .keys import switch_key
 from .numpy_view import HEADER_DTYPE
@@ -59,7 +59,8 @@ def query_status(addr, timeout=1.0, key=None, max_pages=10_000) -> dict:
     (default: ``keys.switch_key()``)."""
     start, jobs, doc = 0, {}, {}
     for _ in range(max_pages):
-        pad = STATUS_MIN_REQUEST - HEADER_BYTES - 4 - TRAILER_BYTES
+        # the largest request a switch answers: the most jobs (with their counters) a page
+        pad = STATUS_MAX_REQUEST - HEADER_BYTES - 4 - TRAILER_BYTES
         doc = _request(addr, _header(MsgType.STATUS_REQ) + bytes(pad) +
                        start.to_bytes(4, "big"), timeout, key)
         jobs.update(doc.get("jobs", {}))

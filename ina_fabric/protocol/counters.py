@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import pathlib
 
 __all__ = ["CounterDef", "TABLE", "MODEL", "ENGINE", "GATEWARE", "MODEL_COUNTERS",
-           "ENGINE_COUNTERS", "GATEWARE_COUNTERS", "ANSWER_COUNTERS", "DOCS", "c_header",
+           "ENGINE_COUNTERS", "GATEWARE_COUNTERS", "ANSWER_COUNTERS", "JOB_COUNTERS", "DOCS",
+           "c_header",
            "C_HEADER_PATH"]
 
 MODEL, ENGINE, GATEWARE = "model", "engine", "gateware"
@@ -73,6 +74,11 @@ TABLE = (
                "re-send"),
     CounterDef("relayed", (M, E), "RESULTs from the parent relayed to the job's members"),
     CounterDef("drop_result", (M, E), "RESULTs no slot awaited"),
+    # the shared slot pool (docs/pool.md)
+    CounterDef("overflow", (M, E), "DATA sent on to the parent switch (FORWARDED): no pool "
+               "slot was free"),
+    CounterDef("overflow_in", (M, E), "FORWARDED DATA taken from a child switch whose pool "
+               "was full"),
     CounterDef("errors_sent", (M, E), "ERROR replies to DATA dropped for a fixable reason"),
     CounterDef("errors_limited", (M, E), "ERROR replies not sent (that source was answered "
                "within ERROR_INTERVAL)"),
@@ -93,6 +99,15 @@ MODEL_COUNTERS = tuple(c.name for c in TABLE if MODEL in c.kept_by)
 ENGINE_COUNTERS = tuple(c.name for c in TABLE if ENGINE in c.kept_by)
 GATEWARE_COUNTERS = tuple(c.name for c in sorted((c for c in TABLE if GATEWARE in c.kept_by),
                                                  key=lambda c: c.register))
+#: the counters a switch also keeps per job (STATUS's ``jobs[id]["counters"]``, ``ina
+#: switch --metrics``'s ``ina_job_<name>_total{job=...}``): those counted once a
+#: datagram's job is found, and for its slots' results; the rest (``rx``, drops before
+#: the job is known, CONTROL and STATUS, refusals, the engine's batching) are the
+#: switch's alone. The model and the C engine keep them, tested differentially.
+JOB_COUNTERS = ("rx_data", "accepted", "duplicates", "late", "results", "partials",
+                "overflows", "resent", "skipped", "up", "up_resent", "relayed", "drop_result",
+                "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
+                "drop_malformed")
 #: the counters of a switch that answers refused DATA (not the gateware, for now)
 ANSWER_COUNTERS = ("errors_sent", "errors_limited")
 #: name -> what it counts
@@ -110,6 +125,8 @@ def _check():
         raise ValueError("counters: gateware registers must be 0..n-1, each once")
     if any(c.register is not None and GATEWARE not in c.kept_by for c in TABLE):
         raise ValueError("counters: only a gateware counter has a register")
+    if not set(JOB_COUNTERS) <= set(MODEL_COUNTERS) & set(ENGINE_COUNTERS):
+        raise ValueError("counters: a per-job counter must be the model's and the engine's")
 
 
 _check()

@@ -90,6 +90,8 @@ class Flags(enum.IntFlag):
     OVERFLOW = 0x02    # at least one element saturated to the int32 range
     RETRANSMIT = 0x04  # DATA sent again by a worker, or RESULT re-sent by unicast
     LAST = 0x08        # last packet of a bucket (informational)
+    FORWARDED = 0x10   # DATA a switch whose slot pool was full sent on to its parent (the
+                       # worker's DATA, unchanged but for this flag; docs/pool.md)
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ class Field:
 HEADER_FIELDS: tuple[Field, ...] = (
     Field("version", 8, doc="protocol version, 1"),
     Field("type", 8, doc="message type", enum=MsgType),
-    Field("flags", 8, doc="PARTIAL, OVERFLOW, RETRANSMIT, LAST", flags=Flags),
+    Field("flags", 8, doc="PARTIAL, OVERFLOW, RETRANSMIT, LAST, FORWARDED", flags=Flags),
     Field("exponent", 8, signed=True,
           doc="DATA: proposed block exponent for the chunk sent one window later; "
               "RESULT: max of the proposals"),
@@ -151,7 +153,7 @@ def c_layout() -> dict:
     d.update(header=HEADER_BYTES, VERSION=VERSION, DATA=int(MsgType.DATA),
              RESULT=int(MsgType.RESULT), ERROR=int(MsgType.ERROR), PARTIAL=int(Flags.PARTIAL),
              OVERFLOW=int(Flags.OVERFLOW), RETRANSMIT=int(Flags.RETRANSMIT),
-             LAST=int(Flags.LAST), NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER,
+             LAST=int(Flags.LAST), FORWARDED=int(Flags.FORWARDED), NO_EXPONENT=NO_EXPONENT, GROUP_WORKER=GROUP_WORKER,
              NONFINITE=NONFINITE_EXPONENT, MAX_JOB_WORKERS=MAX_JOB_WORKERS)
     return d
 

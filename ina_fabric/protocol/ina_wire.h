@@ -17,6 +17,7 @@ typedef struct {
     int header, version, type, flags, exponent, job, worker, count, seq, nelem,
         reserved, bitmap, session;
     int v_version, t_data, t_result, t_error, f_partial, f_overflow, f_retransmit, f_last,
+        f_forwarded,
         no_exponent, group_worker, nonfinite, max_job_workers;
 } InaLayout;
 
@@ -94,6 +95,7 @@ static int ina_layout_from_dict(PyObject *d, InaLayout *L) {
         ina_get_int(d, "OVERFLOW", &L->f_overflow) < 0 ||
         ina_get_int(d, "RETRANSMIT", &L->f_retransmit) < 0 ||
         ina_get_int(d, "LAST", &L->f_last) < 0 ||
+        ina_get_int(d, "FORWARDED", &L->f_forwarded) < 0 ||
         ina_get_int(d, "NO_EXPONENT", &L->no_exponent) < 0 ||
         ina_get_int(d, "GROUP_WORKER", &L->group_worker) < 0 ||
         ina_get_int(d, "NONFINITE", &L->nonfinite) < 0 ||
