@@ -125,6 +125,16 @@ def _issue(o):
     return SlotIssue(_P(**o["core"]))
 
 
+def _answer(o):
+    from ina_fabric.hw.ina.answer import ErrorAnswer
+    return ErrorAnswer(_P(**o["core"]), interval=o["interval"])
+
+
+def _side(o):
+    from ina_fabric.hw.ina.answer import SideMerge
+    return SideMerge(o["lanes"])
+
+
 def _pop(o):
     from ina_fabric.hw.ina.header_pop import HeaderPop
     return HeaderPop(_P(**o["core"]))
@@ -282,6 +292,20 @@ BENCHES = [
        "packets": 0.5, "enables": 0.01, "seed": 2},
       {"core": {"workers": 4, "window": 1, "elements": 4, "lanes": 2, "jobs": 2}, "n": 4000,
        "packets": 0.1, "enables": 0.05, "seed": 3}]),
+    ("ErrorAnswer", _answer, "ina_fabric.sim.ina.tb_error_answer",
+     [{"core": {"workers": 8, "window": 4, "elements": 8, "lanes": 1, "jobs": 2}, "n": 600,
+       "interval": 60, "packets": 0.5, "idle": 0.2, "bp": 0.3, "sources": 6, "resets": 0.02,
+       "before_wrap": 300, "drain": 600},
+      {"core": {"workers": 32, "window": 4, "elements": 16, "lanes": 8, "jobs": 3}, "n": 3000,
+       "interval": 1, "packets": 0.9, "idle": 0.0, "bp": 0.9, "sources": 12, "resets": 0.01,
+       "before_wrap": 1000, "drain": 3000, "must_stop": True, "seed": 2},
+      {"core": {"workers": 4, "window": 2, "elements": 4, "lanes": 4, "jobs": 2}, "n": 3000,
+       "interval": 200, "packets": 0.7, "idle": 0.3, "bp": 0.5, "sources": 3, "resets": 0.01,
+       "before_wrap": 2000, "drain": 600, "seed": 3}]),
+    ("SideMerge", _side, "ina_fabric.sim.ina.tb_side_merge",
+     [{"lanes": 1, "n": 30, "idle": 0.4, "bp": 0.3},
+      {"lanes": 8, "n": 300, "idle": 0.1, "bp": 0.7, "seed": 2},
+      {"lanes": 4, "n": 300, "idle": 0.8, "bp": 0.0, "seed": 3}]),
     ("HeaderPop", _pop, "ina_fabric.sim.ina.tb_header_pop",
      [{"core": {"workers": 8, "window": 4, "elements": 8, "lanes": 2, "jobs": 2}, "n": 30,
        "empty": 0.2, "wait": 0.2},
@@ -310,8 +334,8 @@ BENCHES = [
     ("RegisterFile", _regfile, "ina_fabric.sim.ina.tb_register_file",
      [{"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 2, "jobs": 2}, "n": 400,
        "idle": 0.2},
-      {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 3}, "n": 4000,
-       "idle": 0.1, "seed": 2},
+      {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 3,
+                "tree": True}, "n": 4000, "idle": 0.1, "seed": 2},
       {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 8, "jobs": 5}, "n": 4000,
        "idle": 0.5, "writes": 0.8, "seed": 3}]),
     ("Replicator", _replicator, "ina_fabric.sim.ina.tb_replicator",

@@ -16,9 +16,14 @@ from ina_fabric.sim.common import run_cocotb
 pytestmark = pytest.mark.xdist_group("sim_ina")
 
 
-def _run(params, name, testcase, planted_bug=None, control_key=None, **env):
-    env = {"INA_PARAMS": json.dumps(dataclasses.asdict(params)), **env}
-    run_cocotb(InaCore(params, planted_bug=planted_bug, control_key=control_key),
+def _run(params, name, testcase, planted_bug=None, control_key=None, error_interval=None,
+         **env):
+    core = InaCore(params, planted_bug=planted_bug, control_key=control_key,
+                   error_interval=error_interval)
+    # (the bench's scoreboard answers refused DATA as often as this core: INA_ERR_CYCLES)
+    env = {"INA_PARAMS": json.dumps(dataclasses.asdict(params)),
+           "INA_ERR_CYCLES": str(core.error_interval), **env}
+    run_cocotb(core,
                toplevel="ina_core",
                test_module="ina_fabric.sim.ina.tb_core", name=name, testcase=testcase, env=env)
 
@@ -30,17 +35,63 @@ P_RND = CoreParams(workers=8, window=4, elements=4, lanes=4, jobs=2)
 RANDOM_SEQS = 1350  # x (4 + 3 workers) + impairments: > 10k datagrams
 
 
+#: the directed benches' cycles between two ERRORs to one source bucket (short, so a
+#: scenario can wait it out: sim/ina/refusals.py)
+from ina_fabric.sim.ina.refusals import REFUSAL_INTERVAL  # noqa: E402
+#: the random run's: short enough that most sources are answered more than once
+RANDOM_ERR_CYCLES = 97
+
+
 def test_sim_ina_directed_and_back_to_back_L1():
-    _run(P_L1, "ina_L1", ["test_directed", "test_back_to_back"])
+    _run(P_L1, "ina_L1", ["test_directed", "test_back_to_back", "test_refusals",
+                          "test_refusal_flood"], error_interval=REFUSAL_INTERVAL)
 
 
 def test_sim_ina_directed_and_back_to_back_L8():
-    _run(P_L8, "ina_L8", ["test_directed", "test_back_to_back"])
+    _run(P_L8, "ina_L8", ["test_directed", "test_back_to_back", "test_refusals",
+                          "test_refusal_flood"], error_interval=REFUSAL_INTERVAL)
+
+
+def test_sim_ina_refusal_flood_every_answer():
+    """The flood with an answer to every refused DATA (1 cycle between two answers to a
+    bucket: header-only refusals come one a cycle at 8 lanes, the output stalls at
+    random): the answer queue fills, the header pipeline stops for it, no answer is lost
+    or reordered, and the bytes out stay below the bytes in."""
+    _run(P_L8, "ina_L8_flood", "test_refusal_flood", error_interval=1, INA_FLOOD_STOP=1)
 
 
 def test_sim_ina_random_10k():
     _run(P_RND, "ina_random", "test_random", INA_NSEQ=RANDOM_SEQS, INA_SEED=1,
-         INA_E=P_RND.elements, INA_MIN_PACKETS=10000, INA_DEADLINE=100)
+         INA_E=P_RND.elements, INA_MIN_PACKETS=10000, INA_DEADLINE=100,
+         error_interval=RANDOM_ERR_CYCLES)
+
+
+#: the core as a spine of a tree of switches (CoreParams.tree; sim/ina/tree.py)
+P_TREE = CoreParams(workers=8, window=4, elements=4, lanes=4, jobs=2, tree=True)
+
+
+def test_sim_ina_tree_spine():
+    """The core as the spine of a two-level tree whose leaves are models: every output
+    and counter as a model spine's (INA_SIM_FULL=1: more seqs and a second seed)."""
+    full = bool(os.environ.get("INA_SIM_FULL"))
+    for seed in ((1, 2) if full else (1,)):
+        _run(P_TREE, "ina_tree_spine", "test_tree_spine", INA_NSEQ=400 if full else 60,
+             INA_SEED=seed, INA_E=P_TREE.elements, INA_DEADLINE=300)
+
+
+def test_sim_ina_tree_spine_planted_bug_is_caught():
+    """A spine that counts a child switch's DATA as one worker fails the bench."""
+    with pytest.raises(AssertionError, match="cocotb tests failed"):
+        _run(P_TREE, "ina_bug_child_counts_one", "test_tree_spine",
+             planted_bug="child_counts_one", INA_NSEQ=20, INA_SEED=1,
+             INA_E=P_TREE.elements, INA_DEADLINE=300)
+
+
+def test_sim_ina_random_tree_core():
+    """A core built with the tree option runs ordinary (worker) jobs as before: the
+    randomized bench of test_sim_ina_random_10k, shorter."""
+    _run(P_TREE, "ina_random_tree", "test_random", INA_NSEQ=300, INA_SEED=3,
+         INA_E=P_TREE.elements, INA_DEADLINE=100)
 
 
 @pytest.mark.timeout(1800)

@@ -172,6 +172,56 @@ def test_board_allreduce_is_bitwise_the_software_switch(board, monkeypatch):
             assert a.view(np.uint32).tolist() == b.view(np.uint32).tolist()
 
 
+def _wrong_count(rank, world, store, netns, switch, bind_ip, key):
+    """One rank: a SwitchClient bound on ``bind_ip`` sending 128 elements per packet to
+    a job of 64 (rank 0 installs it); what its allreduce raises, and how soon."""
+    import time
+    from ina_fabric.host.lab.netns import enter
+    enter(netns)
+    from ina_fabric.host.ddp.hook import local_mac
+    from ina_fabric.host.switch import send_job
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.protocol.jobtable import JobConfig, new_session
+    job = JOB + 1
+    client = SwitchClient(tuple(switch), job, rank, world, 8, 128, "reliable",
+                          bind=(bind_ip, 0), rto=0.2, connect_timeout=30.0,
+                          stall_timeout=30.0)
+    mac = local_mac(client.address[0])
+    store.set(f"wc{rank}", f"{client.address[0]}:{client.address[1]}"
+              + (f"@{mac}" if mac else ""))
+    if rank == 0:
+        members = tuple(store.get(f"wc{r}").decode() for r in range(world))
+        cfg = JobConfig(job, members, 8, 64, 0.0002, "reliable", session=new_session())
+        send_job(tuple(switch), cfg, key=key, timeout=10)
+        store.set("wc_session", str(cfg.session))
+    client.start(int(store.get("wc_session")))
+    t0 = time.monotonic()
+    try:
+        client.allreduce(np.ones(N, np.float32))
+        e = None
+    except Exception as exc:  # noqa: BLE001 (the test looks at it)
+        e = exc
+    secs = time.monotonic() - t0
+    client.close()
+    return type(e).__name__, getattr(e, "reason", None), str(e), secs
+
+
+@needs_board
+def test_board_wrong_element_count_raises_naming_it(board):
+    """Issue 43 through the board's gateware: a client sending more elements per packet
+    than the job's gets the core's ERROR back through the board's MAC and the kernel
+    (BAD_LENGTH, the job's 64) and raises within 5 s on every rank, in one line."""
+    from ina_fabric.host.cluster import run_ranks
+    from ina_fabric.host.switch.board import TAP_ADDRESS
+    from ina_fabric.protocol.fields import Refusal
+    tap_ip = TAP_ADDRESS.split("/")[0]
+    got = run_ranks(WORLD, _wrong_count, board.netns, board.switch, tap_ip, KEY,
+                    timeout=300)
+    for name, reason, msg, secs in got:
+        assert name == "SwitchRefused" and reason == Refusal.BAD_LENGTH, (name, msg)
+        assert secs < 5 and "64 elements" in msg and "\n" not in msg, (secs, msg)
+
+
 @needs_board
 @pytest.mark.skipif(not os.environ.get("INA_BOARD_TRAIN"),
                     reason="training through the simulated board takes many minutes: "

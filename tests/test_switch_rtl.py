@@ -250,3 +250,45 @@ def test_cli_errors_of_the_rtl_engine_are_one_line(tmp_path):
                         "rtl", "--switch", "127.0.0.1:9"], capture_output=True, text=True,
                        cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "not with --switch" in p.stderr
+
+
+def test_wrong_element_count_against_the_rtl_raises_at_once(rtl_server, ports):
+    """Issue 43 through the gateware: clients sending more elements per packet than the
+    job's get the core's ERROR (BAD_LENGTH, the job's 64 elements) and raise within 5 s
+    on every rank, naming the count in one line (before the core answered, a 30 s
+    stall); the scoreboard found the core's ERRORs byte for byte the model's."""
+    import time as _time
+    from ina_fabric.protocol.control_client import send_job
+    from ina_fabric.protocol.fields import Refusal
+    from ina_fabric.host.transport.switch_client import SwitchClient, SwitchRefused
+    p = ports(2)
+    cfg = JobConfig(11, tuple(f"127.0.0.1:{q}" for q in p), window=4, elements=64,
+                    session=S + 11)
+    send_job(rtl_server.address, cfg, key=KEY, timeout=10)
+    clients = [SwitchClient(rtl_server.address, cfg.job, i, 2, bind=("127.0.0.1", p[i]),
+                            elements=128, window=4, session=cfg.session,
+                            stall_timeout=30.0) for i in range(2)]
+    out = [None, None]
+
+    def one(i):
+        t0 = _time.monotonic()
+        try:
+            clients[i].allreduce(np.full(1000, i + 1, np.float32))
+            out[i] = (None, _time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001 (the test looks at it)
+            out[i] = (e, _time.monotonic() - t0)
+    ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    for c in clients:
+        c.close()
+    for e, secs in out:
+        print(f"{secs:.2f} s: {type(e).__name__}: {e}")
+        assert isinstance(e, SwitchRefused) and e.reason == Refusal.BAD_LENGTH, e
+        assert secs < 5 and "64 elements" in str(e) and "\n" not in str(e), (secs, e)
+    m = rtl_server.model
+    assert m.disagreements == 0
+    c = m.core.counters()
+    assert c["errors_sent"] >= 2 and c["errors_sent"] == m.ref.counters["errors_sent"]

@@ -139,7 +139,6 @@ SEQ_MASK = 0xFFFFFFFF
 
 #: the counters the model keeps, by name (defined once: ``ina_fabric.protocol.counters``,
 #: with what each counts); ANSWER_COUNTERS: those of a switch that answers refused DATA
-#: (not the gateware, for now)
 COUNTERS = MODEL_COUNTERS
 
 _OFF = field_offsets()
@@ -253,7 +252,8 @@ class SwitchModel:
 
     def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
                  max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES,
-                 modes=None, answers=True, parent=None, pool_slots=None, widths=None):
+                 modes=None, answers=True, parent=None, pool_slots=None, widths=None,
+                 error_interval=ERROR_INTERVAL):
         """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
         are taken only when sealed with it; without a key, none is taken over the wire
         (jobs come from ``jobs`` and ``add_job``). ``modes``: the modes this switch runs
@@ -261,7 +261,9 @@ class SwitchModel:
         ``GATEWARE_MODES``): a CONTROL entry with another is ``drop_malformed``, as the
         gateware's parse drops it, and ``add_job`` refuses it. ``answers``: DATA refused
         for a reason the sender can fix is answered with an ERROR (the module's
-        docstring); False for the gateware's scoreboards until the gateware answers.
+        docstring), at most once per ``error_interval`` (in ``now``'s unit: the
+        gateware's scoreboards give the core's interval in cycles, scaled) per source
+        bucket; False: refused DATA is only counted.
         ``parent``: this switch's parent ``(ip, port)`` (``ina switch --parent``): a tree
         entry naming another parent is refused (None: whatever parent an entry names).
         ``pool_slots``: the shared slot pool (docs/pool.md): at most this many slots of the
@@ -289,6 +291,7 @@ class SwitchModel:
         self.jobs: dict[int, _JobState] = {}
         # (a switch without bounded-skip, as the gateware, has no "skipped" counter)
         self.answers = answers
+        self.error_interval = error_interval
         self._answered = [None] * ERROR_SOURCES    # when each source bucket was answered
         self._counts = Counter({name: 0 for name in COUNTERS
                                 if (name != "skipped" or "bounded-skip" in self.modes)
@@ -787,13 +790,13 @@ class SwitchModel:
     def _refuse(self, reason, figure, datagram, source, now):
         """The ERROR answering a refused DATA (the module's docstring), or nothing when
         this switch does not answer or answered the source's bucket within
-        ``ERROR_INTERVAL``."""
+        ``error_interval``."""
         if not self.answers:
             return []
         import socket
         b = error_bucket(int.from_bytes(socket.inet_aton(source[0]), "big"), source[1])
         last = self._answered[b]
-        if last is not None and now - last < ERROR_INTERVAL:
+        if last is not None and now - last < self.error_interval:
             self._counts["errors_limited"] += 1
             return []
         self._answered[b] = now

@@ -35,7 +35,8 @@ import os
 import struct
 import time
 
-from ina_fabric.protocol.fields import HEADER_BYTES, VERSION, MsgType, field_offsets
+from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, field_offsets,
+                                        ERROR_INTERVAL)
 from .model import SwitchModel
 from ina_fabric.protocol.jobtable import GATEWARE_MODES
 
@@ -51,6 +52,11 @@ RTL_PARAMS = dict(workers=32, window=16, elements=256, lanes=8, jobs=2)
 #: cycles per second of the core's clock as the model sees it, and at least as the wall
 #: clock sees it with a bounded job (a power of two: cycle counts are exact as seconds)
 CYCLES_PER_SECOND = 1 << 17
+#: the core's cycles between two ERRORs to one source bucket (``fields.ERROR_INTERVAL``
+#: at that clock; the scoreboard's model gets the same, as seconds: exact in a float).
+#: Like deadlines, it runs on the core's clock, which in reliable mode runs only while
+#: there is work: a source is answered again after that much *simulated* time.
+ERROR_CYCLES = round(ERROR_INTERVAL * CYCLES_PER_SECOND)
 
 _OFF = field_offsets()
 _CONTROL_PLANE = (int(MsgType.CONTROL), int(MsgType.STATUS_REQ))
@@ -90,12 +96,14 @@ def _hex(b: bytes, n: int = 48) -> str:
 
 
 def _key(dest, data: bytes):
-    """What pairs an output of the core with the model's: destination, job, seq."""
+    """What pairs an output of the core with the model's: destination, job, seq (and
+    "ERROR" for an ERROR: the core sends those on their own path, in order among
+    themselves, not among the RESULTs)."""
     if len(data) < HEADER_BYTES:
         return (dest, None, None)
     job = int.from_bytes(data[_OFF["job"]:_OFF["job"] + 2], "big")
     seq = int.from_bytes(data[_OFF["seq"]:_OFF["seq"] + 4], "big")
-    return (dest, job, seq)
+    return (dest, job, seq) + (("ERROR",) if data[1] == MsgType.ERROR else ())
 
 
 class RtlSwitchModel(SwitchModel):
@@ -105,12 +113,14 @@ class RtlSwitchModel(SwitchModel):
 
     def __init__(self, jobs=(), *, params=None, log=None, planted_bug=None, **kw):
         kw.setdefault("modes", GATEWARE_MODES)
-        kw.setdefault("answers", False)   # the gateware does not answer refused DATA yet
         from ina_fabric.hw.verilator.core import RtlCore
         self.params = params or rtl_params()
-        self.core = RtlCore(self.params, planted_bug=planted_bug, log=log)
-        #: the scoreboard: the reference model fed exactly what the core is fed
-        self.ref = SwitchModel(modes=GATEWARE_MODES, answers=False)
+        self.core = RtlCore(self.params, planted_bug=planted_bug, log=log,
+                            error_interval=ERROR_CYCLES)
+        #: the scoreboard: the reference model fed exactly what the core is fed (the
+        #: core answers refused DATA as the model does: issue 43)
+        self.ref = SwitchModel(modes=GATEWARE_MODES,
+                               error_interval=ERROR_CYCLES / CYCLES_PER_SECOND)
         self._index = {}            # job id -> entry of the core's job table
         self._deadline_cycles = {}  # job id -> its deadline in cycles
         self._expected = {}         # key -> deque of (cycle, dest, bytes): model's, unmatched
@@ -150,9 +160,14 @@ class RtlSwitchModel(SwitchModel):
         if cfg.mode not in self.modes:
             raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} runs on the software "
                               f"switches only (the gateware has {', '.join(self.modes)})")
-        if cfg.tree:
-            raise ConfigError(f"job {cfg.job}: a tree of switches (docs/fabric.md) runs on "
-                              f"the software switches only; the gateware has no tree yet")
+        if cfg.parent is not None:
+            raise ConfigError(f"job {cfg.job}: a leaf of a tree of switches (docs/fabric.md) "
+                              f"runs on the software switches only (the gateware is not a "
+                              f"leaf; it can be the spine)")
+        if cfg.children and not P.tree:
+            raise ConfigError(f"job {cfg.job}: a spine of a tree of switches needs the core "
+                              f"built with the tree option (INA_RTL_PARAMS='{{\"tree\": "
+                              f"true}}')")
         index = self._index.get(cfg.job)
         if index is None:
             free = sorted(set(range(P.jobs)) - set(self._index.values()))
@@ -289,6 +304,8 @@ class RtlSwitchModel(SwitchModel):
         ip = int.from_bytes(bytes(int(x) for x in dest[0].split(".")), "big")
         if meta.mcast:
             mac = 0x01005E000000 | (ip & 0x7FFFFF)
+        elif data[1] == MsgType.ERROR:
+            mac = 0     # the DATA's frame source (the harness's frames carry none)
         else:
             job = self.ref.jobs.get(_key(dest, data)[1])
             macs = [m.mac for m in job.cfg.members if m.addr == dest] if job else []

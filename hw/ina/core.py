@@ -6,7 +6,8 @@ Instantiate::
     from ina_fabric.hw.ina.params import CoreParams
     core = InaCore(CoreParams(workers=32, window=8, elements=64, lanes=1, jobs=2))
     # core.i   : In(stream.Signature(in_layout(L)))   INA datagrams (UDP payloads) from workers
-    # core.o   : Out(stream.Signature(out_layout(L))) RESULT datagrams, one per destination
+    # core.o   : Out(stream.Signature(out_layout(L))) RESULT datagrams, one per destination;
+    #            ERRORs answering refused DATA (hw/ina/answer.py); the control plane's replies
     # core.cfg : In(RegBus)                            job table, member table, counters
     # core.now : Out(32)                               the cycle counter (time of deadlines)
 
@@ -28,9 +29,11 @@ slot whose previous result is still queued or being sent waits to run again.
 Inside (one component per file)::
 
     i ─► InputFifo ─► HeaderPipeline ─┬─ requests ─► RequestQueue ─► Replicator ─► o
-         (input_fifo)  (header)        │              (queue)         (replicator)
-                                       └─ beats ────► ElementPath ──┘ accumulators
-                                                      (element)       (read port)
+         (input_fifo)  (header)        │              (queue)         (replicator)  ▲
+                                       ├─ beats ────► ElementPath ──┘ accumulators  │
+                                       │              (element)       (read port)   │
+                                       └─ refusals ─► ErrorAnswer ─► SideMerge ─────┘
+                                                      (answer)       (+ ControlPlane)
     cfg ◄─► RegisterFile (regfile): job table, member tables (read ports), counters
             (Counters, counters.py); PendingCounts (queue.py): requests not yet sent
 """
@@ -39,6 +42,7 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, stream
 from amaranth.lib.wiring import In, Out
 
+from .answer import ErrorAnswer, SideMerge, interval_cycles
 from .control import ControlPlane, CONTROL_EVENTS
 from .counters import Counters, COUNTER_EVENTS
 from .element import ElementPath
@@ -58,6 +62,8 @@ __all__ = ["InaCore", "PLANTED_BUGS"]
 PLANTED_BUGS = {
     "wrapping_adder": "ElementPath(wrapping_adder=True): the sum wraps at 32 bits",
     "no_duplicate_check": "HeaderPipeline(duplicate_check=False): duplicates are added",
+    "child_counts_one": "HeaderPipeline(child_counts=False): a spine (tree=True) counts a "
+                        "child switch's DATA as one worker",
 }
 
 
@@ -65,11 +71,14 @@ class InaCore(wiring.Component):
     """Aggregator + replicator. See the module docstring for ports and payloads."""
 
     def __init__(self, params: CoreParams = CoreParams(), *, planted_bug: str | None = None,
-                 control_key: bytes | None = None, cycles_per_us: int = 1):
+                 control_key: bytes | None = None, cycles_per_us: int = 1,
+                 error_interval: int | None = None):
         """``control_key``: the key CONTROL datagrams must be sealed with
         (``ina_fabric.protocol.auth``); None: no control over the wire (CONTROL is
         malformed). ``cycles_per_us``: core cycles per microsecond (a CONTROL entry's
-        deadline is in microseconds)."""
+        deadline is in microseconds). ``error_interval``: cycles between two ERRORs to
+        one source bucket (``hw/ina/answer.py``; default ``fields.ERROR_INTERVAL`` at
+        ``cycles_per_us``)."""
         if planted_bug is not None and planted_bug not in PLANTED_BUGS:
             raise ValueError(f"planted_bug {planted_bug!r} not in {sorted(PLANTED_BUGS)}")
         self.params = params
@@ -77,6 +86,9 @@ class InaCore(wiring.Component):
         self.planted_bug = planted_bug
         self.control_key = control_key
         self.cycles_per_us = cycles_per_us
+        #: cycles between two ERRORs to one source bucket
+        self.error_interval = (interval_cycles(cycles_per_us) if error_interval is None
+                               else error_interval)
         super().__init__({
             "i": In(stream.Signature(in_layout(params.lanes))),
             "o": Out(stream.Signature(out_layout(params.lanes))),
@@ -96,7 +108,8 @@ class InaCore(wiring.Component):
         m.submodules.counters = ctr = Counters()
         m.submodules.regs = rf = RegisterFile(P)
         m.submodules.header = hp = HeaderPipeline(
-            P, duplicate_check=(bug != "no_duplicate_check"))
+            P, duplicate_check=(bug != "no_duplicate_check"),
+            child_counts=(bug != "child_counts_one"))
         m.submodules.queue = q = RequestQueue(request_layout(P), P.queue)
         m.submodules.pending = pend = PendingCounts(P.records, 2 * P.queue + 2)
         m.submodules.ififo = fifo = InputFifo(P.lanes, commit_delay=DEC_LAT)
@@ -104,6 +117,8 @@ class InaCore(wiring.Component):
         m.submodules.replicator = rep = Replicator(P)
         m.submodules.control = ctl = ControlPlane(P, key=self.control_key,
                                                   cycles_per_us=self.cycles_per_us)
+        m.submodules.answer = ans = ErrorAnswer(P, interval=self.error_interval)
+        m.submodules.side = side = SideMerge(P.lanes)
 
         # register file: the bus, or the control plane in the cycles it writes (the
         # bus's reads show garbage meanwhile; the board reads counters only)
@@ -137,8 +152,9 @@ class InaCore(wiring.Component):
                      fifo.rewind_n.eq(hp.rewind_n), fifo.rewind_to.eq(hp.rewind_to)]
 
         # header pipeline -> request queue, pending counts; -> element path
+        # (the answer path's stop shows the header pipeline a full queue)
         m.d.comb += [q.push_a.eq(hp.push_a), q.a.eq(hp.a), q.push_b.eq(hp.push_b),
-                     q.b.eq(hp.b), hp.queue_level.eq(q.level),
+                     q.b.eq(hp.b), hp.queue_level.eq(Mux(ans.stop, 2 * P.queue, q.level)),
                      pend.add.eq(hp.push_a + hp.push_b), pend.add_hot.eq(hp.push_hot),
                      hp.pending.eq(pend.nonzero)]
         m.d.comb += [ep.beat.eq(hp.elem), ep.start.eq(hp.elem_start),
@@ -152,24 +168,30 @@ class InaCore(wiring.Component):
         wiring.connect(m, rf.member_rd, rep.member)
         wiring.connect(m, ep.acc_rd, rep.acc)
         wiring.connect(m, ep.ovf_rd, rep.ovf)
-        # the output: RESULT copies, and between them the control plane's replies (a
-        # packet at a time; the select is a register, so the replicator's path to ``o``
-        # gains one 2:1 multiplexer)
+        # refused DATA: the answer path (hw/ina/answer.py)
+        m.d.comb += [ans.cap.eq(hp.cap), ans.refusal.eq(hp.refusal), ans.jobs.eq(rf.jobs),
+                     ans.reset_pos.eq(rf.enable_stb), ans.now.eq(now),
+                     ans.src_ip.eq(rf.src_ip)]
+        # the output: RESULT copies, and between them the control plane's replies and
+        # the ERRORs, merged through a register stage (a packet at a time; the select is
+        # a register, so the replicator's path to ``o`` gains one 2:1 multiplexer)
+        wiring.connect(m, ctl.o, side.a)
+        wiring.connect(m, ans.o, side.b)
         sel_ctl = Signal()
         in_pkt = Signal()
-        src = [rep.o, ctl.o]
+        ctl_o = side.o
         with m.If(sel_ctl):
-            m.d.comb += [self.o.valid.eq(ctl.o.valid), self.o.payload.eq(ctl.o.payload),
-                         ctl.o.ready.eq(self.o.ready)]
+            m.d.comb += [self.o.valid.eq(ctl_o.valid), self.o.payload.eq(ctl_o.payload),
+                         ctl_o.ready.eq(self.o.ready)]
         with m.Else():
             m.d.comb += [self.o.valid.eq(rep.o.valid), self.o.payload.eq(rep.o.payload),
                          rep.o.ready.eq(self.o.ready)]
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += in_pkt.eq(~self.o.payload.last)
         with m.If(~in_pkt & ~(self.o.valid & self.o.ready)):
-            with m.If(sel_ctl & ~ctl.o.valid):
+            with m.If(sel_ctl & ~ctl_o.valid):
                 m.d.sync += sel_ctl.eq(0)
-            with m.Elif(~sel_ctl & ~rep.o.valid & ctl.o.valid):
+            with m.Elif(~sel_ctl & ~rep.o.valid & ctl_o.valid):
                 m.d.sync += sel_ctl.eq(1)
         with m.If(self.o.valid & self.o.ready & self.o.payload.last & sel_ctl):
             m.d.sync += sel_ctl.eq(0)
@@ -182,6 +204,8 @@ class InaCore(wiring.Component):
             parts[name].append(getattr(ctl.events, name))
         parts["overflows"].append(rep.overflow)
         parts["stream_errors"].append(ep.stream_errors)
+        parts["errors_sent"].append(ans.sent)
+        parts["errors_limited"].append(ans.limited)
         for name, bits in parts.items():
             v = Cat(*bits)
             assert len(v) == COUNTER_EVENTS[name], name

@@ -14,9 +14,9 @@ Ports::
                 against the header, registered at the pop
     hrec, wbit, nwm1
                 Out: per job, the seq's record, W (``1 << log2 W``), N - 1
-    ts, body, len_short, sip, sport
+    ts, body, len_short, sip, sport, smac
                 Out: the datagram's time, UDP length - header (and whether it is
-                shorter than the header), source
+                shorter than the header), source (IP, port, MAC)
     dec, short, rewind
                 Out: a header to decode in P0 (a cycle after the pop of its last beat),
                 cut short by its datagram's end, and the FIFO position of its first
@@ -57,7 +57,7 @@ class HeaderPop(wiring.Component):
             "hrec": Out(data.ArrayLayout(LWM + 1, NJ)), "wbit": Out(data.ArrayLayout(33, NJ)),
             "nwm1": Out(data.ArrayLayout(6, NJ)),
             "ts": Out(32), "body": Out(signed(18)), "len_short": Out(1), "sip": Out(32),
-            "sport": Out(16),
+            "sport": Out(16), "smac": Out(48),
             "dec": Out(1), "short": Out(1), "rewind": Out(5),
             "elem": Out(beat_layout(P.lanes)), "horizon": Out(32),
         })
@@ -153,7 +153,7 @@ class HeaderPop(wiring.Component):
         with m.If(b.first & ~collecting):
             m.d.sync += [ts_reg.eq(b.ts), body_reg.eq(b.length - HEADER_BYTES),
                          len_short.eq(b.length < HEADER_BYTES), sip_reg.eq(b.src_ip),
-                         sport_reg.eq(b.src_port)]
+                         sport_reg.eq(b.src_port), self.smac.eq(b.src_mac)]
         m.d.sync += [dl[0].valid.eq(pop), dl[0].elem.eq(~in_hdr),
                      dl[0].first.eq(b.first), dl[0].e.eq(posmh[:16]), dl[0].data.eq(b.data)]
         m.d.sync += [dl[k].eq(dl[k - 1]) for k in range(1, DEC_LAT)]

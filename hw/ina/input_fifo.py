@@ -15,7 +15,8 @@ def entry_layout(lanes: int) -> data.StructLayout:
     after a ``last`` is a first beat) and ``ts``, its datagram's time (the cycle its
     first beat was accepted)."""
     return data.StructLayout({"data": data.ArrayLayout(32, lanes), "first": 1, "last": 1,
-                              "length": 16, "src_ip": 32, "src_port": 16, "ts": 32})
+                              "length": 16, "src_ip": 32, "src_port": 16, "src_mac": 48,
+                              "ts": 32})
 
 
 class InputFifo(wiring.Component):
@@ -78,6 +79,7 @@ class InputFifo(wiring.Component):
                      f_w.data.data.eq(ip.data), f_w.data.first.eq(in_first),
                      f_w.data.last.eq(ip.last), f_w.data.length.eq(ip.length),
                      f_w.data.src_ip.eq(ip.src_ip), f_w.data.src_port.eq(ip.src_port),
+                     f_w.data.src_mac.eq(ip.src_mac),
                      f_w.data.ts.eq(Mux(in_first, now, ts_in))]
         wp1 = Signal(5, init=1, name="fifo_wp1")        # wp + 1
         wpm1 = Signal(5, init=31, name="fifo_wpm1")     # wp - 1

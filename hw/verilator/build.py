@@ -61,11 +61,12 @@ def _ports_header(params) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _verilog(params, planted_bug=None) -> str:
+def _verilog(params, planted_bug=None, error_interval=None) -> str:
     """The core's Verilog (generated once per process and core: a few seconds)."""
     from amaranth.back import verilog
     from ina_fabric.hw.ina.core import InaCore
-    return verilog.convert(InaCore(params, planted_bug=planted_bug), name="ina_core",
+    return verilog.convert(InaCore(params, planted_bug=planted_bug,
+                                   error_interval=error_interval), name="ina_core",
                            emit_src=False)
 
 
@@ -73,14 +74,15 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(os.environ.get("INA_RTL_CACHE") or BUILD_DIR / "rtl").resolve()
 
 
-def build_core(params, *, planted_bug=None, log=None, jobs=2) -> pathlib.Path:
+def build_core(params, *, planted_bug=None, log=None, jobs=2,
+               error_interval=None) -> pathlib.Path:
     """The shared library of the core with ``params`` (built unless cached). ``log``:
     called with a line when a build starts (it takes a minute or two)."""
     why = why_not()
     if why:
         raise VerilatorMissing(why)
     harness = resource("ina_fabric.hw.verilator", "harness.cpp").read_text()
-    vtext = _verilog(params, planted_bug)
+    vtext = _verilog(params, planted_bug, error_interval)
     ports = _ports_header(params)
     version = verilator_version()
     key = hashlib.sha256("\0".join([vtext, harness, ports, version]).encode()).hexdigest()[:16]

@@ -46,10 +46,12 @@ def _ip(text: str) -> int:
 class RtlCore:
     """One core instance in Verilator (built, or loaded from the cache, on creation)."""
 
-    def __init__(self, params: CoreParams, *, planted_bug=None, log=None, src_ip="127.0.0.1"):
+    def __init__(self, params: CoreParams, *, planted_bug=None, log=None, src_ip="127.0.0.1",
+                 error_interval=None):
         self.params = params
         t = time.perf_counter()
-        self.lib_path = build_core(params, planted_bug=planted_bug, log=log)
+        self.lib_path = build_core(params, planted_bug=planted_bug, log=log,
+                                   error_interval=error_interval)
         self.build_seconds = time.perf_counter() - t
         lib = self._lib = ctypes.CDLL(str(self.lib_path))
         vp, u32, u64, i32 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
@@ -152,7 +154,7 @@ def load_job(core: RtlCore, cfg, index: int, deadline_cycles: int):
     P = core.params
     writes = config_writes(cfg, index, clock_hz=1.0, window_max=P.window,
                            elements_max=P.elements, workers_max=P.workers,
-                           deadline_cycles=deadline_cycles)
+                           deadline_cycles=deadline_cycles, tree=P.tree)
     for addr, value in writes:
         core.write(addr, value)
     core.step(WRITE_LATENCY)

@@ -82,9 +82,10 @@ TABLE = (
     CounterDef("overflow_in", (M, E), "FORWARDED DATA taken from a child switch whose pool "
                "was full"),
     CounterDef("congested", (M, E), "RESULTs sent with CONGESTED (the slot pool was full)"),
-    CounterDef("errors_sent", (M, E), "ERROR replies to DATA dropped for a fixable reason"),
-    CounterDef("errors_limited", (M, E), "ERROR replies not sent (that source was answered "
-               "within ERROR_INTERVAL)"),
+    CounterDef("errors_sent", (M, E, G), "ERROR replies to DATA dropped for a fixable reason",
+               24),
+    CounterDef("errors_limited", (M, E, G), "ERROR replies not sent (that source was "
+               "answered within ERROR_INTERVAL)", 25),
     # the gateware's own
     CounterDef("stream_errors", (G,), "streams whose beat count disagrees with their "
                "length", 18),
@@ -111,7 +112,8 @@ JOB_COUNTERS = ("rx_data", "accepted", "duplicates", "late", "results", "partial
                 "overflows", "resent", "skipped", "up", "up_resent", "relayed", "drop_result",
                 "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
                 "drop_malformed", "overflow", "overflow_in", "congested", "drop_bad_width")
-#: the counters of a switch that answers refused DATA (not the gateware, for now)
+#: the counters of a switch that answers refused DATA (every engine: the model's
+#: ``answers=False`` leaves them out)
 ANSWER_COUNTERS = ("errors_sent", "errors_limited")
 #: name -> what it counts
 DOCS = {c.name: c.doc for c in TABLE}

@@ -46,7 +46,7 @@ class BoardTB(TB):
         super().__init__(dut, {0: "p0_", 1: "p1_"})
         dut.cfg_addr.value = 0
         self.job = job_from_env()
-        self.model = SwitchModel([self.job], modes=GATEWARE_MODES, answers=False)
+        self.model = SwitchModel([self.job], modes=GATEWARE_MODES)
         self.received = {0: [], 1: []}     # Ether frames (bytes) per port, in order
         self.capture = []                  # (time_ns, frame bytes) both directions
         for p in (0, 1):
@@ -202,13 +202,26 @@ async def results_match_model_and_bad_frames_are_dropped(dut):
                     f = frame_bytes(opt)
                 bad_sent[p][kind] = bad_sent[p].get(kind, 0) + 1
                 await tb.send(p, f)
+    # refused DATA (issue 43): another job's id from worker 0 (port 0), another session
+    # from worker 2 (port 1): each answered with the model's ERROR, to the sender's MAC
+    for w, kw in ((0, {"job": job.job + 1000, "session": job.session}),
+                  (2, {"job": job.job, "session": job.session ^ 1})):
+        m = job.members[w]
+        dgram = pack(np.zeros(job.elements, np.int32), seq=0, worker=w, **kw)
+        pkt = Ether(dst=BOARD_MAC, src=m.mac) / IP(src=m.ip, dst=BOARD_IP) / \
+            UDP(sport=m.port, dport=INA_UDP_PORT) / dgram
+        for port, outs in tb.expect(dgram, (m.ip, m.port)).items():
+            expected[port] += outs
+        await tb.send(port_of(m.ip), pkt)
+    assert tb.model.counters["errors_sent"] == 2
     for p in (0, 1):
         await tb.sources[p].wait()
     await tb.drain(expected)
     await tb.cycles(500)
     tb.check_results(expected)
     hw = await tb.core_counters()
-    for name in ("rx", "rx_data", "accepted", "results", "overflows", "duplicates"):
+    for name in ("rx", "rx_data", "accepted", "results", "overflows", "duplicates",
+                 "drop_unknown_job", "drop_bad_session", "errors_sent"):
         assert hw[name] == tb.model.counters[name], f"core {name}: {hw[name]} != model"
     assert hw["drop_truncated"] == hw["drop_malformed"] == 0
     for p in (0, 1):

@@ -8,7 +8,8 @@ integer a simulator sees on ``i__payload`` / ``o__payload`` from the Amaranth la
 from ina_fabric.hw.ina.layout import in_layout, out_layout
 from ina_fabric.hw.ina.params import HEADER_WORDS
 
-__all__ = ["Packer", "datagram_beats", "beats_datagram", "in_payloads", "packers"]
+__all__ = ["Packer", "datagram_beats", "beats_datagram", "in_payloads", "packers",
+           "source_mac"]
 
 
 class Packer:
@@ -49,6 +50,13 @@ def datagram_beats(datagram: bytes, lanes: int) -> list[tuple[list[int], int]]:
     return beats
 
 
+def source_mac(source) -> int:
+    """The Ethernet source address the benches give a datagram from ``source`` (ip,
+    port): 02:xx:<ip> with xx the port's low byte (an ERROR goes back to it)."""
+    ip = int.from_bytes(bytes(int(x) for x in source[0].split(".")), "big")
+    return 0x02 << 40 | (source[1] & 0xFF) << 32 | ip
+
+
 def in_payloads(datagram: bytes, source, lanes: int, packer: Packer) -> list[int]:
     beats = datagram_beats(datagram, lanes)
     ip = int.from_bytes(bytes(int(x) for x in source[0].split(".")), "big")
@@ -58,7 +66,8 @@ def in_payloads(datagram: bytes, source, lanes: int, packer: Packer) -> list[int
         for j, w in enumerate(lane_words):
             data |= w << (32 * j)
         out.append(packer.pack(data=data, n=n, first=k == 0, last=k == len(beats) - 1,
-                               length=len(datagram), src_ip=ip, src_port=source[1]))
+                               length=len(datagram), src_ip=ip, src_port=source[1],
+                               src_mac=source_mac(source)))
     return out
 
 

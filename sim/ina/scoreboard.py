@@ -8,13 +8,18 @@ was accepted (the bench reads the ``now`` port then). The model runs in the same
 Order. Outputs are compared per slot (job, seq): the same datagrams, to the same
 destinations, in the same order. Across slots the core may interleave differently
 (its deadline scanner fires slots a few cycles after the model's ``tick`` would).
+ERRORs (the answers to refused DATA, issue 43) are compared as one list, in order: the
+core decides packets in arrival order, and its answer path keeps that order (it is not
+ordered against RESULTs, which leave through the replicator). An ERROR goes to the
+DATA's source: its ``dst_mac`` is the frame's source MAC (``beats.source_mac``).
 STATUS replies (and the model's sealed replies to CONTROL) are not compared: the core
 counts STATUS_REQ and CONTROL but answers through its counter registers.
 
 Control. ``key`` gives the model the core's control key; ``time_scale`` converts cycles
 to the model's seconds (a CONTROL entry's deadline is in microseconds: a core built with
 ``cycles_per_us=1`` runs against ``time_scale=1e-6``); ``max_jobs`` is the core's
-job-table size, so both refuse the same install.
+job-table size, so both refuse the same install; ``error_interval`` the core's (in
+cycles, ``InaCore.error_interval``): the model answers a source bucket as often.
 """
 
 from collections import defaultdict
@@ -28,6 +33,7 @@ from ina_fabric.protocol.fields import MsgType, HEADER_BYTES
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE
 from ina_fabric.hw.ina.replicator import ipv4_header
 from ina_fabric.hw.ina.regs import COUNTER_NAMES
+from .beats import source_mac
 
 __all__ = ["Scoreboard", "ScoreboardError"]
 
@@ -36,17 +42,29 @@ class ScoreboardError(AssertionError):
     pass
 
 
+#: the key all ERRORs are compared under (in order)
+ERRORS = ("error", 0)
+
+
 def _key(dgram):
+    if dgram[1] == MsgType.ERROR:
+        return ERRORS
     h = np.frombuffer(dgram, HEADER_DTYPE, count=1)[0]
     return int(h["job"]), int(h["seq"])
 
 
 class Scoreboard:
     def __init__(self, jobs, src_ip="10.0.0.254", *, key=None, time_scale=1.0,
-                 max_jobs=None):
+                 max_jobs=None, error_interval=None):
         # the gateware runs GATEWARE_MODES: the model drops other modes' CONTROL as it does
-        # (the gateware does not answer refused DATA yet: issue 43, answers=False)
-        self.model = SwitchModel(jobs, key=key, modes=GATEWARE_MODES, answers=False,
+        # (the bench's core: INA_ERR_CYCLES, set by the test that built it; else the
+        # core's default at cycles_per_us=1)
+        from ina_fabric.hw.ina.answer import interval_cycles
+        import os
+        cycles = (int(os.environ.get("INA_ERR_CYCLES", interval_cycles(1)))
+                  if error_interval is None else error_interval)
+        self.model = SwitchModel(jobs, key=key, modes=GATEWARE_MODES,
+                                 error_interval=cycles * time_scale,
                                  **({"max_jobs": max_jobs} if max_jobs else {}))
         self.time_scale = time_scale
         #: the model's STATUS replies (to CONTROL) are compared with the core's, in order
@@ -100,6 +118,12 @@ class Scoreboard:
             self.got[("reply", 0)].append((dst, dgram))
             return
         job = None
+        if len(dgram) >= 2 and dgram[1] == MsgType.ERROR:
+            if side["mcast"] or side["dst_mac"] != source_mac(dst):
+                raise ScoreboardError(f"ERROR to {dst}: dst MAC {side['dst_mac']:012x}, "
+                                      f"mcast {side['mcast']} (not the DATA's source)")
+            self.got[ERRORS].append((dst, dgram))
+            return
         if len(dgram) >= HEADER_BYTES:    # (a job installed by CONTROL is the model's)
             js = self.model.jobs.get(_key(dgram)[0])
             job = js.cfg if js is not None else self.jobs.get(_key(dgram)[0])
@@ -124,7 +148,11 @@ class Scoreboard:
         for k in bad[:1]:
             e, g = self.expected.get(k, []), self.got.get(k, [])
             if e != g:
+                at = next((i for i, (x, y) in enumerate(zip(e, g)) if x != y),
+                          min(len(e), len(g)))
+                e, g = e[at:], g[at:]
                 raise ScoreboardError(
+                    f"(from datagram {at} of the slot on)\n"
                     f"{len(bad)} of {len(keys)} slots differ, first {bad[:8]}\n"
                     f"slot job={k[0]} seq={k[1]}: expected {len(e)} datagrams, got {len(g)}\n"
                     f"  expected: {[(d, o.hex()) for d, o in e][:4]}\n"

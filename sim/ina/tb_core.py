@@ -9,7 +9,7 @@ import os
 import cocotb
 from cocotb.triggers import ClockCycles
 
-from .harness import CoreTB
+from .harness import CoreTB, params_from_env
 from .scoreboard import Scoreboard
 from .traffic import generate, make_jobs, Mix
 from . import directed
@@ -49,6 +49,32 @@ async def test_random(dut):
     sb.check_counters(hw)
     dut._log.info(f"random: {len(traffic)} datagrams in, {summary}, "
                   f"model counters {dict(sb.model.counters)}")
+
+
+@cocotb.test()
+async def test_tree_spine(dut):
+    """The core as the spine of a two-level tree (sim/ina/tree.py): the leaves are models
+    fed with random worker traffic, with loss both ways, re-sends, duplicates, bad counts
+    and a non-member child; idle cycles and backpressure; the scoreboard is a model spine."""
+    from .tree import generate_tree
+    deadline = _env("INA_DEADLINE", 300)
+    P = params_from_env()
+    jobs, traffic = generate_tree(_env("INA_NSEQ", 60), _env("INA_SEED", 1),
+                                  window=min(4, P.window), elements=_env("INA_E", 4),
+                                  deadline_cycles=deadline)
+    tb = await _setup(dut, jobs)
+    sb = Scoreboard(jobs)
+    _, last = await tb.run(traffic, sb, seed=_env("INA_SEED", 1), gap=0.05,
+                           backpressure=0.1, drain=deadline + 4 * tb.P.records + 200)
+    sb.tick(last + deadline + 1)
+    tb.acc.check()
+    hw = await tb.counters()
+    dut._log.info(f"core counters {hw}; model counters {dict(sb.model.counters)}")
+    summary = sb.check()
+    sb.check_counters(hw)
+    c = sb.model.counters
+    assert c["results"] and c["partials"] and c["resent"] and c["drop_malformed"], dict(c)
+    dut._log.info(f"tree spine: {len(traffic)} datagrams in, {summary}")
 
 
 @cocotb.test()
@@ -272,3 +298,88 @@ async def test_control(dut):
                  drain=CONTROL_GAP)
     hw2 = await tb.counters()
     assert (hw2["control"] - hw["control"], hw2["drop_control_busy"]) == (1, 1), hw2
+
+
+def _errors(sb):
+    """The model's ERRORs, as (reason, figure) in order."""
+    import numpy as np
+    from ina_fabric.protocol.numpy_view import HEADER_DTYPE
+    from .scoreboard import ERRORS
+    out = []
+    for _, e in sb.expected.get(ERRORS, []):
+        h = np.frombuffer(e, HEADER_DTYPE, count=1)[0]
+        out.append((int(h["count"]), int(h["bitmap"])))
+    return out
+
+
+@cocotb.test()
+async def test_refusals(dut):
+    """Each reason the switch answers (issue 43), and the per-source rate limit: the
+    core's ERRORs byte for byte as the model's (sim/ina/refusals.py)."""
+    from .refusals import SCENARIOS
+    tb = CoreTB(dut)
+    only = os.environ.get("INA_SCENARIO")
+    for name, scenario in SCENARIOS.items():
+        if only and name != only:
+            continue
+        jobs, traffic, gaps, expect, reasons = scenario()
+        await tb.reset()
+        await tb.configure(jobs)
+        sb = Scoreboard(jobs)
+        await tb.run(traffic, sb, gaps=gaps, drain=4 * tb.P.records + 100)
+        hw = await tb.counters()
+        dut._log.info(f"{name}: core counters {hw}")
+        sb.check()
+        sb.check_counters(hw)
+        c = sb.model.counters
+        for k, v in expect.items():
+            assert c[k] == v, f"{name}: model counter {k} = {c[k]}, scenario expects {v}"
+        got = _errors(sb)
+        assert got == [(int(r), f) for r, f in reasons], f"{name}: model ERRORs {got}"
+        dut._log.info(f"refusals {name}: ok {got}")
+
+
+@cocotb.test()
+async def test_refusal_flood(dut):
+    """Wrong DATA back to back from six sources, with the output stalled at random: the
+    ERRORs byte for byte as the model's, each no larger than its DATA, the bytes out no
+    more than the bytes in, at most one answer per source bucket per interval."""
+    from .refusals import flood
+    from .scoreboard import ERRORS
+    from cocotb.triggers import RisingEdge
+    tb = CoreTB(dut)
+    jobs, traffic, gaps = flood(_env("INA_FLOOD_N", 240))
+    await tb.reset()
+    await tb.configure(jobs)
+    sb = Scoreboard(jobs)
+    stopped = 0
+
+    async def watch():         # cycles the answer path holds the header pipeline
+        nonlocal stopped
+        while True:
+            await RisingEdge(dut.clk)
+            stopped += int(dut.answer.stop.value)
+    watcher = cocotb.start_soon(watch())
+    first, last = await tb.run(traffic, sb, gaps=gaps, backpressure=0.3, seed=3, drain=200)
+    watcher.cancel()
+    sb.check()
+    hw = await tb.counters()
+    sb.check_counters(hw)
+    bytes_in = sum(len(d) for d, _ in traffic)
+    outs = [o for lst in sb.got.values() for _, o in lst]
+    bytes_out = sum(len(o) for o in outs)
+    errors = sb.got.get(ERRORS, [])
+    interval = sb.model.error_interval
+    buckets = 6
+    bound = buckets * (1 + (last - first) // interval + 1)
+    dut._log.info(f"flood: {len(traffic)} DATA, {bytes_in} B in; {len(outs)} datagrams, "
+                  f"{bytes_out} B out; {len(errors)} ERRORs (bound {bound}), counters "
+                  f"errors_sent {hw['errors_sent']} errors_limited {hw['errors_limited']}; "
+                  f"the answer path held the pipeline {stopped} cycles")
+    if _env("INA_FLOOD_STOP", 0):
+        assert stopped > 0, "the answer queue never filled: the stop path is untested"
+    assert bytes_out <= bytes_in, f"{bytes_out} B out > {bytes_in} B in"
+    assert all(len(o) == 28 for _, o in errors)
+    assert 0 < len(errors) <= bound
+    assert hw["errors_sent"] == len(errors)
+    assert hw["errors_sent"] + hw["errors_limited"] == len(traffic)

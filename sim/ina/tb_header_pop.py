@@ -46,7 +46,8 @@ async def test_header_pop(dut):
         nb = b.rng.randint(1, H - 1) if H > 1 and b.rng.random() < 0.15 else \
             H + b.rng.randint(0, 2)
         meta = {"length": b.rng.getrandbits(16), "src_ip": b.rng.getrandbits(32),
-                "src_port": b.rng.getrandbits(16), "ts": b.rng.getrandbits(32)}
+                "src_port": b.rng.getrandbits(16), "src_mac": b.rng.getrandbits(48),
+                "ts": b.rng.getrandbits(32)}
         ws = words + [b.rng.getrandbits(32) for _ in range(L * nb)]
         for k in range(nb):
             lanes = (ws[k * L:(k + 1) * L] if k < H else
@@ -84,7 +85,8 @@ async def test_header_pop(dut):
             assert b.rd("short") == int(not whole), f"cycle {cyc}: short"
             assert b.rd("rewind") == rewind
             assert b.rd("ts") == meta["ts"] and b.rd("sip") == meta["src_ip"] \
-                and b.rd("sport") == meta["src_port"], f"cycle {cyc}: source, time"
+                and b.rd("sport") == meta["src_port"] and b.rd("smac") == meta["src_mac"], \
+                f"cycle {cyc}: source, time"
             assert b.rd("len_short") == int(meta["length"] < HEADER_BYTES)
             assert b.rd("body") == (meta["length"] - HEADER_BYTES) & ((1 << 18) - 1)
             if whole:

@@ -45,7 +45,7 @@ async def test_input_fifo(dut):
                 ts_in = b.cycle - 1
             model[wp] = {"data": x["data"], "first": int(first), "last": x["last"],
                          "length": x["length"], "src_ip": x["src_ip"],
-                         "src_port": x["src_port"], "ts": ts_in}
+                         "src_port": x["src_port"], "src_mac": x["src_mac"], "ts": ts_in}
             after_last = bool(x["last"])
             wp += 1
             assert wp - rps[-1] <= InputFifo.DEPTH, "a beat taken with the FIFO full"

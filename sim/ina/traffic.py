@@ -1,6 +1,8 @@
 """Seeded traffic for the core benches: DATA packets of several jobs with loss,
 duplicates, reordering across workers, late packets, overflow values, unknown jobs and
-sources, truncated and malformed datagrams, and garbage. Plain Python + numpy.
+sources, another session, more elements than the job's or fewer than the slot's,
+truncated and malformed datagrams, and garbage (every reason the switch answers with an
+ERROR: issue 43). Plain Python + numpy.
 
 Returns ``[(datagram, source)]`` in arrival order. Arrival order is built by giving each
 event a sort key in "seq units" (seq + jitter + delays) so slots interleave the way a
@@ -78,7 +80,7 @@ def generate(jobs, n_seq: int, seed: int, mix: Mix = Mix()):
                 if rng.random() < mix.late:
                     add(key + cfg.window * (1 + rng.random()), d, src)
                 if rng.random() < mix.bad:
-                    kind = int(rng.integers(0, 12))
+                    kind = int(rng.integers(0, 14))
                     if kind == 9:      # right header, wrong source address
                         add(key + rng.random(), d, ("10.9.9.9", src[1]))
                     elif kind == 10:   # a status request
@@ -112,4 +114,11 @@ def _bad(rng, kind, cfg, seq, d):
     if kind == 11:                                   # another run's session (or a forger's)
         at = field_offsets()["session"] + int(rng.integers(0, 8))
         b = bytearray(d); b[at] ^= 1 << int(rng.integers(0, 8)); return bytes(b)
+    if kind in (12, 13):
+        # more elements than the job's (12), or fewer than the slot's (13): BAD_LENGTH
+        n = (len(d) - HEADER_BYTES) // 4
+        n = cfg.elements + 1 + int(rng.integers(0, 3)) if kind == 12 else max(0, n - 1)
+        b = bytearray(d[:HEADER_BYTES]) + bytes(4 * n)
+        at = field_offsets()["nelem"]
+        b[at:at + 2] = n.to_bytes(2, "big"); return bytes(b)
     return bytes(rng.integers(0, 256, int(rng.integers(1, 60)), dtype=np.uint8))  # garbage
