@@ -5,7 +5,7 @@
     ina bench precision-tta --widths 32,8,4 --reps 3 --rate 10mbit --epochs 20
 
 Every run trains the same workload with its gradients summed in the lab's ``ina switch``
-(``host.controller.switchpath.SwitchCollective``), the precision fixed for the whole run:
+(``host.controller.switchpath.CompressedSwitchCollective``), the precision fixed for the whole run:
 32 is the switch path's own int32 fixed point, narrower precisions are quantized on the
 hosts with shared per-chunk scales and summed by the switch as they are (the bytes on
 the wire shrink with the precision). The widths are interleaved within each repetition

@@ -11,7 +11,7 @@ import pytest
 
 from ina_fabric.host.controller.costmodel import CostModel, JobParams
 from ina_fabric.host.controller.knobs import ConfigError, Knobs, KnobSpace
-from ina_fabric.host.controller.switchpath import (SwitchCollective, codes_per_container,
+from ina_fabric.host.controller.switchpath import (CompressedSwitchCollective, codes_per_container,
                                                    pack, switch_payload_bytes, unpack)
 
 pytestmark = pytest.mark.timeout(240)
@@ -115,7 +115,7 @@ class FakeClient:
 def _run(world, bits, xs, latency=0.004, bandwidth=1e6, calls=1, probe_every=10):
     clock = FakeClock()
     sw = FakeSwitch(world, clock, latency, bandwidth)
-    colls = [SwitchCollective(r, world, FakeClient(sw, r), bits=bits, seed=3, clock=clock,
+    colls = [CompressedSwitchCollective(r, world, FakeClient(sw, r), bits=bits, seed=3, clock=clock,
                               probe_every=probe_every) for r in range(world)]
     out = [None] * world
 
@@ -241,7 +241,7 @@ def test_the_controller_learns_the_switch_path_online_and_prices_its_bytes():
 
 def test_the_switch_path_refuses_a_pace_and_bad_precisions():
     clock = FakeClock()
-    c = SwitchCollective(0, 1, FakeClient(FakeSwitch(1, clock, 0, 1e6), 0), clock=clock)
+    c = CompressedSwitchCollective(0, 1, FakeClient(FakeSwitch(1, clock, 0, 1e6), 0), clock=clock)
     with pytest.raises(ConfigError, match="unpaced"):
         c.set_pace(0.5)
     c.set_pace(1.0)

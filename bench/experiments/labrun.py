@@ -59,7 +59,7 @@ class LabSetup:
     paces: tuple = (1.0,)
     rate_price: float = 0.0
     #: how our gradients are summed: "gloo" (all-gathered, ``exchange``) or "switch" (in
-    #: the lab's ``ina switch``, ``switchpath.SwitchCollective``)
+    #: the lab's ``ina switch``, ``switchpath.CompressedSwitchCollective``)
     path: str = "gloo"
     lab_id: str = "ctl"
     base_port: int = 6200

@@ -61,7 +61,7 @@ class RealSpec:
     paces: tuple = (1.0,)
     rate_price: float = 0.0
     # how the gradients are summed: "gloo" (``exchange`` above, CompressedCollective) or
-    # "switch" (in the switch that INA_SWITCH names: ``switchpath.SwitchCollective``)
+    # "switch" (in the switch that INA_SWITCH names: ``switchpath.CompressedSwitchCollective``)
     path: str = "gloo"
 
     def trace(self):

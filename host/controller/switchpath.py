@@ -1,6 +1,6 @@
 """The controller's switch path: gradients summed in the switch, precision on the wire.
 
-``SwitchCollective`` is the exchange of the real-training experiments when the job
+``CompressedSwitchCollective`` is the exchange of the real-training experiments when the job
 aggregates in the network (``RealSpec.path = "switch"``): every worker sends one copy of
 its gradient to the switch (``SwitchClient``, the ``ina`` backend's client) and gets the
 sum back, instead of all-gathering N-1 copies over Gloo (``compress.CompressedCollective``).
@@ -38,7 +38,7 @@ of its packet's largest), with ``E|err|^2 = sum_i E|Q(x_i) - x_i|^2`` (unbiased)
 q = 32 the client's own bound, ``N 2**-S`` of the chunk's max.
 
 **Narrow widths on the wire** (int8/int16 per packet): when the client takes a width per
-call, ``SwitchCollective.width_for`` is the one place that changes (return the width for
+call, ``CompressedSwitchCollective.width_for`` is the one place that changes (return the width for
 ``q`` instead of 32, and ``_payload`` passes it to the client): the packing then gives
 way to the switch's own narrow sum.
 
@@ -59,7 +59,7 @@ import numpy as np
 from .knobs import ConfigError, PRECISIONS
 
 __all__ = ["USABLE_BITS", "headroom_bits", "codes_per_container", "switch_payload_bytes",
-           "pack", "unpack", "SwitchCollective", "switch_collective_from_env"]
+           "pack", "unpack", "CompressedSwitchCollective", "switch_collective_from_env"]
 
 #: bits of a 32-bit container that a float32 integer carries exactly (its mantissa)
 USABLE_BITS = 24
@@ -139,7 +139,7 @@ def _chunk_max(x, chunk):
     return np.pad(np.abs(x), (0, pad)).reshape(-1, chunk).max(1).astype(np.float64)
 
 
-class SwitchCollective:
+class CompressedSwitchCollective:
     """``allreduce(np.ndarray) -> (sum, stats)`` through the switch at the precision
     knob ``bits`` (``set_precision``); see the module docstring.
 
@@ -354,7 +354,7 @@ class SwitchCollective:
 
 
 def switch_collective_from_env(rank, world, bits=32, seed=0, epoch_file=None):
-    """This rank's ``SwitchCollective`` on the switch that INA_SWITCH names (the lab's,
+    """This rank's ``CompressedSwitchCollective`` on the switch that INA_SWITCH names (the lab's,
     ``run_training_lab``), its job installed by rank 0 through the ``ina`` backend's
     setup (``host.ddp.hook.setup_hook_state``; reliable mode). A switch that does not
     answer raises on every rank (no fallback to Gloo: the run would measure Gloo)."""
@@ -363,5 +363,5 @@ def switch_collective_from_env(rank, world, bits=32, seed=0, epoch_file=None):
     if not state.use_switch:
         state.close()
         raise RuntimeError("switch path: the switch is not usable (see the warning above)")
-    return SwitchCollective(rank, world, state.collective, bits=bits, seed=seed,
+    return CompressedSwitchCollective(rank, world, state.collective, bits=bits, seed=seed,
                             epoch_file=epoch_file, state=state)
