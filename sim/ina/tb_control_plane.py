@@ -157,7 +157,8 @@ async def test_control_plane(dut):
         for k, x in enumerate(pl):
             while rng.random() < p.get("idle", 0.3):
                 await cycle()
-            x |= snoop_mac << inp.fields["src_mac"][0]
+            off, width = inp.fields["src_mac"]     # (in_payloads gives one of its own)
+            x = x & ~(((1 << width) - 1) << off) | snoop_mac << off
             t0 = st["now"] if t0 is None else t0
             await cycle(snoop=x)
         return t0
