@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from ina_fabric.bench._ranks import gather
 from ina_fabric.bench._results import write
 
 SIZES = {"1MB": 1 << 20, "4MB": 4 << 20, "16MB": 16 << 20, "64MB": 64 << 20}
@@ -266,21 +267,7 @@ def measure(a, racks, per_rack, modes):
                     a.bounded_mode, "--flat-pace", flat_pace, "--tree-pace", tree_pace]
             procs.append(lab.popen(h, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True))
-        end = time.monotonic() + a.timeout
-        outs = []
-        try:
-            for p in procs:
-                outs.append(p.communicate(timeout=max(1.0, end - time.monotonic())))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        bad = [(lab.hosts[i], p.returncode, e[-1500:]) for i, (p, (o, e)) in
-               enumerate(zip(procs, outs)) if p.returncode]
-        if bad:
-            raise RuntimeError(f"ranks failed: {bad}")
-        res = json.loads(outs[0][0].strip().splitlines()[-1])
+        res = gather(procs, a.timeout, lab.hosts, tail=1500)
         res["straggler_host"] = lab.hosts[straggler]
         res["uplink_rate"] = topo.wan[0].link.rate
         res["oversubscription"] = topo.oversubscription

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+from ina_fabric.bench._ranks import gather
 from ina_fabric.bench._results import write
 
 SIZES = {"4MB": 4 << 20, "64MB": 64 << 20}
@@ -101,21 +102,7 @@ def measure(hosts, rate, sizes, reps, mtu, elements, window, inflight, queue_ms,
                     window, "--inflight", inflight]
             procs.append(lab.popen(h, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True))
-        end = time.monotonic() + timeout
-        outs = []
-        try:
-            for p in procs:
-                outs.append(p.communicate(timeout=max(1.0, end - time.monotonic())))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        bad = [(i, p.returncode, e[-2000:]) for i, (p, (o, e)) in
-               enumerate(zip(procs, outs)) if p.returncode]
-        if bad:
-            raise RuntimeError(f"ranks failed: {bad}")
-        return json.loads(outs[0][0].strip().splitlines()[-1])
+        return gather(procs, timeout, list(range(hosts)))
 
 
 def main(argv=()):

@@ -136,6 +136,9 @@ class WorkerSpec:
     impairment: Impairment = field(default_factory=Impairment)
     seed: int = 0
     session: int = 0
+    #: the calls' precision (issue 40, docs/precision.md): a width, a string or a
+    #: ``Precision``; None: int32
+    precision: object = None
 
 
 def worker_data(seed, worker, it, n):
@@ -153,7 +156,7 @@ def _worker_main(spec, w, switch, conn, group, barrier):
     try:
         client = SwitchClient(switch, spec.job, w, spec.nworkers, s.window, s.elements,
                               s.mode, bind=("127.0.0.1", port), deadline=s.deadline,
-                              impairment=imp, group=group)
+                              impairment=imp, group=group, precision=spec.precision)
     except (OSError, ValueError) as e:
         conn.send(("error", str(e)))
         return
@@ -174,18 +177,24 @@ def _worker_main(spec, w, switch, conn, group, barrier):
                 # start each call together: the time between calls differs per worker
                 # (the checks below), and a peer that is late is not what is measured
                 barrier.wait(timeout=60)
+                step = client.seq
                 t = time.perf_counter()
                 y, _ = client.allreduce(x)
                 secs += time.perf_counter() - t
-                exact = sum(worker_data(spec.seed, v, it, n).astype(np.float64)
-                            for v in range(spec.nworkers))
+                xs = [worker_data(spec.seed, v, it, n) for v in range(spec.nworkers)]
+                exact = sum(v.astype(np.float64) for v in xs)
                 err = np.abs(y.astype(np.float64) - exact)
-                # per-chunk bound from the exponent of the exact chunk max
-                chunks = Q.local_exponents(
-                    np.max([np.abs(worker_data(spec.seed, v, it, n)) for v in
-                            range(spec.nworkers)], axis=0), spec.settings.elements)
-                bound = np.repeat([Q.error_bound(int(e), spec.nworkers) for e in chunks],
-                                  spec.settings.elements)[:n] + np.abs(exact) * 2.0 ** -23
+                # the call's bound (docs/precision.md) from the exponents the workers
+                # agreed on (the max of their proposals), plus float32 rounding
+                p = client.precision
+                rot = None
+                if p.rotate:
+                    from .collectives.hadamard import RandomizedHadamard, DEFAULT_BLOCK
+                    rot = RandomizedHadamard(client._seed(), block=DEFAULT_BLOCK)
+                bound = Q.error_bounds(xs, spec.settings.elements, p.bits, p.stochastic,
+                                       rotate=rot, step=step) + \
+                    sum(np.abs(v.astype(np.float64)) for v in xs) * \
+                    (2.0 ** -20 if rot else 2.0 ** -23)
                 maxerr = max(maxerr, float(err.max()))
                 worst_ratio = max(worst_ratio, float((err / bound).max()))
             conn.send(("ok", {"seconds": secs, "max_error": maxerr,

@@ -69,6 +69,9 @@ SETTINGS = (
             "leaf in a tree of switches, docs/fabric.md)", "the rank", "", _J),
     Setting("INA_CONGESTION", "job", "the client's congestion control: aimd | delay | off",
             "aimd", "", _J),
+    Setting("INA_PRECISION", "job", "the gradients' width on the wire: 32 | 16 | 8 "
+            "(int32, int16, int8), optionally :stochastic and/or :hadamard "
+            "(docs/precision.md)", "32", "precision= / --precision", _J),
     Setting("INA_TAKEOVER", "job", "1: take over a job id another (crashed) run still "
             "holds (a key holder's explicit takeover)", "0", "", _H),
     Setting("INA_REJOIN_S", "job", "seconds a rank waits for a rejoin round before ending "

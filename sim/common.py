@@ -34,7 +34,7 @@ def verilog_of(component, toplevel: str, path: pathlib.Path) -> pathlib.Path:
     """Write the Verilog of an Amaranth component (all its ports) to ``path``."""
     from amaranth.back import verilog
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = _kick_comb(verilog.convert(component, name=toplevel, emit_src=False,
+    text = kick_comb(verilog.convert(component, name=toplevel, emit_src=False,
                                       ports=_ports(component)))
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
@@ -61,7 +61,7 @@ _TRIGGER = re.compile(r"^\s*reg (\\\$auto\$verilog_backend[^ ]*) += 0;", re.M)
 _ONE_LINER = re.compile(r"always @\*\n(\s+)([^\n]*;)\n")
 
 
-def _kick_comb(text: str) -> str:
+def kick_comb(text: str) -> str:
     """Icarus does not run ``always @*`` at time 0. Yosys makes its multi-line blocks
     read a trigger register (initialized to 0, so it changes at time 0), but not the
     one-line blocks, whose outputs then read X until an input changes. Give them the

@@ -50,7 +50,8 @@ def test_c_window_takes_the_same_actions_as_send_window(seed):
                 pool = sorted(sent - lost) if sent - lost and rng.random() < 0.9 \
                     else range(P)
                 p = int(rng.choice(list(pool)))
-                a, b = py.on_result(p, now), c.on_result(p, now)
+                cg = bool(rng.random() < 0.15)        # the switch's CONGESTED flag
+                a, b = py.on_result(p, now, cg), c.on_result(p, now, cg)
             else:
                 a, b = py.on_timer(now), c.on_timer(now)
             assert a == b, (seed, call, step)

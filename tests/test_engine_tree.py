@@ -35,11 +35,17 @@ def traffic(net, rng, nseq, E, garbage):
                 s = int(s)
                 if rnd and s in net.results(a) and rng.random() < 0.8:
                     continue
-                vals = rng.integers(-2**20, 2**20, E)
+                # issue 40: the seq's width (one per seq, as a controller changes it
+                # call by call); now and then a worker disagrees (drop_bad_width)
+                bits = [32, 16, 8][(s + net.width_salt) % 3]
                 if rng.random() < 0.02:
-                    vals[:] = 2**31 - 1          # saturates somewhere up the tree
+                    bits = int(rng.choice([32, 16, 8]))
+                lim = min(2**20, 1 << bits - 1)
+                vals = rng.integers(-lim, lim, E)
+                if rng.random() < 0.02:
+                    vals[:] = (1 << bits - 1) - 1  # saturates somewhere up the tree
                 net.send(a, s, vals, exponent=int(rng.integers(-3, 4)), retransmit=rnd > 0,
-                         t=net.now + float(rng.random()) * 0.004)
+                         t=net.now + float(rng.random()) * 0.004, width=bits)
         if garbage:
             i = int(rng.integers(0, len(net.shape)))
             # a RESULT from someone who is not the parent, a stale one, a child DATA
@@ -67,6 +73,7 @@ def run_tree(cls, seed):
                   dup=float(rng.choice([0.0, 0.1])), seed=seed, mode=mode,
                   window=int(2 ** rng.integers(1, 4)), elements=E,
                   leaf_deadline=0.005, spine_deadline=0.015)
+    net.width_salt = seed
     traffic(net, rng, int(rng.integers(1, 12)), E, garbage=rng.random() < 0.5)
     return net
 

@@ -161,3 +161,21 @@ def test_forwarded_data_is_taken_only_with_the_session_and_a_member_id():
     assert [dest for dest, _ in out] == [LEAF]
     h, body = unpack(out[0][1])
     assert int(h["type"]) == MsgType.RESULT and body.tolist() == [4, 6]
+
+
+def test_a_result_sent_while_the_pool_is_full_carries_congested():
+    from ina_fabric.protocol import pack
+    cfg = JobConfig(5, ("198.18.3.1:20000",), 2, 2, session=55)
+    for slots, flagged in ((1, True), (2, False)):
+        leaf = SwitchModel([cfg], pool_slots=slots, parent=PARENT)
+        out = leaf.process(pack(np.array([1, 2]), job=5, worker=0, seq=0, session=55),
+                           ("198.18.3.1", 20000), 0.0)
+        h, body = unpack(out[0][1])
+        assert bool(h["flags"] & Flags.CONGESTED) == flagged and body.tolist() == [1, 2]
+        assert leaf.counters["congested"] == int(flagged)
+        assert leaf.job_counters(5).get("congested", 0) == int(flagged)
+    # without a pool, never
+    plain = SwitchModel([cfg])
+    out = plain.process(pack(np.array([1, 2]), job=5, worker=0, seq=0, session=55),
+                        ("198.18.3.1", 20000), 0.0)
+    assert not unpack(out[0][1])[0]["flags"] & Flags.CONGESTED

@@ -89,3 +89,15 @@ def test_every_link_lands():
 def test_no_issue_numbers_or_run_logs_in_the_readme():
     text = README.read_text()
     assert not re.search(r"\bissue \d+|\brun \d+\b|\bruns \d+", text, re.I)
+
+
+def test_design_semantics_and_settings_are_one_click_away():
+    """A newcomer finds the design, the aggregator's semantics and every setting from the
+    README: each is linked from it directly (the settings page lists every INA_* name)."""
+    links = set(re.findall(r"\]\(([^)\s]+)\)", README.read_text()))
+    for target in ("docs/design.md", "docs/design.md#aggregator-semantics",
+                   "docs/settings.md"):
+        assert target in links, target
+    from ina_fabric.settings import SETTINGS
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert all(s.name in page for s in SETTINGS)

@@ -66,6 +66,34 @@ def test_sim_ina_random_10k():
          error_interval=RANDOM_ERR_CYCLES)
 
 
+#: the core as a spine of a tree of switches (CoreParams.tree; sim/ina/tree.py)
+P_TREE = CoreParams(workers=8, window=4, elements=4, lanes=4, jobs=2, tree=True)
+
+
+def test_sim_ina_tree_spine():
+    """The core as the spine of a two-level tree whose leaves are models: every output
+    and counter as a model spine's (INA_SIM_FULL=1: more seqs and a second seed)."""
+    full = bool(os.environ.get("INA_SIM_FULL"))
+    for seed in ((1, 2) if full else (1,)):
+        _run(P_TREE, "ina_tree_spine", "test_tree_spine", INA_NSEQ=400 if full else 60,
+             INA_SEED=seed, INA_E=P_TREE.elements, INA_DEADLINE=300)
+
+
+def test_sim_ina_tree_spine_planted_bug_is_caught():
+    """A spine that counts a child switch's DATA as one worker fails the bench."""
+    with pytest.raises(AssertionError, match="cocotb tests failed"):
+        _run(P_TREE, "ina_bug_child_counts_one", "test_tree_spine",
+             planted_bug="child_counts_one", INA_NSEQ=20, INA_SEED=1,
+             INA_E=P_TREE.elements, INA_DEADLINE=300)
+
+
+def test_sim_ina_random_tree_core():
+    """A core built with the tree option runs ordinary (worker) jobs as before: the
+    randomized bench of test_sim_ina_random_10k, shorter."""
+    _run(P_TREE, "ina_random_tree", "test_random", INA_NSEQ=300, INA_SEED=3,
+         INA_E=P_TREE.elements, INA_DEADLINE=100)
+
+
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("params", [
     P_L1, pytest.param(P_L8, marks=pytest.mark.skipif(

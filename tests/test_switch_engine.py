@@ -19,7 +19,7 @@ from ina_fabric.host.switch.model import SwitchModel, COUNTERS
 from ina_fabric.protocol.counters import JOB_COUNTERS
 from ina_fabric.host.switch import fast
 from ina_fabric.protocol import pack
-from ina_fabric.protocol.fields import HEADER_BYTES, MsgType, Flags
+from ina_fabric.protocol.fields import HEADER_BYTES, MsgType, Flags, width_byte
 from ina_fabric.protocol.jobtable import JobConfig, MODES
 
 needs_engine = pytest.mark.skipif(not fast.available(), reason=fast.WHY_NOT or "")
@@ -39,7 +39,7 @@ def config(rng, job_id):
 
 def garbage(rng, cfg, seq):
     """A datagram either engine must drop (or handle) the same way."""
-    kind = int(rng.integers(0, 9))
+    kind = int(rng.integers(0, 12))
     ok = pack(np.ones(2, np.int64), job=cfg.job, worker=0, seq=seq, session=cfg.session)
     if kind == 0:
         return bytes(rng.integers(0, 256, int(rng.integers(0, 60)), dtype=np.uint8))
@@ -60,13 +60,39 @@ def garbage(rng, cfg, seq):
     if kind == 7:                                          # another run's (or a forger's)
         return pack(np.ones(2, np.int64), job=cfg.job, worker=0, seq=seq,
                     session=cfg.session ^ (1 << int(rng.integers(0, 64))))
+    if kind == 9:                                          # a width byte naming no width
+        b = bytearray(ok)
+        b[11] = int(rng.choice([0x03, 0x01, 0x12, 0x30, 0xFF]))
+        return bytes(b)
+    if kind == 10:                                         # int8 nibble, int32 length
+        b = bytearray(ok)
+        b[11] = 0x22
+        return bytes(b)
+    if kind == 11:                                         # int16, truncated payload
+        return pack(np.ones(3, np.int64), job=cfg.job, worker=0, seq=seq,
+                    session=cfg.session, width=width_byte(16))[:-1]
     b = bytearray(ok)
     b[1] = MsgType.RESULT                                  # not DATA: the model's path
     return bytes(b)
 
 
+def mixed_width(cfg):
+    """A job's one width (bits) on even seeds: int32 for half the jobs (its narrow-int32
+    sums and their widening), int16 or int8 for the others."""
+    return [32, 16, 32, 8][cfg.session % 4]
+
+
+def width_of(rng, cfg, s, mixed):
+    """The element width of seq ``s`` (bits): one per job, or (``mixed``) one per seq,
+    as a controller changes precision call by call; now and then another (a worker
+    that disagrees with its slot: drop_bad_width)."""
+    bits = [32, 16, 8][(s * 7 + cfg.job) % 3] if mixed else mixed_width(cfg)
+    return int(rng.choice([32, 16, 8])) if rng.random() < 0.03 else bits
+
+
 def run(seed, events=1500):
     rng = np.random.default_rng(seed)
+    mixed = seed % 2 == 1       # odd seeds: widths change seq by seq (issue 40)
     base = int(rng.choice([0, 2**32 - 40, 2**31 - 20, int(rng.integers(0, 2**32))]))
     cfgs = {1: config(rng, 1), 2: config(rng, 2)}
     ref, eng = SwitchModel(cfgs.values()), fast.FastSwitchModel(cfgs.values())
@@ -117,9 +143,13 @@ def run(seed, events=1500):
             nel = int(rng.integers(0, cfg.elements + 1)) if rng.random() < 0.05 else \
                 cfg.elements if s % 3 else int(s % cfg.elements)
             big = rng.random() < 0.05
-            vals = rng.integers(-2**31 if big else -1000, 2**31 if big else 1000, nel)
+            bits = width_of(rng, cfg, s, mixed)
+            lim = 1 << bits - 1
+            vals = rng.integers(-lim if big else -min(1000, lim // 8),
+                                lim if big else min(1000, lim // 8), nel)
             d = pack(vals, job=j, worker=w, seq=s, exponent=int(rng.integers(-128, 128)),
-                     flags=Flags.RETRANSMIT if q < 0.1 else 0, session=cfg.session)
+                     flags=Flags.RETRANSMIT if q < 0.1 else 0, session=cfg.session,
+                     width=width_byte(bits))
             src = ADDR[w]
             was_absent = ref.jobs[j].absent >> w & 1
             outs = [m.process(d, src, now) for m in (ref, eng)]
@@ -155,7 +185,7 @@ def test_random_traffic_reaches_every_rule():
     for name in ("accepted", "duplicates", "late", "resent", "partials", "overflows",
                  "drop_truncated", "drop_malformed", "drop_unknown_job",
                  "drop_unknown_source", "drop_bad_session", "drop_stale",
-                 "drop_out_of_window", "skipped",
+                 "drop_out_of_window", "skipped", "drop_bad_width",
                  # bounded-skip: an absent worker's DATA held off, and one that re-admits
                  "absent_held_off", "absent_back"):
         assert total[name] > 0, name

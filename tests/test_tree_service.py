@@ -22,6 +22,8 @@ import pytest
 from ina_fabric.host.switch import query_status
 from ina_fabric.host.switch.tree import load_tree_toml
 from ina_fabric.host.cluster import worker_data
+# imported once here, not in each forked worker (64 imports on two cores: a slow start)
+from ina_fabric.host.transport import SwitchClient
 
 INA = [sys.executable, "-m", "ina_fabric.host.cli"]
 
@@ -108,19 +110,24 @@ def tree_of(tmp_path, ports):
         t.close()
 
 
-def _worker(role, job, session, n, elements, seed, calls, out, go, mode="reliable",
-            deadline=0.005, late=0.0):
+def _worker(role, job, session, n, elements, seed, calls, out, go, ready, mode="reliable",
+            deadline=0.005, late=0.0, start_delay=0.0, connect_timeout=60.0):
     """One worker process: its client at its leaf, ``calls`` allreduces of its data
-    (``late``: seconds it sleeps before each call, a compute straggler)."""
-    from ina_fabric.host.transport import SwitchClient
+    (``late``: seconds it sleeps before each call, a compute straggler; ``start_delay``:
+    seconds it takes to start, a slow start). It says it is ``ready`` once its client is
+    bound, and sends nothing before ``go``."""
     ip, port = role["addr"].split(":")
     sip, sport = role["switch"].split(":")
+    told = False
     try:
+        time.sleep(start_delay)
         c = SwitchClient((sip, int(sport)), job, role["worker"], role["nworkers"],
                          window=8, elements=elements, bind=(ip, int(port)), session=session,
-                         stall_timeout=60.0, connect_timeout=60.0, mode=mode,
+                         stall_timeout=60.0, connect_timeout=connect_timeout, mode=mode,
                          deadline=deadline)
-        go.wait(60)
+        ready.release()
+        told = True
+        go.wait(READY_S)
         for it in range(calls):
             time.sleep(late)
             k = role["rank"]
@@ -130,24 +137,52 @@ def _worker(role, job, session, n, elements, seed, calls, out, go, mode="reliabl
     except Exception as e:       # the parent sees the missing file and this message
         with open(os.path.join(out, f"r{role['rank']}.err"), "w") as fh:
             fh.write(f"{type(e).__name__}: {e}")
+    finally:
+        if not told:
+            ready.release()
+
+
+#: how long the workers of one run_workers may take to start, in all
+READY_S = 300.0
 
 
 def run_workers(roles, job, session, n, elements, out, calls=2, seed=7, skip=(), late=(),
-                **kw):
+                slow_start=(), **kw):
+    """Start a process per role (not those in ``skip``), and let them send once every
+    one has its client: a worker's connect timeout then runs from a common start. (It ran
+    from each worker's own start, while the others were still forking and starting: 64
+    workers on two loaded cores took over a minute, and the first ones gave up with
+    SwitchUnavailable after their 60 s.) ``slow_start``: ranks that take 8 s to start."""
     ctx = mp.get_context("fork")
-    go = ctx.Event()
+    go, ready = ctx.Event(), ctx.Semaphore(0)
     procs = []
     for r in roles:
         if r["rank"] in skip:
             continue
         p = ctx.Process(target=_worker, args=(r, job, session, n, elements, seed, calls,
-                                              str(out), go),
-                        kwargs=dict(kw, late=1.0 if r["rank"] in late else 0.0),
+                                              str(out), go, ready),
+                        kwargs=dict(kw, late=1.0 if r["rank"] in late else 0.0,
+                                    start_delay=8.0 if r["rank"] in slow_start else 0.0),
                         daemon=True)
         p.start()
         procs.append(p)
+    end = time.monotonic() + READY_S
+    for _ in procs:
+        if not ready.acquire(timeout=max(0.0, end - time.monotonic())):
+            break
     go.set()
     return procs
+
+
+def join_all(procs, seconds):
+    """Wait for every process, ``seconds`` in all (not each); end those still running."""
+    end = time.monotonic() + seconds
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
 
 
 def check_results(roles, out, n, elements, calls, seed=7):
@@ -255,8 +290,7 @@ def test_worker_processes_on_a_two_level_tree_agree_bitwise(tree_of, tmp_path, r
     n, calls = 1000, 2
     t0 = time.monotonic()
     procs = run_workers(roles, 64, session, n, 256, out, calls=calls)
-    for p in procs:
-        p.join(300)
+    join_all(procs, 600)
     print(f"{len(roles)} workers, {racks} racks: {calls} calls in "
           f"{time.monotonic() - t0:.1f} s (processes started included)")
     from ina_fabric.protocol.keys import switch_key
@@ -275,6 +309,22 @@ def test_worker_processes_on_a_two_level_tree_agree_bitwise(tree_of, tmp_path, r
     for leaf in t.leaves:
         c = query_status(leaf, key=switch_key(path=t.keys[leaf]))["counters"]
         assert c["up"] == c["relayed"] == spine["results"]
+
+
+def test_a_slow_starting_worker_does_not_time_out_the_others(tree_of, tmp_path):
+    """The workers send once all of them have their clients: one that takes 8 s to start
+    does not make the others' 2 s connect timeout run out (it did, as SwitchUnavailable,
+    when a worker's clock started at its own start: the 64-worker tier's failure)."""
+    t = tree_of(2, 2)
+    r = t.install(41, "--elements", "64")
+    assert r.returncode == 0, r.stderr
+    roles, session = roles_of(r.stdout)
+    out = tmp_path / "out"
+    out.mkdir()
+    procs = run_workers(roles, 41, session, 100, 64, out, calls=1, slow_start={3},
+                        connect_timeout=2.0)
+    join_all(procs, 120)
+    check_results(roles, out, 100, 64, calls=1)
 
 
 def test_bounded_straggler_every_rank_gets_the_same_bytes(tree_of, tmp_path):

@@ -1,5 +1,5 @@
-"""Watching a running switch (issue 42): `ina switch --metrics` serves every counter and
-each job's figures in the Prometheus text format, and `ina top --once` draws the jobs,
+"""Watching a running switch: `ina switch --metrics` serves every counter, switch-wide and
+per job, and each job's figures in the Prometheus text format, and `ina top --once` draws the jobs,
 rates, waiting_for and drops; both against a real switch with a live job."""
 
 import os
@@ -83,6 +83,47 @@ def test_metrics_serve_a_live_jobs_counters(live_job):
     names = {n for n, _ in m}
     for counter in query_status(addr)["counters"]:
         assert f"ina_switch_{counter}_total" in names, counter
+    assert proc.poll() is None
+
+
+def test_metrics_serve_every_counter_per_job(live_job, ports):
+    """Each job's own counters, ``ina_job_<counter>_total{job=...}``, for every per-job
+    counter: a second job's DATA (one summed, one duplicate) and a DATA of the first job
+    with another run's session move only their own job's series, and the switch's totals
+    are their sum. The scrape is a real HTTP GET, with curl where it is installed."""
+    import shutil
+    from ina_fabric.protocol.control_client import send_job
+    from ina_fabric.protocol.counters import JOB_COUNTERS
+    from ina_fabric.protocol.jobtable import JobConfig
+    proc, addr, mport = live_job
+    (x,) = ports(1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    me = f"127.0.0.1:{s.getsockname()[1]}"
+    send_job(addr, JobConfig(2, (me, f"127.0.0.1:{x}"), elements=16, session=7))
+    for seq in (0, 0):                                   # summed, then a duplicate
+        s.sendto(pack(np.arange(16), job=2, worker=0, seq=seq, session=7), addr)
+    for _ in range(50):
+        if query_status(addr)["counters"]["duplicates"] == 1:
+            break
+        time.sleep(0.05)
+    m = _scrape(mport)
+    one, two = (("job", "1"),), (("job", "2"),)
+    for name in JOB_COUNTERS:                          # every per-job counter, every job
+        assert (f"ina_job_{name}_total", one) in m and (f"ina_job_{name}_total", two) in m
+    assert m[("ina_job_accepted_total", one)] == 1 and m[("ina_job_accepted_total", two)] == 1
+    assert m[("ina_job_duplicates_total", one)] == 0
+    assert m[("ina_job_duplicates_total", two)] == 1
+    assert m[("ina_job_rx_data_total", two)] == 2
+    for name in ("accepted", "duplicates", "rx_data"):
+        assert m[(f"ina_switch_{name}_total", ())] == \
+            m[(f"ina_job_{name}_total", one)] + m[(f"ina_job_{name}_total", two)]
+    if shutil.which("curl"):                           # what the docs show a user
+        out = subprocess.run(["curl", "-sf", f"http://127.0.0.1:{mport}/metrics"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0
+        assert 'ina_job_duplicates_total{job="2"} 1.0' in out.stdout
+    s.close()
     assert proc.poll() is None
 
 

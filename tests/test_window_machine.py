@@ -12,6 +12,7 @@ re-sent only after its RTO (times its backoff); a stalled call gives up after ``
 never before; bounded mode gives every worker the model's results, identically counted.
 """
 
+import dataclasses
 import heapq
 import math
 
@@ -838,3 +839,32 @@ def test_windows_that_differ_never_wait_on_each_other():
         for k in "AB":
             do(k, wins[k].on_result(p, now))
     assert wins["A"].done and wins["B"].done
+
+
+@pytest.mark.parametrize("engine", ["python", "c"])
+def test_a_congested_result_cuts_the_window_once_per_rtt_instead_of_growing(engine):
+    """The switch's CONGESTED flag (its slot pool is full; docs/pool.md): cwnd *=
+    CONGESTED_BETA, at most once per smoothed RTT, and no growth from that RESULT; with
+    congestion control off the flag changes nothing."""
+    from ina_fabric.host.transport.window import CONGESTED_BETA
+    from ina_fabric.host.transport import fastcall
+    if engine == "c" and not fastcall.available():
+        pytest.skip(fastcall.WHY_NOT)
+    make = SendWindow if engine == "python" else fastcall.CSendWindow
+    cfg = WindowConfig("reliable", rto=0.02, min_rto=0.01, deadline=0.005,
+                       connect_timeout=1.0, stall_timeout=5.0, start_wait=0.0,
+                       congestion="aimd")
+    rtt = RttEstimator()
+    win = make(64, 16, cfg, rtt)
+    win.start(0.0)
+    win.on_result(0, 0.010, True)
+    assert rtt.cwnd == pytest.approx(16 * CONGESTED_BETA)
+    win.on_result(1, 0.012, True)             # within one smoothed RTT: no second cut
+    assert rtt.cwnd == pytest.approx(16 * CONGESTED_BETA)
+    win.on_result(2, 0.013, False)            # an unflagged RESULT grows it again
+    assert rtt.cwnd > 16 * CONGESTED_BETA
+    off = RttEstimator()
+    w2 = make(64, 16, dataclasses.replace(cfg, congestion="off"), off)
+    w2.start(0.0)
+    acts = w2.on_result(0, 0.010, True)
+    assert w2.limit() == 16 and off.cwnd == 0 and acts[-1] == Send(16)

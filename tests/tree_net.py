@@ -16,6 +16,7 @@ import numpy as np
 from ina_fabric.host.switch import SwitchModel
 from ina_fabric.protocol import pack, unpack, MsgType, Flags
 from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.fields import width_byte
 
 SESSION = 0x7EE5_0038
 JOB = 38
@@ -46,11 +47,12 @@ def tree_configs(shape, *, mode="reliable", window=8, elements=4, leaf_deadline=
 
 class TreeNet:
     def __init__(self, shape, *, cls=SwitchModel, loss=0.0, dup=0.0, seed=0, latency=1e-4,
-                 **job):
+                 spine=None, **job):
+        """``spine``: a callable making the spine from its entry (default ``cls``)."""
         self.shape = list(shape)
-        spine, leaves = tree_configs(shape, **job)
-        self.cfg = spine
-        self.switches = {SPINE: cls([spine])}
+        spine_cfg, leaves = tree_configs(shape, **job)
+        self.cfg = spine_cfg
+        self.switches = {SPINE: (spine or cls)([spine_cfg])}
         for i, cfg in enumerate(leaves):
             self.switches[leaf_addr(i)] = cls([cfg])
         self.workers = [worker_addr(i, w) for i, k in enumerate(shape) for w in range(k)]
@@ -86,12 +88,14 @@ class TreeNet:
                 self.trunk.append((t, src, dest, data))
             self._put(t + self.latency, dest, src, data)
 
-    def send(self, worker, seq, values, exponent=0, retransmit=False, t=None, lossy=True):
-        """Worker ``worker`` (an address) sends its DATA for ``seq`` at ``t`` (now)."""
+    def send(self, worker, seq, values, exponent=0, retransmit=False, t=None, lossy=True,
+             width=32):
+        """Worker ``worker`` (an address) sends its DATA for ``seq`` at ``t`` (now), its
+        elements ``width`` bits wide."""
         i, w = self.leaf_of[worker]
         d = pack(np.asarray(values), job=self.cfg.job, worker=w, seq=seq,
                  exponent=exponent, session=self.cfg.session,
-                 flags=Flags.RETRANSMIT if retransmit else 0)
+                 flags=Flags.RETRANSMIT if retransmit else 0, width=width_byte(width))
         self._put((self.now if t is None else t) + self.latency, leaf_addr(i), worker, d,
                   lossy)
 

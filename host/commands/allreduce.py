@@ -29,6 +29,10 @@ def add_arguments(p):
     add_session_argument(p, "with --switch: the session id of the job it holds (what "
                             "`ina switch` printed, or its [[job]] table's session)")
     p.add_argument("--seed", type=int, default=0, help="data and impairment seed")
+    p.add_argument("--precision", "--width", default="32", metavar="P",
+                   help="the width on the wire: 32, 16 or 8 (int32, int16, int8), "
+                        "optionally :stochastic and/or :hadamard, e.g. 8:stochastic "
+                        "(docs/precision.md); every result is checked against its bound")
 
 
 def run(args):
@@ -42,10 +46,15 @@ def run(args):
     n = args.size // 4
     if not 1 <= args.workers <= 32:
         raise CliError("--workers must be in 1..32")
+    from ..transport.precision import Precision
+    try:
+        precision = Precision.parse(args.precision)
+    except ValueError as e:
+        raise CliError(f"--precision: {e}") from None
     try:
         spec = WorkerSpec(job=args.job, nworkers=args.workers, settings=job_settings(args),
                           base_port=args.base_port, seed=args.seed,
-                          session=args.session or 0,
+                          session=args.session or 0, precision=precision,
                           impairment=Impairment(loss=args.loss, duplicate=args.duplicate,
                                                 reorder=args.reorder))
         switch = f"{args.switch[0]}:{args.switch[1]}" if args.switch else None
@@ -54,7 +63,8 @@ def run(args):
     except (OSError, ValueError, RuntimeError, TimeoutError) as e:
         raise CliError(str(e)) from None
     gbps = 8 * 4 * n * args.iterations / res["seconds"] / 1e9
-    print(f"{args.workers} workers x {n} float32, {args.iterations} iterations, {args.mode}: "
+    print(f"{args.workers} workers x {n} float32, {args.iterations} iterations, {args.mode}, "
+          f"{precision}: "
           f"{res['seconds'] / args.iterations * 1e3:.1f} ms per allreduce, "
           f"{gbps:.2f} Gb/s per worker")
     print(f"max |error| {res['max_error']:.3g}; worst error / quantization bound = "

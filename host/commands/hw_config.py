@@ -33,6 +33,10 @@ def add_arguments(p):
     p.add_argument("--core-elements", type=int, default=64, help="core parameter E (regs)")
     p.add_argument("--core-workers", type=int, default=32, help="core parameter workers (regs)")
     p.add_argument("--core-jobs", type=int, default=2, help="core job-table entries (regs)")
+    p.add_argument("--core-tree", action="store_true",
+                   help="the core was built with the tree option (regs): a spine's job, "
+                        "whose members are child switches, is written with its children "
+                        "and total_workers registers (a leaf's is refused)")
 
 
 def control_datagram(cfg, key=None) -> bytes:
@@ -47,7 +51,7 @@ def control_datagram(cfg, key=None) -> bytes:
 
 
 def render(jobs, fmt, *, clock_mhz=125.0, core_window=8, core_elements=64,
-           core_workers=32, core_jobs=2):
+           core_workers=32, core_jobs=2, core_tree=False):
     """bytes (bin) or str (other formats) for a list of JobConfig."""
     if fmt == "bin":
         return b"".join(len(b).to_bytes(2, "big") + b for b in (j.to_bytes() for j in jobs))
@@ -62,7 +66,8 @@ def render(jobs, fmt, *, clock_mhz=125.0, core_window=8, core_elements=64,
     for k, j in enumerate(jobs):
         lines.append(f"# job {j.job} -> entry {k}, session 0x{j.session:016x}")
         for addr, val in config_writes(j, k, clock_hz=clock_mhz * 1e6, window_max=core_window,
-                                       elements_max=core_elements, workers_max=core_workers):
+                                       elements_max=core_elements, workers_max=core_workers,
+                                       tree=core_tree):
             lines.append(f"0x{addr:04x} 0x{val:08x}")
     return "\n".join(lines) + "\n"
 
@@ -78,7 +83,8 @@ def run(args):
                   f"--session / INA_SESSION)", file=sys.stderr)
         out = render(jobs, args.format, clock_mhz=args.clock_mhz,
                      core_window=args.core_window, core_elements=args.core_elements,
-                     core_workers=args.core_workers, core_jobs=args.core_jobs)
+                     core_workers=args.core_workers, core_jobs=args.core_jobs,
+                     core_tree=args.core_tree)
     except (ConfigError, ValueError) as e:
         raise CliError(str(e)) from None
     if args.out:

@@ -26,6 +26,12 @@ switch's own key:
         (prints, per worker, its switch, its id there and the job's worker count)
     ina switch --status --tree tree.toml --job 38     (who the job waits for, per level)
 
+A shared slot pool (docs/pool.md): the jobs share N slots; what does not fit is summed by
+the parent, which holds the same jobs:
+
+    ina switch --listen 127.0.0.1:19901                                  (the parent)
+    ina switch --listen 127.0.0.1:19900 --pool-slots 256 --parent 127.0.0.1:19901
+
 tree.toml:
     spine = "198.18.0.1:19900"
     spine_key_file = "spine.key"           # optional: else --key-file / the default key
@@ -114,6 +120,12 @@ def add_arguments(p):
     t.add_argument("--parent", type=parse_address, metavar="IP:PORT",
                    help="this switch's parent: the job given by flags sends its sums "
                         "there, and a tree entry that names another parent is refused")
+    t.add_argument("--pool-slots", type=int, metavar="N",
+                   help="share N slots of memory among all jobs (docs/pool.md): no job is "
+                        "refused for memory, and a slot that finds the pool full is summed "
+                        "by --parent (needed; it holds the same jobs) instead; a job given "
+                        "by flags then stays a flat job (not a tree leaf). Fast and model "
+                        "engines. Default: each job has its own 2 x window slots")
     t.add_argument("--index", type=int, default=0,
                    help="with --parent: this switch's member id in the parent's entry")
     t.add_argument("--total-workers", type=int, metavar="N",
@@ -155,7 +167,7 @@ def jobs_from_args(args):
             return []
         cfg = JobConfig.from_settings(args.job, members, job_settings(args),
                                       session=args.session)
-        if args.parent or args.total_workers or args.index:
+        if (args.parent and args.pool_slots is None) or args.total_workers or args.index:
             import dataclasses
             cfg = dataclasses.replace(cfg, parent=args.parent, index=args.index,
                                       children=bool(args.total_workers),
@@ -185,6 +197,15 @@ def run(args):
                            f"up, and does it have this control key?): "
                            f"{e}") from None
         return 0
+    if args.pool_slots is not None:
+        if args.pool_slots < 0:
+            raise CliError(f"--pool-slots {args.pool_slots}: must be >= 0")
+        if not args.parent:
+            raise CliError("--pool-slots needs --parent IP:PORT (the switch that sums what "
+                           "the pool cannot hold)")
+        if args.engine in ("rtl", "board"):
+            raise CliError(f"--pool-slots: the {args.engine} engine has no slot pool yet "
+                           f"(docs/pool.md); use --engine fast or model")
     jobs = jobs_from_args(args)
     if args.engine == "board":
         return run_board(args, jobs, key)
@@ -196,7 +217,7 @@ def run(args):
     try:
         server = SwitchServer(jobs, *args.listen, key=key, engine=args.engine,
                               log=lambda m: print(m, file=sys.stderr), pace_rate=pace,
-                              parent=args.parent)
+                              parent=args.parent, pool_slots=args.pool_slots)
     except fast.EngineUnavailable as e:
         raise CliError(str(e)) from None
     except ConfigError as e:       # a job that does not fit the core

@@ -22,7 +22,8 @@ installs the job on the switch, and all ranks agree whether the switch answers a
 the job. Options come from ``InaOptions`` (``pg_options=InaOptions(...)``) or the
 environment, which overrides them, as for the hook: INA_SWITCH (ip:port, required),
 INA_JOB, INA_MODE (reliable|bounded), INA_ELEMENTS, INA_WINDOW, INA_DEADLINE_MS,
-INA_FALLBACK (raise|gloo), INA_DTYPES (convert|strict), INA_STATIC_JOB (1: the job is in
+INA_FALLBACK (raise|gloo), INA_PRECISION (32|16|8, docs/precision.md), INA_DTYPES
+(convert|strict), INA_STATIC_JOB (1: the job is in
 the switch's table already, as on the FPGA; rank r binds INA_PORT + r; INA_SESSION gives
 the session id of that job), INA_STAGE_BYTES.
 
@@ -103,6 +104,10 @@ class InaOptions:
     #: started again after a crash, outside torchrun's restarts, which take it back
     #: without this)
     takeover: bool | None = None
+    #: INA_PRECISION (issue 40, docs/precision.md): the wire width of all_reduce (32, 16,
+    #: 8; optionally ":stochastic", ":hadamard"); ``set_precision`` on the group's
+    #: ``state`` changes it later
+    precision: object = None
     connect_timeout: float = 2.0     # seconds without any answer: switch unavailable
     device: str | None = None        # tests: "sim" stages CPU tensors like CUDA ones
 
@@ -305,7 +310,7 @@ class ProcessGroupIna(ProcessGroup):
             deadline=o.deadline_ms / 1e3 if o.deadline_ms is not None else None,
             configure=not o.static_job, connect_timeout=o.connect_timeout,
             peers=_GlooPeers(store, self.gloo, rank, world), average=False,
-            fallback_to_gloo=o.fallback == "gloo")
+            fallback_to_gloo=o.fallback == "gloo", precision=o.precision)
         self.state.exchange_rto = False    # the wire thread may not use self.gloo
         client = self.state.collective
         # per switch call: INA_STAGE_BYTES, else the link's (hook.STAGE_BYTES: 64 MiB on

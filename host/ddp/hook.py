@@ -135,6 +135,9 @@ class HookSettings:
     fallback: bool | None       # INA_FALLBACK: gloo -> True, raise -> False
     worker: int | None = None   # INA_WORKER: the id at its own switch (a tree's leaf)
     congestion: str = "aimd"    # INA_CONGESTION: aimd | delay | off (SwitchClient.congestion)
+    #: INA_PRECISION (issue 40, docs/precision.md): the calls' width on the wire,
+    #: rounding and rotation (``host.transport.precision.Precision``)
+    precision: object = None
 
 
 #: bytes per switch call when the ``ina`` backend splits a tensor (``INA_STAGE_BYTES``), by
@@ -155,7 +158,7 @@ def link_towards(switch) -> str:
 
 def hook_settings(env=None, switch=None, job=None, mode=None, window=None, elements=None,
                   deadline=None, bind_port=None, job_offset=0, session=None, carry=False,
-                  deadline_rule=None) -> HookSettings:
+                  deadline_rule=None, precision=None) -> HookSettings:
     """Read INA_SWITCH (ip:port), INA_JOB (default 1), INA_MODE
     (reliable|bounded|bounded-skip), INA_CARRY (1: a bounded worker's left-out
     contribution goes with its next call, ``SwitchClient.carry``), INA_ELEMENTS (per
@@ -167,7 +170,9 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
     the pacing rate; 0: none), INA_PORT, INA_SESSION, INA_FALLBACK (gloo|raise) and
     INA_WORKER (the worker's id at its switch: its index at its leaf in a tree of
     switches, docs/fabric.md; default the rank), INA_CONGESTION (``aimd``, the default,
-    ``delay`` or ``off``: ``SwitchClient.congestion``).
+    ``delay`` or ``off``: ``SwitchClient.congestion``), INA_PRECISION (or ``precision``:
+    ``32``, ``16``, ``8``, optionally ``:stochastic`` and/or ``:hadamard``;
+    docs/precision.md).
     ValueError with a one-line reason on a bad value."""
     from ina_fabric.protocol.jobtable import parse_session
     from ..deadline import RULES, slot_deadline
@@ -210,7 +215,18 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
         bind_base=int(env.get("INA_PORT", bind_port or 0)), session=session,
         fallback=fallback,
         worker=int(env["INA_WORKER"]) if env.get("INA_WORKER") else None,
-        congestion=env.get("INA_CONGESTION", "aimd").strip() or "aimd")
+        congestion=env.get("INA_CONGESTION", "aimd").strip() or "aimd",
+        precision=_precision_setting(env, precision))
+
+
+def _precision_setting(env, precision):
+    """INA_PRECISION over ``precision``; ValueError naming the variable on a bad one."""
+    from ..transport.precision import as_precision
+    text = env.get("INA_PRECISION", "").strip()
+    try:
+        return as_precision(text if text else precision)
+    except ValueError as e:
+        raise ValueError(f"INA_PRECISION={text!r}: {e}" if text else str(e)) from None
 
 
 class InaHookState:
@@ -250,6 +266,9 @@ class InaHookState:
         # marks this rank ``behind`` (its later buckets skip the switch) instead of
         # failing, and the training loop's ``Rejoin`` gives it a peer's replica
         "rejoin", "behind",
+        # the buckets' precision (issue 40): None (the client's), or what
+        # ``set_precision`` was given; and the bytes sent at each width
+        "precision", "bytes_by_width",
     )
 
     def __init__(self, collective, process_group=None, average: bool = True,
@@ -269,6 +288,32 @@ class InaHookState:
         self.error = None
         self._pool, self._lock = None, threading.Lock()
         self.rejoin, self.behind = False, False
+        self.precision, self.bytes_by_width = None, {}
+
+    def set_precision(self, precision):
+        """The precision of the buckets from now on (issue 40, docs/precision.md): a
+        width (32, 16, 8), a string (``"int8:stochastic"``), a ``Precision``, None (the
+        client's, INA_PRECISION), or a callable ``precision(bucket) -> any of those``,
+        called for every DDP bucket (a ``torch.distributed.GradBucket``: ``index()``,
+        ``buffer()``) at every step: how a controller sets it per bucket. Every rank must
+        give the same bucket the same precision (a controller deciding on one rank
+        broadcasts its choice), or the switch refuses the disagreeing DATA
+        (``Refusal.BAD_WIDTH``) and the call fails on every rank."""
+        from ..transport.precision import as_precision
+        if precision is not None and not callable(precision):
+            precision = as_precision(precision)
+        self.precision = precision
+
+    def precision_for(self, bucket=None):
+        """The ``Precision`` of ``bucket`` (None: the state's fixed one, or the
+        client's)."""
+        from ..transport.precision import as_precision
+        p = self.precision
+        if callable(p):
+            p = p(bucket)
+        if p is None:
+            return getattr(self.collective, "precision", None)
+        return as_precision(p)
 
     @classmethod
     def from_env(cls, process_group=None, **kw) -> "InaHookState":
@@ -427,16 +472,21 @@ class InaHookState:
         self.tuner.moved(d)
         self.extra_stats["switch_deadline_ms"] = d * 1e3
 
-    def reduce_array(self, arr: np.ndarray, in_place: bool = False) -> np.ndarray:
+    def reduce_array(self, arr: np.ndarray, in_place: bool = False,
+                     precision=None) -> np.ndarray:
         """One allreduce of a float32 array through the collective, counted in the
         statistics; the sum (a new array, or ``arr`` itself when ``in_place``: a
-        ``SwitchClient`` only). SwitchUnavailable when no answer came."""
+        ``SwitchClient`` only). ``precision``: the call's (a ``SwitchClient`` only; None:
+        ``precision_for()``). SwitchUnavailable when no answer came."""
         import time
         if self.tuner is not None:
             self.tune_deadline(arr.size)
+        kw = {}
+        if isinstance(self.collective, SwitchClient):
+            kw["precision"] = precision = precision or self.precision_for()
         t = time.perf_counter()
-        out, st = self.collective.allreduce(arr, out=arr) if in_place else \
-            self.collective.allreduce(arr)
+        out, st = self.collective.allreduce(arr, out=arr, **kw) if in_place else \
+            self.collective.allreduce(arr, **kw)
         dt = time.perf_counter() - t
         if self.tuner is not None and self.tuner.call_done():
             self.agree_rto()
@@ -453,11 +503,14 @@ class InaHookState:
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self.extra_stats[k] = self.extra_stats.get(k, 0) + v
         sent = st.get("bytes") if isinstance(st, dict) else None
-        self.bytes_sent += int(sent) if sent is not None else arr.size * 4
+        bits = precision.bits if precision is not None else 32
+        nbytes = int(sent) if sent is not None else arr.size * bits // 8
+        self.bytes_sent += nbytes
+        self.bytes_by_width[bits] = self.bytes_by_width.get(bits, 0) + nbytes
         return out
 
     # the work of one bucket, on the hook thread
-    def reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+    def reduce(self, tensor: torch.Tensor, precision=None) -> torch.Tensor:
         world = self._peers.world
         if self.use_switch and self.behind:
             return tensor         # behind: this step's update is replaced by a replica
@@ -469,7 +522,7 @@ class InaHookState:
             in_place = isinstance(self.collective, SwitchClient)
             try:
                 # a SwitchClient sums the bucket in place (no output array per bucket)
-                out = self.reduce_array(arr, in_place)
+                out = self.reduce_array(arr, in_place, precision)
             except AllreduceTooLate:
                 if not self.rejoin:
                     raise
@@ -497,10 +550,13 @@ def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     """DDP comm hook: allreduce ``bucket.buffer()`` through the switch (or Gloo)."""
     tensor = bucket.buffer()
     fut = torch.futures.Future()
+    # the bucket's precision (set_precision: a controller's per-bucket choice), decided
+    # on the training thread, in bucket order
+    precision = state.precision_for(bucket) if state.use_switch else None
 
     def work():
         try:
-            fut.set_result(state.reduce(tensor))
+            fut.set_result(state.reduce(tensor, precision))
         except Exception as e:  # surfaces in backward() on the training thread (DDP's
             state.error = e     # reducer shows it as "Unable to cast ... to Tensor":
             fut.set_exception(e)    # raise_error() gives the error itself)
@@ -513,7 +569,7 @@ def ina_hook(state: InaHookState, bucket: dist.GradBucket) -> torch.futures.Futu
 def setup_hook_state(process_group=None, switch=None, job=None, mode=None, window=None,
                      elements=None, deadline=None, configure=True, impairment=None,
                      connect_timeout=2.0, bind_port=None, peers=None, job_offset=0,
-                     session=None, carry=False, deadline_rule=None,
+                     session=None, carry=False, deadline_rule=None, precision=None,
                      **fields) -> InaHookState:
     """Build the hook's state for this rank of a torchrun job.
 
@@ -532,11 +588,12 @@ def setup_hook_state(process_group=None, switch=None, job=None, mode=None, windo
     5. ``InaHookState.probe``: every rank agrees whether the switch answers and holds
        the job (warn and use Gloo, or raise, if not).
 
-    ``job_offset`` is added to the job id (a subgroup's job); ``fields``: ``average``,
+    ``job_offset`` is added to the job id (a subgroup's job); ``precision``: the calls'
+    (INA_PRECISION overrides it; per bucket: ``InaHookState.set_precision``); ``fields``: ``average``,
     ``fallback_to_gloo`` (INA_FALLBACK=gloo|raise overrides it)."""
     peers = peers if peers is not None else DistPeers(process_group)
     s = hook_settings(None, switch, job, mode, window, elements, deadline, bind_port,
-                      job_offset, session, carry, deadline_rule)
+                      job_offset, session, carry, deadline_rule, precision)
     if not configure and s.session is None:
         raise ValueError("a job the switch already holds (no CONTROL): give its session "
                          "id in INA_SESSION (the `session` of its [[job]] table)")
@@ -584,7 +641,8 @@ def bind_client(s: HookSettings, rank: int, world: int, configure: bool = True,
                               s.bind_base + rank if s.bind_base else 0),
                         deadline=s.deadline, group=group,
                         connect_timeout=connect_timeout, impairment=impairment,
-                        pace_rate=s.pace_rate, congestion=s.congestion, carry=s.carry)
+                        pace_rate=s.pace_rate, congestion=s.congestion, carry=s.carry,
+                        precision=s.precision)
 
 
 def exchange_addresses(peers, client: SwitchClient, session=None,

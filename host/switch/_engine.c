@@ -58,7 +58,7 @@
 #define WIRE_EXTRA 46      /* bytes a datagram costs on the wire beyond its UDP payload */
 #define ERROR_SOURCES 256  /* fields.ERROR_SOURCES: rate-limit buckets of ERROR replies */
 /* the reasons of fields.Refusal */
-enum { R_UNKNOWN_JOB = 1, R_NOT_MEMBER, R_BAD_LENGTH, R_BAD_SESSION, R_STALE };
+enum { R_UNKNOWN_JOB = 1, R_NOT_MEMBER, R_BAD_LENGTH, R_BAD_SESSION, R_STALE, R_BAD_WIDTH };
 
 /* the counters (C_<NAME>, COUNTER_NAMES): generated from ina_fabric/protocol/counters.py */
 #include "ina_counters.h"
@@ -74,8 +74,14 @@ typedef struct {
     uint8_t up;                  /* tree: closed here, sent to the parent, its RESULT
                                     awaited (result holds the DATA sent up) */
     uint8_t overflow;            /* tree: a child switch's DATA had OVERFLOW */
+    uint8_t held;                /* pool: holds one of the engine's pool slots */
+    uint8_t over;                /* pool: opened on a full pool, its DATA go to the parent */
+    uint8_t via_set;             /* parent of a pool: sums a child's FORWARDED DATA */
+    Addr via;                    /* (that child: the RESULT goes to it) */
     uint16_t count;              /* workers in the sum (a child switch's DATA: its count) */
     uint8_t wide;                /* acc holds int64 sums (else int32: see narrow below) */
+    uint8_t width;               /* the width byte of the DATA that opened it (0: int32;
+                                    any other: the generic int64 path, sum_narrow) */
     uint64_t order;              /* when it opened, in the engine's opening count */
     int64_t bound;               /* narrow: sum over contributions of their max |value| */
     int exponent;
@@ -149,6 +155,12 @@ typedef struct {
     double error_interval;
     double answered[ERROR_SOURCES];
     uint8_t answered_set[ERROR_SOURCES];
+    /* the shared slot pool (the model's pool_slots; docs/pool.md): on when ``pool``,
+     * ``pool_slots`` slots of the flat jobs, ``pool_used`` of them held; the overflow
+     * goes to ``pool_parent`` */
+    int pool;
+    long pool_slots, pool_used;
+    Addr pool_parent;
 } Engine;
 
 #define rd16 ina_rd16
@@ -372,6 +384,74 @@ static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
     k->msgs[i].msg_hdr.msg_iovlen = 1;
 }
 
+/* One datagram out that no slot stores (a forwarded DATA, a relayed RESULT): copied
+ * into the scratch area, with ``set`` flags set and ``clear`` flags cleared. */
+static void sink_push_raw(Engine *e, Sink *k, Addr to, const uint8_t *buf, size_t len,
+                          int set, int clear) {
+    const Layout *L = &e->L;
+    if (k->list) {
+        if (k->failed) return;
+        PyObject *b = PyBytes_FromStringAndSize((const char *)buf, len);
+        if (!b) { k->failed = 1; return; }
+        uint8_t *p = (uint8_t *)PyBytes_AS_STRING(b);
+        p[L->flags] = (uint8_t)((p[L->flags] | set) & ~clear);
+        PyObject *t = Py_BuildValue("(kiN)", (unsigned long)to.ip, (int)to.port, b);
+        if (!t || PyList_Append(k->list, t) < 0) k->failed = 1;
+        Py_XDECREF(t);
+        return;
+    }
+    if (k->n == SENDQ || k->scratch_used + len > SCRATCH) sink_flush(e, k);
+    int i = k->n++;
+    uint8_t *data = k->scratch + k->scratch_used;
+    k->scratch_used += (len + 7) & ~(size_t)7;
+    memcpy(data, buf, len);
+    data[L->flags] = (uint8_t)((data[L->flags] | set) & ~clear);
+    k->ref[i] = NULL;
+    k->held[i] = 0;
+    k->iov[i].iov_base = data;
+    k->iov[i].iov_len = len;
+    k->addr[i].sin_family = AF_INET;
+    k->addr[i].sin_port = htons(to.port);
+    k->addr[i].sin_addr.s_addr = htonl(to.ip);
+    memset(&k->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
+    k->msgs[i].msg_hdr.msg_name = &k->addr[i];
+    k->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+    k->msgs[i].msg_hdr.msg_iov = &k->iov[i];
+    k->msgs[i].msg_hdr.msg_iovlen = 1;
+}
+
+/* ---- the shared slot pool (the model's _release, _take, _confirmed) ----------------- */
+static inline void pool_release(Engine *e, Slot *s) {
+    if (s->held) {
+        s->held = 0;
+        e->pool_used--;
+    }
+}
+
+static void pool_release_job(Engine *e, Job *j) {
+    if (!j) return;
+    for (size_t i = 0; i < 2 * (size_t)j->window; i++) pool_release(e, &j->slots[i]);
+}
+
+static inline int pool_take(Engine *e, Slot *s) {
+    if (!e->pool) return 1;
+    if (e->pool_used >= e->pool_slots) return 0;
+    s->held = 1;
+    e->pool_used++;
+    return 1;
+}
+
+/* every member contributed ``seq``: the stored result of seq - W goes back to the pool */
+static void pool_confirmed(Engine *e, Job *j, uint32_t seq) {
+    if (!e->pool) return;
+    uint32_t prev = seq - j->window;
+    Slot *s = slot_of(j, prev);
+    if (s->held && s->tag == prev && s->complete && !s->up) {
+        s->has_result = 0;
+        pool_release(e, s);
+    }
+}
+
 /* The model's _refuse: the ERROR answering DATA ``d`` from ``to`` (its header, type
  * ERROR, ``reason`` in count, ``figure`` in bitmap), unless the source's bucket was
  * answered within error_interval. */
@@ -395,7 +475,7 @@ static void refuse(Engine *e, Sink *k, Addr to, const uint8_t *d, int reason,
     r[L->exponent] = 0;
     ina_wr16(r + L->count, reason);
     wr16(r + L->nelem, 0);
-    r[L->reserved] = 0;
+    r[L->width] = 0;
     wr32(r + L->bitmap, figure);
     if (k->list) {
         if (k->failed) return;
@@ -525,6 +605,49 @@ static int saturate(const int64_t *restrict acc, uint32_t *restrict dst, uint32_
     return sat_out(acc, NULL, dst, nelem, 0);
 }
 
+/* Element widths (issue 40, docs/precision.md): the width byte's low nibble is the code
+ * of the elements after the header (0 int32, 1 int16, 2 int8: 4 >> code bytes), its high
+ * nibble the RESULT's. fields.valid_width, fields.up_width. */
+static inline int width_ok(uint8_t w) {
+    int lo = w & 15, hi = w >> 4;
+    return lo <= 2 && hi <= 2 && lo <= hi;
+}
+
+/* the code a partial sum of result code ``hi`` goes up with (exact; fields.up_width) */
+static inline int up_code(int hi, int total) { return hi == 2 && total <= 255 ? 1 : 0; }
+
+/* one element of code ``code`` at index i (big-endian) */
+static inline int64_t elem_at(const uint8_t *in, int code, uint32_t i) {
+    if (code == 0) return ina_be32(in + 4 * i);
+    if (code == 1) return (int16_t)(((uint16_t)in[2 * i] << 8) | in[2 * i + 1]);
+    return (int8_t)in[i];
+}
+
+/* a slot of another width than int32/int32 sums in int64 (no narrow-int32 trick) */
+static void sum_narrow(Slot *s, const uint8_t *in, int first) {
+    int code = s->width & 15;
+    s->wide = 1;
+    if (first)
+        for (uint32_t i = 0; i < s->nelem; i++) s->acc[i] = elem_at(in, code, i);
+    else
+        for (uint32_t i = 0; i < s->nelem; i++) s->acc[i] += elem_at(in, code, i);
+}
+
+/* int64 sums saturated to code ``code`` and stored big-endian at dst; whether any
+ * element saturated */
+static int saturate_to(const int64_t *acc, uint8_t *dst, uint32_t n, int code) {
+    int bits = 32 >> code, clipped = 0;
+    int64_t hi = ((int64_t)1 << (bits - 1)) - 1, lo = -hi - 1;
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t v = acc[i], c = v > hi ? hi : (v < lo ? lo : v);
+        clipped |= c != v;
+        if (code == 0) ina_put_be32(dst + 4 * i, (uint32_t)(int32_t)c);
+        else if (code == 1) { dst[2 * i] = (uint8_t)(c >> 8); dst[2 * i + 1] = (uint8_t)c; }
+        else dst[i] = (uint8_t)c;
+    }
+    return clipped;
+}
+
 /* the model's _close: its _emit at the root (saturate, flag, store the RESULT, send it
  * to the group), its _send_up at a switch with a parent (the same sum, as one DATA to the
  * parent, kept for re-sends). ``in``: the completing packet's elements, not yet in acc
@@ -542,7 +665,10 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     int clipped = 0;
     /* the slot's result buffer: 64-aligned, the header a multiple of 4 bytes */
     uint32_t *dst = (uint32_t *)(r + L->header);
-    if (in && first) {
+    int hi = s->width >> 4, out = j->has_parent ? up_code(hi, j->total) : hi;
+    if (s->width) {                      /* another width: all of it is in acc */
+        clipped = saturate_to(s->acc, (uint8_t *)dst, s->nelem, out);
+    } else if (in && first) {
         memcpy(dst, in, 4 * (size_t)s->nelem);
     } else if (in) {
         if (!s->wide && s->bound + add32_out((int32_t *)s->acc, in, dst, s->nelem) >
@@ -558,6 +684,10 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
         flags |= L->f_overflow;
         COUNT(e, j, C_OVERFLOWS);
     }
+    if (!j->has_parent && e->pool && e->pool_used >= e->pool_slots) {  /* _pool_full */
+        flags |= L->f_congested;
+        COUNT(e, j, C_CONGESTED);
+    }
     memset(r, 0, L->header);
     r[L->version] = L->v_version;
     r[L->type] = j->has_parent ? L->t_data : L->t_result;
@@ -570,7 +700,8 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     wr16(r + L->nelem, s->nelem);
     wr32(r + L->bitmap, s->bitmap);
     ina_wr64(r + L->session, j->session);
-    s->result_len = L->header + 4 * s->nelem;
+    r[L->width] = s->width ? (uint8_t)(out | hi << 4) : 0;
+    s->result_len = L->header + (4 >> out) * s->nelem;
     if (j->has_parent) {                 /* up: the slot waits for the parent's RESULT */
         s->up = 1;
         COUNT(e, j, C_UP);
@@ -580,6 +711,10 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
     s->complete = 1;
     s->has_result = 1;
     COUNT(e, j, C_RESULTS);
+    if (s->via_set) {                    /* a child's overflow: back to that child */
+        sink_push(e, k, s->via, s, -1);
+        return;
+    }
     for (int g = 0; g < j->ngroup; g++) sink_push(e, k, j->group[g], s, -1);
 }
 
@@ -589,15 +724,38 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
 static void process_result(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t n,
                            Addr src, double now) {
     const Layout *L = &e->L;
-    if (src.ip != j->parent.ip || src.port != j->parent.port) {
+    Addr parent = j->has_parent ? j->parent : e->pool_parent;
+    if (src.ip != parent.ip || src.port != parent.port) {
         COUNT(e, j, C_DROP_UNKNOWN_SOURCE);
         return;
     }
     if (ina_rd64(d + L->session) != j->session) { COUNT(e, j, C_DROP_BAD_SESSION); return; }
     uint32_t seq = rd32(d + L->seq);
     Slot *s = slot_of(j, seq);
+    if (s->over && s->tag == seq) {      /* the parent summed it (pool): relayed, unstored */
+        int worker = d[L->worker];
+        if (worker != L->group_worker && worker >= j->n) {
+            COUNT(e, j, C_DROP_MALFORMED);
+            return;
+        }
+        j->active = now;
+        COUNT(e, j, C_RELAYED);
+        int cong = 0;
+        if (e->pool && e->pool_used >= e->pool_slots) {
+            cong = L->f_congested;
+            COUNT(e, j, C_CONGESTED);
+        }
+        if (worker != L->group_worker) {
+            sink_push_raw(e, k, j->members[worker], d, n, cong, 0);
+            return;
+        }
+        for (int g = 0; g < j->ngroup; g++)
+            sink_push_raw(e, k, j->group[g], d, n, cong, L->f_retransmit);
+        return;
+    }
     if (!s->up || s->tag != seq) { COUNT(e, j, C_DROP_RESULT); return; }
-    if (rd16(d + L->nelem) != s->nelem || (int)rd16(d + L->count) > L->max_job_workers) {
+    if (rd16(d + L->nelem) != s->nelem || (int)rd16(d + L->count) > L->max_job_workers ||
+            d[L->width] != (uint8_t)((s->width >> 4) | (s->width & 0xF0))) {
         COUNT(e, j, C_DROP_MALFORMED);
         return;
     }
@@ -672,9 +830,11 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     uint64_t *c = e->c;
     c[C_RX]++;
     uint32_t nelem = rd16(d + L->nelem);
-    size_t body = n - L->header;
-    if (body < 4 * (size_t)nelem) { c[C_DROP_TRUNCATED]++; return 0; }
-    if (body != 4 * (size_t)nelem) { c[C_DROP_MALFORMED]++; return 0; }
+    uint8_t width = d[L->width];
+    if (!width_ok(width)) { c[C_DROP_MALFORMED]++; return 0; }
+    size_t body = n - L->header, eb = 4 >> (width & 15);
+    if (body < eb * nelem) { c[C_DROP_TRUNCATED]++; return 0; }
+    if (body != eb * nelem) { c[C_DROP_MALFORMED]++; return 0; }
     Job *j = e->jobs[rd16(d + L->job)];
     if (!j) {
         c[C_DROP_UNKNOWN_JOB]++;
@@ -687,8 +847,10 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         return 0;
     }
     uint32_t worker = d[L->worker];
-    if ((int)worker >= j->n || j->members[worker].ip != src.ip ||
-            j->members[worker].port != src.port) {
+    /* a child switch's pool overflow: from that switch (the session is the capability) */
+    int fwd = (d[L->flags] & L->f_forwarded) && !j->has_parent && !j->children;
+    if ((int)worker >= j->n || (!fwd && (j->members[worker].ip != src.ip ||
+            j->members[worker].port != src.port))) {
         COUNT(e, j, C_DROP_UNKNOWN_SOURCE);
         refuse(e, k, src, d, R_NOT_MEMBER, (uint32_t)j->n, now);
         return 0;
@@ -701,13 +863,38 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     /* the workers this DATA covers: one for a worker, the count of a child switch */
     int covers = j->children ? (int)rd16(d + L->count) : 1;
     if (covers < 1 || covers > j->total) { COUNT(e, j, C_DROP_MALFORMED); return 0; }
+    {   /* a worker's nibbles agree; a child's elements are up_code wide */
+        int hi = width >> 4, lo = j->children ? up_code(hi, j->total) : hi;
+        if (width != (uint8_t)(lo | hi << 4)) { COUNT(e, j, C_DROP_MALFORMED); return 0; }
+    }
     COUNT(e, j, C_RX_DATA);
+    if (fwd) COUNT(e, j, C_OVERFLOW_IN);
     uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
     Slot *s = slot_of(j, seq);
     uint32_t bit = 1u << worker;
     if ((j->absent & bit) && now >= j->absent_since[worker] + j->deadline)
         j->absent &= ~bit;               /* heard from a deadline on: waited for again */
-    if (seq == s->tag + w2 && s->complete) {
+    uint32_t ahead = seq - s->tag;
+    if (s->complete && (ahead == w2 || (fwd && ahead > 0 && ahead < SEQ_HALF))) {
+        pool_release(e, s);
+        s->over = 0;
+        if (!(fwd || j->has_parent || j->children || pool_take(e, s))) {
+            /* the pool is full: this seq is summed by the parent */
+            s->tag = seq;
+            s->has_result = 0;
+            s->up = 0;
+            s->nelem = nelem;
+            s->bitmap = 0;
+            s->count = 0;
+            s->over = 1;
+            if (seq + 1 - j->head < SEQ_HALF) j->head = seq + 1;
+            j->active = now;
+            COUNT(e, j, C_OVERFLOW);
+            sink_push_raw(e, k, e->pool_parent, d, n, L->f_forwarded, 0);
+            return 0;
+        }
+        s->via_set = fwd;
+        s->via = src;
         s->tag = seq;
         s->complete = 0;
         s->has_result = 0;
@@ -717,6 +904,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         s->exponent = L->no_exponent;
         s->up = 0;
         s->overflow = 0;
+        s->width = width;
         s->opened_at = now;
         s->order = ++e->opened;
         j->nopen++;
@@ -732,6 +920,13 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         if (stale) refuse(e, k, src, d, R_STALE, j->head, now);
         return 0;
     }
+    if (s->over) {                       /* summed by the parent: goes there too */
+        if (fwd) { COUNT(e, j, C_DROP_UNKNOWN_SOURCE); return 0; }
+        j->active = now;
+        COUNT(e, j, C_OVERFLOW);
+        sink_push_raw(e, k, e->pool_parent, d, n, L->f_forwarded, 0);
+        return 0;
+    }
     if (s->complete) {
         if (!s->has_result) {                /* before the job began */
             COUNT(e, j, C_DROP_STALE);
@@ -740,7 +935,7 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         }
         COUNT(e, j, (s->bitmap & bit) ? C_DUPLICATES : C_LATE);
         COUNT(e, j, C_RESENT);
-        sink_push(e, k, j->members[worker], s, (int)worker);
+        sink_push(e, k, fwd ? src : j->members[worker], s, (int)worker);
         return 0;
     }
     if (s->up) {                         /* closed here, the parent's RESULT awaited */
@@ -759,6 +954,11 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         refuse(e, k, src, d, R_BAD_LENGTH, s->nelem, now);
         return 0;
     }
+    if (width != s->width) {
+        COUNT(e, j, C_DROP_BAD_WIDTH);
+        refuse(e, k, src, d, R_BAD_WIDTH, s->width, now);
+        return 0;
+    }
     COUNT(e, j, C_ACCEPTED);
     j->active = now;
     j->absent &= ~bit;                   /* in step again: slots wait for it again */
@@ -768,14 +968,22 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     if (j->children && (d[L->flags] & L->f_overflow)) s->overflow = 1;
     const uint8_t *in = d + L->header;
     int first = s->bitmap == bit;
+    if (width) {                         /* another width: the generic int64 path */
+        sum_narrow(s, in, first);
+        in = NULL;
+        first = 0;
+    }
     if ((s->bitmap | j->absent) == full_mask(j)) {
         /* the last one (bounded-skip: the last one not skipped): add, saturate, send */
         if (s->bitmap != full_mask(j)) COUNT(e, j, C_SKIPPED);
+        else pool_confirmed(e, j, seq);
         s->count += covers;
         j->nopen--;
         emit(e, k, j, s, in, first);
     } else {
-        if (first) {                         /* the first one: no zeroing pass */
+        if (!in) {
+            /* summed above (another width) */
+        } else if (first) {                  /* the first one: no zeroing pass */
             s->wide = 0;
             s->bound = load32((int32_t *)s->acc, in, nelem);
         } else if (s->wide) {
@@ -808,7 +1016,7 @@ static inline Job *result_job(const Engine *e, const uint8_t *d, size_t n) {
             d[e->L.type] != e->L.t_result)
         return NULL;
     Job *j = e->jobs[rd16(d + e->L.job)];
-    return j && j->has_parent ? j : NULL;
+    return j && (j->has_parent || (e->pool && !j->children)) ? j : NULL;
 }
 
 /* the model's checks of a RESULT before _from_parent, then it; 0 or -1 as process_data */
@@ -817,9 +1025,11 @@ static int process_down(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t n, 
     const Layout *L = &e->L;
     e->c[C_RX]++;
     uint32_t nelem = rd16(d + L->nelem);
-    size_t body = n - L->header;
-    if (body < 4 * (size_t)nelem) { e->c[C_DROP_TRUNCATED]++; return 0; }
-    if (body != 4 * (size_t)nelem) { e->c[C_DROP_MALFORMED]++; return 0; }
+    uint8_t width = d[L->width];
+    if (!width_ok(width)) { e->c[C_DROP_MALFORMED]++; return 0; }
+    size_t body = n - L->header, eb = 4 >> (width & 15);
+    if (body < eb * nelem) { e->c[C_DROP_TRUNCATED]++; return 0; }
+    if (body != eb * nelem) { e->c[C_DROP_MALFORMED]++; return 0; }
     process_result(e, k, j, d, n, src, now);
     return 0;
 }
@@ -957,6 +1167,7 @@ static PyObject *Engine_add_job(Engine *e, PyObject *args) {
         s->result = j->resmem + k * rlen;
     }
     if (e->sink->n) sink_flush(e, e->sink);   /* nothing queued may point at the old job */
+    pool_release_job(e, e->jobs[id]);
     job_free(e->jobs[id]);
     e->jobs[id] = j;
     Py_RETURN_NONE;
@@ -967,6 +1178,7 @@ static PyObject *Engine_remove_job(Engine *e, PyObject *args) {
     if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
     if (id >= 0 && id < 65536 && e->jobs[id]) {
         if (e->sink->n) sink_flush(e, e->sink);
+        pool_release_job(e, e->jobs[id]);
         job_free(e->jobs[id]);
         e->jobs[id] = NULL;
     }
@@ -999,6 +1211,15 @@ static PyObject *Engine_retune(Engine *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* the accessors' one argument, a job id: its job, or NULL where none is installed;
+ * -1 with an exception when the argument is not an int */
+static int job_arg(Engine *e, PyObject *args, Job **j) {
+    int id;
+    if (!PyArg_ParseTuple(args, "i", &id)) return -1;
+    *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    return 0;
+}
+
 static PyObject *Engine_absent(Engine *e, PyObject *args) {
     int id;
     if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
@@ -1019,12 +1240,16 @@ static PyObject *Engine_start_at(Engine *e, PyObject *args) {
     for (uint32_t k = 0; k < w2; k++) {
         Slot *s = &j->slots[k];
         s->tag = (uint32_t)seq - w2 + ((k - (uint32_t)seq) & (w2 - 1));
+        pool_release(e, s);
+        s->over = 0;
+        s->via_set = 0;
         s->complete = 1;
         s->has_result = 0;
         s->up = 0;
         s->bitmap = 0;
         s->count = 0;
         s->nelem = 0;
+        s->width = 0;
         s->exponent = e->L.no_exponent;
     }
     j->nopen = 0;
@@ -1034,9 +1259,8 @@ static PyObject *Engine_start_at(Engine *e, PyObject *args) {
 
 /* position(id): the job's head (the seq after the newest slot it opened), or None */
 static PyObject *Engine_position(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     if (!j) Py_RETURN_NONE;
     return PyLong_FromUnsignedLong(j->head);
 }
@@ -1044,9 +1268,8 @@ static PyObject *Engine_position(Engine *e, PyObject *args) {
 /* oldest_open_bitmap(id): the contributor bitmap of the job's oldest open slot (the
  * model's first entry of js.open), or None */
 static PyObject *Engine_oldest_open_bitmap(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     Slot *best = NULL;
     for (size_t k = 0; j && k < 2 * (size_t)j->window; k++) {
         Slot *s = &j->slots[k];
@@ -1058,9 +1281,8 @@ static PyObject *Engine_oldest_open_bitmap(Engine *e, PyObject *args) {
 
 /* awaiting_parent(id): the job's slots that are up (their parent's RESULT awaited) */
 static PyObject *Engine_awaiting_parent(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     long n = 0;
     for (size_t k = 0; j && k < 2 * (size_t)j->window; k++) n += j->slots[k].up;
     return PyLong_FromLong(n);
@@ -1068,17 +1290,15 @@ static PyObject *Engine_awaiting_parent(Engine *e, PyObject *args) {
 
 /* active(id): when the job was installed or last accepted DATA, or None */
 static PyObject *Engine_active(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     if (!j) Py_RETURN_NONE;
     return PyFloat_FromDouble(j->active);
 }
 
 static PyObject *Engine_open_slots(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     return PyLong_FromLong(j ? j->nopen : 0);
 }
 
@@ -1163,9 +1383,8 @@ static PyObject *Engine_counters(Engine *e, PyObject *noargs) {
 
 /* job_counters(id): the job's own counters not zero, or None (no such job) */
 static PyObject *Engine_job_counters(Engine *e, PyObject *args) {
-    int id;
-    if (!PyArg_ParseTuple(args, "i", &id)) return NULL;
-    Job *j = (id >= 0 && id < 65536) ? e->jobs[id] : NULL;
+    Job *j;
+    if (job_arg(e, args, &j) < 0) return NULL;
     if (!j) Py_RETURN_NONE;
     return counters_dict(j->c, 1);
 }
@@ -1272,6 +1491,30 @@ static PyObject *Engine_serve(Engine *e, PyObject *args) {
     return out;
 }
 
+/* set_pool(slots, (ip, port)): the shared slot pool of ``slots`` slots, its overflow to
+ * the parent at (ip, port); set_pool(-1, None): no pool (the model's pool_slots None) */
+static PyObject *Engine_set_pool(Engine *e, PyObject *args) {
+    long slots;
+    PyObject *parent;
+    if (!PyArg_ParseTuple(args, "lO", &slots, &parent)) return NULL;
+    if (slots < 0) {
+        e->pool = 0;
+        Py_RETURN_NONE;
+    }
+    unsigned long ip;
+    int port;
+    if (!PyArg_ParseTuple(parent, "ki", &ip, &port)) return NULL;
+    e->pool = 1;
+    e->pool_slots = slots;
+    e->pool_parent.ip = (uint32_t)ip;
+    e->pool_parent.port = (uint16_t)port;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_pool_used(Engine *e, PyObject *noargs) {
+    return PyLong_FromLong(e->pool_used);
+}
+
 /* set_pace(bps): serve mode, no faster than bps bit/s to any one destination (0: off) */
 static PyObject *Engine_set_pace(Engine *e, PyObject *args) {
     double bps;
@@ -1286,6 +1529,8 @@ static PyObject *Engine_set_pace(Engine *e, PyObject *args) {
 }
 
 static PyMethodDef Engine_methods[] = {
+    {"set_pool", (PyCFunction)Engine_set_pool, METH_VARARGS, "the shared slot pool"},
+    {"pool_used", (PyCFunction)Engine_pool_used, METH_NOARGS, "pool slots held now"},
     {"set_pace", (PyCFunction)Engine_set_pace, METH_VARARGS,
      "set_pace(bps): serve mode, RESULTs to any one destination no faster than bps bit/s "
      "(0: off, the default)"},

@@ -73,6 +73,12 @@ class FastSwitchModel(SwitchModel):
         self._data = (VERSION, int(MsgType.DATA))
         self._result = (VERSION, int(MsgType.RESULT))
         super().__init__(jobs, **kw)
+        if self.pool_slots is not None:
+            self.engine.set_pool(self.pool_slots, (ip_int(self.parent[0]), self.parent[1]))
+
+    @property
+    def pool_used(self) -> int:
+        return self.engine.pool_used()
 
     # -- the job table: the model's, mirrored into the engine ------------------------
     def add_job(self, cfg, now=None):

@@ -7,7 +7,9 @@ for the board alike, and never touch the switch's state from another thread.
 * :class:`StatusCollector`: a ``prometheus_client`` collector; each scrape is one STATUS
   read. ``ina switch --metrics PORT`` serves it over HTTP (:func:`serve_metrics`):
   ``ina_switch_<counter>_total`` for every counter (help text: what it counts,
-  ``ina_fabric.protocol.counters``), and per job (label ``job``): its workers, window,
+  ``ina_fabric.protocol.counters``); per job (label ``job``) every counter the switch
+  keeps per job, ``ina_job_<counter>_total`` (``JOB_COUNTERS``; zero where STATUS leaves
+  it out, absent where the switch keeps none per job: the board), and its workers, window,
   elements, deadline, open slots, the number of workers the oldest open slot waits for
   (``ina_job_waiting_for``, one series per missing worker in ``ina_job_waiting_for_worker``)
   and its position (the next sequence number a run resumes at). ``ina_switch_up`` is 0
@@ -15,14 +17,15 @@ for the board alike, and never touch the switch's state from another thread.
 * :func:`snapshot` / :func:`rates`: what ``ina top`` draws: counter rates between two
   reads, and the jobs.
 
-The counters are the switch's, over all jobs (the model, the C engine and the gateware
-keep them so); what STATUS knows per job is served per job.
+The switch's counters cover all jobs and everything before a datagram's job is known;
+the per-job counters are each job's share (the model and the C engine keep them; the
+gateware does not, so a board serves its counters switch-wide only).
 """
 
 import time
 
 from ina_fabric.protocol.control_client import query_status
-from ina_fabric.protocol.counters import DOCS
+from ina_fabric.protocol.counters import DOCS, JOB_COUNTERS
 
 __all__ = ["StatusCollector", "serve_metrics", "snapshot", "rates", "JOB_GAUGES"]
 
@@ -83,6 +86,7 @@ class StatusCollector:
                 if field in st:
                     g.add_metric([str(job)], float(st[field]) * scale)
             yield g
+        yield from self._job_counters(jobs)
         w = GaugeMetricFamily("ina_job_waiting_for", "workers the oldest open slot still "
                               "lacks (a stalled job: who stalls it)", labels=["job"])
         ww = GaugeMetricFamily("ina_job_waiting_for_worker", "1 for each worker the oldest "
@@ -94,6 +98,20 @@ class StatusCollector:
                 ww.add_metric([str(job), str(worker)], 1)
         yield w
         yield ww
+
+    @staticmethod
+    def _job_counters(jobs):
+        """``ina_job_<counter>_total{job}`` for each per-job counter, for every job whose
+        STATUS entry carries its counters (STATUS lists those not zero)."""
+        from prometheus_client.core import CounterMetricFamily
+        kept = {job: st["counters"] for job, st in jobs.items()
+                if isinstance(st.get("counters"), dict)}
+        for name in JOB_COUNTERS:
+            c = CounterMetricFamily(f"ina_job_{name}", f"{DOCS[name]}, this job's",
+                                    labels=["job"])
+            for job, counts in sorted(kept.items(), key=lambda kv: int(kv[0])):
+                c.add_metric([str(job)], counts.get(name, 0))
+            yield c
 
 
 def serve_metrics(addr, port: int, host: str = "127.0.0.1", key=None):

@@ -39,6 +39,14 @@ hold-off costs nothing measurable, and worse beside a flood; docs/tail.md, "Runs
 
 Accumulation is exact (int64; 32 int32 values cannot overflow it) and the result is
 saturated to int32 when it is emitted, with OVERFLOW set if any element saturated.
+
+Element widths (issue 40, docs/precision.md). A DATA's ``width`` byte names its
+elements' width (int32, int16 or int8; ``fields.width_byte``). The DATA that opens a slot
+sets the slot's width; a member's DATA of another width is ``drop_bad_width``, answered
+with ``Refusal.BAD_WIDTH`` (bitmap: the slot's width byte). Narrow elements are summed
+into the same int64 accumulators, and the RESULT carries the slot's width, saturated to
+its range once, when emitted (OVERFLOW, ``overflows``), as int32 is. The client scales so
+that the sum of N workers fits (headroom S = bits - 1 - ceil(log2 N)).
 Saturating at each add would make the result depend on arrival order; this way every
 order gives the same bytes, which the gateware matches with 37-bit accumulators.
 
@@ -52,7 +60,9 @@ with its own window, mode and deadline. Per level:
   with "all members" read as the bitmap being full;
 * closing at a switch with a parent does not emit a RESULT: the switch sends one DATA to
   the parent (``up``) as member ``cfg.index`` of the parent's job, with the saturated
-  int32 partial sum, ``count`` = the workers it covers, ``bitmap`` = its own members,
+  partial sum (int32, saturated; a narrow slot's goes up wider and exact,
+  ``fields.up_width``: int8 as int16, int16 as int32, with the RESULT's width in the
+  width byte's high nibble), ``count`` = the workers it covers, ``bitmap`` = its own members,
   the exponent max, OVERFLOW if it saturated or a child's DATA had it. The slot is then
   *up*: it takes no more contributions (a late member's DATA is counted ``late``), and a
   member's re-sent DATA sends the stored upward DATA again (``up_resent``, RETRANSMIT),
@@ -108,7 +118,9 @@ import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
                                         GROUP_WORKER, MAX_JOB_WORKERS, field_offsets, Refusal,
-                                        ERROR_INTERVAL, ERROR_SOURCES, error_bucket)
+                                        ERROR_INTERVAL, ERROR_SOURCES, error_bucket,
+                                        valid_width, elem_bytes, sum_width, up_width,
+                                        width_byte, WIDTH_BITS)
 from ina_fabric.protocol.numpy_view import HEADER_DTYPE, ELEM_DTYPE
 from ina_fabric.protocol.jobtable import IDLE_RECLAIM_S
 from ina_fabric.protocol.auth import (ReplayGuard, seal, unseal, TRAILER_BYTES,
@@ -146,6 +158,29 @@ MAX_TOTAL_BYTES = 1 << 30
 #: ina_fabric.protocol.jobtable, where the gateware reads it too)
 
 
+#: element dtype of each width code (big-endian, as on the wire)
+_ELEM = {0: ELEM_DTYPE, 1: np.dtype(">i2"), 2: np.dtype("i1")}
+
+
+def _result_byte(width: int) -> int:
+    """The width byte of the RESULT of a slot opened by DATA with ``width``: its elements
+    are the result's width."""
+    return (width >> 4) | (width & 0xF0)
+
+
+def _member_width(cfg, width: int) -> int:
+    """The width byte a member's DATA must carry, given the result width it names: a
+    worker's elements are the result's width; a child switch's are ``up_width``."""
+    bits = sum_width(width)
+    return width_byte(up_width(bits, cfg.total) if cfg.children else bits, bits)
+
+
+def _clip(acc, width: int):
+    """Saturate accumulators to the range of the elements of ``width`` (the low nibble)."""
+    bits = WIDTH_BITS[width & 0xF]
+    return np.clip(acc, -(1 << bits - 1), (1 << bits - 1) - 1)
+
+
 def _full(n: int) -> int:
     """The bitmap of n members, all in."""
     return (1 << n) - 1
@@ -158,7 +193,8 @@ def job_bytes(cfg) -> int:
 
 class _Slot:
     __slots__ = ("tag", "complete", "acc", "nelem", "bitmap", "count", "exponent",
-                 "opened_at", "result", "up", "overflow", "held", "over", "via")
+                 "opened_at", "result", "up", "overflow", "held", "over", "via",
+                 "width")
 
     def __init__(self, tag):
         self.tag = tag
@@ -175,6 +211,7 @@ class _Slot:
         self.held = False   # pool: holds one of the switch's pool slots (docs/pool.md)
         self.over = False   # pool: no slot was free when it opened: its DATA go to the parent
         self.via = None     # parent of a pool: the child switch whose FORWARDED DATA it sums
+        self.width = 0      # the width byte of the DATA that opened it (int32: 0)
 
 
 class _Tally:
@@ -215,7 +252,7 @@ class SwitchModel:
 
     def __init__(self, jobs=(), *, key: bytes | None = None, max_jobs=MAX_JOBS,
                  max_job_bytes=MAX_JOB_BYTES, max_total_bytes=MAX_TOTAL_BYTES,
-                 modes=None, answers=True, parent=None, pool_slots=None,
+                 modes=None, answers=True, parent=None, pool_slots=None, widths=None,
                  error_interval=ERROR_INTERVAL):
         """``key``: the control key (``ina_fabric.protocol.auth``). CONTROL and STATUS_REQ
         are taken only when sealed with it; without a key, none is taken over the wire
@@ -234,14 +271,18 @@ class SwitchModel:
         memory (``max_total_bytes`` does not apply), and the DATA of a slot that finds the
         pool full goes on to ``parent`` (needed), which sums it. None: every job keeps its
         own 2W slots, as before. (Slots of tree jobs, and those a parent opens for a
-        child's overflow, are outside the pool: their memory is the switch's own.)"""
+        child's overflow, are outside the pool: their memory is the switch's own.)
+        ``widths``: the element widths (bits) this switch sums (default 32, 16 and 8); a
+        DATA of another width is ``drop_malformed``, as a switch that predates widths
+        drops it (its length is not ``nelem * 4``)."""
+        self.widths = tuple(WIDTH_BITS.values() if widths is None else widths)
         if pool_slots is not None and int(pool_slots) < 0:
             raise ValueError(f"pool_slots {pool_slots}: must be >= 0")
         if pool_slots is not None and parent is None:
             raise ValueError("a slot pool needs a parent switch to take its overflow "
                              "(ina switch --pool-slots N --parent HOST:PORT)")
         self.pool_slots = None if pool_slots is None else int(pool_slots)
-        self.pool_used = 0
+        self._pool_used = 0
         self.parent = None if parent is None else (str(parent[0]), int(parent[1]))
         from ina_fabric.protocol.jobtable import MODES
         self.modes = tuple(MODES if modes is None else modes)
@@ -347,10 +388,15 @@ class SwitchModel:
         self.jobs.pop(job, None)
 
     # -- the shared slot pool (docs/pool.md) -------------------------------------------
+    @property
+    def pool_used(self) -> int:
+        """Pool slots held now."""
+        return self._pool_used
+
     def _release(self, slot):
         if slot.held:
             slot.held = False
-            self.pool_used -= 1
+            self._pool_used -= 1
 
     def _release_job(self, js):
         for half in js.slots:
@@ -365,7 +411,7 @@ class SwitchModel:
         if self.pool_used >= self.pool_slots:
             return False
         slot.held = True
-        self.pool_used += 1
+        self._pool_used += 1
         return True
 
     def _confirmed(self, js, seq):
@@ -381,9 +427,14 @@ class SwitchModel:
             slot.result = None
             self._release(slot)
 
+    def _pool_full(self) -> bool:
+        """The congestion signal (docs/congestion.md): every pool slot is held, so new
+        slots go to the parent; a RESULT sent now carries CONGESTED."""
+        return self.pool_slots is not None and self._pool_used >= self.pool_slots
+
     def _forward(self, js, slot, datagram):
         """The slot found the pool full: the DATA goes on to the parent (FORWARDED)."""
-        self._counts["overflow"] += 1
+        _Tally(self._counts, js.counts)["overflow"] += 1
         b = bytearray(datagram)
         b[_OFF["flags"]] |= Flags.FORWARDED
         return [(self.parent, bytes(b))]
@@ -508,11 +559,16 @@ class SwitchModel:
             c["drop_malformed"] += 1          # (a switch takes RESULTs only from a parent)
             return out
         nelem = int(h["nelem"])
+        width = int(h["width"])
+        if not valid_width(width) or WIDTH_BITS[width & 0xF] not in self.widths or \
+                WIDTH_BITS[width >> 4] not in self.widths:
+            c["drop_malformed"] += 1
+            return out
         body = n - HEADER_BYTES
-        if body < 4 * nelem:
+        if body < elem_bytes(width) * nelem:
             c["drop_truncated"] += 1
             return out
-        if body != 4 * nelem:
+        if body != elem_bytes(width) * nelem:
             c["drop_malformed"] += 1
             return out
         js = self.jobs.get(int(h["job"]))
@@ -542,6 +598,9 @@ class SwitchModel:
         if not 1 <= covers <= cfg.total:
             c["drop_malformed"] += 1
             return out
+        if width != _member_width(cfg, width):
+            c["drop_malformed"] += 1     # a worker's nibbles differ, or a child's partial
+            return out                   # sum is not as wide as up_width says
         c["rx_data"] += 1
         if fwd:
             c["overflow_in"] += 1
@@ -569,7 +628,7 @@ class SwitchModel:
             slot.acc = np.zeros(nelem, np.int64)
             slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
             slot.exponent, slot.opened_at = NO_EXPONENT, now
-            slot.up, slot.overflow = None, False
+            slot.up, slot.overflow, slot.width = None, False, width
             js.open[seq] = slot
             if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
                 js.head = (seq + 1) & SEQ_MASK
@@ -613,11 +672,15 @@ class SwitchModel:
         if nelem != slot.nelem:
             c["drop_malformed"] += 1
             return out + self._refuse(Refusal.BAD_LENGTH, slot.nelem, datagram, source, now)
+        if width != slot.width:
+            c["drop_bad_width"] += 1
+            return out + self._refuse(Refusal.BAD_WIDTH, slot.width, datagram, source, now)
         c["accepted"] += 1
         js.active = now
         js.absent &= ~bit          # in step again (bounded-skip): slots wait for it again
         if nelem:
-            slot.acc += np.frombuffer(datagram, ELEM_DTYPE, count=nelem, offset=HEADER_BYTES)
+            slot.acc += np.frombuffer(datagram, _ELEM[width & 0xF], count=nelem,
+                                      offset=HEADER_BYTES)
         slot.bitmap |= bit
         slot.count += covers
         slot.exponent = max(slot.exponent, int(h["exponent"]))
@@ -662,15 +725,19 @@ class SwitchModel:
                 return []
             js.active = now
             c["relayed"] += 1
-            if worker != GROUP_WORKER:
-                return [(cfg.members[worker].addr, bytes(datagram))]
             b = bytearray(datagram)
+            if self._pool_full():
+                b[_OFF["flags"]] |= Flags.CONGESTED
+                c["congested"] += 1
+            if worker != GROUP_WORKER:
+                return [(cfg.members[worker].addr, bytes(b))]
             b[_OFF["flags"]] &= ~Flags.RETRANSMIT & 0xFF
             return [(dest, bytes(b)) for dest in js.group]
         if slot.up is None or slot.tag != seq:
             c["drop_result"] += 1
             return []
-        if int(h["nelem"]) != slot.nelem or int(h["count"]) > MAX_JOB_WORKERS:
+        if int(h["nelem"]) != slot.nelem or int(h["count"]) > MAX_JOB_WORKERS or \
+                int(h["width"]) != _result_byte(slot.width):
             c["drop_malformed"] += 1
             return []
         b = bytearray(datagram)
@@ -689,25 +756,36 @@ class SwitchModel:
         return self._emit(js, slot) if js.cfg.parent is None else self._send_up(js, slot)
 
     def _send_up(self, js, slot):
+        bits = sum_width(slot.width)
+        up = width_byte(up_width(bits, js.cfg.total), bits)
+        data = self._sum_datagram(js, slot, MsgType.DATA, js.cfg.index, up)
+        slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
+        _Tally(self._counts, js.counts)["up"] += 1
+        return [(js.cfg.parent, data)]
+
+    def _sum_datagram(self, js, slot, mtype, worker, width) -> bytes:
+        """The datagram a closing slot sends (a RESULT at the root, the DATA up at a
+        switch with a parent), its elements ``width`` wide (the width byte): the sum
+        saturated to that width, PARTIAL when it covers fewer than the job's workers,
+        OVERFLOW when it saturated or a child's DATA had it (counted). The slot's
+        accumulator is released."""
         c, cfg = _Tally(self._counts, js.counts), js.cfg
         flags = Flags.OVERFLOW if slot.overflow else 0
         if slot.count < cfg.total:
             flags |= Flags.PARTIAL
             c["partials"] += 1
-        clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
+        clipped = _clip(slot.acc, width)
         if slot.nelem and not np.array_equal(clipped, slot.acc):
             flags |= Flags.OVERFLOW
             c["overflows"] += 1
         hdr = np.zeros((), HEADER_DTYPE)
-        hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.DATA, flags
-        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, cfg.index
+        hdr["version"], hdr["type"], hdr["flags"] = VERSION, mtype, flags
+        hdr["width"] = width
+        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, cfg.job, worker
         hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
         hdr["bitmap"], hdr["session"] = slot.bitmap, cfg.session
-        data = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
-        slot.up = data[:2] + bytes([data[2] | Flags.RETRANSMIT]) + data[3:]
         slot.acc = None
-        c["up"] += 1
-        return [(cfg.parent, data)]
+        return hdr.tobytes() + clipped.astype(_ELEM[width & 0xF]).tobytes()
 
     def _refuse(self, reason, figure, datagram, source, now):
         """The ERROR answering a refused DATA (the module's docstring), or nothing when
@@ -772,22 +850,14 @@ class SwitchModel:
     # -- results ---------------------------------------------------------------------
     def _emit(self, js, slot):
         c = _Tally(self._counts, js.counts)
-        flags = Flags.OVERFLOW if slot.overflow else 0
-        if slot.count < js.cfg.total:
-            flags |= Flags.PARTIAL
-            c["partials"] += 1
-        clipped = np.clip(slot.acc, INT32_MIN, INT32_MAX)
-        if slot.nelem and not np.array_equal(clipped, slot.acc):
-            flags |= Flags.OVERFLOW
-            c["overflows"] += 1
-        hdr = np.zeros((), HEADER_DTYPE)
-        hdr["version"], hdr["type"], hdr["flags"] = VERSION, MsgType.RESULT, flags
-        hdr["exponent"], hdr["job"], hdr["worker"] = slot.exponent, js.cfg.job, GROUP_WORKER
-        hdr["count"], hdr["seq"], hdr["nelem"] = slot.count, slot.tag, slot.nelem
-        hdr["bitmap"], hdr["session"] = slot.bitmap, js.cfg.session
-        slot.result = hdr.tobytes() + clipped.astype(ELEM_DTYPE).tobytes()
+        slot.result = self._sum_datagram(js, slot, MsgType.RESULT, GROUP_WORKER,
+                                         _result_byte(slot.width))
+        if self._pool_full():
+            b = bytearray(slot.result)
+            b[_OFF["flags"]] |= Flags.CONGESTED
+            slot.result = bytes(b)
+            c["congested"] += 1
         slot.complete = True
-        slot.acc = None
         c["results"] += 1
         return [(dest, slot.result) for dest in ([slot.via] if slot.via else js.group)]
 
@@ -851,7 +921,8 @@ class SwitchModel:
         """One page of STATUS, at most ``budget`` bytes: the counters, the jobs with ids
         from ``start`` on that fit, and ``next_job`` (where the next page starts, or
         None). Page cost is independent of how many jobs the page leaves out."""
-        doc = {"counters": dict(self.counters), "jobs": {}, "next_job": None}
+        doc = {"counters": dict(self.counters), "jobs": {}, "next_job": None} | (
+            {"pool": self.pool_status()} if self.pool_slots is not None else {})
         size = len(self._status_bytes(doc)) + 16
         for j in sorted(j for j in self.jobs if j >= start):
             entry = self._job_status(self.jobs[j])
@@ -878,6 +949,6 @@ def error_datagram(data: bytes, reason, figure: int) -> bytes:
     b[_OFF["exponent"]] = 0
     b[_OFF["count"]:_OFF["count"] + 2] = int(reason).to_bytes(2, "big")
     b[_OFF["nelem"]:_OFF["nelem"] + 2] = bytes(2)
-    b[_OFF["reserved"]] = 0
+    b[_OFF["width"]] = 0
     b[_OFF["bitmap"]:_OFF["bitmap"] + 4] = (figure & SEQ_MASK).to_bytes(4, "big")
     return bytes(b)

@@ -160,9 +160,14 @@ class RtlSwitchModel(SwitchModel):
         if cfg.mode not in self.modes:
             raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} runs on the software "
                               f"switches only (the gateware has {', '.join(self.modes)})")
-        if cfg.tree:
-            raise ConfigError(f"job {cfg.job}: a tree of switches (docs/fabric.md) runs on "
-                              f"the software switches only; the gateware has no tree yet")
+        if cfg.parent is not None:
+            raise ConfigError(f"job {cfg.job}: a leaf of a tree of switches (docs/fabric.md) "
+                              f"runs on the software switches only (the gateware is not a "
+                              f"leaf; it can be the spine)")
+        if cfg.children and not P.tree:
+            raise ConfigError(f"job {cfg.job}: a spine of a tree of switches needs the core "
+                              f"built with the tree option (INA_RTL_PARAMS='{{\"tree\": "
+                              f"true}}')")
         index = self._index.get(cfg.job)
         if index is None:
             free = sorted(set(range(P.jobs)) - set(self._index.values()))

@@ -41,13 +41,15 @@ class SwitchServer:
     key file, made on first use); ``key=None`` takes no CONTROL or STATUS_REQ at all."""
 
     def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None,
-                 key=_DEFAULT, engine="auto", pace_rate=0.0, parent=None):
+                 key=_DEFAULT, engine="auto", pace_rate=0.0, parent=None, pool_slots=None):
         """``engine``: "fast", "model", "rtl", or "auto" (fast where it is built and no
         impairment is asked for, else the model, saying why through ``log``).
         ``pace_rate``: bit/s, RESULTs to any one worker no faster than this (its
         downlink's rate; the fast engine only); 0: as fast as they are formed.
         ``parent``: this switch's parent in a tree of switches, ``(ip, port)``
-        (docs/fabric.md): a tree entry that names another parent is refused."""
+        (docs/fabric.md): a tree entry that names another parent is refused.
+        ``pool_slots``: the shared slot pool (docs/pool.md; needs ``parent``, which takes
+        its overflow; fast and model engines)."""
         if key is _DEFAULT:
             key = switch_key(create=True)
         impaired = impairment is not None and impairment.active
@@ -67,12 +69,14 @@ class SwitchServer:
         if pace_rate and engine != "fast":
             raise ValueError(f"pacing RESULTs (pace_rate) needs the fast engine, not "
                              f"{engine!r}")
+        if pool_slots is not None and engine == "rtl":
+            raise ValueError("the rtl engine has no slot pool yet (docs/pool.md)")
         if engine == "rtl":
             from .rtl import RtlSwitchModel
             self.model = RtlSwitchModel(jobs, key=key, log=log)
         else:
             self.model = (fast.FastSwitchModel if engine == "fast" else SwitchModel)(
-                jobs, key=key, parent=parent)
+                jobs, key=key, parent=parent, pool_slots=pool_slots)
         if pace_rate:
             self.model.engine.set_pace(float(pace_rate))
         #: why the server stopped by itself (an RTL scoreboard disagreement), or None

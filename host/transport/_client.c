@@ -38,6 +38,7 @@
 #define BOUNDED_MAX_BACKOFF 4   /* window.py: a bounded re-send fetches a stored result */
 /* congestion control: window.py's constants of the same names (docs/congestion.md) */
 #define LOSS_BETA 0.5
+#define CONGESTED_BETA 0.8       /* window.py's */
 #define DELAY_BETA 0.8
 #define MAX_DELAY_CUT 0.5
 #define DELAY_FACTOR 1.5
@@ -307,7 +308,7 @@ static void win_start(Win *w, double now) {
     win_pump(w, now);
 }
 
-static void win_on_result(Win *w, int p, double now) {
+static void win_on_result(Win *w, int p, double now, int congested) {
     w->started = 1;
     if (w->t_first == INFINITY) w->t_first = now;
     if (w->received[p]) return;
@@ -331,11 +332,12 @@ static void win_on_result(Win *w, int p, double now) {
          * at the deadline before p went; no sample then) */
         if (!w->tries[p] && t <= now) {
             rtt_sample(w->rtt, now - t);
-            if (w->cc) win_on_rtt(w, now - t, t, now);
+            if (w->cc && !congested) win_on_rtt(w, now - t, t, now);
             sampled = 1;
         }
     }
-    if (!sampled && w->cc) win_grow(w);   /* no sample (Karn), but delivered: ACK clock */
+    if (!sampled && w->cc && !congested) win_grow(w);   /* no sample (Karn): ACK clock */
+    if (w->cc && congested) win_cut(w, now, CONGESTED_BETA);   /* the switch's slots */
     push(w, A_DELIVER, p, 0);
     win_release(w, p + w->W, now);
     win_pump(w, now);
@@ -475,6 +477,9 @@ typedef struct {
     uint8_t **heldbuf;
     int64_t *stats;
     uint8_t *missed;             /* carry mode: a flag per chunk left out (else NULL) */
+    int code, stochastic;        /* element width code (0 int32, 1 int16, 2 int8) and
+                                    rounding (docs/precision.md) */
+    uint64_t seed;               /* stochastic rounding: the call's shared seed */
     int refusal, refused_p;      /* RC_REFUSED: the switch's reason, for packet refused_p */
     uint32_t refusal_figure;
 } Call;
@@ -576,6 +581,59 @@ static int64_t pack(const float *v, int count, int exponent, int sbits, uint8_t 
     return pack_portable(v, count, scale, dst);
 }
 
+/* quantize.py's _mix, chunk_key, _packw and _dequantw (issue 40): any width, rounding to
+ * nearest even or stochastic floor(x + u), u from splitmix64 over (key, element) */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t chunk_key(uint64_t seed, uint32_t seq, int worker) {
+    return mix64(seed + mix64(((uint64_t)seq << 8) | (uint64_t)(worker & 0xFF)));
+}
+
+static int64_t packw(const float *v, int count, int exponent, int sbits, uint8_t *dst,
+                     int no_exponent, int nonfinite, int code, int stochastic,
+                     uint64_t key) {
+    int size = 4 >> code;
+    if (exponent == no_exponent || exponent == nonfinite) {
+        memset(dst, 0, (size_t)size * count);
+        return 0;
+    }
+    double scale = ldexp(1.0, sbits - exponent);
+    double lim = (double)(((int64_t)1 << ((32 >> code) - 1)) - 1);
+    int64_t clipped = 0;
+    for (int i = 0; i < count; i++) {
+        double x = (double)v[i] * scale;
+        clipped += fabs(x) > lim;
+        x = x < -lim ? -lim : (x > lim ? lim : x);
+        int64_t q;
+        if (stochastic) {
+            double u = (double)(mix64(key + (uint64_t)i * 0x9E3779B97F4A7C15ull) >> 11) *
+                       0x1p-53;
+            q = (int64_t)floor(x + u);
+            q = q < -(int64_t)lim ? -(int64_t)lim : (q > (int64_t)lim ? (int64_t)lim : q);
+        } else {
+            q = (int64_t)rint(x);
+        }
+        uint8_t *o = dst + (size_t)size * i;
+        if (size == 4) ina_put_be32(o, (uint32_t)q);
+        else if (size == 2) { o[0] = (uint8_t)(q >> 8); o[1] = (uint8_t)q; }
+        else o[0] = (uint8_t)q;
+    }
+    return clipped;
+}
+
+static void dequantw(const uint8_t *q, int nel, double factor, float *o, int code) {
+    for (int i = 0; i < nel; i++) {
+        int64_t v = code == 0 ? (int64_t)ina_be32(q + 4 * (size_t)i)
+                  : code == 1 ? (int64_t)(int16_t)(((uint16_t)q[2 * i] << 8) | q[2 * i + 1])
+                  : (int64_t)(int8_t)q[i];
+        o[i] = (float)((double)v * factor);
+    }
+}
+
 static void dequant(const uint8_t *q, int nel, double factor, float *o) {
 #ifdef HAVE_AVX2_PATH
     if (avx2()) { dequant_avx2(q, nel, factor, o); return; }
@@ -633,9 +691,17 @@ static size_t build(Call *c, int p, int retransmit) {
         if (p >= c->W) {
             int j = p - c->W;
             nel = nelem_of(c, p);
-            c->stats[S_CLIPPED] += pack(c->x + (int64_t)j * c->E, nel, c->shared_exp[j],
-                                        c->sbits, b + L->header, L->no_exponent,
-                                        L->nonfinite);
+            if (c->code || c->stochastic)
+                c->stats[S_CLIPPED] += packw(c->x + (int64_t)j * c->E, nel,
+                                             c->shared_exp[j], c->sbits, b + L->header,
+                                             L->no_exponent, L->nonfinite, c->code,
+                                             c->stochastic,
+                                             chunk_key(c->seed, c->base + (uint32_t)p,
+                                                       c->worker));
+            else
+                c->stats[S_CLIPPED] += pack(c->x + (int64_t)j * c->E, nel, c->shared_exp[j],
+                                            c->sbits, b + L->header, L->no_exponent,
+                                            L->nonfinite);
         }
         memset(b, 0, L->header);
         b[L->version] = L->v_version;
@@ -646,6 +712,7 @@ static size_t build(Call *c, int p, int retransmit) {
         b[L->worker] = c->worker;
         ina_wr32(b + L->seq, c->base + (uint32_t)p);
         ina_wr16(b + L->nelem, nel);
+        b[L->width] = (uint8_t)(c->code | c->code << 4);
         ina_wr32(b + L->bitmap, 1u << c->worker);
         ina_wr64(b + L->session, c->session);
     }
@@ -654,7 +721,7 @@ static size_t build(Call *c, int p, int retransmit) {
         b[L->flags] |= L->f_retransmit;
         c->stats[S_RETRANSMITS]++;
     }
-    return L->header + 4 * (size_t)nelem_of(c, p);
+    return L->header + (size_t)(4 >> c->code) * nelem_of(c, p);
 }
 
 /* the packet index of a RESULT of this call, or -1 (every field checked) */
@@ -666,7 +733,8 @@ static int result_index(const Call *c, const uint8_t *d, size_t n) {
     if (d[L->type] != L->t_result || d[L->version] != L->v_version ||
             (int)ina_rd16(d + L->job) != c->job || p >= (uint32_t)c->P ||
             ina_rd64(d + L->session) != c->session ||
-            nel != nelem_of(c, (int)p) || 4 * (size_t)nel != n - L->header ||
+            nel != nelem_of(c, (int)p) || (size_t)(4 >> c->code) * nel != n - L->header ||
+            d[L->width] != (uint8_t)(c->code | c->code << 4) ||
             (int)ina_rd16(d + L->count) > c->nworkers || (w != c->worker && w != L->group_worker))
         return -1;
     return (int)p;
@@ -717,7 +785,8 @@ static void apply(Call *c, int p, const uint8_t *d) {
         } else {
             double factor = ldexp(partial && !c->missed ? (double)c->nworkers / count : 1.0,
                                   e - c->sbits);
-            dequant(d + L->header, nel, factor, o);
+            if (c->code) dequantw(d + L->header, nel, factor, o, c->code);
+            else dequant(d + L->header, nel, factor, o);
         }
     }
     if (held) {
@@ -923,7 +992,7 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                         c->refusal_figure = (int)ina_rd16(d + L->count);   /* the job's member count */
                         return RC_MEMBERS_DIFFER;
                     }
-                    win_on_result(w, p, now);
+                    win_on_result(w, p, now, (d[L->flags] & L->f_congested) != 0);
                     if (w->nact) {
                         useful = 1;
                         if ((r = perform(w, c, q, d, n))) return r;
@@ -982,10 +1051,15 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     unsigned long long session;
     int sw_port, job, worker, nworkers, E, W;
     double pace_rate = 0.0;    /* bit/s on the worker's link; 0: no pacing */
-    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK|dO", &layout, &fdt, &sw_ip, &sw_port, &ox,
-                          &oout, &oring, &oexp, &job, &worker, &nworkers, &E, &base, &W,
-                          &ocfg, &ortt, &ostats, &session, &pace_rate, &omissed))
+    int bits = 32, stochastic = 0;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK|dOipK", &layout, &fdt, &sw_ip, &sw_port,
+                          &ox, &oout, &oring, &oexp, &job, &worker, &nworkers, &E, &base,
+                          &W, &ocfg, &ortt, &ostats, &session, &pace_rate, &omissed, &bits,
+                          &stochastic, &seed))
         return NULL;
+    if (bits != 32 && bits != 16 && bits != 8)
+        return PyErr_Format(PyExc_ValueError, "run_call: width %d (32, 16 or 8)", bits);
     Call c;
     memset(&c, 0, sizeof c);
     if (ina_layout_from_dict(layout, &c.L) < 0) return NULL;
@@ -1011,7 +1085,10 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     c.K = (int)((n + E - 1) / E); c.P = c.K + W;
     c.job = job; c.worker = worker; c.nworkers = nworkers; c.base = (uint32_t)base;
     c.session = session;
-    c.sbits = 30;
+    c.code = bits == 32 ? 0 : (bits == 16 ? 1 : 2);
+    c.stochastic = stochastic;
+    c.seed = seed;
+    c.sbits = bits - 2;
     for (int k = 1; k < nworkers; k *= 2) c.sbits--;   /* quantize.scale_bits */
     c.ring = bring.buf; c.stride = c.L.header + 4 * (size_t)E;
     c.local_exp = bexp.buf; c.stats = bst.buf;
@@ -1137,11 +1214,11 @@ static PyObject *Window_start(WindowObject *self, PyObject *args) {
 }
 
 static PyObject *Window_on_result(WindowObject *self, PyObject *args) {
-    int p;
+    int p, congested = 0;
     double now;
-    if (!PyArg_ParseTuple(args, "id", &p, &now)) return NULL;
+    if (!PyArg_ParseTuple(args, "id|p", &p, &now, &congested)) return NULL;
     if (p < 0 || p >= self->w.P) return PyErr_Format(PyExc_IndexError, "packet %d", p);
-    win_on_result(&self->w, p, now);
+    win_on_result(&self->w, p, now, congested);
     return actions(&self->w);
 }
 
@@ -1275,6 +1352,59 @@ static PyObject *py_dequant(PyObject *self, PyObject *args) {
     return end_pair(&bb, &bo, Py_NewRef(Py_None));
 }
 
+/* packw(x, start, count, exponent, sbits, out: uint8, offset, no_exponent, nonfinite,
+ *       bits, stochastic, key) -> clipped; dequantw(buf, offset, count, factor, out,
+ * start, bits): quantize._packw / _dequantw compiled here (the differential tests) */
+static PyObject *py_packw(PyObject *self, PyObject *args) {
+    PyObject *ox, *oo;
+    long long start, count, offset;
+    int e, sbits, noexp, nonfin, bits, sr;
+    unsigned long long key;
+    if (!PyArg_ParseTuple(args, "OLLiiOLiiipK", &ox, &start, &count, &e, &sbits, &oo,
+                          &offset, &noexp, &nonfin, &bits, &sr, &key))
+        return NULL;
+    int code = bits == 32 ? 0 : (bits == 16 ? 1 : (bits == 8 ? 2 : -1));
+    if (code < 0) return PyErr_Format(PyExc_ValueError, "packw: width %d", bits);
+    Py_buffer bx, bo;
+    if (get_pair(ox, &bx, 4, oo, &bo, 1) < 0) return NULL;
+    int64_t r = 0;
+    if (start < 0 || count < 0 || start + count > bx.len / 4 || offset < 0 ||
+            offset + (4 >> code) * count > bo.len || count > INT32_MAX)
+        PyErr_SetString(PyExc_ValueError, "packw: out of range");
+    else
+        r = packw((const float *)bx.buf + start, (int)count, e, sbits,
+                  (uint8_t *)bo.buf + offset, noexp, nonfin, code, sr, key);
+    return end_pair(&bx, &bo, PyLong_FromLongLong(r));
+}
+
+static PyObject *py_dequantw(PyObject *self, PyObject *args) {
+    PyObject *ob, *oo;
+    long long offset, count, start;
+    double factor;
+    int bits;
+    if (!PyArg_ParseTuple(args, "OLLdOLi", &ob, &offset, &count, &factor, &oo, &start, &bits))
+        return NULL;
+    int code = bits == 32 ? 0 : (bits == 16 ? 1 : (bits == 8 ? 2 : -1));
+    if (code < 0) return PyErr_Format(PyExc_ValueError, "dequantw: width %d", bits);
+    Py_buffer bb, bo;
+    if (get_pair(ob, &bb, 1, oo, &bo, 4) < 0) return NULL;
+    if (offset < 0 || count < 0 || offset + (4 >> code) * count > bb.len || start < 0 ||
+            start + count > bo.len / 4 || count > INT32_MAX)
+        PyErr_SetString(PyExc_ValueError, "dequantw: out of range");
+    else
+        dequantw((const uint8_t *)bb.buf + offset, (int)count, factor,
+                 (float *)bo.buf + start, code);
+    return end_pair(&bb, &bo, Py_NewRef(Py_None));
+}
+
+static PyObject *py_chunk_key(PyObject *self, PyObject *args) {
+    unsigned long long seed;
+    unsigned long seq;
+    int worker;
+    if (!PyArg_ParseTuple(args, "Kki", &seed, &seq, &worker)) return NULL;
+    return PyLong_FromUnsignedLongLong(chunk_key(seed, (uint32_t)seq, worker));
+}
+
 static PyObject *py_set_avx2(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
@@ -1293,6 +1423,9 @@ static PyMethodDef module_methods[] = {
     {"exponents", py_exponents, METH_VARARGS, "quantize._exponents, compiled"},
     {"pack", py_pack, METH_VARARGS, "quantize._pack, compiled"},
     {"dequant", py_dequant, METH_VARARGS, "quantize._dequant, compiled"},
+    {"packw", py_packw, METH_VARARGS, "quantize._packw, compiled"},
+    {"dequantw", py_dequantw, METH_VARARGS, "quantize._dequantw, compiled"},
+    {"chunk_key", py_chunk_key, METH_VARARGS, "quantize.chunk_key, compiled"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -94,8 +94,8 @@ class CSendWindow:
     def start(self, now):
         return self._acts(self._w.start(now))
 
-    def on_result(self, p, now):
-        return self._acts(self._w.on_result(p, now))
+    def on_result(self, p, now, congested=False):
+        return self._acts(self._w.on_result(p, now, bool(congested)))
 
     def on_timer(self, now):
         return self._acts(self._w.on_timer(now))
@@ -154,10 +154,11 @@ class CallFailed(Exception):
 
 def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers,
              elements, base, window, cfg: WindowConfig, rtt: RttEstimator, stats,
-             session=0, pace_rate=0.0, missed=None):
+             session=0, pace_rate=0.0, missed=None, bits=32, stochastic=False, seed=0):
     """One call through the C loop; ``stats`` (an ``AllreduceStats``) and ``rtt`` are
     updated; ``pace_rate`` (bit/s, 0: none) spaces the datagrams at that rate;
-    ``missed``: carry mode (``AllreduceCall``'s), a uint8 flag per chunk. Raises
+    ``missed``: carry mode (``AllreduceCall``'s), a uint8 flag per chunk; ``bits``,
+    ``stochastic``, ``seed``: the call's precision (docs/precision.md). Raises
     CallFailed."""
     import socket
     arr = rtt_to_array(rtt)
@@ -167,7 +168,9 @@ def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers
         code, remaining, reason, figure, p = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
                                            local_exp, job, worker, nworkers, elements,
                                            base, window, config_tuple(cfg), arr, counts,
-                                           session, float(pace_rate or 0.0), missed)
+                                           session, float(pace_rate or 0.0), missed,
+                                           int(bits), bool(stochastic),
+                                           int(seed) & ((1 << 64) - 1))
     finally:
         rtt_from_array(rtt, arr)
         for name, v in zip(STATS, counts.tolist()):

@@ -15,6 +15,13 @@ overflow when the exponent was agreed. Error bound of the reduced value, per ele
     |dequantized_sum - exact_sum| <= N * 2**(e - S - 1)   (+ float32 rounding of the output)
 
 i.e. at most ``N * 2**-S`` of the chunk's largest |value| (1.5e-8 for N=4).
+
+Narrow widths (issue 40, docs/precision.md): the same rule at ``bits`` = 16 or 8,
+``S = bits - 2 - ceil(log2 N)`` (``scale_bits(N, bits)``), elements of ``bits // 8``
+bytes; rounding to nearest (even), or stochastic and unbiased, ``floor(x + u)`` with ``u``
+drawn by a counter-based generator (splitmix64) from the call's seed, the packet's seq,
+the worker and the element's index, so a rerun draws the same. Bounds: nearest
+``N * 2**(e - S - 1)``, stochastic ``N * 2**(e - S)`` (``error_bound``).
 """
 
 import math
@@ -25,16 +32,23 @@ from numba import njit
 from ina_fabric.protocol.fields import NO_EXPONENT, HEADER_BYTES, NONFINITE_EXPONENT
 
 __all__ = ["scale_bits", "local_exponents", "pack_chunk", "dequantize", "dequantize_into",
-           "error_bound", "warm_up", "NO_EXPONENT", "NONFINITE"]
+           "error_bound", "warm_up", "NO_EXPONENT", "NONFINITE", "pack_width",
+           "dequantize_width_into", "chunk_key", "shared_exponents", "error_bounds"]
 
 #: local exponent of a chunk that holds inf or NaN (its proposal; the wire's
 #: NONFINITE_EXPONENT): a chunk agreed at it travels as zeros and reads back as NaN
 NONFINITE = NONFINITE_EXPONENT
 
 
-def scale_bits(nworkers: int) -> int:
-    """S: fractional bits, leaving headroom for the sum of ``nworkers`` values."""
-    return 30 - math.ceil(math.log2(max(nworkers, 1)))
+def scale_bits(nworkers: int, bits: int = 32) -> int:
+    """S: fractional bits of a ``bits``-wide element, leaving headroom for the sum of
+    ``nworkers`` values (``bits - 2 - ceil(log2 N)``: int32's rule at every width)."""
+    s = bits - 2 - math.ceil(math.log2(max(nworkers, 1)))
+    if s < 1:
+        raise ValueError(f"{nworkers} workers leave no fractional bits at int{bits} (the "
+                         f"sum needs {bits - 2 - s + 1} bits of headroom): use a wider "
+                         f"precision")
+    return s
 
 
 def local_exponents(values: np.ndarray, elements: int) -> np.ndarray:
@@ -146,11 +160,148 @@ def dequantize_into(buf, offset, count, exponent, sbits, out, start, rescale=1.0
         _dequant(buf, offset, count, math.ldexp(rescale, int(exponent) - sbits), out, start)
 
 
-def error_bound(exponent: int, nworkers: int) -> float:
-    """Bound on |dequantized sum - exact sum| per element of a chunk (before float32)."""
+def error_bound(exponent: int, nworkers: int, bits: int = 32,
+                stochastic: bool = False) -> float:
+    """Bound on |dequantized sum - exact sum| per element of a chunk (before float32):
+    ``N * 2**(e - S - 1)`` rounding to nearest, ``N * 2**(e - S)`` stochastic."""
     if exponent == NO_EXPONENT:
         return 0.0
-    return nworkers * math.ldexp(1.0, int(exponent) - scale_bits(nworkers) - 1)
+    return nworkers * math.ldexp(1.0, int(exponent) - scale_bits(nworkers, bits)
+                                 - (0 if stochastic else 1))
+
+
+def shared_exponents(inputs, elements: int) -> np.ndarray:
+    """The exponents the workers agree on for each chunk of a call whose inputs (one
+    float32 vector per worker) are ``inputs``: the max of their proposals (as the switch
+    takes it). For tests and benches that check results against ``error_bounds``."""
+    return np.max([local_exponents(x, elements) for x in inputs], axis=0)
+
+
+def error_bounds(inputs, elements: int, bits: int = 32, stochastic: bool = False,
+                 rotate=None, step: int = 0) -> np.ndarray:
+    """Per element: the bound on |result - exact sum| of a call over ``inputs`` (one
+    vector per worker) at ``bits``, before float32 rounding. ``rotate``: the call's
+    ``RandomizedHadamard`` (or None), ``step`` its step: the bound holds in the rotated
+    coordinates, so each element of a transform block is bounded by the Euclidean norm
+    of the rotated bounds over that block."""
+    n = len(inputs)
+    x = [np.asarray(v, np.float32).reshape(-1) for v in inputs]
+    size = x[0].size
+    if rotate is not None:
+        x = [rotate.forward(v, step) for v in x]
+    e = shared_exponents(x, elements)
+    per_chunk = np.array([error_bound(int(k), n, bits, stochastic) for k in e])
+    b = np.repeat(per_chunk, elements)[:x[0].size]
+    if rotate is None:
+        return b
+    out = np.empty(x[0].size)
+    for a, k in rotate._parts(x[0].size):
+        blk = k if rotate.block is None or k < rotate.block else rotate.block
+        sq = (b[a:a + k] ** 2).reshape(-1, blk).sum(axis=1)
+        out[a:a + k] = np.repeat(np.sqrt(sq), blk)
+    return out[:size]
+
+
+@njit(cache=True, nogil=True)
+def _mix(z):
+    """splitmix64's finalizer (uint64 in, uint64 out): the counter-based generator of
+    stochastic rounding, bit for bit the same in _client.c."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def chunk_key(seed: int, seq: int, worker: int) -> int:
+    """The generator key of one DATA packet's elements: its seq (shared by every rank
+    of the call), the worker (its own draws: rounding errors independent across
+    workers) and the call's seed (shared)."""
+    return int(_mix(np.uint64((int(seed) + _mix(np.uint64(((seq & 0xFFFFFFFF) << 8)
+                                                           | (worker & 0xFF))))
+                              & 0xFFFFFFFFFFFFFFFF)))
+
+
+@njit(cache=True, nogil=True)
+def _packw(values, start, count, exponent, sbits, out, offset, code, stochastic, key):
+    """Quantize values[start:start+count] at width code ``code`` (0 int32, 1 int16,
+    2 int8) and write big-endian elements at out[offset:]; rounding to nearest even, or
+    ``floor(x + u)`` with u from ``_mix(key + i * golden)`` (stochastic). Returns the
+    clipped count. NO_EXPONENT/NONFINITE write zeros (as _pack)."""
+    size = 4 >> code
+    if exponent == NO_EXPONENT or exponent == NONFINITE:
+        out[offset:offset + size * count] = 0
+        return 0
+    scale = 2.0 ** (sbits - exponent)
+    lim = float((1 << ((32 >> code) - 1)) - 1)
+    v = values[start:start + count]
+    clipped = 0
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    k = np.uint64(key)
+    for i in range(count):
+        x = np.float64(v[i]) * scale
+        clipped += abs(x) > lim
+        x = min(max(x, -lim), lim)
+        if stochastic:
+            u = np.float64(_mix(k + np.uint64(i) * golden) >> np.uint64(11)) * 2.0 ** -53
+            q = np.int64(np.floor(x + u))
+            q = min(max(q, -np.int64(lim)), np.int64(lim))
+        else:
+            q = np.int64(np.rint(x))
+        o = offset + size * i
+        if size == 4:
+            out[o] = (q >> 24) & 0xFF
+            out[o + 1] = (q >> 16) & 0xFF
+            out[o + 2] = (q >> 8) & 0xFF
+            out[o + 3] = q & 0xFF
+        elif size == 2:
+            out[o] = (q >> 8) & 0xFF
+            out[o + 1] = q & 0xFF
+        else:
+            out[o] = q & 0xFF
+    return clipped
+
+
+def pack_width(values, start, count, exponent, sbits, out, offset, bits=32,
+               stochastic=False, key=0) -> int:
+    """``pack_chunk`` at any width (docs/precision.md); int32 rounding to nearest is
+    ``pack_chunk`` itself (the same bytes). Returns the clipped count."""
+    code = {32: 0, 16: 1, 8: 2}[bits]
+    if code == 0 and not stochastic:
+        return _pack(values, start, count, np.int64(exponent), sbits, out, offset)
+    return _packw(values, start, count, np.int64(exponent), sbits, out, offset, code,
+                  stochastic, np.uint64(key))
+
+
+@njit(cache=True, nogil=True)
+def _dequantw(buf, offset, count, factor, out, start, code):
+    """out[start:start+count] = float32(element * factor) for big-endian elements of
+    width code ``code`` at buf[offset:] (the same float64 product as ``_dequant``)."""
+    size = 4 >> code
+    for i in range(count):
+        o = offset + size * i
+        if size == 4:
+            q = (np.int64(buf[o]) << 24) | (np.int64(buf[o + 1]) << 16) | \
+                (np.int64(buf[o + 2]) << 8) | np.int64(buf[o + 3])
+            q = (q ^ np.int64(0x80000000)) - np.int64(0x80000000)
+        elif size == 2:
+            q = (np.int64(buf[o]) << 8) | np.int64(buf[o + 1])
+            q = (q ^ np.int64(0x8000)) - np.int64(0x8000)
+        else:
+            q = (np.int64(buf[o]) ^ np.int64(0x80)) - np.int64(0x80)
+        out[start + i] = np.float32(np.float64(q) * factor)
+
+
+def dequantize_width_into(buf, offset, count, exponent, sbits, out, start, rescale=1.0,
+                          bits=32):
+    """``dequantize_into`` for elements ``bits`` wide."""
+    if bits == 32:
+        return dequantize_into(buf, offset, count, exponent, sbits, out, start, rescale)
+    if exponent == NO_EXPONENT:
+        out[start:start + count] = 0.0
+    elif exponent == NONFINITE:
+        out[start:start + count] = np.nan
+    else:
+        _dequantw(buf, offset, count, math.ldexp(rescale, int(exponent) - sbits), out,
+                  start, {16: 1, 8: 2}[bits])
 
 
 @njit(cache=True, nogil=True)
@@ -179,4 +330,8 @@ def warm_up():
     _pack(x, 0, 8, np.int64(1), 28, buf, HEADER_BYTES)
     _pack(x, 0, 8, 1, 28, buf, HEADER_BYTES)
     _dequant(buf, HEADER_BYTES, 8, 1.0, out, 0)
+    for code in (0, 1, 2):
+        for sr in (False, True):
+            _packw(x, 0, 8, np.int64(1), 4, buf, HEADER_BYTES, code, sr, np.uint64(1))
+        _dequantw(buf, HEADER_BYTES, 8, 1.0, out, 0, code)
     return time.perf_counter() - t

@@ -56,11 +56,13 @@ import time
 import numpy as np
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, NO_EXPONENT,
-                                        GROUP_WORKER, Refusal)
-from ina_fabric.protocol.struct_view import HEADER_STRUCT, H_SESSION, H_BITMAP, H_COUNT
+                                        GROUP_WORKER, Refusal, width_byte)
+from ina_fabric.protocol.struct_view import (HEADER_STRUCT, H_SESSION, H_BITMAP, H_COUNT,
+                                             H_WIDTH)
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS, MAX_ELEMENTS
 from ina_fabric.protocol.fields import c_layout, MAX_WORKERS, MAX_JOB_WORKERS
 from . import quantize as Q
+from .precision import Precision, as_precision
 from . import fastcall
 from .sockbuf import size_buffers, socket_drops, WORKER_RCVBUF
 from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Abandon, Hold
@@ -69,6 +71,7 @@ _D = LINK_DEFAULTS["ethernet"]
 _LAYOUT = c_layout()
 _DATA, _RESULT, _ERROR = int(MsgType.DATA), int(MsgType.RESULT), int(MsgType.ERROR)
 _PARTIAL, _OVERFLOW = int(Flags.PARTIAL), int(Flags.OVERFLOW)
+_CONGESTED = int(Flags.CONGESTED)
 _RETRANSMIT, _LAST = int(Flags.RETRANSMIT), int(Flags.LAST)
 
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
@@ -255,9 +258,17 @@ class SwitchClient:
     #: switch so every rank fails alike; False where the ranks rejoin instead
     #: (``host.ddp.rejoin``: the behind rank takes a peer's replica)
     end_on_too_late: bool = True
+    #: the calls' precision (issue 40, docs/precision.md): a width (32, 16, 8), a string
+    #: (``Precision.parse``: ``int8:stochastic:hadamard``) or a ``Precision``; a call may
+    #: name its own (``allreduce(precision=)``). Every rank of a call must use the same.
+    precision: object = None
+    #: the seed of stochastic rounding and of the rotation's signs, the same on every
+    #: rank (None: the session, which every rank of a run shares)
+    seed: int | None = None
     total: AllreduceStats = field(default_factory=AllreduceStats)
 
     def __post_init__(self):
+        self.precision = as_precision(self.precision)
         from ina_fabric.protocol.jobtable import MODES
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
@@ -369,8 +380,12 @@ class SwitchClient:
         self.close()
 
     # ------------------------------------------------------------------------------
-    def allreduce(self, values, average: bool = False, out=None):
+    def allreduce(self, values, average: bool = False, out=None, precision=None):
         """Sum (or average) ``values`` (float32, any shape) over the job's workers.
+
+        ``precision``: this call's (a width, a string or a ``Precision``; default the
+        client's ``precision``): the elements' width on the wire, the rounding, and the
+        optional Hadamard rotation (docs/precision.md, with each width's error bound).
 
         ``out``: where the result goes, a C-contiguous float32 array of the same size (it
         may be ``values`` itself: every chunk is read for its DATA packet before its
@@ -393,7 +408,10 @@ class SwitchClient:
                             f"longer agree across ranks: install the job again (a new "
                             f"session) before calling again")
         try:
-            return self._allreduce(values, average, out)
+            prec = self.precision if precision is None else as_precision(precision)
+            if prec.rotate:
+                return self._rotated(values, average, out, prec)
+            return self._allreduce(values, average, out, prec)
         except ValueError:
             raise                     # a bad argument: nothing was sent
         except AllreduceTooLate as e:
@@ -417,7 +435,39 @@ class SwitchClient:
         except Exception:  # noqa: BLE001 (no key, no answer: nothing more to do here)
             pass
 
-    def _allreduce(self, values, average, out):
+    def _rotated(self, values, average, out, prec):
+        """A call with the randomized Hadamard rotation (THC): every rank rotates with the
+        same signs (the seed, and the call's first seq as the step), the switch sums the
+        rotated vectors, and the inverse rotation of the sum is the sum."""
+        from ina_fabric.host.collectives.hadamard import RandomizedHadamard, DEFAULT_BLOCK
+        if self.carry:
+            raise ValueError("precision: the Hadamard rotation does not combine with carry "
+                             "mode (the left-out part would be rotated twice)")
+        x = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+        if out is not None and not (isinstance(out, np.ndarray) and out.dtype == np.float32
+                                    and out.flags.c_contiguous and out.flags.writeable
+                                    and out.size == x.size):
+            raise ValueError(f"allreduce out=: need a writable C-contiguous float32 "
+                             f"array of {x.size} elements")
+        rot = RandomizedHadamard(self._seed(), block=DEFAULT_BLOCK)
+        step = self.seq
+        y, st = self._allreduce(rot.forward(x, step), False, None,
+                                Precision(prec.bits, prec.rounding, False))
+        res = rot.inverse(y, step, x.size)
+        if average:
+            res /= self.nworkers
+        if out is None:
+            return res.reshape(np.shape(values)), st
+        out.reshape(-1)[:] = res
+        return out, st
+
+    def _seed(self) -> int:
+        return (self.session if self.seed is None else int(self.seed)) & ((1 << 64) - 1)
+
+    def _allreduce(self, values, average, out, prec=None):
+        prec = Precision() if prec is None else prec
+        self._prec = prec
+        Q.scale_bits(self.nworkers, prec.bits)     # ValueError: no headroom at this width
         t0 = time.perf_counter()
         x = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
         shape = np.shape(values)
@@ -433,7 +483,7 @@ class SwitchClient:
         if not 0 < self.session < 1 << 64:
             raise ValueError(f"job {self.job}: the client has no session id (give it the "
                              f"session of the job's install, JobConfig.session)")
-        W = self.call_window(-(-x.size // self.elements))
+        W = self.call_window(-(-x.size // self.elements), prec.bits)
         missed = None
         if self.carry:            # x is a new array from here on (out may be values)
             x, missed = self._carry_in(x), np.zeros(-(-x.size // self.elements), np.uint8)
@@ -447,7 +497,8 @@ class SwitchClient:
             return res, st
         call = AllreduceCall(x, self.job, self.worker, self.nworkers, self.elements,
                              self.seq, W, out=res.reshape(-1), ring=self._ring,
-                             session=self.session, missed=missed)
+                             session=self.session, missed=missed, bits=prec.bits,
+                             stochastic=prec.stochastic, seed=self._seed())
         self.seq = (self.seq + call.P) & 0xFFFFFFFF
         win = SendWindow(call.P, W, WindowConfig.of(self), self._rtt)
         sock, switch, rx = self.sock, self.switch, self._rx
@@ -524,7 +575,7 @@ class SwitchClient:
                             f"again as bounded?)")
                     if not h[2] & _PARTIAL and h[H_COUNT] != self.nworkers:
                         raise self._members_differ(h[H_COUNT])
-                    actions = win.on_result(p, clock())
+                    actions = win.on_result(p, clock(), bool(h[2] & _CONGESTED))
                     if actions:
                         useful = True
                         perform(actions)
@@ -581,7 +632,8 @@ class SwitchClient:
             fastcall.run_call(_LAYOUT, fds, self.switch, x, out, self._ring, le, self.job,
                               self.worker, self.nworkers, E, base, W,
                               WindowConfig.of(self), self._rtt, st, self.session,
-                              self.pace_rate, missed)
+                              self.pace_rate, missed, self._prec.bits,
+                              self._prec.stochastic, self._seed())
         except fastcall.CallFailed as e:
             if e.code == fastcall.UNAVAILABLE:
                 raise SwitchUnavailable(
@@ -638,6 +690,14 @@ class SwitchClient:
                    f"same element count (--elements / INA_ELEMENTS; the job has "
                    f"{figure if nelem > figure else 'at least ' + str(nelem)}) and the "
                    f"same call sizes")
+        elif reason == Refusal.BAD_WIDTH:
+            from ina_fabric.protocol.fields import sum_width, valid_width
+            slot = f"int{sum_width(figure)}" if valid_width(figure) else f"code {figure}"
+            mine = getattr(self, "_prec", None)
+            msg = (f"{at} opened seq {seq} of job {self.job} at {slot} elements, and this "
+                   f"worker sent {'int' + str(mine.bits) if mine else 'another width'}: "
+                   f"every rank of a call must use the same precision (INA_PRECISION / "
+                   f"--precision / the per-bucket hook)")
         elif reason == Refusal.BAD_SESSION:
             msg = (f"{at} holds job {self.job} under another session (another run "
                    f"installed it, or it was installed again): give this run the job's "
@@ -699,15 +759,17 @@ class SwitchClient:
                     f"(the switch's oldest open slot lacks them)")
         return ""
 
-    def call_window(self, chunks: int) -> int:
+    def call_window(self, chunks: int, bits: int = 32) -> int:
         """The window of one call: a power of two that divides the job's window (so
         that a slot's result is never overwritten before every worker has it; see the
         docs/design.md), about half the chunk count: fewer header-only packets for small buckets
         at the cost of a few more round trips. It also keeps at most
         ``max_inflight_bytes`` on the wire, so N workers' bursts fit the switch's socket
-        buffer instead of overflowing it."""
+        buffer instead of overflowing it: counted at the call's element width (``bits``),
+        so a narrow call keeps as many bytes in flight as an int32 one, in more packets
+        (up to the job's window)."""
         cap = max(1, min(chunks // 2, self.window,
-                         self.max_inflight_bytes // (4 * self.elements)))
+                         self.max_inflight_bytes // (bits // 8 * self.elements)))
         w = 1
         while w * 2 <= cap and self.window % (w * 2) == 0:
             w *= 2
@@ -726,10 +788,14 @@ class AllreduceCall:
     come in as ``HEADER_STRUCT.unpack_from`` tuples, their datagrams as uint8 arrays."""
 
     def __init__(self, x, job, worker, nworkers, elements, base, window, out=None,
-                 ring=None, session=0, missed=None):
+                 ring=None, session=0, missed=None, bits=32, stochastic=False, seed=0):
         """``missed``: carry mode (``SwitchClient.carry``), a uint8 array of a flag per
         chunk, set where a RESULT's bitmap leaves this worker out; partial sums are then
-        not rescaled by N/count (the left-out contributions come with a later call)."""
+        not rescaled by N/count (the left-out contributions come with a later call).
+        ``bits``, ``stochastic``, ``seed``: the call's precision (docs/precision.md)."""
+        self.bits, self.stochastic, self.seed = bits, bool(stochastic), int(seed)
+        self.esize = bits // 8
+        self.wbyte = width_byte(bits)
         n, E = x.size, elements
         self.missed = missed
         self.x, self.n, self.E, self.W = x, n, E, window
@@ -737,7 +803,7 @@ class AllreduceCall:
         self.P = K + window
         self.job, self.worker, self.nworkers, self.base = job, worker, nworkers, base
         self.session = session
-        self.sbits = Q.scale_bits(nworkers)
+        self.sbits = Q.scale_bits(nworkers, bits)
         self.stats = AllreduceStats(calls=1, elements=n)
         self.out = np.empty(n, np.float32) if out is None else out
         self.stride = stride = HEADER_BYTES + 4 * E
@@ -758,14 +824,20 @@ class AllreduceCall:
         if p >= W:
             j = p - W
             nel = min(E, n - j * E)
-            self.stats.clipped += Q._pack(self.x, j * E, nel, self.shared_exp[j],
-                                          self.sbits, self.ring, off + HEADER_BYTES)
+            if self.bits == 32 and not self.stochastic:
+                self.stats.clipped += Q._pack(self.x, j * E, nel, self.shared_exp[j],
+                                              self.sbits, self.ring, off + HEADER_BYTES)
+            else:
+                self.stats.clipped += Q.pack_width(
+                    self.x, j * E, nel, self.shared_exp[j], self.sbits, self.ring,
+                    off + HEADER_BYTES, self.bits, self.stochastic,
+                    Q.chunk_key(self.seed, self.base + p, self.worker))
         HEADER_STRUCT.pack_into(self.ring, off, VERSION, _DATA,
                                 _LAST if p == self.P - 1 else 0,
                                 self.local_exp[p] if p < K else NO_EXPONENT, self.job,
-                                self.worker, 0, (self.base + p) & 0xFFFFFFFF, nel, 0,
-                                1 << self.worker, self.session)
-        return HEADER_BYTES + 4 * nel
+                                self.worker, self.wbyte, (self.base + p) & 0xFFFFFFFF, nel,
+                                0, 1 << self.worker, self.session)
+        return HEADER_BYTES + self.esize * nel
 
     def packet(self, p, retransmit=False):
         """The DATA datagram of packet ``p`` (a view of its ring slot, valid until the
@@ -777,7 +849,7 @@ class AllreduceCall:
             self.ring[off + 2] = 0
             size = self._build(p, off)
         else:
-            size = HEADER_BYTES + 4 * self.nelem_of(p)
+            size = HEADER_BYTES + self.esize * self.nelem_of(p)
         st = self.stats
         st.packets_sent += 1
         if retransmit:
@@ -805,7 +877,8 @@ class AllreduceCall:
         count this packet has, the length, the count of contributors, the worker field)."""
         p = (h[7] - self.base) & 0xFFFFFFFF
         if (h[1] == _RESULT and h[0] == VERSION and h[4] == self.job and p < self.P
-                and h[8] == self.nelem_of(p) and 4 * h[8] == nbytes - HEADER_BYTES
+                and h[8] == self.nelem_of(p) and self.esize * h[8] == nbytes - HEADER_BYTES
+                and h[H_WIDTH] == self.wbyte
                 and h[H_COUNT] <= self.nworkers and (h[5] == self.worker or h[5] == GROUP_WORKER)
                 and h[H_SESSION] == self.session):
             return p
@@ -843,9 +916,10 @@ class AllreduceCall:
         carry = self.missed is not None
         if carry and partial and not h[H_BITMAP] >> self.worker & 1:
             self.missed[p - W] = 1
-        Q.dequantize_into(buf, HEADER_BYTES, nel, self.shared_exp[p - W], self.sbits,
-                          self.out, start,
-                          self.nworkers / count if partial and not carry else 1.0)
+        Q.dequantize_width_into(buf, HEADER_BYTES, nel, self.shared_exp[p - W], self.sbits,
+                                self.out, start,
+                                self.nworkers / count if partial and not carry else 1.0,
+                                self.bits)
 
     def abandon(self, p):
         """Bounded mode: the result of ``p`` is gone for good; zeros, identically counted."""

@@ -73,7 +73,7 @@ from typing import NamedTuple
 __all__ = ["SendWindow", "WindowConfig", "RttEstimator", "Send", "Deliver", "Abandon",
            "Hold", "Fail", "MAX_BACKOFF", "BOUNDED_MAX_BACKOFF", "PEAK_FACTOR",
            "FAST_RESEND", "LOSS_BETA", "DELAY_BETA", "MAX_DELAY_CUT", "DELAY_FACTOR",
-           "DELAY_SLACK", "MIN_CWND"]
+           "DELAY_SLACK", "MIN_CWND", "CONGESTED_BETA"]
 
 MAX_BACKOFF = 64
 #: bounded mode: a re-send is a fetch of a result the switch stored when the slot's
@@ -104,6 +104,10 @@ DELAY_FACTOR = 1.5
 DELAY_SLACK = 0.002
 #: cwnd never goes below this (one datagram in flight)
 MIN_CWND = 1.0
+#: a RESULT with the switch's CONGESTED flag (its slot pool is full; docs/pool.md) cuts
+#: cwnd to this fraction instead of growing it, at most once per smoothed RTT (gentler
+#: than a loss: nothing was lost, the switch's slots go to its parent)
+CONGESTED_BETA = 0.8
 #: the congestion modes (``WindowConfig.congestion``, ``SwitchClient.congestion``)
 CONGESTION = ("aimd", "delay", "off")
 
@@ -401,11 +405,13 @@ class SendWindow:
         self._pump(now, acts)
         return acts
 
-    def on_result(self, p: int, now: float):
+    def on_result(self, p: int, now: float, congested: bool = False):
         """The first RESULT of packet ``p`` (0 <= p < P): ``[Deliver(p), ...]`` with what
         it releases, or ``[Hold(p)]`` when ``p`` was not sent yet (bounded mode: its slot
         closed at the deadline without this worker); a repeated one: ``[]`` (a
-        duplicate, to be ignored)."""
+        duplicate, to be ignored). ``congested``: the RESULT has the switch's CONGESTED
+        flag: with congestion control on, cwnd is cut by CONGESTED_BETA instead of
+        growing."""
         self.started = True
         if self.t_first == float("inf"):
             self.t_first = now
@@ -424,10 +430,12 @@ class SendWindow:
         t_sent = self._sent_at(p)
         if t_sent is not None and p not in self.tries:
             self.rtt.sample(now - t_sent)
-            if self.cc:
+            if self.cc and not congested:
                 self._on_rtt(now - t_sent, t_sent, now)
-        elif self.cc:
+        elif self.cc and not congested:
             self._grow()         # no sample (Karn), but the path delivered: ACK clock
+        if self.cc and congested:
+            self._cut(now, CONGESTED_BETA)     # the switch's slots are full
         acts = [Deliver(p)]
         self._release(p + self.W, now, acts)
         self._pump(now, acts)

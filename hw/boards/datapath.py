@@ -68,7 +68,7 @@ class BoardConfig:
             out += config_writes(job, k, clock_hz=self.clock_hz,
                                  window_max=self.params.window,
                                  elements_max=self.params.elements,
-                                 workers_max=self.params.workers)
+                                 workers_max=self.params.workers, tree=self.params.tree)
         return out
 
 

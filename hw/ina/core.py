@@ -62,6 +62,8 @@ __all__ = ["InaCore", "PLANTED_BUGS"]
 PLANTED_BUGS = {
     "wrapping_adder": "ElementPath(wrapping_adder=True): the sum wraps at 32 bits",
     "no_duplicate_check": "HeaderPipeline(duplicate_check=False): duplicates are added",
+    "child_counts_one": "HeaderPipeline(child_counts=False): a spine (tree=True) counts a "
+                        "child switch's DATA as one worker",
 }
 
 
@@ -106,7 +108,8 @@ class InaCore(wiring.Component):
         m.submodules.counters = ctr = Counters()
         m.submodules.regs = rf = RegisterFile(P)
         m.submodules.header = hp = HeaderPipeline(
-            P, duplicate_check=(bug != "no_duplicate_check"))
+            P, duplicate_check=(bug != "no_duplicate_check"),
+            child_counts=(bug != "child_counts_one"))
         m.submodules.queue = q = RequestQueue(request_layout(P), P.queue)
         m.submodules.pending = pend = PendingCounts(P.records, 2 * P.queue + 2)
         m.submodules.ififo = fifo = InputFifo(P.lanes, commit_delay=DEC_LAT)

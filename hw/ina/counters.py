@@ -12,7 +12,7 @@ __all__ = ["COUNTER_EVENTS", "Counters"]
 #: that raise them are named in :class:`Counters`
 COUNTER_EVENTS = {
     "rx": 1, "rx_data": 1, "accepted": 1, "duplicates": 2, "late": 1, "results": 2,
-    "partials": 1, "overflows": 1, "resent": 1, "status_requests": 1, "drop_truncated": 1,
+    "partials": 2, "overflows": 1, "resent": 1, "status_requests": 1, "drop_truncated": 1,
     "drop_malformed": 5, "drop_bad_version": 1, "drop_unknown_job": 1,
     "drop_unknown_source": 1, "drop_bad_session": 1, "drop_stale": 1, "drop_out_of_window": 1,
     "stream_errors": 2, "status_unpadded": 1, "control": 1, "control_refused": 1,

@@ -452,6 +452,8 @@ class EntryWriter(wiring.Component):
                           ("mcast_en", e.mcast_ip != 0), ("mcast_ip", e.mcast_ip),
                           ("mcast_port", Mux(e.mcast_ip != 0, e.mcast_port, 0)),
                           ("session_hi", e.session[32:]), ("session_lo", e.session[:32])]
+                if P.tree:      # (a CONTROL entry's members are workers: docs/gateware.md)
+                    fields.append(("children", 0))
                 with m.Switch(cnt):
                     for k, (name, v) in enumerate(fields):
                         with m.Case(k):

@@ -58,6 +58,8 @@ from amaranth.hdl import *
 from amaranth.lib import wiring, data, memory
 from amaranth.lib.wiring import In, Out
 
+from ina_fabric.protocol.fields import Flags
+
 from .answer import capture_layout, refusal_layout
 from .element import beat_layout, packet_layout
 from .input_fifo import entry_layout
@@ -104,12 +106,15 @@ class HeaderPipeline(wiring.Component):
                   packet decoded in P0 with its FIFO position, and P2's operation
 
     ``duplicate_check=False`` plants a bug for the tests: a worker's repeated
-    contribution to an open slot is added again.
+    contribution to an open slot is added again; ``child_counts=False``: a spine counts a
+    child switch's DATA as one worker.
     """
 
-    def __init__(self, params: CoreParams, *, duplicate_check: bool = True):
+    def __init__(self, params: CoreParams, *, duplicate_check: bool = True,
+                 child_counts: bool = True):
         self.params = P = params
         self.duplicate_check = duplicate_check
+        self.child_counts = child_counts
         ws = 1 << log2(P.workers)
         super().__init__({
             "jobs": In(data.ArrayLayout(job_layout(), P.jobs)),
@@ -149,7 +154,8 @@ class HeaderPipeline(wiring.Component):
         m.submodules.p0 = dec = HeaderDecode(P)
         m.submodules.issue = iss = SlotIssue(P)
         m.submodules.p1a = cmp = SlotCompare(P)
-        m.submodules.p1b = rul = SlotRules(P, duplicate_check=self.duplicate_check)
+        m.submodules.p1b = rul = SlotRules(P, duplicate_check=self.duplicate_check,
+                                            child_counts=self.child_counts)
         m.submodules.p2 = eff = SlotEffects(P)
         jobs = self.jobs
 
@@ -176,6 +182,9 @@ class HeaderPipeline(wiring.Component):
                      p0_op.worker.eq(hdr.worker), p0_op.exp.eq(hdr.exponent),
                      p0_op.nelem.eq(hdr.nelem), p0_op.base.eq(dec.rec * EB),
                      p0_op.nbeats.eq((hdr.nelem + (L - 1)) >> LL), p0_op.rewind.eq(pop.rewind)]
+        if P.tree:
+            m.d.comb += [p0_op.covers.eq(hdr.count),
+                         p0_op.ovf.eq((hdr.flags & int(Flags.OVERFLOW)) != 0)]
         # P1a's operation
         m.d.comb += [iss.p0_valid.eq(pop.dec), iss.p0_op.eq(p0_op), iss.hrec.eq(pop.hrec),
                      iss.near.eq(dec.near[:3]), iss.w3_near.eq(dec.near[3]),
@@ -205,6 +214,8 @@ class HeaderPipeline(wiring.Component):
                      eff.p2_bit.eq(rul.p2_bit), eff.p2_cnt1.eq(rul.p2_cnt1),
                      eff.p2_due.eq(rul.p2_due), eff.p2_init_tag.eq(rul.p2_init_tag),
                      eff.p2_job.eq(rul.p2_job), eff.reinject.eq(rul.reinject)]
+        if P.tree:
+            m.d.comb += eff.p2_wc1.eq(rul.p2_wc1)
         # out: requests, the flush and rewind, the element path, events
         m.d.comb += [self.push_a.eq(eff.push_a), self.a.eq(eff.a), self.push_b.eq(eff.push_b),
                      self.b.eq(eff.b), self.push_hot.eq(eff.push_hot),

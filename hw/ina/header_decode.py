@@ -82,6 +82,11 @@ class HeaderDecode(wiring.Component):
         bad_worker = by_job([hdr.worker >= jobs[j].nworkers for j in range(NJ)], 1)
         big_nelem = by_job([hdr.nelem > jobs[j].elements for j in range(NJ)], 1)
         bad_session = by_job([~self.sess_hit[j].all() for j in range(NJ)], 1)
+        # a spine: a child switch's DATA covers 1 .. the job's workers (the model's
+        # drop_malformed, after the source and element checks)
+        bad_count = (by_job([jobs[j].children & ((hdr.count == 0)
+                                                 | (hdr.count > jobs[j].total_workers))
+                             for j in range(NJ)], 1) if P.tree else C(0, 1))
         for k in range(NEAR):
             m.d.comb += self.near[k].eq(by_job([self.near_rec[k] == recs[j]
                                                 for j in range(NJ)], 1))
@@ -96,7 +101,7 @@ class HeaderDecode(wiring.Component):
                   body < nelem4, body != nelem4,
                   unkjob, bad_session,
                   bad_worker,
-                  big_nelem)
+                  big_nelem, bad_count)
         assert len(checks) == len(CHECK_REASONS)
         m.d.comb += self.checks.eq(Cat(checks))
         # member table: read in P0 by (job, worker) and compared with the source (in three

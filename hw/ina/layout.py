@@ -117,6 +117,7 @@ class Reason(enum.Enum, shape=4):
     UNKNOWN_SOURCE = 6      # worker out of the job's range (the member compare is in P1a)
     BIG_NELEM = 7           # more elements than the job allows
     BAD_SESSION = 8         # not the job's session (checked after the job, before the source)
+    BAD_COUNT = 9           # a child switch's DATA covers 0 or more than the job's workers
 
 
 class OpKind(enum.Enum, shape=2):
@@ -137,12 +138,16 @@ def request_layout(P) -> data.StructLayout:
     """A request to the replicator (:class:`~.replicator.Replicator`), as the request
     queue holds it: the slot record (its accumulators stay where they are) and a snapshot
     of its header fields; ``unicast`` for a re-send to ``worker``; ``partial`` for a
-    result with fewer than N contributions. ``P`` is the core's ``CoreParams``."""
+    result with fewer than N contributions (a spine's: fewer than the job's workers).
+    ``P`` is the core's ``CoreParams``; with ``tree``, ``count`` holds up to
+    MAX_JOB_WORKERS workers and ``ovf`` is a child's OVERFLOW."""
+    from .params import TREE_COUNT_BITS
     return data.StructLayout({
         "rec": range(P.records), "job": range(max(2, P.jobs)), "unicast": 1,
-        "worker": range(32), "seq": 32, "count": range(P.workers + 1),
+        "worker": range(32), "seq": 32,
+        "count": TREE_COUNT_BITS if P.tree else range(P.workers + 1),
         "bitmap": P.workers, "exponent": signed(8), "nelem": range(P.elements + 1),
-        "partial": 1,
+        "partial": 1, **({"ovf": 1} if P.tree else {}),
     })
 
 

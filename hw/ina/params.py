@@ -7,9 +7,12 @@ The WAN schedule optimizer imports :class:`CoreParams` for its FPGA-memory defau
 from dataclasses import dataclass
 import math
 
-__all__ = ["CoreParams", "HEADER_WORDS", "QUEUE_SLACK"]
+__all__ = ["CoreParams", "HEADER_WORDS", "QUEUE_SLACK", "TREE_COUNT_BITS"]
 
-from ina_fabric.protocol.fields import HEADER_BYTES
+from ina_fabric.protocol.fields import HEADER_BYTES, MAX_JOB_WORKERS
+
+#: a spine's worker count (``CoreParams.tree``): up to MAX_JOB_WORKERS workers
+TREE_COUNT_BITS = MAX_JOB_WORKERS.bit_length()
 
 #: the INA header in 32-bit words (28 bytes = 7 words; ina_fabric/protocol/fields.py)
 HEADER_WORDS = HEADER_BYTES // 4
@@ -35,6 +38,12 @@ class CoreParams:
     jobs      number of job-table entries, each with its own range of 2W slot records
     queue     depth of the output request queue, in operations (each holds the up to two
               results one operation produces for the replicator)
+    tree      the core can be a spine of a tree of switches (docs/fabric.md): a job whose
+              members are child switches (``JobConfig.children``) takes their DATA's
+              ``count`` (the workers each covers) and OVERFLOW, and its RESULT carries
+              the workers in the sum and PARTIAL below the job's total (per record: an
+              11-bit worker count and an overflow bit more). Off: such a job is refused
+              (``config_writes``)
     """
     workers: int = 32
     window: int = 8
@@ -42,6 +51,7 @@ class CoreParams:
     lanes: int = 1
     jobs: int = 2
     queue: int = 16
+    tree: bool = False
 
     def __post_init__(self):
         if not 1 <= self.workers <= 32:
@@ -87,9 +97,10 @@ class CoreParams:
     @property
     def meta_bits(self) -> int:
         """Per-record state besides the accumulators: tag (34, signed), complete,
-        bitmap, count, max exponent, overflow, deadline time (32), nelem."""
+        bitmap, count, max exponent, overflow, deadline time (32), nelem; with ``tree``
+        the workers covered and a child's OVERFLOW."""
         return (34 + 1 + self.workers + _clog2(self.workers + 1) + 8 + 1 + 32
-                + _clog2(self.elements + 1))
+                + _clog2(self.elements + 1) + (TREE_COUNT_BITS + 1 if self.tree else 0))
 
     @property
     def slot_memory_bits(self) -> int:
@@ -103,4 +114,5 @@ class CoreParams:
 
     def describe(self) -> str:
         return (f"N<={self.workers} W={self.window} E={self.elements} L={self.lanes} "
-                f"jobs={self.jobs}: {self.slot_memory_bytes} B slot state")
+                f"jobs={self.jobs}{' tree' if self.tree else ''}: "
+                f"{self.slot_memory_bytes} B slot state")

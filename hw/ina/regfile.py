@@ -9,7 +9,10 @@ from .params import CoreParams
 from .regs import (RegBus, GLOBAL_REGS, JOB_REGS, COUNTER_NAMES, COUNTER_BASE, JOB_BASE,
                    JOB_STRIDE, MEMBER_BASE, ID_VALUE)
 
-__all__ = ["job_layout", "member_layout", "jobs_at", "RegisterFile"]
+__all__ = ["job_layout", "member_layout", "jobs_at", "RegisterFile", "TREE_JOB_REGS"]
+
+#: the job registers of a spine (``CoreParams.tree``): constant 0 in a core without it
+TREE_JOB_REGS = ("children", "total_workers")
 
 
 def _log2(n):
@@ -140,6 +143,8 @@ class RegisterFile(wiring.Component):
             m.d.sync += self.src_ip.eq(wdata)
         for j in range(NJ):
             for r in JOB_REGS:
+                if r.name in TREE_JOB_REGS and not P.tree:
+                    continue        # (a core without the tree option: they stay 0)
                 wr = strobe(f"job{j}_{r.name}",
                             bus.addr == JOB_BASE + JOB_STRIDE * j + r.offset)
                 if r.name == "enable":

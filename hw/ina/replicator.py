@@ -228,7 +228,7 @@ class Replicator(wiring.Component):
         oh = Signal(HeaderLayout)
         m.d.comb += [
             oh.version.eq(VERSION), oh.type.eq(MsgType.RESULT),
-            oh.flags.eq(Cat(cur.partial, ovf_flag, cur.unicast)),
+            oh.flags.eq(Cat(cur.partial, ovf_flag | (cur.ovf if P.tree else 0), cur.unicast)),
             oh.exponent.eq(cur.exponent), oh.job.eq(jf("job_id", cur.job)),
             oh.worker.eq(Mux(cur.unicast, cur.worker, GROUP_WORKER)), oh.count.eq(cur.count),
             oh.seq.eq(cur.seq), oh.nelem.eq(cur.nelem), oh.bitmap.eq(cur.bitmap),

@@ -21,7 +21,7 @@ DEC_LAT = 4   # pop of a packet's last header beat (cycle t) -> its P2 decision 
 #: plane's (STATUS_REQ and CONTROL)
 HEADER_EVENTS = {
     "rx": 1, "rx_data": 1, "accepted": 1, "duplicates": 2, "late": 1, "results": 2,
-    "partials": 1, "resent": 1, "drop_truncated": 1, "drop_malformed": 3,
+    "partials": 2, "resent": 1, "drop_truncated": 1, "drop_malformed": 3,
     "drop_bad_version": 1, "drop_unknown_job": 1, "drop_unknown_source": 1,
     "drop_bad_session": 1, "drop_stale": 1, "drop_out_of_window": 1,
 }
@@ -29,7 +29,7 @@ HEADER_EVENTS = {
 #: P0's checks, in the model's priority order (the reason each one gives)
 CHECK_REASONS = (Reason.TRUNCATED, Reason.BAD_VERSION, Reason.CONTROL, Reason.MALFORMED,
                  Reason.TRUNCATED, Reason.MALFORMED, Reason.UNKNOWN_JOB, Reason.BAD_SESSION,
-                 Reason.UNKNOWN_SOURCE, Reason.BIG_NELEM)
+                 Reason.UNKNOWN_SOURCE, Reason.BIG_NELEM, Reason.BAD_COUNT)
 
 #: P1a's registered compares (P1b applies the rules from them)
 CMP_FIELDS = ("late", "complete", "eq_seqm", "eq_seq", "lt", "cnt1_n", "one_n", "cnt0",
@@ -39,7 +39,11 @@ CMP_FIELDS = ("late", "complete", "eq_seqm", "eq_seq", "lt", "cnt1_n", "one_n", 
 #: P1b's registered rules (P2 combines them)
 RULE_FIELDS = ("defer", "expire", "reuse", "join", "cur_complete", "dup", "nelem_ne",
                "one_n", "cnt1_n", "opens", "new_exp", "stale", "oow", "unksrc", "bignelem",
-               "pkt", "scan", "init", "pkt_ok", "cnt_lt_n")
+               "pkt", "scan", "init", "pkt_ok", "cnt_lt_n",
+               # a spine (CoreParams.tree; 0 otherwise): a child's DATA with a bad count;
+               # the record's workers below the job's (before and after this DATA), and
+               # this DATA's alone (it opens the record)
+               "badcount", "wc_lt_t", "wc1_lt_t", "cov_lt_t")
 
 
 def log2(n):
@@ -88,11 +92,16 @@ def due_reached_py(ts, due):
 def meta_layout(P: CoreParams) -> data.StructLayout:
     """The metadata of one slot record: its tag (the seq it holds, 34-bit signed),
     whether it is complete, the bitmap and count of the workers that joined, the larger
-    exponent, when it is due (opened + deadline) and its element count."""
+    exponent, when it is due (opened + deadline) and its element count. With ``tree``
+    (a spine): ``wcount``, the workers the record's sum covers (a child switch's DATA
+    covers its ``count``; ``count`` stays the members, for completeness), and ``ovf``, a
+    child's DATA had OVERFLOW."""
+    from .params import TREE_COUNT_BITS
     return data.StructLayout({
         "tag": signed(34), "complete": 1, "bitmap": P.workers,
         "count": range(P.workers + 1), "exponent": signed(8), "due": 32,
         "nelem": range(P.elements + 1),
+        **({"wcount": TREE_COUNT_BITS, "ovf": 1} if P.tree else {}),
     })
 
 
@@ -103,6 +112,9 @@ def op_layout(P: CoreParams) -> data.StructLayout:
         "kind": OpKind, "checks": len(CHECK_REASONS), "reason": Reason, "rec": range(P.records),
         "seq": 32, "seqm": signed(34), "ts": 32, "worker": 8, "exp": signed(8), "nelem": 16,
         "base": range(P.records * P.elem_beats + 1), "nbeats": 16, "rewind": 5, "src_ok": 1,
+        # a spine (``tree``): the header's count and OVERFLOW flag (used for a job whose
+        # members are child switches)
+        **({"covers": 16, "ovf": 1} if P.tree else {}),
     })
 
 

@@ -6,8 +6,8 @@ pushed. Also the counter events, the element path's packet and the re-run's wait
 
 Ports::
 
-    p2, c, p2_md, p2_bit, p2_cnt1, p2_due, p2_init_tag, p2_job
-                In: from :class:`~.slot_rules.SlotRules`
+    p2, c, p2_md, p2_bit, p2_cnt1, p2_due, p2_init_tag, p2_job, p2_wc1
+                In: from :class:`~.slot_rules.SlotRules` (``p2_wc1``: a spine's)
     reinject    In: P2's operation goes back to P1a
     v2          Out: P2's operation is valid (and not to be re-run)
     w3          Out: P3's metadata write
@@ -30,7 +30,7 @@ from amaranth.lib.wiring import In, Out
 
 from .element import packet_layout
 from .layout import Reason, AccMode, request_layout
-from .params import CoreParams
+from .params import CoreParams, TREE_COUNT_BITS
 from .slot import HEADER_EVENTS, RULE_FIELDS, meta_layout, stage_layout, write_layout
 from .answer import Kind, refusal_layout
 
@@ -55,6 +55,7 @@ class SlotEffects(wiring.Component):
             "elem_start": Out(1), "elem_packet": Out(packet_layout(P)),
             "retry": Out(1), "rewind_to": Out(5),
             "events": Out(data.StructLayout(HEADER_EVENTS)), "accepted": Out(NJ),
+            **({"p2_wc1": In(TREE_COUNT_BITS + 1)} if P.tree else {}),
             "refusal": Out(refusal_layout(P)),
         })
 
@@ -96,6 +97,14 @@ class SlotEffects(wiring.Component):
         cur_tag = Mux(reuse, seqs2, md2.tag)
         new_count = Mux(reuse, 1, self.p2_cnt1)
         new_exp = Mux(c.new_exp, p2_op.exp, md2.exponent)
+        if P.tree:
+            # a spine: the workers the sum covers (a child switch's DATA its count) and a
+            # child's OVERFLOW; PARTIAL when the workers are fewer than the job's
+            cur_wc = Mux(reuse, 0, md2.wcount)
+            new_wc = Mux(reuse, p2_op.covers, self.p2_wc1)
+            new_lt = Mux(reuse, c.cov_lt_t, c.wc1_lt_t)
+            cur_ovf = Mux(reuse, 0, md2.ovf)
+            new_ovf = cur_ovf | p2_op.ovf
         mode = Signal(AccMode)
         m.d.comb += mode.eq(Mux(accept, Mux(c.opens, AccMode.OPEN, AccMode.ADD), AccMode.NONE))
 
@@ -118,6 +127,9 @@ class SlotEffects(wiring.Component):
                 w3.data.due.eq(Mux(reuse, p2_due, md2.due)),
                 w3.data.nelem.eq(cur_nelem),
             ]
+            if P.tree:
+                m.d.sync += [w3.data.wcount.eq(Mux(accept, new_wc, cur_wc)),
+                             w3.data.ovf.eq(Mux(accept, new_ovf, cur_ovf))]
 
         # requests: a = expired PARTIAL (old contents), b = completion or re-send; registered
         # (P3) before they enter the queue
@@ -139,13 +151,21 @@ class SlotEffects(wiring.Component):
             p3_b.nelem.eq(cur_nelem),
             p3_b.partial.eq(Mux(completes, 0, c.cnt_lt_n)),
         ]
+        if P.tree:
+            m.d.sync += [
+                p3_a.count.eq(md2.wcount), p3_a.partial.eq(c.wc_lt_t), p3_a.ovf.eq(md2.ovf),
+                p3_b.count.eq(Mux(completes, new_wc, cur_wc)),
+                p3_b.partial.eq(Mux(completes, new_lt, c.wc_lt_t)),
+                p3_b.ovf.eq(Mux(completes, new_ovf, cur_ovf)),
+            ]
 
         resend = v2 & resend_
         inc["rx"].append(is_pkt & ~c.defer)
         inc["rx_data"].append(v2 & c.pkt_ok & ~c.defer)
         inc["drop_truncated"].append(is_pkt & (reason2 == Reason.TRUNCATED))
         inc["drop_bad_version"].append(is_pkt & (reason2 == Reason.BAD_VERSION))
-        inc["drop_malformed"] += [is_pkt & (reason2 == Reason.MALFORMED), v2 & c.bignelem,
+        inc["drop_malformed"] += [is_pkt & (reason2 == Reason.MALFORMED),
+                                  v2 & ((c.bignelem | c.badcount) if P.tree else c.bignelem),
                                   v2 & malf3]
         inc["drop_unknown_job"].append(is_pkt & (reason2 == Reason.UNKNOWN_JOB))
         inc["drop_bad_session"].append(is_pkt & (reason2 == Reason.BAD_SESSION))
@@ -158,7 +178,10 @@ class SlotEffects(wiring.Component):
         inc["accepted"].append(v2 & accept)
         m.d.comb += [self.accepted[j].eq(v2 & accept & (p2_job == j)) for j in range(NJ)]
         inc["results"] += [expired, v2 & completes]
-        inc["partials"].append(expired)
+        if P.tree:
+            inc["partials"] += [expired & c.wc_lt_t, v2 & completes & new_lt]
+        else:
+            inc["partials"] += [expired, C(0, 1)]
         for name in HEADER_EVENTS:
             assert len(inc[name]) == HEADER_EVENTS[name], name
             m.d.comb += getattr(self.events, name).eq(Cat(inc[name]))

@@ -20,11 +20,15 @@ Ports::
     p2, c, p2_md, p2_bit, p2_cnt1, p2_due, p2_init_tag, p2_job
                 Out: the operation in P2, its rules (:data:`~.slot.RULE_FIELDS`) and
                 what P2 composes the write from
+    p2_wc1      Out: a spine (``CoreParams.tree``): the record's workers plus this DATA's
+                (a child switch's DATA covers its ``count``, a worker's one; the op's
+                ``covers`` and ``ovf`` in P2 are those of the job's kind of members)
     reinject, n_flush
                 Out: P2's operation goes back to P1a; low: the input side flushes
 
 ``duplicate_check=False`` plants a bug for the tests: a worker's repeated contribution
-to an open slot is added again.
+to an open slot is added again. ``child_counts=False`` plants another (a spine): a child
+switch's DATA counts one worker, whatever its ``count``.
 """
 
 from amaranth.hdl import *
@@ -32,7 +36,7 @@ from amaranth.lib import wiring, data
 from amaranth.lib.wiring import In, Out
 
 from .layout import Reason, OpKind
-from .params import CoreParams
+from .params import CoreParams, TREE_COUNT_BITS
 from .regfile import job_layout, jobs_at
 from .slot import CMP_FIELDS, RULE_FIELDS, meta_layout, stage_layout, md_compares
 
@@ -42,9 +46,11 @@ __all__ = ["SlotRules"]
 class SlotRules(wiring.Component):
     """See the module docstring."""
 
-    def __init__(self, params: CoreParams, *, duplicate_check: bool = True):
+    def __init__(self, params: CoreParams, *, duplicate_check: bool = True,
+                 child_counts: bool = True):
         self.params = P = params
         self.duplicate_check = duplicate_check
+        self.child_counts = child_counts
         NJ, R = P.jobs, P.records
         MetaL = meta_layout(P)
         super().__init__({
@@ -58,6 +64,7 @@ class SlotRules(wiring.Component):
             "p2_md": Out(MetaL), "p2_bit": Out(P.workers), "p2_cnt1": Out(range(P.workers + 2)),
             "p2_due": Out(32), "p2_init_tag": Out(signed(34)), "p2_job": Out(range(max(2, NJ))),
             "reinject": Out(1), "n_flush": Out(1, init=1),
+            **({"p2_wc1": Out(TREE_COUNT_BITS + 1)} if P.tree else {}),
         })
 
     def elaborate(self, platform):
@@ -106,6 +113,25 @@ class SlotRules(wiring.Component):
                 else q1_mdx.bitmap.bit_select(q1_op.worker[:5], 1))
         # (join, completeness, duplicate and element count combine in P2)
         early_ok1 = (q1_op.reason == Reason.OK) | (q1_op.reason == Reason.BIG_NELEM)
+        if P.tree:
+            early_ok1 |= q1_op.reason == Reason.BAD_COUNT
+            # a spine: the workers this DATA covers, against the job's total
+            kids = jobs_at(self.jobs, "children", q1_job)
+            total = Mux(kids, jobs_at(self.jobs, "total_workers", q1_job),
+                        jobs_at(self.jobs, "nworkers", q1_job))
+            covers = Signal(TREE_COUNT_BITS)
+            m.d.comb += covers.eq(Mux(kids & self.child_counts, q1_op.covers, 1))
+            wc1 = Signal(TREE_COUNT_BITS + 1)
+            m.d.comb += wc1.eq(q1_mdx.wcount + covers)
+            tree_sync = [
+                self.p2_wc1.eq(wc1), p2.op.covers.eq(covers), p2.op.ovf.eq(kids & q1_op.ovf),
+                c.badcount.eq(k_pkt1 & (q1_op.reason == Reason.BAD_COUNT) & q1m.src_ok),
+                c.wc_lt_t.eq(q1_mdx.wcount < total), c.wc1_lt_t.eq(wc1 < total),
+                c.cov_lt_t.eq(covers < total),
+            ]
+        else:
+            tree_sync = [c.badcount.eq(0), c.wc_lt_t.eq(0), c.wc1_lt_t.eq(0),
+                         c.cov_lt_t.eq(0)]
         m.d.sync += [
             p2.valid.eq(q1_valid & ~reinject & ~scan_cancel2), p2.op.eq(q1_op),
             # (a scan is never re-run, so a cancelled scan need not be looked at here)
@@ -129,4 +155,5 @@ class SlotRules(wiring.Component):
             c.pkt.eq(k_pkt1), c.scan.eq(k_scan1), c.init.eq(q1_op.kind == OpKind.INIT),
             c.pkt_ok.eq(k_pkt_ok1), c.cnt_lt_n.eq(q1m.cnt_lt_n),
         ]
+        m.d.sync += tree_sync       # (after ``p2.op``: a spine's covers and ovf replace it)
         return m

@@ -154,7 +154,7 @@ def load_job(core: RtlCore, cfg, index: int, deadline_cycles: int):
     P = core.params
     writes = config_writes(cfg, index, clock_hz=1.0, window_max=P.window,
                            elements_max=P.elements, workers_max=P.workers,
-                           deadline_cycles=deadline_cycles)
+                           deadline_cycles=deadline_cycles, tree=P.tree)
     for addr, value in writes:
         core.write(addr, value)
     core.step(WRITE_LATENCY)

@@ -70,6 +70,8 @@ def query_status(addr, timeout=1.0, key=None, max_pages=10_000) -> dict:
     out = {"counters": doc.get("counters", {}), "jobs": jobs}
     if "rtl" in doc:     # the RTL engine's figures (cycles, cycles per packet, ...)
         out["rtl"] = doc["rtl"]
+    if "pool" in doc:    # the shared slot pool (docs/pool.md)
+        out["pool"] = doc["pool"]
     return out
 
 

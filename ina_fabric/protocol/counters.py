@@ -74,11 +74,14 @@ TABLE = (
                "re-send"),
     CounterDef("relayed", (M, E), "RESULTs from the parent relayed to the job's members"),
     CounterDef("drop_result", (M, E), "RESULTs no slot awaited"),
+    CounterDef("drop_bad_width", (M, E), "DATA whose element width is not its slot's "
+               "(docs/precision.md)"),
     # the shared slot pool (docs/pool.md)
     CounterDef("overflow", (M, E), "DATA sent on to the parent switch (FORWARDED): no pool "
                "slot was free"),
     CounterDef("overflow_in", (M, E), "FORWARDED DATA taken from a child switch whose pool "
                "was full"),
+    CounterDef("congested", (M, E), "RESULTs sent with CONGESTED (the slot pool was full)"),
     CounterDef("errors_sent", (M, E, G), "ERROR replies to DATA dropped for a fixable reason",
                24),
     CounterDef("errors_limited", (M, E, G), "ERROR replies not sent (that source was "
@@ -108,7 +111,7 @@ GATEWARE_COUNTERS = tuple(c.name for c in sorted((c for c in TABLE if GATEWARE i
 JOB_COUNTERS = ("rx_data", "accepted", "duplicates", "late", "results", "partials",
                 "overflows", "resent", "skipped", "up", "up_resent", "relayed", "drop_result",
                 "drop_unknown_source", "drop_bad_session", "drop_stale", "drop_out_of_window",
-                "drop_malformed")
+                "drop_malformed", "overflow", "overflow_in", "congested", "drop_bad_width")
 #: the counters of a switch that answers refused DATA (every engine: the model's
 #: ``answers=False`` leaves them out)
 ANSWER_COUNTERS = ("errors_sent", "errors_limited")

@@ -15,9 +15,9 @@
 
 typedef struct {
     int header, version, type, flags, exponent, job, worker, count, seq, nelem,
-        reserved, bitmap, session;
+        width, bitmap, session;
     int v_version, t_data, t_result, t_error, f_partial, f_overflow, f_retransmit, f_last,
-        f_forwarded,
+        f_forwarded, f_congested,
         no_exponent, group_worker, nonfinite, max_job_workers;
 } InaLayout;
 
@@ -68,7 +68,7 @@ static int ina_layout_from_dict(PyObject *d, InaLayout *L) {
         {"version", &L->version, 1}, {"type", &L->type, 1}, {"flags", &L->flags, 1},
         {"exponent", &L->exponent, 1}, {"job", &L->job, 2}, {"worker", &L->worker, 1},
         {"count", &L->count, 2}, {"seq", &L->seq, 4}, {"nelem", &L->nelem, 2},
-        {"reserved", &L->reserved, 1}, {"bitmap", &L->bitmap, 4},
+        {"width", &L->width, 1}, {"bitmap", &L->bitmap, 4},
         {"session", &L->session, 8},
     };
     if (!PyDict_Check(d)) {
@@ -96,6 +96,7 @@ static int ina_layout_from_dict(PyObject *d, InaLayout *L) {
         ina_get_int(d, "RETRANSMIT", &L->f_retransmit) < 0 ||
         ina_get_int(d, "LAST", &L->f_last) < 0 ||
         ina_get_int(d, "FORWARDED", &L->f_forwarded) < 0 ||
+        ina_get_int(d, "CONGESTED", &L->f_congested) < 0 ||
         ina_get_int(d, "NO_EXPONENT", &L->no_exponent) < 0 ||
         ina_get_int(d, "GROUP_WORKER", &L->group_worker) < 0 ||
         ina_get_int(d, "NONFINITE", &L->nonfinite) < 0 ||

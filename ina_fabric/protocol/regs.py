@@ -60,6 +60,11 @@ JOB_REGS = (
         "(reads 1 once done); 0: disable (cancels a queued or running reset)"),
     Reg("session_hi", 10, 32, "rw", "the run's session id, top 32 bits (DATA must carry it)"),
     Reg("session_lo", 11, 32, "rw", "the run's session id, low 32 bits"),
+    # a spine of a tree of switches (a core built with ``CoreParams.tree``; docs/fabric.md)
+    Reg("children", 12, 1, "rw", "1: the members are child switches, whose DATA's count "
+        "is the workers each covers (a core built with tree=True); 0: workers"),
+    Reg("total_workers", 13, 11, "rw", "the job's workers (children = 1): its RESULT is "
+        "PARTIAL when it covers fewer"),
 )
 
 MEMBER_BASE = 0x1000
@@ -87,12 +92,15 @@ def counter_addr(name: str) -> int:
 
 def config_writes(cfg, job_index: int, *, clock_hz: float, window_max: int,
                   elements_max: int, workers_max: int = 32,
-                  deadline_cycles: int | None = None) -> list[tuple[int, int]]:
+                  deadline_cycles: int | None = None,
+                  tree: bool = False) -> list[tuple[int, int]]:
     """Register writes ``[(addr, value)]`` that load ``cfg`` (a ina_fabric.protocol.jobtable
     JobConfig) into job-table entry ``job_index``; the last write enables the job.
 
     Raises ValueError when the job does not fit the core (window not a power of two or
-    above the core's window, too many elements or workers)."""
+    above the core's window, too many elements or workers), when it has a parent (the
+    gateware is not a leaf of a tree: docs/gateware.md, "Trees of switches"), or when its
+    members are child switches and the core was not built with ``tree`` (``CoreParams``)."""
     w = cfg.window
     if w & (w - 1) or w > window_max:
         raise ValueError(f"job {cfg.job}: window {w} must be a power of two <= {window_max}")
@@ -100,6 +108,14 @@ def config_writes(cfg, job_index: int, *, clock_hz: float, window_max: int,
         raise ValueError(f"job {cfg.job}: elements {cfg.elements} > core elements {elements_max}")
     if cfg.n > workers_max:
         raise ValueError(f"job {cfg.job}: {cfg.n} workers > core workers {workers_max}")
+    if getattr(cfg, "parent", None) is not None:
+        raise ValueError(f"job {cfg.job}: has a parent switch; the gateware is a tree's "
+                         f"root (spine) only, not a leaf (docs/gateware.md)")
+    children = bool(getattr(cfg, "children", False))
+    if children and not tree:
+        raise ValueError(f"job {cfg.job}: its members are child switches; this core was "
+                         f"built without the tree option (CoreParams(tree=True); ina hw-config "
+                         f"--core-tree)")
     if deadline_cycles is None:
         deadline_cycles = max(1, round(cfg.deadline * clock_hz))
     if not 1 <= deadline_cycles < 1 << 31:
@@ -113,6 +129,8 @@ def config_writes(cfg, job_index: int, *, clock_hz: float, window_max: int,
         "mcast_port": cfg.mcast[1] if cfg.mcast else 0,
         "session_hi": cfg.session >> 32, "session_lo": cfg.session & 0xFFFFFFFF,
     }
+    if tree:
+        vals |= {"children": int(children), "total_workers": cfg.total if children else cfg.n}
     out += [(job_reg_addr(job_index, k), v) for k, v in vals.items()]
     for i, m in enumerate(cfg.members):
         mac = int(m.mac.replace(":", ""), 16)

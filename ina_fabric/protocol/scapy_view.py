@@ -1,12 +1,12 @@
 """scapy view of the wire format: an ``INA`` layer bound to the INA UDP port."""
 
 from scapy.fields import (ByteEnumField, ByteField, FieldListField, FlagsField, IntField,
-                          ShortField, SignedByteField, SignedIntField, XIntField,
-                          XLongField)
+                          MultipleTypeField, ShortField, SignedByteField, SignedIntField,
+                          SignedShortField, XIntField, XLongField)
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, bind_layers
 
-from .fields import HEADER_FIELDS, INA_UDP_PORT, VERSION
+from .fields import HEADER_FIELDS, INA_UDP_PORT, VERSION, WIDTH_CODES
 
 __all__ = ["INA"]
 
@@ -28,9 +28,17 @@ def _scapy_field(f):
 
 class INA(Packet):
     name = "INA"
+    # the elements' width is the ``width`` byte's low nibble (int32 by default)
     fields_desc = [_scapy_field(f) for f in HEADER_FIELDS] + [
-        FieldListField("elements", [], SignedIntField("", 0),
-                       count_from=lambda pkt: pkt.nelem),
+        MultipleTypeField(
+            [(FieldListField("elements", [], SignedShortField("", 0),
+                             count_from=lambda pkt: pkt.nelem),
+              lambda pkt: pkt.width is not None and pkt.width & 0xF == WIDTH_CODES[16]),
+             (FieldListField("elements", [], SignedByteField("", 0),
+                             count_from=lambda pkt: pkt.nelem),
+              lambda pkt: pkt.width is not None and pkt.width & 0xF == WIDTH_CODES[8])],
+            FieldListField("elements", [], SignedIntField("", 0),
+                           count_from=lambda pkt: pkt.nelem)),
     ]
 
     def post_build(self, p, pay):

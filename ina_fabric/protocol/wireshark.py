@@ -4,7 +4,7 @@ Registered on the INA UDP port and as a UDP heuristic; with
 ``-o udp.try_heuristic_first:TRUE`` it also wins when the other end's port is claimed by
 another dissector (Wireshark tries the lower port first)."""
 
-from .fields import HEADER_FIELDS, HEADER_BYTES, INA_UDP_PORT, VERSION
+from .fields import HEADER_FIELDS, HEADER_BYTES, INA_UDP_PORT, VERSION, field_offsets
 
 __all__ = ["lua_dissector"]
 
@@ -29,7 +29,10 @@ def lua_dissector(port: int = INA_UDP_PORT) -> str:
                      f'("ina.{f.name}", "{f.name}", {base}{extra})')
         names.append(f"f_{f.name}")
     lines.append('local f_elem = ProtoField.int32("ina.element", "element", base.DEC)')
-    names.append("f_elem")
+    lines.append('local f_elem16 = ProtoField.int16("ina.element16", "element (int16)", '
+                 'base.DEC)')
+    lines.append('local f_elem8 = ProtoField.int8("ina.element8", "element (int8)", base.DEC)')
+    names += ["f_elem", "f_elem16", "f_elem8"]
     lines.append(f"ina.fields = {{ {', '.join(names)} }}")
     lines += [
         "function ina.dissector(buf, pinfo, tree)",
@@ -41,10 +44,15 @@ def lua_dissector(port: int = INA_UDP_PORT) -> str:
     for f in HEADER_FIELDS:
         lines.append(f"  t:add(f_{f.name}, buf({off}, {f.nbytes}))")
         off += f.nbytes
+    woff = field_offsets()["width"]
     lines += [
-        f"  local n = (buf:len() - {HEADER_BYTES}) / 4",
+        "  -- the elements' width: the width byte's low nibble (0 int32, 1 int16, 2 int8)",
+        f"  local code = buf({woff}, 1):uint() % 16",
+        "  local size, fe = 4, f_elem",
+        "  if code == 1 then size, fe = 2, f_elem16 elseif code == 2 then size, fe = 1, f_elem8 end",
+        f"  local n = math.floor((buf:len() - {HEADER_BYTES}) / size)",
         "  for i = 0, n - 1 do",
-        f"    t:add(f_elem, buf({HEADER_BYTES} + 4 * i, 4))",
+        f"    t:add(fe, buf({HEADER_BYTES} + size * i, size))",
         "  end",
         "  return buf:len()",
         "end",

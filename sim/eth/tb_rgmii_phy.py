@@ -98,10 +98,10 @@ class Ecp5BenchPlatform:
 def sources(component, toplevel: str, build_dir: pathlib.Path) -> list:
     """The block's Verilog (elaborated on :class:`Ecp5BenchPlatform`) and the models."""
     from amaranth.back import verilog
-    from ina_fabric.sim.common import _kick_comb
+    from ina_fabric.sim.common import kick_comb
     build_dir.mkdir(parents=True, exist_ok=True)
     top = build_dir / f"{toplevel}.v"
-    top.write_text(_kick_comb(verilog.convert(component, name=toplevel, emit_src=False,
+    top.write_text(kick_comb(verilog.convert(component, name=toplevel, emit_src=False,
                                               platform=Ecp5BenchPlatform())))
     prims = build_dir / "ecp5_primitives.v"
     prims.write_text(PRIMITIVES)

@@ -159,7 +159,8 @@ class CoreTB:
             dl = max(1, round(cfg.deadline)) if cfg.mode == "bounded" else 1 << 30
             for addr, val in config_writes(cfg, k, clock_hz=1.0, window_max=self.P.window,
                                            elements_max=self.P.elements,
-                                           workers_max=self.P.workers, deadline_cycles=dl):
+                                           workers_max=self.P.workers, deadline_cycles=dl,
+                                           tree=self.P.tree):
                 await self.write(addr, val)
             # the enable write lands, then the job's records are reset: enable reads 1
             await ClockCycles(self.dut.clk, WRITE_LATENCY)

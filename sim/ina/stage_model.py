@@ -49,7 +49,10 @@ def rules_py(q, op, md, duplicate_check=True):
                             or (early_ok and not q["src_ok"])),
          "bignelem": pkt and op["reason"] == Reason.BIG_NELEM.value and q["src_ok"],
          "pkt": pkt, "scan": op["kind"] == OpKind.SCAN.value and q["enable"],
-         "init": op["kind"] == OpKind.INIT.value, "pkt_ok": pkt_ok, "cnt_lt_n": q["cnt_lt_n"]}
+         "init": op["kind"] == OpKind.INIT.value, "pkt_ok": pkt_ok, "cnt_lt_n": q["cnt_lt_n"],
+         # a spine's (CoreParams.tree): 0 on a core without the option, which is what the
+         # stage benches build; the spine is checked whole (tb_core.test_tree_spine)
+         "badcount": 0, "wc_lt_t": 0, "wc1_lt_t": 0, "cov_lt_t": 0}
     return {k: int(bool(v)) for k, v in c.items()}
 
 

@@ -10,7 +10,7 @@ per-job ports, and the synchronous ones with their enables)."""
 import cocotb
 
 from ina_fabric.hw.ina.params import CoreParams
-from ina_fabric.hw.ina.regfile import job_layout
+from ina_fabric.hw.ina.regfile import TREE_JOB_REGS, job_layout
 from ina_fabric.protocol.regs import (COUNTER_BASE, COUNTER_NAMES, GLOBAL_REGS, ID_VALUE,
                                       JOB_BASE, JOB_REGS, JOB_STRIDE, MEMBER_BASE,
                                       READ_LATENCY, WRITE_LATENCY)
@@ -70,6 +70,8 @@ class Model:
         j, off = divmod(addr - JOB_BASE, JOB_STRIDE)
         if 0 <= j < P.jobs and addr >= JOB_BASE:
             r = next((r for r in JOB_REGS if r.offset == off), None)
+            if r is not None and r.name in TREE_JOB_REGS and not P.tree:
+                return None         # a spine's registers: constant 0 without the option
             return ("job", j, r.name) if r else None
         if MEMBER_BASE <= addr < MEMBER_BASE + P.jobs * 32 * 4:
             madr = addr - MEMBER_BASE
