@@ -6,6 +6,9 @@
                                                lab beside background jobs, progress model
                                                fitted from real curves, 3 seeds
                                                (control_real.json, control_real_lab.png)
+    ina bench control --lab --lab-path switch  the same with our gradients summed in the lab's
+                                               switch (rows with path "switch" are added
+                                               beside the Gloo path's in control_real.json)
     ina bench control --plot 'X_{link}.png' where the knob trace PNGs go
     ina bench control --rate-price 2          lambda of the pace-knob comparison (0: skip it)
 
@@ -48,6 +51,10 @@ def main(argv=None) -> int:
     ap.add_argument("--lab-exchange", choices=("ring", "direct"), default="ring",
                     help="how our messages travel: Gloo's ring all-gather, or to every "
                          "peer at once (one trip through the queues instead of N-1)")
+    ap.add_argument("--lab-path", choices=("gloo", "switch"), default="gloo",
+                    help="where our gradients are summed: all-gathered over Gloo "
+                         "(--lab-exchange), or in the lab's ina switch, the precision knob "
+                         "setting the bits per element on the wire")
     ap.add_argument("--lab-pace-ab", type=float, metavar="PACE",
                     help="run only an A/B on the lab: fixed knobs int4/a=4, unpaced against "
                          "paced at PACE, interleaved, --lab-levels x --lab-seeds "
@@ -112,7 +119,11 @@ def _lab(args, _results):
     price = args.rate_price or 0.0
     setup = LabSetup(rate=args.lab_rate, lab_id=args.lab_id, micro_batch=args.lab_micro_batch,
                      exchange=args.lab_exchange, rate_price=price,
-                     paces=args.paces if price > 0 else (1.0,))
+                     paces=args.paces if price > 0 else (1.0,), path=args.lab_path)
+    if args.lab_path == "switch" and price > 0:
+        print("ina bench control: --lab-path switch has no pace knob (--rate-price 0)",
+              file=sys.stderr)
+        return 2
     if args.lab_analyze:
         import json
         from ina_fabric.bench.experiments.labexp import TARGET_LOSS, analyze
@@ -130,7 +141,7 @@ def _lab(args, _results):
         saved = {k: v for k, v in raw["setup"].items() if k in LabSetup.__dataclass_fields__}
         setup = LabSetup(**{**setup.__dict__, **saved, "lab_id": setup.lab_id})
         figures = analyze(raw, setup, plot=args.lab_plot)
-        _results.write("control_real", figures)
+        _write_real(_results, figures, setup.path)
         return 0
     why = available()
     if why:
@@ -152,8 +163,40 @@ def _lab(args, _results):
                              plot=args.lab_plot,
                              raw_path=str(_results.RESULTS / "control_real_raw.json"),
                              fit_from=args.lab_fit_from)
-    _results.write("control_real", figures)
+    _write_real(_results, figures, setup.path)
     return 0
+
+
+def _write_real(_results, figures, path):
+    """control_real.json: this run's figures, and ``rows``, one per (path, level) with
+    ``path``, ``level``, ``decoupled_over_joint``, ``ci95_low``, ``ci95_high``, ``seeds``
+    (and the fitted simulator's ratio); rows of the other path in the file before are
+    kept, so a switch-path run adds its rows beside the Gloo path's."""
+    import json
+    rows = [{"path": path, "level": level, "seeds": v["seeds"],
+             "decoupled_over_joint": v["decoupled_over_joint"], "ci95_low": v["ci95_low"],
+             "ci95_high": v["ci95_high"], "verdict": v["verdict"],
+             "sim_decoupled_over_joint": v.get("sim_decoupled_over_joint")}
+            for level, v in figures.get("levels", {}).items()]
+    old = _results.RESULTS / "control_real.json"
+    try:
+        prev = json.loads(old.read_text())["figures"]
+    except (OSError, ValueError, KeyError):
+        prev = {}
+    kept = [r for r in prev.get("rows", []) if r.get("path", "gloo") != path]
+    if not prev.get("rows") and prev.get("levels"):     # a file from before the rows
+        kept = [{"path": prev.get("setup", {}).get("path", "gloo"), "level": lv,
+                 **{k: v[k] for k in ("decoupled_over_joint", "ci95_low", "ci95_high",
+                                      "seeds")}}
+                for lv, v in prev["levels"].items()]
+        kept = [r for r in kept if r["path"] != path]
+    figures["path"] = path
+    figures["rows"] = kept + rows
+    for r in figures["rows"]:
+        print(f"   {r['path']:6s} {r['level']:6s} decoupled / joint "
+              f"{r['decoupled_over_joint']:.3f}x [{r['ci95_low']:.3f}, {r['ci95_high']:.3f}]"
+              f" over {r['seeds']} seeds")
+    _results.write("control_real", figures)
 
 
 if __name__ == "__main__":

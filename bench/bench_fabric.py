@@ -293,6 +293,37 @@ def _cpu_seconds(pids=()):
     return machine, own / tck
 
 
+#: bytes on an Ethernet link per INA datagram besides its elements: the INA header, UDP,
+#: IPv4, Ethernet header and FCS, preamble and inter-frame gap
+_FRAME = 8 + 20 + 18 + 20
+
+
+def wire_seconds(size, elements, per_rack, rate, uplink_rate, hosts):
+    """Per mode, the seconds the links alone need for one allreduce of ``size`` bytes of
+    float32 (the saturation evidence: a time near it is link-bound). tree: one copy up and
+    one down over each host link and uplink (full duplex); flat: ``per_rack`` copies over
+    each uplink each way; gloo: the ring's 2(N-1)/N of the buffer over each link each way
+    (TCP's own headers left out)."""
+    from ina_fabric.protocol.fields import HEADER_BYTES
+    n = size // 4
+    packets = -(-n // elements)
+    on_wire = size + packets * (HEADER_BYTES + _FRAME)
+    tree = on_wire * 8 / min(rate, uplink_rate)
+    return {"tree": tree, "flat": max(tree, per_rack * on_wire * 8 / uplink_rate),
+            "gloo": 2 * (hosts - 1) / hosts * size * 8 / min(rate, uplink_rate)
+            if hosts > 1 else 0.0}
+
+
+def saturation(row, wire, busy):
+    """What set a row's times, from its own figures: each mode's time over its wire time,
+    and the machine's busy share during its calls; ``cpu_bound`` where the CPUs were over
+    90% busy and the time more than 10% above the wire's."""
+    over = {m: row[f"{m}_s"] / wire[m] for m in wire if row.get(f"{m}_s") and wire[m]}
+    return {"wire_s": wire, "over_wire": over,
+            "cpu_busy_max": max(busy.values()) if busy else None,
+            "cpu_bound": sorted(m for m in over if busy.get(m, 0) > 0.9 and over[m] > 1.1)}
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ina bench fabric", description=__doc__.strip(),
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -392,6 +423,9 @@ def main(argv=()):
             else None
         row["gloo_over_flat"] = med["gloo"] / med["flat"] if {"gloo", "flat"} <= set(med) \
             else None
+        row["saturation"] = saturation(row, wire_seconds(
+            SIZES[a.size], a.elements, per_rack, rate, res["uplink_rate"], racks * per_rack),
+            busy)
         row["retransmits"] = {m: s["retransmits"] for m, s in res["stats"].items()}
         row["pace_bits"] = res["pace"]
         if "straggler" in res:
@@ -418,7 +452,10 @@ def main(argv=()):
                                                         "gloo_over_flat") if row[k])
               + f"; results {'checked' if checked else 'NOT within the bound/identical'}"
               + "; CPU busy (machine/this lab) " + ", ".join(
-                  f"{m} {busy[m]:.0%}/{res['cpu_lab'][m]:.0%}" for m in modes), flush=True)
+                  f"{m} {busy[m]:.0%}/{res['cpu_lab'][m]:.0%}" for m in modes)
+              + "; time / wire time " + ", ".join(
+                  f"{m} {v:.2f}" for m, v in row["saturation"]["over_wire"].items()),
+              flush=True)
         if "straggler" in row:
             for m in modes:
                 s = row["straggler"].get(m)
@@ -438,10 +475,12 @@ def main(argv=()):
         r["tree_over_one_rack"] = r["tree_s"] / base["tree_s"] if base and r["tree_s"] \
             else None
     saturated = any(b > 0.9 for r in rows for b in r["cpu_busy"].values())
-    write("fabric", {"rows": rows, "modes": modes, "tree_left_out": missing,
+    write("fabric", {"rows": rows, "modes": modes,
                      "reps": a.reps, "mtu": a.mtu, "elements": a.elements,
                      "window": a.window, "inflight": a.inflight, "queue_ms": a.queue_ms,
                      "cpu_saturated": saturated,
+                     "cpu_bound_rows": [f"{r['racks']}x{r['hosts_per_rack']}" for r in rows
+                                        if r["saturation"]["cpu_bound"]],
                      "note": "medians of interleaved repetitions (the order rotates); each "
                              "time the slowest rank's; same links for every mode; Gloo's "
                              "ranks rack by rack; cpu_busy: the whole machine's share of "
@@ -449,8 +488,11 @@ def main(argv=()):
                              "out), per mode, over its timed calls; cpu_lab: the share "
                              "the lab's own processes (ranks, switches) used"})
     if saturated:
-        print("fabric: the machine's CPUs were over 90% busy during a mode's calls: the figures "
-              "may be CPU-bound rather than link-bound (try a lower --rate)")
+        bound = [f"{r['racks']}x{r['hosts_per_rack']} ({', '.join(r['saturation']['cpu_bound'])})"
+                 for r in rows if r["saturation"]["cpu_bound"]]
+        print("fabric: the machine's CPUs were over 90% busy during a mode's calls"
+              + (f"; CPU-bound (over 10% above the wire time): {'; '.join(bound)}: try a "
+                 "lower --rate" if bound else "; every time within 10% of the wire's"))
     return 0 if all(r["checked"] for r in rows) else 1
 
 

@@ -208,6 +208,17 @@ def _loopback(hosts, a):
     return results[0]
 
 
+def _size(text) -> int:
+    """Bytes from ``65536``, ``256K``, ``64M``, ``64MB``, ``1G`` (powers of 1024)."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    num = t[:-1] if mult > 1 else t
+    if not num.isdigit():
+        raise ValueError(f"bad size {text!r}: use bytes, e.g. 65536, 256K or 64M (K, M, G "
+                         f"are powers of 1024)")
+    return int(num) * mult
+
+
 def _stats(v):
     return {"min": min(v), "median": statistics.median(v), "max": max(v)}
 
@@ -241,10 +252,9 @@ def main(argv=()):
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     a = ap.parse_args([str(v) for v in argv])
-    from ina_fabric.host.commands._common import size_arg
     try:
-        a.size = size_arg(str(a.size))
-    except Exception as e:  # noqa: BLE001 (argparse's type error, one line)
+        a.size = _size(a.size)
+    except ValueError as e:
         ap.error(f"--size: {e}")
     if a.size <= 0 or a.size % 4:
         ap.error(f"--size {a.size}: a positive multiple of 4 bytes")

@@ -140,6 +140,12 @@ SETTINGS = (
             "tests/test_lab_fabric.py"),
     Setting("INA_LINE_RATE_SEQS", "tests", "sequences of the board's line-rate test", "250",
             "", "tests/test_eth_board.py"),
+    Setting("INA_ERR_CYCLES", "tests", "the ERROR answer interval in cycles of a bench's "
+            "core (its scoreboard's)", "the core's default", "", "sim/ina/scoreboard.py"),
+    Setting("INA_FLOOD_N", "tests", "refused DATA in the core bench's ERROR flood", "240",
+            "", "sim/ina/tb_core.py"),
+    Setting("INA_FLOOD_STOP", "tests", "1: the flood must fill the answer queue (the stop "
+            "path)", "0", "", "sim/ina/tb_core.py"),
     Setting("INA_PARAMS", "tests", "a cocotb bench's core (CoreParams as JSON)", "", "",
             "sim/ina"),
     Setting("INA_SEED", "tests", "a cocotb bench's traffic seed", "1", "", "sim/ina"),

@@ -18,6 +18,7 @@ import numpy as np
 from ina_fabric.host.switch import SwitchModel
 from ina_fabric.protocol import pack, unpack, MsgType, Flags, Refusal
 from ina_fabric.protocol.jobtable import JobConfig
+from ina_fabric.protocol.fields import width_byte
 
 LEAF = ("198.18.2.1", 19900)
 PARENT = ("198.18.2.2", 19900)
@@ -31,7 +32,10 @@ class PoolNet:
     """``jobs``: [(workers, window, elements, mode, packets)], job ids 1, 2, ..."""
 
     def __init__(self, jobs, pool_slots, *, cls=SwitchModel, loss=0.0, dup=0.0, seed=0,
-                 latency=1e-4, rto=0.004, deadline=0.003, values_seed=None):
+                 latency=1e-4, rto=0.004, deadline=0.003, values_seed=None, widths=None):
+        """``widths``: job id -> the element width (bits) its workers send (default 32;
+        docs/precision.md)."""
+        self.widths = dict(widths or {})
         self.cfgs, self.packets = [], {}
         for k, (n, window, elements, mode, packets) in enumerate(jobs):
             cfg = JobConfig(k + 1, tuple("%s:%d" % worker_addr(k, w) for w in range(n)),
@@ -46,9 +50,11 @@ class PoolNet:
         self.values = {}
         self.workers = {}      # address -> (cfg, member index)
         for cfg in self.cfgs:
-            v = vr.integers(-2**24, 2**24, (cfg.n, self.packets[cfg.job], cfg.elements))
+            bits = self.widths.get(cfg.job, 32)
+            lim = min(2**24, 1 << bits - 3)
+            v = vr.integers(-lim, lim, (cfg.n, self.packets[cfg.job], cfg.elements))
             if vr.random() < 0.3:
-                v[:, ::3, 0] = 2**31 - 1            # some sums saturate (OVERFLOW)
+                v[:, ::3, 0] = (1 << bits - 1) - 1  # some sums saturate (OVERFLOW)
             self.values[cfg.job] = v
             for w, m in enumerate(cfg.members):
                 self.workers[m.addr] = (cfg, w)
@@ -83,7 +89,8 @@ class PoolNet:
     def _send(self, addr, seq, retransmit):
         cfg, w = self.workers[addr]
         d = pack(self.values[cfg.job][w, seq], job=cfg.job, worker=w, seq=seq,
-                 session=cfg.session, flags=Flags.RETRANSMIT if retransmit else 0)
+                 session=cfg.session, flags=Flags.RETRANSMIT if retransmit else 0,
+                 width=width_byte(self.widths.get(cfg.job, 32)))
         self.sent[addr][seq] = self.now
         self._put(self.now + self.latency, LEAF, addr, d)
 
@@ -151,10 +158,11 @@ class PoolNet:
 
     def expected(self, job, seq, bitmap=None):
         """The exact sum of ``seq`` over the workers in ``bitmap`` (all: None), clipped
-        to int32, and whether it saturated."""
+        to the job's width (int32 unless ``widths`` says), and whether it saturated."""
         v = self.values[job][:, seq]
         if bitmap is not None:
             v = v[[w for w in range(v.shape[0]) if bitmap >> w & 1]]
         s = v.sum(axis=0)
-        c = np.clip(s, -2**31, 2**31 - 1)
+        bits = self.widths.get(job, 32)
+        c = np.clip(s, -(1 << bits - 1), (1 << bits - 1) - 1)
         return c, bool((c != s).any())

@@ -172,8 +172,11 @@ def test_a_paced_exchange_spreads_its_bytes_at_the_pace_and_sums_the_same(exchan
         assert mq["bytes"] == m1["bytes"] == sent
         assert wallq >= (sent - (world - 1) * 16384) / 1e6 * 0.95
         assert m1["pace_wait_s"] == 0.0 and mq["pace_wait_s"] >= 0.1
+        # the meter leaves the pacer's waits out; it floors the per-byte time at 1 us
+        # where the reused fixed-cost probe (measured on a loaded machine) exceeds what
+        # is left of the payload's time (compress.CompressedCollective.allreduce)
         assert mq["byte_s"] == pytest.approx(
-            mq["seconds"] - mq["fixed_s"] - mq["pace_wait_s"], abs=1e-6)
+            max(mq["seconds"] - mq["fixed_s"] - mq["pace_wait_s"], 1e-6), abs=1e-6)
 
 
 def test_the_pace_knob_is_checked():

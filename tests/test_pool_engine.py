@@ -19,12 +19,16 @@ from test_pool_model import random_jobs, check_results, OUTCOMES
 needs_engine = pytest.mark.skipif(not fast.available(), reason=fast.WHY_NOT or "")
 
 
-def run(cls, seed):
+def run(cls, seed, narrow=False):
     rng = np.random.default_rng(1000 + seed)
     jobs = random_jobs(rng, modes=MODES)
     pool = int(rng.integers(0, sum(2 * w for _, w, *_ in jobs) + 1))
+    # narrow: the jobs send int16 and int8 by turns (docs/precision.md), through the pool
+    # and the parent's overflow alike
+    widths = {k + 1: (16, 8)[k % 2] for k in range(len(jobs))} if narrow else None
     return PoolNet(jobs, pool, cls=cls, loss=float(rng.choice([0.0, 0.05])),
-                   dup=float(rng.choice([0.0, 0.05])), seed=seed, deadline=0.002).run()
+                   dup=float(rng.choice([0.0, 0.05])), seed=seed, deadline=0.002,
+                   widths=widths).run()
 
 
 @needs_engine
@@ -48,6 +52,18 @@ def test_engine_pool_matches_the_model_byte_for_byte(seed):
     check_results(engine, exact_all=False)
     c = engine.leaf.counters
     assert c["rx_data"] == sum(c[k] for k in OUTCOMES)
+
+
+@needs_engine
+@pytest.mark.parametrize("seed", range(8))
+def test_narrow_widths_through_the_pool_match_the_model(seed):
+    model, engine = run(SwitchModel, seed, True), run(fast.FastSwitchModel, seed, True)
+    assert engine.trunk == model.trunk
+    assert engine.received == model.received
+    for a in model.switches:
+        assert dict(engine.switches[a].counters) == dict(model.switches[a].counters), a
+    assert model.done()
+    check_results(engine, exact_all=False)
 
 
 @needs_engine

@@ -244,3 +244,67 @@ def test_board_training_replicas_are_the_software_switch_s():
     assert board.param_hashes == soft.param_hashes
     assert board.switch_board["core"]["results"] > 0
     assert board.switch_board["p0_tx_bad_fcs"] == 0
+
+
+class _FakeBoardSim:
+    """What ``BoardSwitch.serve_forever`` asks of ``BoardSim``: a job table of registers
+    (``flaky``: every second read of a register returns garbage, as a read while the
+    control plane writes the table does), and serve() calls recorded."""
+
+    def __init__(self, regs, flaky=False):
+        self.regs, self.flaky, self.reads = regs, flaky, 0
+        self.tails, self.cycles = [], 0
+
+    def read_core(self, addr):
+        self.reads += 1
+        if self.flaky and self.reads % 2 == 0:
+            return 0xDEADBEEF
+        return self.regs.get(addr, 0)
+
+    def serve(self, fds, seconds, idle_tail, chunk=64):
+        self.tails.append(idle_tail)
+        self.cycles += 1000         # (the clock ran: frames came)
+        if len(self.tails) == 3:
+            self.owner.running = False
+        return self.cycles
+
+    def stats(self):
+        return {"sync_cycles": self.cycles}
+
+
+def _served_tails(regs, flaky=False):
+    from ina_fabric.host.switch.board import BoardSwitch, board_params
+    from ina_fabric.hw.verilator.board import SYNC_HZ
+    sw = BoardSwitch.__new__(BoardSwitch)        # (no TAP, no Verilator: the loop alone)
+    sw.idle_tail, sw.sync_hz, sw.params = int(250e-6 * SYNC_HZ), SYNC_HZ, board_params()
+    sw.sim, sw.fd = _FakeBoardSim(regs, flaky), -1
+    sw.sim.owner = sw
+    sw.serve_forever(install_signals=False)
+    return sw.idle_tail, sw.sim.tails
+
+
+def test_board_clock_runs_until_a_bounded_deadline():
+    """With a bounded job enabled, the board's clock runs on after the last frame until
+    the job's deadline (and the scanner's round) has passed, so an open slot's PARTIAL
+    comes from the board's own deadline; with the clock stopped after the 250 us tail, a
+    1 ms deadline was never reached while the ranks waited in wall time (the bounded run
+    through the board sent no PARTIAL until the late rank's DATA)."""
+    from ina_fabric.hw.verilator.board import CORE_HZ, SYNC_HZ
+    from ina_fabric.protocol.regs import job_reg_addr
+    deadline = int(1e-3 * CORE_HZ)                          # 1 ms of the core's clock
+    regs = {job_reg_addr(1, "enable"): 1, job_reg_addr(1, "bounded"): 1,
+            job_reg_addr(1, "deadline"): deadline,
+            job_reg_addr(0, "enable"): 1, job_reg_addr(0, "deadline"): 10 * deadline}
+    base, tails = _served_tails(regs)
+    assert tails[0] == base
+    assert tails[1] >= deadline * SYNC_HZ / CORE_HZ > base, tails
+    assert tails[1] < 10 * deadline * SYNC_HZ / CORE_HZ    # (job 0 is reliable)
+    # no bounded job: the plain tail; a table read mid-write (garbage): the plain tail
+    regs[job_reg_addr(1, "bounded")] = 0
+    assert _served_tails(regs)[1] == [base] * 3
+    regs[job_reg_addr(1, "bounded")] = 1
+    assert _served_tails(regs, flaky=True)[1] == [base] * 3
+    # an absurd deadline is capped
+    regs[job_reg_addr(1, "deadline")] = (1 << 31) - 1
+    from ina_fabric.host.switch.board import BoardSwitch
+    assert _served_tails(regs)[1][1] == int(BoardSwitch.MAX_TAIL_S * SYNC_HZ)

@@ -33,10 +33,18 @@ class TreeOfSwitches:
     addresses (free ports on 127.0.0.1) in a tree TOML."""
 
     def __init__(self, tmp_path, ports, racks, per_rack, engine="auto"):
-        sw = ports(racks + 1)
+        # one block of ports below the kernel's ephemeral range, all free at once: ports
+        # taken one call at a time from the ephemeral range could repeat a switch's
+        # (released until the switch starts) or be any process's ephemeral port by the
+        # time a worker binds, minutes later at 64 workers on a loaded machine
+        from conftest import consecutive_free_ports
+        base = consecutive_free_ports(racks + 1 + racks * per_rack)
+        sw = list(range(base, base + racks + 1))
         self.spine = ("127.0.0.1", sw[0])
         self.leaves = [("127.0.0.1", p) for p in sw[1:]]
-        self.workers = [[("127.0.0.1", p) for p in ports(per_rack)] for _ in range(racks)]
+        first = base + racks + 1
+        self.workers = [[("127.0.0.1", first + r * per_rack + k) for k in range(per_rack)]
+                        for r in range(racks)]
         self.keys = {}
         self.procs = []
         lines = [f'spine = "127.0.0.1:{sw[0]}"']
@@ -190,8 +198,11 @@ def check_results(roles, out, n, elements, calls, seed=7):
     float64 sum (the bound LocalCluster's workers check)."""
     from ina_fabric.host.transport import quantize as Q
     N = len(roles)
-    errs = [p.read_text() for p in out.glob("*.err")]
-    assert not errs, errs[:3]
+    errs = {p.stem: p.read_text() for p in sorted(out.glob("*.err"))}
+    missing = [r["rank"] for r in roles for it in range(calls)
+               if f"r{r['rank']}" not in errs and not (out / f"r{r['rank']}_{it}.npy").exists()]
+    assert not errs and not missing, (f"ranks that raised: {errs}; ranks with neither a "
+                                      f"result nor an error (died or hung): {missing}")
     for it in range(calls):
         ys = [np.load(out / f"r{r['rank']}_{it}.npy") for r in roles]
         for y in ys[1:]:

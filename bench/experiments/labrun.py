@@ -58,6 +58,9 @@ class LabSetup:
     #: (1.0,) and 0: no pacing, time to target alone
     paces: tuple = (1.0,)
     rate_price: float = 0.0
+    #: how our gradients are summed: "gloo" (all-gathered, ``exchange``) or "switch" (in
+    #: the lab's ``ina switch``, ``switchpath.CompressedSwitchCollective``)
+    path: str = "gloo"
     lab_id: str = "ctl"
     base_port: int = 6200
     extra: dict = field(default_factory=dict)   # more TrainConfig fields
@@ -151,7 +154,7 @@ def lab_run(lab, setup: LabSetup, controller: str, level: str, seed: int, script
                     accums=tuple(setup.accums), throttle=False, epoch_file=epoch_file,
                     log_path=log_path, script=script, progress=progress,
                     exchange=setup.exchange, paces=tuple(setup.paces),
-                    rate_price=setup.rate_price)
+                    rate_price=setup.rate_price, path=setup.path)
     cfg = TrainConfig(workload=setup.workload, workers=len(hosts), seed=seed,
                       backend="ina_fabric.bench.experiments.realrun:collective",
                       controller="ina_fabric.bench.experiments.realrun:controller",

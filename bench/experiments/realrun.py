@@ -60,6 +60,9 @@ class RealSpec:
     # no pacing) and the objective's price of holding the whole link (``costmodel``)
     paces: tuple = (1.0,)
     rate_price: float = 0.0
+    # how the gradients are summed: "gloo" (``exchange`` above, CompressedCollective) or
+    # "switch" (in the switch that INA_SWITCH names: ``switchpath.CompressedSwitchCollective``)
+    path: str = "gloo"
 
     def trace(self):
         return background_trace(self.capacity, BackgroundJob(self.bg_bytes, self.bg_compute),
@@ -83,6 +86,13 @@ def collective(rank, world, cfg):
     bits = 32
     if spec.script and min(spec.script)[0] == 0:
         bits = int(min(spec.script)[1])     # scripted from the first step on
+    if spec.path == "switch":
+        if spec.throttle:
+            raise ValueError("the switch path runs on real links (throttle=False): the "
+                             "token bucket throttles only the Gloo path")
+        from ina_fabric.host.controller.switchpath import switch_collective_from_env
+        return switch_collective_from_env(rank, world, bits=bits, seed=cfg.seed,
+                                          epoch_file=spec.epoch_file)
     return CompressedCollective(rank, world, bits=bits,
                                 rate_fn=spec.trace() if spec.throttle else None,
                                 seed=cfg.seed, epoch_file=spec.epoch_file,
@@ -111,8 +121,9 @@ class RealController:
         return JobParams(params=max(int(elements), 1), workers=w,
                          micro_batch=max(int(info["batch"]) // w, 1), t_compute=0.0,
                          bandwidth=self.spec.capacity, b_noise=self.spec.b_noise_prior,
-                         wire_factor=float(max(w - 1, 1)), link_rate=self.spec.capacity,
-                         rate_price=self.spec.rate_price)
+                         wire_factor=1.0 if self.spec.path == "switch" else
+                         float(max(w - 1, 1)), link_rate=self.spec.capacity,
+                         rate_price=self.spec.rate_price, path=self.spec.path)
 
     def on_step(self, info: dict) -> dict:
         from ina_fabric.host.controller.compress import current_collective

@@ -31,7 +31,7 @@ import numpy as np
 
 from .contention import BackgroundJob, BandwidthTrace, LEVELS, background_trace
 from ina_fabric.host.controller.controllers import Controller, Telemetry, make_controller
-from ina_fabric.host.controller.costmodel import CostModel, JobParams, payload_bytes
+from ina_fabric.host.controller.costmodel import CostModel, JobParams
 from ina_fabric.host.controller.knobs import Knobs, KnobSpace
 
 __all__ = ["Scenario", "paper_scenario", "simulate", "SimResult", "compare_levels"]
@@ -95,6 +95,7 @@ def simulate(controller: Controller, sc: Scenario, trace: BandwidthTrace, seed: 
     next_control = sc.control_interval
     D, N, b = sc.grad_dims, p0.workers, p0.micro_batch
     r_q = {q: CostModel(p0).quant_ratio(q) for q in sc.space.precisions}
+    wire_bytes = CostModel(p0).wire_bytes          # the job's path: Gloo or the switch
     G = np.full(D, 1.0 / np.sqrt(D))           # |G|^2 = 1, so tr(Sigma) = B_noise
     log = {k: [] for k in ("t", "precision", "accum", "pace", "bw_true", "bw_meas",
                            "b_noise_est", "b_noise_true")}
@@ -104,7 +105,7 @@ def simulate(controller: Controller, sc: Scenario, trace: BandwidthTrace, seed: 
         q, a, r = knobs.precision, knobs.accum, knobs.pace
         micro = p0.t_compute * rng.lognormal(0.0, sc.compute_jitter, a)
         t_comp = micro.sum()
-        nbytes = p0.wire_factor * payload_bytes(p0.params, q, p0.chunk)
+        nbytes = p0.wire_factor * wire_bytes(q)
         start = t + t_comp - p0.overlap * micro[-1]
         if r < 1.0 and r not in paced:
             paced[r] = trace.capped(r * link)

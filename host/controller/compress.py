@@ -1,7 +1,7 @@
-"""Gradient precision that really changes the bytes on the wire.
+"""Gradient precision that really changes the bytes on the wire: the Gloo path.
 
-The switch path sums int32 (``host/transport/quantize.py``), so fewer bits there would not shrink a
-packet. This module is the exchange the real-training experiments use instead: each worker
+This module is the exchange the real-training experiments use on the Gloo path (the switch
+path, where the switch sums the narrow codes, is ``switchpath``): each worker
 quantizes its gradient once (``q`` = 16, 8 or 4 bits, one float32 scale per chunk,
 unbiased stochastic rounding; or raw float32 for ``q`` = 32), the packed messages are
 all-gathered over a Gloo process group of their own, and every worker dequantizes and

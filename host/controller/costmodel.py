@@ -9,7 +9,9 @@ Time per optimizer step (one communication per step)::
     t_step(q,a) = a * t_compute + t_codec(q) + t_comm(q) - min(t_comm(q), overlap * t_compute)
 
 ``bytes(q)`` is 4d for float32 and ``ceil(d q / 8) + 4 ceil(d / chunk)`` for q-bit integers
-with a float32 scale per chunk. ``overlap`` is the fraction of one micro-step (the
+with a float32 scale per chunk. On the switch path (``path="switch"``, ``wire_factor`` 1)
+it is the packed containers of ``switchpath.switch_payload_bytes``; its scale call is part
+of the latency. ``overlap`` is the fraction of one micro-step (the
 backward pass of the last micro-batch) that communication can hide behind.
 
 Steps to target, from the noise-scale model of McCandlish et al. 2018 ("An Empirical
@@ -62,7 +64,11 @@ import numpy as np
 
 from .knobs import ConfigError, Knobs, KnobSpace
 
-__all__ = ["JobParams", "CostModel", "payload_bytes", "model_quant_ratio", "GAUSS_KAPPA2"]
+__all__ = ["JobParams", "CostModel", "payload_bytes", "model_quant_ratio", "GAUSS_KAPPA2",
+           "PATHS"]
+
+#: how a job's payload travels: all-gathered over Gloo, or summed in the switch
+PATHS = ("gloo", "switch")
 
 # E[max |x|^2] / E[x^2] over a 1024-element chunk of a Gaussian vector (about 3.3 sigma).
 GAUSS_KAPPA2 = 10.9
@@ -113,6 +119,9 @@ class JobParams:
     #                             0: the measured bandwidth
     rate_price: float = 0.0     # lambda: price of holding the whole link, per second,
     #                             relative to the job's other costs per second
+    path: str = "gloo"          # how the payload travels: "gloo" (q-bit messages with
+    #                             per-chunk scales, ``payload_bytes``) or "switch" (summed
+    #                             in the switch: ``switchpath.switch_payload_bytes``)
 
     def __post_init__(self):
         for name in ("params", "workers", "micro_batch", "chunk"):
@@ -130,6 +139,8 @@ class JobParams:
         _positive("rate_price", self.rate_price, allow_zero=True)
         if not 0.0 <= self.overlap <= 1.0:
             raise ConfigError(f"overlap={self.overlap!r}: must be in [0, 1]")
+        if self.path not in PATHS:
+            raise ConfigError(f"path={self.path!r}: must be one of {', '.join(PATHS)}")
         for q, r in self.quant_ratio.items():
             _positive(f"quant_ratio[{q}]", r, allow_zero=True)
         for q, s in self.codec_s.items():
@@ -157,9 +168,17 @@ class CostModel:
             return p.bandwidth
         return min(p.bandwidth, pace * (p.link_rate or p.bandwidth))
 
+    def wire_bytes(self, precision: int) -> int:
+        """Payload bytes one worker sends per exchange on this job's path."""
+        p = self.p
+        if p.path == "switch":
+            from .switchpath import switch_payload_bytes
+            return switch_payload_bytes(p.params, precision, p.workers, p.chunk)
+        return payload_bytes(p.params, precision, p.chunk)
+
     def comm_time(self, precision: int, pace: float = 1.0) -> float:
         p = self.p
-        return p.latency + p.wire_factor * payload_bytes(p.params, precision, p.chunk) / \
+        return p.latency + p.wire_factor * self.wire_bytes(precision) / \
             self.paced_bandwidth(pace)
 
     def step_time(self, k: Knobs) -> float:

@@ -20,8 +20,9 @@ the board through it.
 
 Time: the board's clock runs while a frame is queued or on the wire and for
 ``idle_tail_us`` simulated microseconds after the last byte either way (what the
-control plane needs to answer, and bounded-mode deadlines shorter than that); after
-that the clock stops until the next frame. Simulated time is far slower than real time
+control plane needs to answer), longer while a bounded job is enabled (its deadline
+and the scanner's round: ``BoardSwitch.tail``, so a slot left open is closed by the
+board's own deadline); after that the clock stops until the next frame. Simulated time is far slower than real time
 (``stats()`` has the ratio).
 """
 
@@ -101,6 +102,7 @@ class BoardSwitch:
         self.address = (str(ip), port)
         self.idle_tail = int(idle_tail_us * 1e-6 * SYNC_HZ)
         self.sync_hz = SYNC_HZ
+        self.params = board_params()
         self.sim = BoardSim(versa_board(ip=str(ip), worker_net=worker_net, key=key), log=log)
         self.tap = tap
         if netns:
@@ -149,9 +151,42 @@ class BoardSwitch:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda *_: self.stop())
         self.running = True
+        tail, seen = self.idle_tail, None
         while self.running:
             # (C++ with the GIL released: the TAP read, the clocks, the TAP write)
-            self.sim.serve([self.fd, -1], 0.2, self.idle_tail)
+            cycles = self.sim.serve([self.fd, -1], 0.2, tail)
+            if cycles != seen:          # (the table is read only after the clock ran)
+                tail = self.tail()
+                seen = self.sim.stats()["sync_cycles"]
+
+    #: the longest idle tail a job's deadline may ask for (simulated seconds)
+    MAX_TAIL_S = 0.5
+
+    def tail(self) -> int:
+        """Sync cycles the clock runs on after the last byte: ``idle_tail``, or, while a
+        bounded job is enabled, its deadline plus the scanner's round. The deadline is
+        simulated time; were the clock stopped once the wire went quiet, a slot a late
+        or lost DATA left open would never reach it (the host waits in wall time, the
+        board's time stands still) and the board would send no PARTIAL until the next
+        frame. Each register is read twice (a read while the control plane writes the
+        table shows garbage): a value counts only when both reads agree."""
+        from ina_fabric.hw.verilator.board import CORE_HZ
+        from ina_fabric.protocol.regs import job_reg_addr
+        P = self.params
+        def reg(j, name):
+            a = job_reg_addr(j, name)
+            v = self.sim.read_core(a)
+            return v if self.sim.read_core(a) == v else None
+        longest = 0
+        for j in range(P.jobs):
+            if reg(j, "enable") == 1 and reg(j, "bounded") == 1:
+                longest = max(longest, reg(j, "deadline") or 0)
+        if not longest:
+            return self.idle_tail
+        # the scanner visits one record a cycle; a slot is closed within two rounds
+        core = longest + 4 * P.records + 64
+        return min(max(self.idle_tail, int(core * self.sync_hz / CORE_HZ) + 1),
+                   int(self.MAX_TAIL_S * self.sync_hz))
 
     def stop(self):
         self.running = False

@@ -533,43 +533,13 @@ class SwitchModel:
             c["drop_bad_version"] += 1
             return out
         mtype = int(h["type"])
-        if mtype == MsgType.STATUS_REQ:
-            c["status_requests"] += 1
-            if not status_length_ok(n):
-                c["status_unpadded"] += 1     # too short (an amplifier), too long, ragged
-                return out
-            opened = self._authentic(datagram)
-            if opened is None:
-                return out
-            inner, nonce = opened
-            start = int.from_bytes(inner[-4:], "big")
-            page = self.status_datagram(start, budget=n - TRAILER_BYTES)
-            return out + [(source, seal(page, self.key, nonce))]
-        if mtype == MsgType.CONTROL:
-            if self.key is not None and not control_length_ok(n):
-                c["drop_malformed"] += 1      # no entry fits: not even hashed
-                return out
-            opened = self._authentic(datagram)
-            if opened is None:
-                return out
-            inner, nonce = opened
-            return out + [(dest, seal(reply, self.key, nonce))
-                          for dest, reply in self._control(inner, source, now)]
+        if mtype in (MsgType.STATUS_REQ, MsgType.CONTROL):
+            return self._control_datagram(mtype, datagram, source, now)
         if mtype != MsgType.DATA and not (mtype == MsgType.RESULT and self._has_parent(h)):
             c["drop_malformed"] += 1          # (a switch takes RESULTs only from a parent)
             return out
-        nelem = int(h["nelem"])
-        width = int(h["width"])
-        if not valid_width(width) or WIDTH_BITS[width & 0xF] not in self.widths or \
-                WIDTH_BITS[width >> 4] not in self.widths:
-            c["drop_malformed"] += 1
-            return out
-        body = n - HEADER_BYTES
-        if body < elem_bytes(width) * nelem:
-            c["drop_truncated"] += 1
-            return out
-        if body != elem_bytes(width) * nelem:
-            c["drop_malformed"] += 1
+        nelem, width = int(h["nelem"]), self._sized(h, n)
+        if width is None:
             return out
         js = self.jobs.get(int(h["job"]))
         if js is None:
@@ -595,12 +565,10 @@ class SwitchModel:
                                       now)
         # the workers this DATA covers: one for a worker, the count of a child switch
         covers = int(h["count"]) if cfg.children else 1
-        if not 1 <= covers <= cfg.total:
+        # (and a worker's width nibbles agree; a child's partial sum is up_width wide)
+        if not 1 <= covers <= cfg.total or width != _member_width(cfg, width):
             c["drop_malformed"] += 1
             return out
-        if width != _member_width(cfg, width):
-            c["drop_malformed"] += 1     # a worker's nibbles differ, or a child's partial
-            return out                   # sum is not as wide as up_width says
         c["rx_data"] += 1
         if fwd:
             c["overflow_in"] += 1
@@ -624,16 +592,7 @@ class SwitchModel:
                 js.active = now
                 return out + self._forward(js, slot, datagram)
             slot.via = tuple(source) if fwd else None
-            slot.tag, slot.complete, slot.result = seq, False, None
-            slot.acc = np.zeros(nelem, np.int64)
-            slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
-            slot.exponent, slot.opened_at = NO_EXPONENT, now
-            slot.up, slot.overflow, slot.width = None, False, width
-            js.open[seq] = slot
-            if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
-                js.head = (seq + 1) & SEQ_MASK
-            if cfg.mode in BOUNDED:
-                heapq.heappush(self._deadlines, (now + cfg.deadline, cfg.job, seq, now))
+            self._open(js, slot, seq, nelem, width, now)
         elif seq != slot.tag:
             behind = 0 < ((slot.tag - seq) & SEQ_MASK) < 1 << 31
             c["drop_stale" if behind else "drop_out_of_window"] += 1
@@ -695,6 +654,62 @@ class SwitchModel:
             del js.open[seq]
             out += self._close(js, slot)
         return out
+
+    def _sized(self, h, n):
+        """The width byte of a DATA or RESULT of ``n`` bytes, or None (counted) when it
+        names no width this switch sums (``drop_malformed``) or the length is not
+        ``nelem`` elements of it (``drop_truncated``, ``drop_malformed``)."""
+        c, width = self._counts, int(h["width"])
+        if not valid_width(width) or WIDTH_BITS[width & 0xF] not in self.widths or \
+                WIDTH_BITS[width >> 4] not in self.widths:
+            c["drop_malformed"] += 1
+            return None
+        body, need = n - HEADER_BYTES, elem_bytes(width) * int(h["nelem"])
+        if body != need:
+            c["drop_truncated" if body < need else "drop_malformed"] += 1
+            return None
+        return width
+
+    def _open(self, js, slot, seq, nelem, width, now):
+        """Slot ``slot`` opens for ``seq`` (empty, ``nelem`` elements); the job's head
+        moves past it; in a bounded mode its deadline goes on the heap."""
+        cfg = js.cfg
+        slot.tag, slot.complete, slot.result = seq, False, None
+        slot.acc = np.zeros(nelem, np.int64)
+        slot.nelem, slot.bitmap, slot.count = nelem, 0, 0
+        slot.exponent, slot.opened_at = NO_EXPONENT, now
+        slot.up, slot.overflow, slot.width = None, False, width
+        js.open[seq] = slot
+        if ((seq + 1 - js.head) & SEQ_MASK) < 1 << 31:
+            js.head = (seq + 1) & SEQ_MASK
+        if cfg.mode in BOUNDED:
+            heapq.heappush(self._deadlines, (now + cfg.deadline, cfg.job, seq, now))
+
+    def _control_datagram(self, mtype, datagram, source, now):
+        """STATUS_REQ (a page of STATUS, never larger than the request) and CONTROL (a
+        job-table entry), each sealed with the switch's key: the replies, sealed."""
+        c, n = self._counts, len(datagram)
+        if mtype == MsgType.STATUS_REQ:
+            c["status_requests"] += 1
+            if not status_length_ok(n):
+                c["status_unpadded"] += 1     # too short (an amplifier), too long, ragged
+                return []
+            opened = self._authentic(datagram)
+            if opened is None:
+                return []
+            inner, nonce = opened
+            start = int.from_bytes(inner[-4:], "big")
+            page = self.status_datagram(start, budget=n - TRAILER_BYTES)
+            return [(source, seal(page, self.key, nonce))]
+        if self.key is not None and not control_length_ok(n):
+            c["drop_malformed"] += 1          # no entry fits: not even hashed
+            return []
+        opened = self._authentic(datagram)
+        if opened is None:
+            return []
+        inner, nonce = opened
+        return [(dest, seal(reply, self.key, nonce))
+                for dest, reply in self._control(inner, source, now)]
 
     def _has_parent(self, h) -> bool:
         js = self.jobs.get(int(h["job"]))

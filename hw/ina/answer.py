@@ -87,7 +87,7 @@ class Kind(enum.Enum, shape=3):
     SLOT_NELEM = 6          # Refusal.BAD_LENGTH, figure: the open slot's elements
 
 
-_REASON = {Kind.UNKNOWN_JOB: Refusal.UNKNOWN_JOB, Kind.NOT_MEMBER: Refusal.NOT_MEMBER,
+REASON = {Kind.UNKNOWN_JOB: Refusal.UNKNOWN_JOB, Kind.NOT_MEMBER: Refusal.NOT_MEMBER,
            Kind.BIG_NELEM: Refusal.BAD_LENGTH, Kind.BAD_SESSION: Refusal.BAD_SESSION,
            Kind.STALE: Refusal.STALE, Kind.SLOT_NELEM: Refusal.BAD_LENGTH}
 
@@ -199,7 +199,7 @@ class ErrorAnswer(wiring.Component):
         figure = Signal(32)
         reason = Signal(3)
         with m.Switch(b.kind):
-            for kind, r in _REASON.items():
+            for kind, r in REASON.items():
                 with m.Case(kind):
                     m.d.comb += reason.eq(int(r))
         with m.Switch(b.kind):

@@ -35,7 +35,7 @@ from ina_fabric.protocol.fields import HEADER_BYTES, MsgType
 from ina_fabric.protocol.regs import (COUNTER_NAMES, JOB_BASE, JOB_REGS, JOB_STRIDE,
                                       MEMBER_BASE, MEMBER_REGS, WRITE_LATENCY)
 from ina_fabric.sim.bench import Bench, bench_params, pack
-from ina_fabric.sim.ina.beats import Packer, beats_datagram, in_payloads
+from ina_fabric.sim.ina.beats import Packer, beats_datagram, in_payloads, source_mac
 from ina_fabric.sim.ina.control_scenario import KEY, busy_pair, scenario
 from ina_fabric.sim.ina.scoreboard import Scoreboard
 
@@ -146,19 +146,18 @@ async def test_control_plane(dut):
                 dst = (str(ipaddress.IPv4Address(pk[0]["dst_ip"])), pk[0]["dst_port"])
                 replies.append((dst, dgram))
 
-    snoop_mac = 0x020000ABCDEF
-    st["mac"] = snoop_mac
+    st["mac"] = None
     await b.reset(snoop=0, jobs=0, accepted=0, member__data=0, src_ip=src_ip, counters=0)
 
     async def send(dg, src):
         """The datagram's beats on the snoop port, with idle cycles between them."""
-        pl = in_payloads(dg, src, L, inp)
+        pl = in_payloads(dg, src, L, inp)       # (with the source's MAC: source_mac)
+        if len(dg) < 2 or dg[1] != MsgType.DATA:
+            st["mac"] = source_mac(src)          # where its reply must go
         t0 = None
         for k, x in enumerate(pl):
             while rng.random() < p.get("idle", 0.3):
                 await cycle()
-            off, width = inp.fields["src_mac"]     # (in_payloads gives one of its own)
-            x = x & ~(((1 << width) - 1) << off) | snoop_mac << off
             t0 = st["now"] if t0 is None else t0
             await cycle(snoop=x)
         return t0

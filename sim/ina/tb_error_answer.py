@@ -13,7 +13,7 @@ import ipaddress
 import cocotb
 
 from ina_fabric.host.switch.model import SwitchModel
-from ina_fabric.hw.ina.answer import Kind, capture_layout, refusal_layout, _REASON
+from ina_fabric.hw.ina.answer import Kind, capture_layout, refusal_layout, REASON
 from ina_fabric.hw.ina.layout import out_layout
 from ina_fabric.hw.ina.params import CoreParams
 from ina_fabric.hw.ina.regfile import job_layout
@@ -93,7 +93,7 @@ async def test_error_answer(dut):
                                session=f["session"], exponent=rng.randrange(-128, 128),
                                flags=rng.randrange(16))
                 expected += [(dst, out, f["smac"]) for dst, out in
-                             model._refuse(_REASON[kind], figure, d, src, ts)]
+                             model._refuse(REASON[kind], figure, d, src, ts)]
         b.wr("refusal", ref, RL)
         if ref["kind"] != Kind.NONE.value or ref.get("opened"):
             last_ref = cyc
