@@ -22,9 +22,10 @@ from tree_net import TreeNet, SPINE, leaf_addr
 needs_engine = pytest.mark.skipif(not fast.available(), reason=fast.WHY_NOT or "")
 
 
-def traffic(net, rng, nseq, E, garbage):
+def traffic(net, rng, nseq, E, garbage, widths=(32, 16, 8)):
     """Drive ``net`` with the traffic that ``rng`` (a fresh generator of one seed) draws:
-    rounds of DATA in random order, some workers late or silent, re-sends, garbage."""
+    rounds of DATA in random order, some workers late or silent, re-sends, garbage.
+    ``widths``: the element widths the seqs take (the RTL spine's test: int32 only)."""
     silent = {a for a in net.workers if rng.random() < 0.15}
     for rnd in range(4):
         for k in rng.permutation(net.n):
@@ -37,9 +38,9 @@ def traffic(net, rng, nseq, E, garbage):
                     continue
                 # issue 40: the seq's width (one per seq, as a controller changes it
                 # call by call); now and then a worker disagrees (drop_bad_width)
-                bits = [32, 16, 8][(s + net.width_salt) % 3]
+                bits = widths[(s + net.width_salt) % len(widths)]
                 if rng.random() < 0.02:
-                    bits = int(rng.choice([32, 16, 8]))
+                    bits = int(rng.choice(list(widths)))
                 lim = min(2**20, 1 << bits - 1)
                 vals = rng.integers(-lim, lim, E)
                 if rng.random() < 0.02:

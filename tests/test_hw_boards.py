@@ -120,3 +120,22 @@ def test_board_file_sets_what_make_bitstream_builds(monkeypatch):
     assert not a.control and a.seeds.startswith("2,")
     monkeypatch.setenv("INA_NEXTPNR_OPTS", "--tmg-ripup")
     assert parse_args(["--board", "ecpix5_85", "--seeds", "7"]).nextpnr_opts == "--tmg-ripup"
+
+
+def test_versa_core_leaves_the_answer_path_out_and_the_board_engine_keeps_it():
+    """The Versa's core is built without the answer path (its 75 MHz core clock cannot
+    afford it yet: constraints/versa_ecp5.toml), the board engine simulates it with the
+    path on, and a core without it elaborates with no ErrorAnswer in it."""
+    from amaranth.hdl import Fragment
+    from ina_fabric.hw.build import board_config
+    from ina_fabric.hw.ina.core import InaCore
+    from ina_fabric.hw.ina.params import CoreParams
+    from ina_fabric.host.switch.board import board_params
+    cfg, _, _ = board_config("versa_ecp5")
+    assert cfg.params.answers is False and board_params().answers is True
+
+    def names(params):
+        frag = Fragment.get(InaCore(params), None)
+        return {name for _, name, _ in frag.subfragments}
+    assert "answer" not in names(CoreParams(answers=False))
+    assert "answer" in names(CoreParams(answers=True))

@@ -42,12 +42,17 @@ TAP_ADDRESS = "198.18.41.1/24"
 
 
 def board_params():
-    """The Versa's core (``CoreParams`` from constraints/versa_ecp5.toml [core])."""
+    """The Versa's core (``CoreParams`` from constraints/versa_ecp5.toml [core]), with the
+    answer path on: the simulated board answers refused DATA as a core built with it
+    does (the Versa bitstream leaves it off until its core clock affords it; the toml
+    says why), so that a client against the board engine hears its mistake at once."""
+    import dataclasses
     import tomllib
     from ina_fabric.paths import resource
     from ina_fabric.hw.ina.params import CoreParams
     with resource("ina_fabric.constraints", "versa_ecp5.toml").open("rb") as fh:
-        return CoreParams(**tomllib.load(fh).get("core", {}))
+        return dataclasses.replace(CoreParams(**tomllib.load(fh).get("core", {})),
+                                   answers=True)
 
 
 def why_not() -> str | None:

@@ -117,8 +117,9 @@ class InaCore(wiring.Component):
         m.submodules.replicator = rep = Replicator(P)
         m.submodules.control = ctl = ControlPlane(P, key=self.control_key,
                                                   cycles_per_us=self.cycles_per_us)
-        m.submodules.answer = ans = ErrorAnswer(P, interval=self.error_interval)
-        m.submodules.side = side = SideMerge(P.lanes)
+        if P.answers:
+            m.submodules.answer = ans = ErrorAnswer(P, interval=self.error_interval)
+            m.submodules.side = side = SideMerge(P.lanes)
 
         # register file: the bus, or the control plane in the cycles it writes (the
         # bus's reads show garbage meanwhile; the board reads counters only)
@@ -154,7 +155,9 @@ class InaCore(wiring.Component):
         # header pipeline -> request queue, pending counts; -> element path
         # (the answer path's stop shows the header pipeline a full queue)
         m.d.comb += [q.push_a.eq(hp.push_a), q.a.eq(hp.a), q.push_b.eq(hp.push_b),
-                     q.b.eq(hp.b), hp.queue_level.eq(Mux(ans.stop, 2 * P.queue, q.level)),
+                     q.b.eq(hp.b),
+                     hp.queue_level.eq(Mux(ans.stop, 2 * P.queue, q.level) if P.answers
+                                       else q.level),
                      pend.add.eq(hp.push_a + hp.push_b), pend.add_hot.eq(hp.push_hot),
                      hp.pending.eq(pend.nonzero)]
         m.d.comb += [ep.beat.eq(hp.elem), ep.start.eq(hp.elem_start),
@@ -169,17 +172,21 @@ class InaCore(wiring.Component):
         wiring.connect(m, ep.acc_rd, rep.acc)
         wiring.connect(m, ep.ovf_rd, rep.ovf)
         # refused DATA: the answer path (hw/ina/answer.py)
-        m.d.comb += [ans.cap.eq(hp.cap), ans.refusal.eq(hp.refusal), ans.jobs.eq(rf.jobs),
-                     ans.reset_pos.eq(rf.enable_stb), ans.now.eq(now),
-                     ans.src_ip.eq(rf.src_ip)]
+        if P.answers:
+            m.d.comb += [ans.cap.eq(hp.cap), ans.refusal.eq(hp.refusal),
+                         ans.jobs.eq(rf.jobs), ans.reset_pos.eq(rf.enable_stb),
+                         ans.now.eq(now), ans.src_ip.eq(rf.src_ip)]
         # the output: RESULT copies, and between them the control plane's replies and
         # the ERRORs, merged through a register stage (a packet at a time; the select is
         # a register, so the replicator's path to ``o`` gains one 2:1 multiplexer)
-        wiring.connect(m, ctl.o, side.a)
-        wiring.connect(m, ans.o, side.b)
+        if P.answers:
+            wiring.connect(m, ctl.o, side.a)
+            wiring.connect(m, ans.o, side.b)
+            ctl_o = side.o
+        else:                   # the control plane's replies only
+            ctl_o = ctl.o
         sel_ctl = Signal()
         in_pkt = Signal()
-        ctl_o = side.o
         with m.If(sel_ctl):
             m.d.comb += [self.o.valid.eq(ctl_o.valid), self.o.payload.eq(ctl_o.payload),
                          ctl_o.ready.eq(self.o.ready)]
@@ -204,8 +211,12 @@ class InaCore(wiring.Component):
             parts[name].append(getattr(ctl.events, name))
         parts["overflows"].append(rep.overflow)
         parts["stream_errors"].append(ep.stream_errors)
-        parts["errors_sent"].append(ans.sent)
-        parts["errors_limited"].append(ans.limited)
+        if P.answers:
+            parts["errors_sent"].append(ans.sent)
+            parts["errors_limited"].append(ans.limited)
+        else:                   # nothing answered, nothing limited: constant 0
+            parts["errors_sent"].append(Const(0, 1))
+            parts["errors_limited"].append(Const(0, 1))
         for name, bits in parts.items():
             v = Cat(*bits)
             assert len(v) == COUNTER_EVENTS[name], name

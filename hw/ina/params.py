@@ -48,6 +48,11 @@ class CoreParams:
               the workers in the sum and PARTIAL below the job's total (per record: an
               11-bit worker count and an overflow bit more). Off: such a job is refused
               (``config_writes``)
+    answers   the core answers DATA it refuses for a reason the sender can fix with one
+              small ERROR, rate-limited per source (``hw/ina/answer.py``, the model's
+              ``answers``). Off: refused DATA is dropped and counted only (the model with
+              ``answers=False``); a board whose core clock cannot afford the answer path
+              leaves it off (constraints/<board>.toml [core])
     """
     workers: int = 32
     window: int = 8
@@ -57,6 +62,7 @@ class CoreParams:
     queue: int = 16
     widths: tuple = (32,)
     tree: bool = False
+    answers: bool = True
 
     def __post_init__(self):
         if not 1 <= self.workers <= 32:

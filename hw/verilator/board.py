@@ -54,6 +54,8 @@ def versa_board(*, ip=None, worker_net=None, mac=None, key=None):
     assert c["clocks"]["sync_mhz"] * 1e6 == SYNC_HZ and c["clocks"]["core_mhz"] * 1e6 == CORE_HZ, \
         "the harness's clock plan is the Versa's 125/75 MHz"
     over = {k: v for k, v in (("ip", ip), ("worker_net", worker_net), ("mac", mac)) if v}
+    # the answer path on, as host/switch/board.py's board_params says why
+    over["params"] = dataclasses.replace(cfg.params, answers=True)
     return dataclasses.replace(cfg, **over)
 
 
