@@ -131,24 +131,8 @@ def test_no_private_name_crosses_a_package():
     assert not bad, "private names imported from another package:\n" + "\n".join(bad)
 
 
-#: known exceptions, each named with its length when it was let in: the gateware blocks'
-#: cocotb scenarios added with every Component's own bench (one coroutine each, its
-#: closures sharing the simulated block's state); to be split by their owners. A new
-#: long function, or one of these growing, fails.
-LONG_FUNCTION_EXCEPTIONS = {
-    "sim/ina/tb_control_plane.py: test_control_plane": 168,
-    "sim/ina/tb_entry_writer.py: test_entry_writer": 187,
-    "sim/ina/tb_header_pipeline.py: test_header_pipeline": 193,
-}
-
-
 def test_no_function_outside_hw_is_over_150_lines():
-    bad = []
-    for entry in long_functions():
-        where, _, rest = entry.partition(":")
-        name, lines = rest.split(": ", 1)[1].rsplit(" (", 1)
-        if int(lines.split()[0]) > LONG_FUNCTION_EXCEPTIONS.get(f"{where}: {name}", 0):
-            bad.append(entry)
+    bad = long_functions()
     assert not bad, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(bad)
 
 

@@ -52,6 +52,38 @@ def _log2(n):
     return (n - 1).bit_length()
 
 
+def collect_replies(snk, beats, replies, L, src_ip, mac):
+    """The output's new beats into ``beats``; each reply they complete, its sideband
+    checked (to ``mac``), into ``replies`` as (destination, datagram)."""
+    while len(snk.got) > len(beats):
+        g = snk.got[len(beats)]
+        beats.append(g)
+        if g["last"]:
+            first = max(i for i, x in enumerate(beats) if x["first"])
+            pk = beats[first:]
+            dgram = beats_datagram(pk, L)
+            dgram = dgram[:pk[0]["length"]]
+            for x in pk:
+                ck = int.from_bytes(ipv4_header(src_ip, x["dst_ip"], len(dgram))[10:12],
+                                    "big")
+                assert (x["length"], x["ip_checksum"], x["mcast"], x["dst_mac"]) == \
+                    (len(dgram), ck, 0, mac), f"reply sideband {x}"
+            dst = (str(ipaddress.IPv4Address(pk[0]["dst_ip"])), pk[0]["dst_port"])
+            replies.append((dst, dgram))
+
+
+def check_jobs(table, model):
+    """The job table the writes leave against the model's installed jobs."""
+    got = {t["job_id"]: t for t in table if t["enable"]}
+    assert set(got) == set(model.jobs), f"jobs {sorted(got)} != {sorted(model.jobs)}"
+    for job, js in model.jobs.items():
+        cfg, t = js.cfg, got[job]
+        assert (t["nworkers"], 1 << t["log2_window"], t["elements"],
+                (t["session_hi"] << 32) | t["session_lo"], t["bounded"]) == \
+            (cfg.n, cfg.window, cfg.elements, cfg.session, int(cfg.mode == "bounded")), \
+            f"job {job}: table {t} != {cfg}"
+
+
 @cocotb.test()
 async def test_control_plane(dut):
     p = bench_params()
@@ -130,21 +162,7 @@ async def test_control_plane(dut):
             apply(w[1], w[2])
         if bus["w_stb"]:
             pending.append([WRITE_LATENCY, bus["addr"], bus["w_data"]])
-        while len(snk.got) > len(beats):
-            g = snk.got[len(beats)]
-            beats.append(g)
-            if g["last"]:
-                first = max(i for i, x in enumerate(beats) if x["first"])
-                pk = beats[first:]
-                dgram = beats_datagram(pk, L)
-                dgram = dgram[:pk[0]["length"]]
-                for x in pk:
-                    ck = int.from_bytes(ipv4_header(src_ip, x["dst_ip"], len(dgram))[10:12],
-                                        "big")
-                    assert (x["length"], x["ip_checksum"], x["mcast"], x["dst_mac"]) == \
-                        (len(dgram), ck, 0, st["mac"]), f"reply sideband {x}"
-                dst = (str(ipaddress.IPv4Address(pk[0]["dst_ip"])), pk[0]["dst_port"])
-                replies.append((dst, dgram))
+        collect_replies(snk, beats, replies, L, src_ip, st["mac"])
 
     st["mac"] = None
     await b.reset(snoop=0, jobs=0, accepted=0, member__data=0, src_ip=src_ip, counters=0)
@@ -199,14 +217,7 @@ async def test_control_plane(dut):
     # the job table against the model's installed jobs
     while pending or init_due:
         await cycle()
-    got = {t["job_id"]: t for t in table if t["enable"]}
-    assert set(got) == set(sb.model.jobs), f"jobs {sorted(got)} != {sorted(sb.model.jobs)}"
-    for job, js in sb.model.jobs.items():
-        cfg, t = js.cfg, got[job]
-        assert (t["nworkers"], 1 << t["log2_window"], t["elements"],
-                (t["session_hi"] << 32) | t["session_lo"], t["bounded"]) == \
-            (cfg.n, cfg.window, cfg.elements, cfg.session, int(cfg.mode == "bounded")), \
-            f"job {job}: table {t} != {cfg}"
+    check_jobs(table, sb.model)
     if n == len(traffic):
         c = sb.model.counters
         assert all(c[k] == v for k, v in expect.items()), "the scenario's counts"

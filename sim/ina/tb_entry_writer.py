@@ -101,6 +101,78 @@ def expected(P, WS, table, members, idle, rec, e, cyc, l2w, remove, kmem, buf_me
     return Reply.INSTALL, "control", w, age
 
 
+def random_entry(rng, P, WS, ids, table, members):
+    """A random entry, often one like an installed job's (an update or a removal): (the
+    entry, ``cyc``, the members its datagram holds, ``remove``)."""
+    NJ = P.jobs
+    inst = [j for j in range(NJ) if table[j]["enable"]]
+    kind = rng.random()
+    nw = rng.randint(1, P.workers + (1 if rng.random() < 0.1 else 0))
+    win = 1 << rng.randint(0, _log2(P.window) + (1 if rng.random() < 0.1 else 0))
+    e = {"job": rng.choice(ids), "nworkers": nw, "mode": rng.getrandbits(1),
+         "window": win, "elements": rng.randint(1, P.elements + (rng.random() < 0.1)),
+         "deadline_us": 0, "mcast_ip": rng.choice((0, 0xE0000000 | rng.getrandbits(28))),
+         "mcast_port": rng.getrandbits(16), "flags": 0,
+         "session": rng.choice(SESSIONS)}
+    cyc = rng.getrandbits(20) if rng.random() < 0.9 else (1 << 31) + rng.getrandbits(8)
+    bm = [(rng.getrandbits(32), rng.getrandbits(16), rng.getrandbits(48))
+          for _ in range(nw)]
+    remove = 0
+    if inst and kind < 0.5:             # like an installed job: an update or a removal
+        j = rng.choice(inst)
+        t = table[j]
+        e.update(job=t["job_id"], nworkers=t["nworkers"], mode=t["bounded"],
+                 window=1 << t["log2_window"], elements=t["elements"],
+                 mcast_ip=t["mcast_ip"], mcast_port=t["mcast_port"],
+                 session=(t["session_hi"] << 32) | t["session_lo"])
+        if rng.random() < 0.2:
+            e["session"] = rng.choice(SESSIONS)
+        bm = [members[j * WS + k if WS > 1 else j] for k in range(t["nworkers"])]
+        if kind < 0.35:
+            e["flags"] = 1
+            if rng.random() < 0.15:
+                e["elements"] = max(1, e["elements"] - 1)
+            if bm and rng.random() < 0.15:
+                k = rng.randrange(len(bm))
+                bm[k] = (bm[k][0] ^ 1 << rng.randrange(32), bm[k][1], bm[k][2])
+        else:
+            remove = 1
+            if rng.random() < 0.2:
+                e["session"] = 0
+    elif kind < 0.6:
+        e["flags"] = 1
+    elif kind < 0.65:
+        remove = 1
+    if remove:
+        e["nworkers"], bm = 0, []
+    return e, cyc, bm, remove
+
+
+def fill_members(buf, bm):
+    """The datagram's words: the members ``bm`` from ``MEMBERS_AT``."""
+    buf.clear()
+    for k, (ip, port, mac) in enumerate(bm):
+        a = MEMBERS_AT + 3 * k
+        buf[a], buf[a + 1], buf[a + 2] = ip, (port << 16) | (mac >> 32), mac & 0xFFFFFFFF
+
+
+async def until_done(cycle, op):
+    """The cycles to ``done``: (the last cycle's outputs, bus writes, events)."""
+    writes, events = [], []
+    for n in range(20000):
+        out = await cycle()
+        if out["bus__w_stb"]:
+            writes.append((out["bus__addr"], out["bus__w_data"]))
+        for ev in ("control", "control_refused"):
+            if out[f"events__{ev}"]:
+                events.append(ev)
+        if out["done"]:
+            break
+    else:
+        raise AssertionError(f"entry {op}: not done after 20000 cycles")
+    return out, writes, events
+
+
 @cocotb.test()
 async def test_entry_writer(dut):
     p = bench_params()
@@ -201,52 +273,10 @@ async def test_entry_writer(dut):
         for _ in range(rng.choice((0, 1, 3, REC // 2, REC + 5))):
             await cycle(accepted=(1 << rng.randrange(NJ)) if rng.random() < p["accept"] else 0)
         # an entry: often one like an installed job's, so updates and removals meet it
-        inst = [j for j in range(NJ) if table[j]["enable"]]
-        kind = rng.random()
-        nw = rng.randint(1, P.workers + (1 if rng.random() < 0.1 else 0))
-        win = 1 << rng.randint(0, _log2(P.window) + (1 if rng.random() < 0.1 else 0))
-        e = {"job": rng.choice(ids), "nworkers": nw, "mode": rng.getrandbits(1),
-             "window": win, "elements": rng.randint(1, P.elements + (rng.random() < 0.1)),
-             "deadline_us": 0, "mcast_ip": rng.choice((0, 0xE0000000 | rng.getrandbits(28))),
-             "mcast_port": rng.getrandbits(16), "flags": 0,
-             "session": rng.choice(SESSIONS)}
-        cyc = rng.getrandbits(20) if rng.random() < 0.9 else (1 << 31) + rng.getrandbits(8)
-        bm = [(rng.getrandbits(32), rng.getrandbits(16), rng.getrandbits(48))
-              for _ in range(nw)]
-        remove = 0
-        if inst and kind < 0.5:             # like an installed job: an update or a removal
-            j = rng.choice(inst)
-            t = table[j]
-            e.update(job=t["job_id"], nworkers=t["nworkers"], mode=t["bounded"],
-                     window=1 << t["log2_window"], elements=t["elements"],
-                     mcast_ip=t["mcast_ip"], mcast_port=t["mcast_port"],
-                     session=(t["session_hi"] << 32) | t["session_lo"])
-            if rng.random() < 0.2:
-                e["session"] = rng.choice(SESSIONS)
-            bm = [members[j * WS + k if WS > 1 else j] for k in range(t["nworkers"])]
-            if kind < 0.35:
-                e["flags"] = 1
-                if rng.random() < 0.15:
-                    e["elements"] = max(1, e["elements"] - 1)
-                if bm and rng.random() < 0.15:
-                    k = rng.randrange(len(bm))
-                    bm[k] = (bm[k][0] ^ 1 << rng.randrange(32), bm[k][1], bm[k][2])
-            else:
-                remove = 1
-                if rng.random() < 0.2:
-                    e["session"] = 0
-        elif kind < 0.6:
-            e["flags"] = 1
-        elif kind < 0.65:
-            remove = 1
-        if remove:
-            e["nworkers"], bm = 0, []
+        e, cyc, bm, remove = random_entry(rng, P, WS, ids, table, members)
         kmem = len(bm)
         l2w = e["window"].bit_length() - 1
-        buf.clear()
-        for k, (ip, port, mac) in enumerate(bm):
-            a = MEMBERS_AT + 3 * k
-            buf[a], buf[a + 1], buf[a + 2] = ip, (port << 16) | (mac >> 32), mac & 0xFFFFFFFF
+        fill_members(buf, bm)
         while pending or init_due:          # (the table is settled when an entry starts)
             await cycle()
         b.wr("entry", pack(EL, e))
@@ -264,18 +294,7 @@ async def test_entry_writer(dut):
         if want[3] is not None:
             want = (*want[:3], idle_lookup[table.index(next(
                 t for t in table if t["enable"] and t["job_id"] == e["job"]))])
-        writes, events = [], []
-        for n in range(20000):
-            out = await cycle()
-            if out["bus__w_stb"]:
-                writes.append((out["bus__addr"], out["bus__w_data"]))
-            for ev in ("control", "control_refused"):
-                if out[f"events__{ev}"]:
-                    events.append(ev)
-            if out["done"]:
-                break
-        else:
-            raise AssertionError(f"entry {op}: not done after 20000 cycles")
+        out, writes, events = await until_done(cycle, op)
         reply, event, bus, age = want
         what = f"entry {op} ({e}, remove {remove}, cyc {cyc:#x})"
         assert out["reply"] == reply.value, f"{what}: reply {Reply(out['reply'])}, want {reply}"

@@ -68,18 +68,10 @@ def header_of(req, t):
                          session=(t["session_hi"] << 32) | t["session_lo"])
 
 
-@cocotb.test()
-async def test_header_pipeline(dut):
-    p = bench_params()
-    P = CoreParams(**p["core"])
-    NJ, L, WS = P.jobs, P.lanes, 1 << _log2(P.workers)
-    b = Bench(dut, seed=p["seed"])
-    rng = b.rng
-    jobs = make_jobs(n_a=p.get("n_a", 4), n_b=p.get("n_b", 3), window=p.get("window", 2),
-                     elements=p.get("elements", P.elements),
-                     deadline_cycles=p.get("deadline", 300))
-    sb = Scoreboard(jobs)
-    # the register file's tables, from the host's register writes
+def register_tables(jobs, P, WS):
+    """The register file's tables, from the host's register writes: (the job table, the
+    member table)."""
+    NJ = P.jobs
     table = [{r.name: 0 for r in JOB_REGS} for _ in range(NJ)]
     members = [(0, 0)] * (NJ * WS)
     for j, cfg in enumerate(jobs):
@@ -98,6 +90,76 @@ async def test_header_pipeline(dut):
                 name = JOB_REGS[off].name
                 if name != "enable":
                     table[jj][name] = v & ((1 << WIDTH[name]) - 1)
+    return table, members
+
+
+async def enable_jobs(cycle, table, n, P):
+    """Enable each of the ``n`` jobs: the initializer resets its records, then
+    ``enable_set``."""
+    for j in range(n):
+        await cycle(enable_stb=1 << j)
+        for _ in range(4 * P.window * 2 + 50):
+            await cycle()
+            if table[j]["enable"]:
+                break
+        assert table[j]["enable"], f"job {j} not enabled"
+        for _ in range(4):
+            await cycle()
+
+
+def check_results(sb, got):
+    """The model's results, a header each (a group result once; OVERFLOW cleared), against
+    the pipeline's requests (``got``), slot by slot; returns the slots."""
+    want = collections.defaultdict(list)
+    for key, outs in sb.expected.items():
+        if key == ERRORS:       # (the answers to refused DATA: the core's ErrorAnswer,
+            continue            # fed by this pipeline's ``refusal``; its own bench)
+        last = None
+        for dest, out in outs:
+            h = bytearray(out[:HEADER_BYTES])
+            h[2] &= ~Flags.OVERFLOW & 0xFF
+            rec = np.frombuffer(bytes(h), HEADER_DTYPE, count=1)[0]
+            if int(rec["worker"]) == GROUP_WORKER and last is not None and \
+                    bytes(h) == last[0] and last[1] > 1:
+                last = (last[0], last[1] - 1)
+                continue
+            cfg = sb.jobs[int(rec["job"])]
+            copies = 1 if (cfg.mcast or int(rec["worker"]) != GROUP_WORKER) else cfg.n
+            last = (bytes(h), copies)
+            want[key].append(bytes(h))
+    keys = sorted(set(want) | set(got))
+    bad = [k for k in keys if want.get(k, []) != got.get(k, [])]
+    assert not bad, (f"{len(bad)} of {len(keys)} slots differ; first {bad[0]}: model "
+                     f"{[h.hex() for h in want.get(bad[0], [])]}, pipeline "
+                     f"{[h.hex() for h in got.get(bad[0], [])]}; inputs "
+                     f"{sb.history.get(bad[0])}")
+    return keys
+
+
+def check_events(sb, traffic, events):
+    """Every counter event the pipeline raised (``events``) against the model's counter."""
+    # (the model's drop_malformed also counts the CONTROL datagrams, which the pipeline
+    # drops uncounted: the control plane counts them, a core with no key as malformed)
+    c = dict(sb.model.counters)
+    c["drop_malformed"] -= sum(1 for d, _ in traffic if len(d) >= HEADER_BYTES
+                               and d[0] == VERSION and d[1] == MsgType.CONTROL)
+    diff = {n: (events[n], c[n]) for n in HEADER_EVENTS if n in c and events[n] != c[n]}
+    assert not diff, f"counter events differ (pipeline, model): {diff}"
+
+
+@cocotb.test()
+async def test_header_pipeline(dut):
+    p = bench_params()
+    P = CoreParams(**p["core"])
+    NJ, L, WS = P.jobs, P.lanes, 1 << _log2(P.workers)
+    b = Bench(dut, seed=p["seed"])
+    rng = b.rng
+    jobs = make_jobs(n_a=p.get("n_a", 4), n_b=p.get("n_b", 3), window=p.get("window", 2),
+                     elements=p.get("elements", P.elements),
+                     deadline_cycles=p.get("deadline", 300))
+    sb = Scoreboard(jobs)
+    # the register file's tables, from the host's register writes
+    table, members = register_tables(jobs, P, WS)
     JL, EL, RL = job_layout(), entry_layout(L), request_layout(P)
     JS = data.Layout.cast(JL).size
     ML = member_layout(mac=False)
@@ -192,15 +254,7 @@ async def test_header_pipeline(dut):
                   enable_stb=0, enable_value=0,
                   **{f"member__{j}__data": 0 for j in range(NJ)})
     # enable each job: the initializer resets its records, then enable_set
-    for j in range(len(jobs)):
-        await cycle(enable_stb=1 << j)
-        for _ in range(4 * P.window * 2 + 50):
-            await cycle()
-            if table[j]["enable"]:
-                break
-        assert table[j]["enable"], f"job {j} not enabled"
-        for _ in range(4):
-            await cycle()
+    await enable_jobs(cycle, table, len(jobs), P)
     # traffic
     traffic = generate(jobs, p["n"], p["seed"], Mix(**p.get("mix", {})))
     for dgram, src in traffic:
@@ -229,36 +283,8 @@ async def test_header_pipeline(dut):
             break
     sb.tick(now)
     # the model's results, a header each (a group result once; OVERFLOW cleared)
-    want = collections.defaultdict(list)
-    for key, outs in sb.expected.items():
-        if key == ERRORS:       # (the answers to refused DATA: the core's ErrorAnswer,
-            continue            # fed by this pipeline's ``refusal``; its own bench)
-        last = None
-        for dest, out in outs:
-            h = bytearray(out[:HEADER_BYTES])
-            h[2] &= ~Flags.OVERFLOW & 0xFF
-            rec = np.frombuffer(bytes(h), HEADER_DTYPE, count=1)[0]
-            if int(rec["worker"]) == GROUP_WORKER and last is not None and \
-                    bytes(h) == last[0] and last[1] > 1:
-                last = (last[0], last[1] - 1)
-                continue
-            cfg = sb.jobs[int(rec["job"])]
-            copies = 1 if (cfg.mcast or int(rec["worker"]) != GROUP_WORKER) else cfg.n
-            last = (bytes(h), copies)
-            want[key].append(bytes(h))
-    keys = sorted(set(want) | set(got))
-    bad = [k for k in keys if want.get(k, []) != got.get(k, [])]
-    assert not bad, (f"{len(bad)} of {len(keys)} slots differ; first {bad[0]}: model "
-                     f"{[h.hex() for h in want.get(bad[0], [])]}, pipeline "
-                     f"{[h.hex() for h in got.get(bad[0], [])]}; inputs "
-                     f"{sb.history.get(bad[0])}")
-    # (the model's drop_malformed also counts the CONTROL datagrams, which the pipeline
-    # drops uncounted: the control plane counts them, a core with no key as malformed)
-    c = dict(sb.model.counters)
-    c["drop_malformed"] -= sum(1 for d, _ in traffic if len(d) >= HEADER_BYTES
-                               and d[0] == VERSION and d[1] == MsgType.CONTROL)
-    diff = {n: (events[n], c[n]) for n in HEADER_EVENTS if n in c and events[n] != c[n]}
-    assert not diff, f"counter events differ (pipeline, model): {diff}"
+    keys = check_results(sb, got)
+    check_events(sb, traffic, events)
     assert sum(len(v) for v in got.values()) > p["n"] // 2, "too few results"
     dut._log.info(f"{len(traffic)} datagrams, {sum(len(v) for v in got.values())} requests, "
                   f"{len(keys)} slots; events {dict(events)}")
