@@ -16,6 +16,7 @@ import pytest
 
 from ina_fabric.host.switch import SwitchServer
 from ina_fabric.host.ddp.train import TrainConfig, run_training
+from ina_fabric.protocol.jobtable import LINK_DEFAULTS
 
 pytestmark = pytest.mark.xdist_group("torch")
 
@@ -32,8 +33,16 @@ def _stall_run(workload, steps, stall_s=4.0):
             time.sleep(0.02)
         pid = next(p.pid for p in mp.active_children() if p.name == "ina-rank-1")
         os.kill(pid, signal.SIGSTOP)
-        log["stopped_at_results"] = server.model.counters["results"]
+        stopped = log["stopped_at_results"] = server.model.counters["results"]
         time.sleep(stall_s)
+        # and on, until the peer is more than a window ahead (on a loaded machine 4 s
+        # can be less than a window of its steps, and then nothing is missed: a clean-
+        # clone make test saw no rejoin), at most 60 s
+        until = time.monotonic() + 60
+        while server.model.counters["results"] - stopped <= 2 * LINK_DEFAULTS["loopback"].window and \
+                time.monotonic() < until:
+            time.sleep(0.05)
+        log["stall_s"] = time.monotonic() - (until - 60) + stall_s
         os.kill(pid, signal.SIGCONT)
         log["resumed_at_results"] = server.model.counters["results"]
 
