@@ -292,9 +292,7 @@ class CoverageMonitor:
         def sig(name):
             return hp[byname[name]]
         rec = sig("p2.op.rec")   # P2's operation (SlotRules' p2 register, header.p2 since the split)
-        names = ("defer", "expire", "reuse", "join", "cur_complete", "dup", "nelem_ne",
-                 "one_n", "cnt1_n", "opens", "new_exp", "stale", "oow", "unksrc",
-                 "bignelem", "pkt", "scan", "init", "pkt_ok", "cnt_lt_n", "width_ne")
+        from ina_fabric.hw.ina.slot import RULE_FIELDS as names     # P1b's layout
         bit = {n: k for k, n in enumerate(names)}
         assert len(c.value) == len(names), "the P1b rule register changed its layout"
         for n in ("expire", "pkt", "scan", "defer"):    # the layout is checked by name
