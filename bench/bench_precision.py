@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from ina_fabric.bench._ranks import gather
 from ina_fabric.bench._results import write
 
 WIDTHS = (32, 16, 8)
@@ -137,21 +138,7 @@ def _lab(hosts, rate, a):
                         ["--no-gloo"] if not a.gloo else [])
             procs.append(lab.popen(h, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True))
-        end = time.monotonic() + a.timeout
-        outs = []
-        try:
-            for p in procs:
-                outs.append(p.communicate(timeout=max(1.0, end - time.monotonic())))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        bad = [(i, p.returncode, e[-2000:]) for i, (p, (o, e)) in
-               enumerate(zip(procs, outs)) if p.returncode]
-        if bad:
-            raise RuntimeError(f"ranks failed: {bad}")
-        return json.loads(outs[0][0].strip().splitlines()[-1])
+        return gather(procs, a.timeout, lab.hosts)
 
 
 def _loopback(hosts, a):
