@@ -4,7 +4,7 @@ host namespaces, bounded in time, and take rank 0's figures."""
 import json
 import time
 
-__all__ = ["gather"]
+__all__ = ["gather", "lab_rank"]
 
 
 def gather(procs, timeout: float, names, tail: int = 2000) -> dict:
@@ -27,3 +27,25 @@ def gather(procs, timeout: float, names, tail: int = 2000) -> dict:
     if bad:
         raise RuntimeError(f"ranks failed: {bad}")
     return json.loads(outs[0][0].strip().splitlines()[-1])
+
+
+def lab_rank(a, timeout_s: float):
+    """In a rank process in its lab host's namespace: one torch thread, a Gloo group over
+    the lab's eth0 (``a.master``, ``a.rank``, ``a.world``), and an ``InaHookState`` on
+    the lab's switch with ``a.elements``, ``a.window`` and ``a.inflight``; exits, naming
+    why, when no switch answers. Returns the state (its ``collective`` is the client)."""
+    import os
+    from datetime import timedelta
+    import torch
+    import torch.distributed as dist
+    from ina_fabric.host.ddp.hook import InaHookState
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
+    dist.init_process_group("gloo", init_method=f"tcp://{a.master}", rank=a.rank,
+                            world_size=a.world, timeout=timedelta(seconds=timeout_s))
+    state = InaHookState.from_env(elements=a.elements, window=a.window,
+                                  connect_timeout=5.0, bind_port=None)
+    if not state.use_switch:
+        raise SystemExit("no switch answered in the lab")
+    state.collective.max_inflight_bytes = a.inflight
+    return state

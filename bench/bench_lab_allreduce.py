@@ -6,13 +6,12 @@ Needs root (network namespaces)."""
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 
-from ina_fabric.bench._ranks import gather
+from ina_fabric.bench._ranks import gather, lab_rank
 from ina_fabric.bench._results import write
 
 SIZES = {"4MB": 4 << 20, "64MB": 64 << 20}
@@ -25,22 +24,12 @@ def limit(hosts: int) -> float:
 
 def _worker(a):
     """One rank, in its host's namespace: Gloo and ina on the same data, interleaved."""
-    from datetime import timedelta
     import numpy as np
     import torch
     import torch.distributed as dist
-    from ina_fabric.host.ddp.hook import InaHookState
     from ina_fabric.host.transport import quantize as Q
-    torch.set_num_threads(1)
-    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
-    dist.init_process_group("gloo", init_method=f"tcp://{a.master}", rank=a.rank,
-                            world_size=a.world, timeout=timedelta(seconds=600))
-    state = InaHookState.from_env(elements=a.elements, window=a.window,
-                                  connect_timeout=5.0, bind_port=None)
-    if not state.use_switch:
-        raise SystemExit("no switch answered in the lab")
+    state = lab_rank(a, 600)
     client = state.collective
-    client.max_inflight_bytes = a.inflight
     out = {}
     for name in a.sizes.split(","):
         n = SIZES[name] // 4

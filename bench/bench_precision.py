@@ -7,13 +7,12 @@ on local processes and a local switch instead (no root, no rate limit: the CLI t
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 
-from ina_fabric.bench._ranks import gather
+from ina_fabric.bench._ranks import gather, lab_rank
 from ina_fabric.bench._results import write
 
 WIDTHS = (32, 16, 8)
@@ -82,20 +81,10 @@ def _rank(rank, world, client, size, reps, rounding, gloo, timer, allmax):
 def _lab_worker(a):
     """One rank in its host's namespace: Gloo for the barrier, the timing maxima and the
     Gloo row; the switch for the widths."""
-    from datetime import timedelta
     import torch
     import torch.distributed as dist
-    from ina_fabric.host.ddp.hook import InaHookState
-    torch.set_num_threads(1)
-    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
-    dist.init_process_group("gloo", init_method=f"tcp://{a.master}", rank=a.rank,
-                            world_size=a.world, timeout=timedelta(seconds=900))
-    state = InaHookState.from_env(elements=a.elements, window=a.window,
-                                  connect_timeout=5.0, bind_port=None)
-    if not state.use_switch:
-        raise SystemExit("no switch answered in the lab")
+    state = lab_rank(a, 900)
     client = state.collective
-    client.max_inflight_bytes = a.inflight
 
     def timer(fn):
         dist.barrier()

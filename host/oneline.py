@@ -22,6 +22,10 @@ __all__ = ["install", "quiet_child", "is_ours", "one_line"]
 
 #: error types INA raises for a reason the user can act on (bugs raise others)
 _ACTIONABLE = (OSError, ValueError, RuntimeError, TimeoutError)
+#: subclasses of those that are never the user's to fix: a path that does not exist is a
+#: bug (RuntimeError's subclass for it), and keeps its traceback. Not a marker of work
+#: left: no INA code raises it; it guards what a library raises through INA's frames
+_NOT_ACTIONABLE = (NotImplementedError, RecursionError)
 _ROOTS = tuple(os.path.dirname(os.path.abspath(p)) + os.sep for p in (
     __file__, __import__("ina_fabric").__file__))
 _previous = None
@@ -29,7 +33,7 @@ _previous = None
 
 def is_ours(exc: BaseException) -> bool:
     """An actionable error raised in INA's code (its innermost frame)."""
-    if not isinstance(exc, _ACTIONABLE) or isinstance(exc, NotImplementedError):
+    if not isinstance(exc, _ACTIONABLE) or isinstance(exc, _NOT_ACTIONABLE):
         return False
     tb = exc.__traceback__
     if tb is None:

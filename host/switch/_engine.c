@@ -339,6 +339,20 @@ static void sink_drain(Engine *e, Sink *k, double now) {
 
 /* One datagram out: ``buf`` is a slot's stored result; ``worker`` >= 0 makes it the
  * unicast re-send to that worker (worker field set, RETRANSMIT flag). */
+/* Entry ``i`` of the send queue: ``len`` bytes at ``data`` to ``to``. */
+static inline void sink_entry(Sink *k, int i, Addr to, uint8_t *data, size_t len) {
+    k->iov[i].iov_base = data;
+    k->iov[i].iov_len = len;
+    k->addr[i].sin_family = AF_INET;
+    k->addr[i].sin_port = htons(to.port);
+    k->addr[i].sin_addr.s_addr = htonl(to.ip);
+    memset(&k->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
+    k->msgs[i].msg_hdr.msg_name = &k->addr[i];
+    k->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
+    k->msgs[i].msg_hdr.msg_iov = &k->iov[i];
+    k->msgs[i].msg_hdr.msg_iovlen = 1;
+}
+
 static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
     const Layout *L = &e->L;
     const uint8_t *buf = s->result;
@@ -372,16 +386,7 @@ static void sink_push(Engine *e, Sink *k, Addr to, Slot *s, int worker) {
         s->pending = 1;          /* the queue points into the slot's stored result */
         k->ref[i] = s;
     }
-    k->iov[i].iov_base = data;
-    k->iov[i].iov_len = len;
-    k->addr[i].sin_family = AF_INET;
-    k->addr[i].sin_port = htons(to.port);
-    k->addr[i].sin_addr.s_addr = htonl(to.ip);
-    memset(&k->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
-    k->msgs[i].msg_hdr.msg_name = &k->addr[i];
-    k->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-    k->msgs[i].msg_hdr.msg_iov = &k->iov[i];
-    k->msgs[i].msg_hdr.msg_iovlen = 1;
+    sink_entry(k, i, to, data, len);
 }
 
 /* One datagram out that no slot stores (a forwarded DATA, a relayed RESULT): copied
@@ -408,16 +413,7 @@ static void sink_push_raw(Engine *e, Sink *k, Addr to, const uint8_t *buf, size_
     data[L->flags] = (uint8_t)((data[L->flags] | set) & ~clear);
     k->ref[i] = NULL;
     k->held[i] = 0;
-    k->iov[i].iov_base = data;
-    k->iov[i].iov_len = len;
-    k->addr[i].sin_family = AF_INET;
-    k->addr[i].sin_port = htons(to.port);
-    k->addr[i].sin_addr.s_addr = htonl(to.ip);
-    memset(&k->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
-    k->msgs[i].msg_hdr.msg_name = &k->addr[i];
-    k->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-    k->msgs[i].msg_hdr.msg_iov = &k->iov[i];
-    k->msgs[i].msg_hdr.msg_iovlen = 1;
+    sink_entry(k, i, to, data, len);
 }
 
 /* ---- the shared slot pool (the model's _release, _take, _confirmed) ----------------- */
@@ -477,31 +473,7 @@ static void refuse(Engine *e, Sink *k, Addr to, const uint8_t *d, int reason,
     wr16(r + L->nelem, 0);
     r[L->width] = 0;
     wr32(r + L->bitmap, figure);
-    if (k->list) {
-        if (k->failed) return;
-        PyObject *t = Py_BuildValue("(kiy#)", (unsigned long)to.ip, (int)to.port,
-                                    (const char *)r, (Py_ssize_t)len);
-        if (!t || PyList_Append(k->list, t) < 0) k->failed = 1;
-        Py_XDECREF(t);
-        return;
-    }
-    if (k->n == SENDQ || k->scratch_used + len > SCRATCH) sink_flush(e, k);
-    int i = k->n++;
-    uint8_t *data = k->scratch + k->scratch_used;
-    k->scratch_used += (len + 7) & ~(size_t)7;
-    memcpy(data, r, len);
-    k->ref[i] = NULL;
-    k->held[i] = 0;
-    k->iov[i].iov_base = data;
-    k->iov[i].iov_len = len;
-    k->addr[i].sin_family = AF_INET;
-    k->addr[i].sin_port = htons(to.port);
-    k->addr[i].sin_addr.s_addr = htonl(to.ip);
-    memset(&k->msgs[i].msg_hdr, 0, sizeof(struct msghdr));
-    k->msgs[i].msg_hdr.msg_name = &k->addr[i];
-    k->msgs[i].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-    k->msgs[i].msg_hdr.msg_iov = &k->iov[i];
-    k->msgs[i].msg_hdr.msg_iovlen = 1;
+    sink_push_raw(e, k, to, r, len, 0, 0);
 }
 
 /* the element loops, built for AVX2 and for any x86-64 (one is picked at load time) */
