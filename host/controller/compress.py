@@ -32,7 +32,7 @@ from .knobs import ConfigError, PRECISIONS
 
 __all__ = ["quantize", "dequantize", "expected_sq_error", "relative_errors", "encode",
            "decode", "message_bytes", "TokenBucket", "CompressedCollective",
-           "current_collective"]
+           "current_collective", "meter_add"]
 
 HEADER = 8
 #: how the messages travel (``CompressedCollective.exchange``)
@@ -151,6 +151,30 @@ def decode(msg: np.ndarray, n: int, bits: int, chunk: int = 1024):
         codes = body.view(np.int16 if bits == 16 else np.int8)
     return dequantize(codes, scales, chunk), norm2, err
 
+
+
+def meter_add(m: dict, *, sent, seconds, sync, fixed, byte_s, codec, n, small, big, rq,
+              **extra):
+    """One exchange into an exchange meter ``m`` (the cost model's online figures): its
+    bytes and times, the payload's time (``byte_s``, floored at 1 us), the codec's CPU
+    time, the quantization sample (``rq``: precision -> relative error, or None) and any
+    path-specific counts in ``extra``. Both exchange paths (Gloo and the switch) use it."""
+    m["bytes"] += sent
+    m["seconds"] += seconds
+    m["sync_s"] += sync
+    m["fixed_s"] += fixed
+    m["byte_s"] += max(byte_s, 1e-6)
+    m["codec_s"] += codec
+    m["calls"] += 1
+    m["elements"] += n
+    m["small_sq"] += small
+    m["big_sq"] += big
+    for key, v in extra.items():
+        m[key] += v
+    if rq is not None:
+        for q, r in rq.items():
+            m["rq_sum"][q] = m["rq_sum"].get(q, 0.0) + r
+        m["rq_n"] += 1
 
 class TokenBucket:
     """Userspace rate limiter: ``take(n)`` blocks until n bytes of credit have accrued at
@@ -329,24 +353,11 @@ class CompressedCollective:
         # exchange that backward() also waits for, kept apart from compute
         codec = (t0 - tc) + (time.perf_counter() - t2)
         with self._lock:
-            m = self.m
-            m["bytes"] += sent
-            m["seconds"] += t2 - t1
-            m["sync_s"] += sync
-            m["fixed_s"] += fixed
-            # the pacer's waits are left out: the meter measures the share the link
-            # gives, which the cost model caps by the pace itself
-            m["byte_s"] += max(t2 - t1 - fixed - paced, 1e-6)
-            m["pace_wait_s"] += paced
-            m["codec_s"] += codec
-            m["calls"] += 1
-            m["elements"] += n
-            m["small_sq"] += small
-            m["big_sq"] += big
-            if rq is not None:
-                for q, r in rq.items():
-                    m["rq_sum"][q] = m["rq_sum"].get(q, 0.0) + r
-                m["rq_n"] += 1
+            # the pacer's waits are left out of byte_s: the meter measures the share the
+            # link gives, which the cost model caps by the pace itself
+            meter_add(self.m, sent=sent, seconds=t2 - t1, sync=sync, fixed=fixed,
+                      byte_s=t2 - t1 - fixed - paced, codec=codec, n=n, small=small,
+                      big=big, rq=rq, pace_wait_s=paced)
         self.calls += 1
         self.total_bytes += sent
         return total, {"bytes": sent, "seconds": t2 - t1, "sync_seconds": sync,

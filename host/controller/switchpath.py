@@ -56,6 +56,7 @@ import time
 
 import numpy as np
 
+from .compress import meter_add
 from .knobs import ConfigError, PRECISIONS
 
 __all__ = ["USABLE_BITS", "headroom_bits", "codes_per_container", "switch_payload_bytes",
@@ -301,22 +302,9 @@ class CompressedSwitchCollective:
             if self.calls % self.error_every == 0 else None
         codec = max((t0 - tc) + (clock() - t2), 0.0)
         with self._lock:
-            m = self.m
-            m["bytes"] += sent
-            m["seconds"] += t2 - t1
-            m["sync_s"] += sync
-            m["fixed_s"] += fixed
-            m["byte_s"] += max(t2 - t1 - fixed, 1e-6)
-            m["codec_s"] += codec
-            m["calls"] += 1
-            m["clipped"] += clipped
-            m["elements"] += n
-            m["small_sq"] += small
-            m["big_sq"] += big
-            if rq is not None:
-                for q, r in rq.items():
-                    m["rq_sum"][q] = m["rq_sum"].get(q, 0.0) + r
-                m["rq_n"] += 1
+            meter_add(self.m, sent=sent, seconds=t2 - t1, sync=sync, fixed=fixed,
+                      byte_s=t2 - t1 - fixed, codec=codec, n=n, small=small, big=big,
+                      rq=rq, clipped=clipped)
         self.calls += 1
         self.total_bytes += sent
         return total, {"bytes": sent, "seconds": t2 - t1, "sync_seconds": sync,
