@@ -309,8 +309,14 @@ def test_control_real_json_keeps_a_row_per_path_and_level(tmp_path, monkeypatch)
 
     old = figs(1.035)                       # as issue 23's runs wrote it, no rows
     (tmp_path / "control_real.json").write_text(json.dumps({"figures": old}))
-    _write_real(_results, figs(1.2), "switch")
+    sw = figs(1.2)
+    sw["levels"]["heavy"]["sim_best_setting"] = {"rate": "50mbit", "latency_s": 0.06,
+                                                 "sim_decoupled_over_joint": 1.07}
+    _write_real(_results, sw, "switch")
     rows = json.loads((tmp_path / "control_real.json").read_text())["figures"]["rows"]
+    # the switch row carries the simulator's best setting beside the measurement
+    assert [r["sim_best_setting"]["rate"] for r in rows if "sim_best_setting" in r] == [
+        "50mbit"]
     assert {(r["path"], r["level"], r["decoupled_over_joint"]) for r in rows} == {
         ("gloo", "heavy", 1.035), ("switch", "heavy", 1.2)}
     assert all({"ci95_low", "ci95_high", "seeds"} <= set(r) for r in rows)
