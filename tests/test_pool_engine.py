@@ -28,7 +28,7 @@ def run(cls, seed, narrow=False):
     widths = {k + 1: (16, 8)[k % 2] for k in range(len(jobs))} if narrow else None
     return PoolNet(jobs, pool, cls=cls, loss=float(rng.choice([0.0, 0.05])),
                    dup=float(rng.choice([0.0, 0.05])), seed=seed, deadline=0.002,
-                   widths=widths).run()
+                   widths=widths, acks=bool(seed % 2)).run()
 
 
 @needs_engine
