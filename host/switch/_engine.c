@@ -47,6 +47,7 @@
 #include "ina_wire.h"
 
 #define SEQ_HALF 0x80000000u
+#define POOL_MARK_DIV 8          /* the model's: CONGESTED from 7/8 of the pool held */
 #define MAX_MEMBERS 32
 #define BATCH 16                 /* 16 x 64 KB still in L2 when they are summed */
 #define RXBUF 65536
@@ -164,6 +165,7 @@ typedef struct {
      * goes to ``pool_parent`` */
     int pool;
     long pool_slots, pool_used;
+    long pool_mark;              /* CONGESTED from here on: slots - slots / POOL_MARK_DIV */
     Addr pool_parent;
 } Engine;
 
@@ -684,7 +686,7 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
         flags |= L->f_overflow;
         COUNT(e, j, C_OVERFLOWS);
     }
-    if (!j->has_parent && e->pool && e->pool_used >= e->pool_slots) {  /* _pool_full */
+    if (!j->has_parent && e->pool && e->pool_used >= e->pool_mark) {  /* _pool_full */
         flags |= L->f_congested;
         COUNT(e, j, C_CONGESTED);
     }
@@ -741,7 +743,7 @@ static void process_result(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t 
         j->active = now;
         COUNT(e, j, C_RELAYED);
         int cong = 0;
-        if (e->pool && e->pool_used >= e->pool_slots) {
+        if (e->pool && e->pool_used >= e->pool_mark) {     /* _pool_full */
             cong = L->f_congested;
             COUNT(e, j, C_CONGESTED);
         }
@@ -1510,6 +1512,7 @@ static PyObject *Engine_set_pool(Engine *e, PyObject *args) {
     if (!PyArg_ParseTuple(parent, "ki", &ip, &port)) return NULL;
     e->pool = 1;
     e->pool_slots = slots;
+    e->pool_mark = slots - slots / POOL_MARK_DIV;
     e->pool_parent.ip = (uint32_t)ip;
     e->pool_parent.port = (uint16_t)port;
     Py_RETURN_NONE;

@@ -141,6 +141,11 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 #: the modes whose slots close at a deadline (jobtable.MODES)
 BOUNDED = ("bounded", "bounded-skip")
 SEQ_MASK = 0xFFFFFFFF
+#: the pool's congestion mark (docs/congestion.md): a RESULT carries CONGESTED while at
+#: least ``N - N // POOL_MARK_DIV`` of the N pool slots are held (7/8), before the pool
+#: is full, as an ECN queue marks past a threshold below its size: the clients' windows
+#: back off while new slots still fit, instead of after they began to overflow
+POOL_MARK_DIV = 8
 
 #: the counters the model keeps, by name (defined once: ``ina_fabric.protocol.counters``,
 #: with what each counts); ANSWER_COUNTERS: those of a switch that answers refused DATA
@@ -464,9 +469,11 @@ class SwitchModel:
             s = (s + 1) & SEQ_MASK
 
     def _pool_full(self) -> bool:
-        """The congestion signal (docs/congestion.md): every pool slot is held, so new
-        slots go to the parent; a RESULT sent now carries CONGESTED."""
-        return self.pool_slots is not None and self._pool_used >= self.pool_slots
+        """The congestion signal (docs/congestion.md): the pool is nearly full (7/8 of
+        its slots held, ``POOL_MARK_DIV``), and new slots will soon go to the parent; a
+        RESULT sent now carries CONGESTED."""
+        n = self.pool_slots
+        return n is not None and self._pool_used >= n - n // POOL_MARK_DIV
 
     def _forward(self, js, slot, datagram):
         """The slot found the pool full: the DATA goes on to the parent (FORWARDED)."""
