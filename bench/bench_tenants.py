@@ -215,7 +215,9 @@ def run_once(a, pool, tmp):
             "overflow_timed": lc.get("overflow", 0) - at_start.get("overflow", 0),
             "leaf_rx_data_timed": lc.get("rx_data", 0) - at_start.get("rx_data", 0),
             "congested_timed": lc.get("congested", 0) - at_start.get("congested", 0),
-            "retransmits_timed": sum(g[6] for g in got), "pool": leaf.get("pool")}
+            "retransmits_timed": sum(g[6] for g in got), "pool": leaf.get("pool"),
+            "leaf_counters": {k: v for k, v in lc.items() if v},
+            "parent_counters": {k: v for k, v in pc.items() if v}}
 
 
 def _mmm(xs):
