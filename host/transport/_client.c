@@ -39,6 +39,7 @@
 /* congestion control: window.py's constants of the same names (docs/congestion.md) */
 #define LOSS_BETA 0.5
 #define CONGESTED_BETA 0.8       /* window.py's */
+#define REORDER_RTTS 2.0         /* window.py's: no FAST_RESEND so soon after CONGESTED */
 #define DELAY_BETA 0.8
 #define MAX_DELAY_CUT 0.5
 #define DELAY_FACTOR 1.5
@@ -56,7 +57,7 @@ enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_R
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
        S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, NSTATS };
 enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK, T_CWND, T_SSTHRESH, T_BASE,
-       T_CUT_AT, T_CUTS, NRTT };   /* window.py's RttEstimator fields, in order */
+       T_CUT_AT, T_CUTS, T_CONGESTED_AT, NRTT };   /* window.py's RttEstimator fields, in order */
 #define NCFG 8                     /* fastcall.config_tuple */
 
 /* ---- the window (window.py's SendWindow and RttEstimator) ------------------------- */
@@ -337,11 +338,16 @@ static void win_on_result(Win *w, int p, double now, int congested) {
         }
     }
     if (!sampled && w->cc && !congested) win_grow(w);   /* no sample (Karn): ACK clock */
-    if (w->cc && congested) win_cut(w, now, CONGESTED_BETA);   /* the switch's slots */
+    if (w->cc && congested) {                           /* the switch's slots */
+        win_cut(w, now, CONGESTED_BETA);
+        w->rtt[T_CONGESTED_AT] = now;
+    }
     push(w, A_DELIVER, p, 0);
     win_release(w, p + w->W, now);
     win_pump(w, now);
-    if (t < INFINITY) {           /* fast re-send (window.py's FAST_RESEND) */
+    /* fast re-send (window.py's FAST_RESEND), not while the pool marks (REORDER_RTTS) */
+    if (t < INFINITY && !(w->cc && now - w->rtt[T_CONGESTED_AT] <=
+                                   REORDER_RTTS * w->rtt[T_SRTT])) {
         int n = 0;
         for (int q = w->fhead; q >= 0 && w->tsent[q] < t; q = w->next[q])
             if (++w->later[q] == FAST_RESEND) w->scratch[n++] = q;
@@ -681,7 +687,15 @@ static int64_t exponents(const uint32_t *bits, int64_t n, int E, int8_t *out, in
     return bad;
 }
 
-static size_t build(Call *c, int p, int retransmit) {
+/* the ack a DATA of packet ``p`` carries in ``count`` (switch_client.py's ack_of): the
+ * worker has the RESULT of every packet below ``low`` (and of every earlier call's), so
+ * of every seq up to seq - (p - low + 1); 0 (no claim) past 16 bits */
+static inline uint16_t ack_of(int p, int low) {
+    int d = p - low + 1;
+    return d > 0 && d <= 0xFFFF ? (uint16_t)d : 0;
+}
+
+static size_t build(Call *c, int p, int retransmit, int low) {
     const InaLayout *L = &c->L;
     int slot = p % c->W;
     uint8_t *b = c->ring + (size_t)slot * c->stride;
@@ -716,6 +730,7 @@ static size_t build(Call *c, int p, int retransmit) {
         ina_wr32(b + L->bitmap, 1u << c->worker);
         ina_wr64(b + L->session, c->session);
     }
+    ina_wr16(b + L->count, ack_of(p, low));
     c->stats[S_SENT]++;
     if (retransmit) {
         b[L->flags] |= L->f_retransmit;
@@ -884,11 +899,11 @@ static void flush(SendQ *q, Call *c) {
     flush_paced(q, c, 1);
 }
 
-static void queue_send(SendQ *q, Call *c, int p, int retransmit) {
+static void queue_send(SendQ *q, Call *c, int p, int retransmit, int low) {
     int slot = p % c->W;
     if (c->slot_pending[slot] && c->slot_p[slot] != p) flush(q, c);   /* slot is reused */
     if (q->n == SENDQ) flush(q, c);
-    size_t len = build(c, p, retransmit);
+    size_t len = build(c, p, retransmit, low);
     int i = q->n++;
     q->iov[i].iov_base = c->ring + (size_t)slot * c->stride;
     q->iov[i].iov_len = len;
@@ -908,7 +923,7 @@ static int perform(Win *w, Call *c, SendQ *q, const uint8_t *d, size_t n) {
     for (int i = 0; i < w->nact; i++) {
         Action a = w->act[i];
         switch (a.kind) {
-        case A_SEND: queue_send(q, c, a.p, a.flag); break;
+        case A_SEND: queue_send(q, c, a.p, a.flag, w->low); break;
         case A_DELIVER: apply(c, a.p, d); break;
         case A_ABANDON:           /* the result is gone for good: the call fails */
             abandon(c, a.p);

@@ -106,9 +106,9 @@ class Flags(enum.IntFlag):
     LAST = 0x08        # last packet of a bucket (informational)
     FORWARDED = 0x10   # DATA a switch whose slot pool was full sent on to its parent (the
                        # worker's DATA, unchanged but for this flag; docs/pool.md)
-    CONGESTED = 0x20   # RESULT sent while the switch's slot pool was full (its slots go
-                       # to the parent): the client's congestion window backs off
-                       # (docs/congestion.md; no qdisc here marks ECN)
+    CONGESTED = 0x20   # RESULT sent while 7/8 of the switch's slot pool was held (new
+                       # slots soon go to the parent): the client's congestion window
+                       # backs off (docs/congestion.md; no qdisc here marks ECN)
 
 
 #: element width codes (the nibbles of the ``width`` byte): code -> bits. An element of
@@ -192,7 +192,9 @@ HEADER_FIELDS: tuple[Field, ...] = (
                            "low nibble)"),
     Field("count", 16, doc="RESULT: number of workers in the sum (the whole tree's); "
                            "DATA from a child switch: workers its partial sum covers; "
-                           "0 in a worker's DATA"),
+                           "a worker's DATA: 0, or its ack d (it has the RESULT of "
+                           "every seq up to seq - d: a switch with a slot pool frees "
+                           "those, docs/pool.md)"),
     Field("bitmap", 32, doc="contributor bitmap of one level, bit m = member m: in a "
                             "RESULT, of the workers of the receiving worker's leaf"),
     Field("session", 64, doc="the run's session id (random, drawn at install); "
