@@ -169,6 +169,9 @@ class InaCore(wiring.Component):
                      rep.jobs.eq(rf.jobs), rep.src_ip.eq(rf.src_ip),
                      rep.busy.eq(ep.busy), pend.done_hot.eq(rep.done_hot)]
         wiring.connect(m, rf.member_rd, rep.member)
+        if P.leaf:      # a leaf: its parent switch (hw/ina/leaf.py)
+            m.d.comb += [hp.parent.ip.eq(rf.parent.ip), hp.parent.port.eq(rf.parent.port),
+                         rep.parent.eq(rf.parent)]
         wiring.connect(m, ep.acc_rd, rep.acc)
         wiring.connect(m, ep.ovf_rd, rep.ovf)
         # refused DATA: the answer path (hw/ina/answer.py)

@@ -144,6 +144,8 @@ class HeaderPipeline(wiring.Component):
             "accepted": Out(P.jobs),    # job j's DATA accepted (the control plane's idle)
             "cap": Out(capture_layout()),
             "refusal": Out(refusal_layout(P)),
+            # a leaf (CoreParams.leaf): the parent switch's address
+            **({"parent": In(data.StructLayout({"ip": 32, "port": 16}))} if P.leaf else {}),
         })
 
     def elaborate(self, platform):
@@ -186,6 +188,11 @@ class HeaderPipeline(wiring.Component):
         if P.tree:
             m.d.comb += [p0_op.covers.eq(hdr.count),
                          p0_op.ovf.eq((hdr.flags & int(Flags.OVERFLOW)) != 0)]
+        if P.leaf:      # a parent's RESULT (hw/ina/leaf.py)
+            m.d.comb += [p0_op.res.eq(dec.res), p0_op.sess_ok.eq(dec.res_sess_ok),
+                         p0_op.mine.eq(dec.res_mine),
+                         p0_op.pfl.eq(hdr.flags & ~int(Flags.RETRANSMIT) & 0xFF)]
+            m.d.comb += dec.parent.eq(self.parent)
         if P.narrow:    # the record's key holds the width; beats of packed lane words
             code = width_checks(P.widths, width_byte(hdr), hdr.nelem)[3]
             m.d.comb += [p0_op.nelem.eq(nkey(code, hdr.nelem)),
@@ -206,6 +213,8 @@ class HeaderPipeline(wiring.Component):
                      cmp.p3_push.eq(p3_push), cmp.jobs.eq(jobs), cmp.wbit.eq(pop.wbit),
                      cmp.nwm1.eq(pop.nwm1), cmp.reinject.eq(rul.reinject),
                      cmp.p0_valid.eq(pop.dec), cmp.near1.eq(dec.near[0])]
+        if P.leaf:
+            m.d.comb += cmp.par_eq.eq(dec.par_eq)
         # P1b
         m.d.comb += [rul.q1.eq(cmp.q1), rul.q1c.eq(cmp.q1c), rul.q1_md.eq(cmp.q1_md),
                      rul.q1_bit.eq(cmp.q1_bit), rul.q1_due.eq(cmp.q1_due),
