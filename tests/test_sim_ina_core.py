@@ -101,6 +101,15 @@ def test_sim_ina_tree_leaf():
              INA_SEED=seed, INA_E=P_LEAF.elements, INA_DEADLINE=120)
 
 
+def test_sim_ina_tree_leaf_planted_bug_is_caught():
+    """A leaf that relays its members' bitmap when the parent's RESULT lacks its bit (its
+    members are not in the sum) fails the bench."""
+    with pytest.raises(AssertionError, match="cocotb tests failed"):
+        _run(P_LEAF, "ina_bug_relay_bitmap", "test_tree_leaf",
+             planted_bug="relay_ignores_parent_bitmap", INA_NSEQ=40, INA_SEED=1,
+             INA_E=P_LEAF.elements, INA_DEADLINE=120)
+
+
 def test_sim_ina_random_tree_core():
     """A core built with the tree option runs ordinary (worker) jobs as before: the
     randomized bench of test_sim_ina_random_10k, shorter."""

@@ -64,6 +64,9 @@ PLANTED_BUGS = {
     "no_duplicate_check": "HeaderPipeline(duplicate_check=False): duplicates are added",
     "child_counts_one": "HeaderPipeline(child_counts=False): a spine (tree=True) counts a "
                         "child switch's DATA as one worker",
+    "relay_ignores_parent_bitmap": "HeaderPipeline(relay_mine=False): a leaf (leaf=True) "
+                                   "relays its members' bitmap also when the parent's RESULT "
+                                   "lacks the leaf's bit (its members are not in the sum)",
 }
 
 
@@ -109,7 +112,8 @@ class InaCore(wiring.Component):
         m.submodules.regs = rf = RegisterFile(P)
         m.submodules.header = hp = HeaderPipeline(
             P, duplicate_check=(bug != "no_duplicate_check"),
-            child_counts=(bug != "child_counts_one"))
+            child_counts=(bug != "child_counts_one"),
+            relay_mine=(bug != "relay_ignores_parent_bitmap"))
         m.submodules.queue = q = RequestQueue(request_layout(P), P.queue)
         m.submodules.pending = pend = PendingCounts(P.records, 2 * P.queue + 2)
         m.submodules.ififo = fifo = InputFifo(P.lanes, commit_delay=DEC_LAT)

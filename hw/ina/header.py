@@ -108,14 +108,16 @@ class HeaderPipeline(wiring.Component):
 
     ``duplicate_check=False`` plants a bug for the tests: a worker's repeated
     contribution to an open slot is added again; ``child_counts=False``: a spine counts a
-    child switch's DATA as one worker.
+    child switch's DATA as one worker; ``relay_mine=False``: a leaf relays its members'
+    bitmap whatever the parent's bitmap says.
     """
 
     def __init__(self, params: CoreParams, *, duplicate_check: bool = True,
-                 child_counts: bool = True):
+                 child_counts: bool = True, relay_mine: bool = True):
         self.params = P = params
         self.duplicate_check = duplicate_check
         self.child_counts = child_counts
+        self.relay_mine = relay_mine
         ws = 1 << log2(P.workers)
         super().__init__({
             "jobs": In(data.ArrayLayout(job_layout(), P.jobs)),
@@ -159,7 +161,7 @@ class HeaderPipeline(wiring.Component):
         m.submodules.p1a = cmp = SlotCompare(P)
         m.submodules.p1b = rul = SlotRules(P, duplicate_check=self.duplicate_check,
                                             child_counts=self.child_counts)
-        m.submodules.p2 = eff = SlotEffects(P)
+        m.submodules.p2 = eff = SlotEffects(P, relay_mine=self.relay_mine)
         jobs = self.jobs
 
         # pop and parse

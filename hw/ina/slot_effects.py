@@ -41,8 +41,11 @@ __all__ = ["SlotEffects"]
 class SlotEffects(wiring.Component):
     """See the module docstring."""
 
-    def __init__(self, params: CoreParams):
+    def __init__(self, params: CoreParams, *, relay_mine: bool = True):
+        """``relay_mine=False`` plants a bug for the tests (a leaf): a relayed RESULT
+        carries the record's bitmap even when the parent's lacks this switch's bit."""
         self.params = P = params
+        self.relay_mine = relay_mine
         NJ, R = P.jobs, P.records
         super().__init__({
             "p2": In(stage_layout(P)), "c": In(data.StructLayout({k: 1 for k in RULE_FIELDS})),
@@ -197,7 +200,8 @@ class SlotEffects(wiring.Component):
                 p3_b.pfl.eq(Mux(relay, p2_op.pfl, md2.pfl)),
             ]
             with m.If(hp & (relay | resend_)):
-                m.d.sync += p3_b.bitmap.eq(Mux(Mux(relay, p2_op.mine, md2.mine), md2.bitmap, 0))
+                mine = Mux(relay, p2_op.mine, md2.mine) if self.relay_mine else 1
+                m.d.sync += p3_b.bitmap.eq(Mux(mine, md2.bitmap, 0))
             # (the upward DATA sent again: RETRANSMIT, as the model's stored ``slot.up``)
             m.d.sync += p3_b.unicast.eq(resend_ | up_resend)
             with m.If(relay):
