@@ -54,6 +54,7 @@ from .queue import RequestQueue, PendingCounts
 from .regfile import RegisterFile
 from .regs import RegBus
 from .replicator import Replicator
+from .skid import Skid
 
 __all__ = ["InaCore", "PLANTED_BUGS"]
 
@@ -192,20 +193,27 @@ class InaCore(wiring.Component):
             ctl_o = side.o
         else:                   # the control plane's replies only
             ctl_o = ctl.o
+        # (a core with the tree option: the replicator's output through a register slice,
+        # hw/ina/skid.py: its handshake was the Versa's longest core path)
+        rep_o = rep.o
+        if P.tree:
+            m.submodules.rep_skid = skid = Skid(out_layout(P.lanes))
+            wiring.connect(m, rep.o, skid.i)
+            rep_o = skid.o
         sel_ctl = Signal()
         in_pkt = Signal()
         with m.If(sel_ctl):
             m.d.comb += [self.o.valid.eq(ctl_o.valid), self.o.payload.eq(ctl_o.payload),
                          ctl_o.ready.eq(self.o.ready)]
         with m.Else():
-            m.d.comb += [self.o.valid.eq(rep.o.valid), self.o.payload.eq(rep.o.payload),
-                         rep.o.ready.eq(self.o.ready)]
+            m.d.comb += [self.o.valid.eq(rep_o.valid), self.o.payload.eq(rep_o.payload),
+                         rep_o.ready.eq(self.o.ready)]
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += in_pkt.eq(~self.o.payload.last)
         with m.If(~in_pkt & ~(self.o.valid & self.o.ready)):
             with m.If(sel_ctl & ~ctl_o.valid):
                 m.d.sync += sel_ctl.eq(0)
-            with m.Elif(~sel_ctl & ~rep.o.valid & ctl_o.valid):
+            with m.Elif(~sel_ctl & ~rep_o.valid & ctl_o.valid):
                 m.d.sync += sel_ctl.eq(1)
         with m.If(self.o.valid & self.o.ready & self.o.payload.last & sel_ctl):
             m.d.sync += sel_ctl.eq(0)
