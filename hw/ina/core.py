@@ -54,7 +54,7 @@ from .queue import RequestQueue, PendingCounts
 from .regfile import RegisterFile
 from .regs import RegBus
 from .replicator import Replicator
-from .skid import Skid
+from ..eth.words import SkidBuffer
 
 __all__ = ["InaCore", "PLANTED_BUGS"]
 
@@ -194,10 +194,12 @@ class InaCore(wiring.Component):
         else:                   # the control plane's replies only
             ctl_o = ctl.o
         # (a core with the tree option: the replicator's output through a register slice,
-        # hw/ina/skid.py: its handshake was the Versa's longest core path)
+        # payload, valid and ready from flip-flops, the stream unchanged a cycle later: its
+        # handshake, through the output CDC's storage and back to the replicator's beat
+        # counter, was the Versa's longest core path with the option)
         rep_o = rep.o
         if P.tree:
-            m.submodules.rep_skid = skid = Skid(out_layout(P.lanes))
+            m.submodules.rep_skid = skid = SkidBuffer(out_layout(P.lanes))
             wiring.connect(m, rep.o, skid.i)
             rep_o = skid.o
         sel_ctl = Signal()
