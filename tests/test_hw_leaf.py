@@ -42,3 +42,18 @@ def test_parent_writes():
                  at["parent_mac_hi"]: 0x0200, at["parent_mac_lo"]: 0x000000C8}
     text = register_map_text()
     assert "parent_ip" in text and "job.up_index" in text
+
+
+def test_hw_config_writes_a_leaf_for_a_leaf_core_only():
+    """``ina hw-config --format regs``: a leaf's entry needs ``--core-leaf`` and its
+    parent's MAC; the parent's registers come first."""
+    from ina_fabric.host.commands.hw_config import render
+    kw = dict(core_window=8, core_elements=8)
+    with pytest.raises(ValueError, match="without the leaf option"):
+        render([_leaf()], "regs", **kw, core_tree=True)
+    with pytest.raises(ValueError, match="--parent-mac"):
+        render([_leaf()], "regs", **kw, core_leaf=True)
+    out = render([_leaf()], "regs", **kw, core_leaf=True, parent_mac="02:00:00:00:00:c8")
+    at = {r.name: r.offset for r in GLOBAL_REGS}
+    assert out.index(f"0x{at['parent_ip']:04x} 0x0a0000c8") < out.index(
+        f"0x{job_reg_addr(0, 'parent'):04x} 0x00000001")
