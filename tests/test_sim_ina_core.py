@@ -91,6 +91,7 @@ def test_sim_ina_tree_spine_planted_bug_is_caught():
 P_LEAF = CoreParams(workers=8, window=4, elements=4, lanes=4, jobs=2, tree=True, leaf=True)
 
 
+@pytest.mark.timeout(3600)    # (INA_SIM_FULL: three seeds of 300 seqs, 15+ minutes)
 def test_sim_ina_tree_leaf():
     """The core as a leaf of a two-level tree whose parent is a model spine, the loop
     closed while it runs: every output and counter as a model leaf's (INA_SIM_FULL=1:
