@@ -102,6 +102,14 @@ def test_sim_ina_tree_leaf():
              INA_SEED=seed, INA_E=P_LEAF.elements, INA_DEADLINE=120)
 
 
+def test_sim_ina_tree_leaf_one_member():
+    """A leaf job of one worker: its DATA reuses a record and closes it at once, which
+    must send it up (the first leaf core sent nothing: the record was neither complete
+    nor up)."""
+    _run(P_LEAF, "ina_tree_leaf_one", "test_tree_leaf", INA_NSEQ=30, INA_SEED=4,
+         INA_E=P_LEAF.elements, INA_DEADLINE=120, INA_LEAF_WORKERS="1,3")
+
+
 def test_sim_ina_tree_leaf_planted_bug_is_caught():
     """A leaf that relays its members' bitmap when the parent's RESULT lacks its bit (its
     members are not in the sum) fails the bench."""

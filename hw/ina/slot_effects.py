@@ -151,7 +151,8 @@ class SlotEffects(wiring.Component):
                 m.d.sync += [
                     w3.data.complete.eq(Mux(hp, ~reuse & md2.complete | relay,
                                             ~reuse & (md2.complete | c.expire) | completes)),
-                    w3.data.up.eq(hp & ~reuse & ~relay & (md2.up | c.expire | completes)),
+                    # (also a record reused and completed at once: a job of one member)
+                    w3.data.up.eq(hp & ~relay & ((~reuse & (md2.up | c.expire)) | completes)),
                     w3.data.rel.eq(~reuse & (md2.rel | relay)),
                     w3.data.mine.eq(Mux(relay, p2_op.mine, md2.mine)),
                     w3.data.pfl.eq(Mux(relay, p2_op.pfl, md2.pfl)),

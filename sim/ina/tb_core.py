@@ -90,7 +90,9 @@ async def test_tree_leaf(dut):
     leaves, spines, workers = generate_leaf(_env("INA_NSEQ", 40), _env("INA_SEED", 1),
                                             window=min(4, P.window),
                                             elements=_env("INA_E", 4),
-                                            deadline_cycles=deadline)
+                                            deadline_cycles=deadline,
+                                            workers=tuple(int(x) for x in os.environ.get(
+                                                "INA_LEAF_WORKERS", "4,3").split(",")))
     tb = CoreTB(dut)
     await tb.reset()
     await tb.configure(leaves, parent_mac=PARENT_MAC)

@@ -50,12 +50,15 @@ SIBLING_WORKERS = 3
 _OFF = field_offsets()
 
 
-def leaf_jobs(*, window=4, elements=4, deadline_cycles=300):
-    """(the core's leaf jobs, the spine's jobs): 7 reliable (4 workers, unicast copies),
-    9 bounded (3 workers, a multicast group), each a child of the spine as member 1."""
+def leaf_jobs(*, window=4, elements=4, deadline_cycles=300, workers=(4, 3)):
+    """(the core's leaf jobs, the spine's jobs): 7 reliable (``workers[0]`` workers,
+    unicast copies), 9 bounded (``workers[1]``, a multicast group), each a child of the
+    spine as member 1."""
     leaves, spines = [], []
-    for k, (job, mode, n, session) in enumerate(((7, "reliable", 4, 0x7A3F_19C2_0000_0107),
-                                                 (9, "bounded", 3, 0xFFFF_FFFF_0000_0109))):
+    for k, (job, mode, n, session) in enumerate(((7, "reliable", workers[0],
+                                                  0x7A3F_19C2_0000_0107),
+                                                 (9, "bounded", workers[1],
+                                                  0xFFFF_FFFF_0000_0109))):
         members = tuple(f"10.1.{k}.{w + 1}:{5000 + w}@02:00:00:01:{k:02x}:{w + 1:02x}"
                         for w in range(n))
         bounded = mode == "bounded"
@@ -270,9 +273,9 @@ class LeafLoop(Scoreboard):
         return _set(res, "job", 1234, 2), PARENT                 # a job not here
 
 
-def generate_leaf(n_seq, seed, *, window=4, elements=4, deadline_cycles=300):
+def generate_leaf(n_seq, seed, *, window=4, elements=4, deadline_cycles=300, workers=(4, 3)):
     """(leaf jobs, spine jobs, the workers' traffic) for ``n_seq`` seqs per job."""
     leaves, spines = leaf_jobs(window=window, elements=elements,
-                               deadline_cycles=deadline_cycles)
+                               deadline_cycles=deadline_cycles, workers=workers)
     mix = Mix(loss=0.04, dup=0.03, late=0.02, overflow=0.03, short_nelem=0.0, bad=0.02)
     return leaves, spines, generate(leaves, n_seq, seed, mix)
