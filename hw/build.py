@@ -181,6 +181,12 @@ def parse_args(argv=None):
                    help="build the INA core with the tree option (CoreParams(tree=True): it "
                         "can be the spine of a tree of switches; docs/gateware.md, \"Trees "
                         "of switches\") (default: the board file's core.tree, else off)")
+    p.add_argument("--leaf", action=argparse.BooleanOptionalAction,
+                   help="build the INA core with the leaf option as well (CoreParams(tree="
+                        "True, leaf=True): it can also be a leaf of a tree, sending its sums "
+                        "to a parent and relaying the parent's RESULTs; docs/gateware.md, "
+                        "\"A leaf\"; implies --tree) (default: the board file's core.leaf, "
+                        "else off)")
     p.add_argument("--reset-dcc", metavar="BEL",
                    help="the front end reset's global buffer at this DCCA bel, e.g. "
                         "X3/Y34/LDCC5 (default: the board file's clocks.reset_dcc, else "
@@ -221,9 +227,14 @@ def main(argv=None) -> int:
         from ina_fabric.protocol.keys import switch_key
         key = switch_key(create=True)
     cfg, ports, c = board_config(args.board, args.jobs, key)
+    import dataclasses
+    if args.leaf:
+        args.tree = True
     if args.tree is not None and args.tree != cfg.params.tree:
-        import dataclasses
-        cfg = dataclasses.replace(cfg, params=dataclasses.replace(cfg.params, tree=args.tree))
+        cfg = dataclasses.replace(cfg, params=dataclasses.replace(
+            cfg.params, tree=args.tree, leaf=cfg.params.leaf and args.tree))
+    if args.leaf is not None and args.leaf != cfg.params.leaf:
+        cfg = dataclasses.replace(cfg, params=dataclasses.replace(cfg.params, leaf=args.leaf))
     build_dir = pathlib.Path(args.build_dir or BUILD_DIR / args.board)
 
     seeds = [args.seed] if args.seed is not None else \
@@ -271,7 +282,8 @@ def main(argv=None) -> int:
     print(f"\n{args.board}: {build_dir / 'top.bit'} in {elapsed:.0f} s "
           f"({platform.device}-{platform.speed}{platform.package}; "
           f"{'in-band control, the switch key inside' if args.control else 'jobs from the ROM'}"
-          f"{'; core with the tree option' if cfg.params.tree else ''})")
+          f"{'; core with the tree option' if cfg.params.tree else ''}"
+          f"{' and the leaf option' if cfg.params.leaf else ''})")
     print(f"{'clock domain':40s} {'Fmax MHz':>9s} {'target':>7s}")
     for clk_name, achieved, constraint, passed in rows:
         print(f"{clk_name:40s} {achieved:9.1f} {constraint:7.1f}  {'PASS' if passed else 'FAIL'}")
@@ -280,7 +292,7 @@ def main(argv=None) -> int:
         print(f"{what + ' (' + name + ')':40s} {used:9d} {avail:7d}  {100 * used / avail:4.1f}%")
     summary = {"board": args.board, "seconds": round(elapsed, 1), "seed": seed,
                "seeds_tried": tried, "control": bool(args.control),
-               "tree": bool(cfg.params.tree),
+               "tree": bool(cfg.params.tree), "leaf": bool(cfg.params.leaf),
                "nextpnr_opts": args.nextpnr_opts,
                "fmax": {r[0]: {"achieved": r[1], "constraint": r[2]} for r in rows},
                "resources": {r[0]: {"used": r[2], "available": r[3]} for r in res}}

@@ -358,7 +358,10 @@ BENCHES = [
       {"core": {"workers": 32, "window": 8, "elements": 64, "lanes": 1, "jobs": 3,
                 "tree": True}, "n": 4000, "idle": 0.1, "seed": 2},
       {"core": {"workers": 3, "window": 1, "elements": 4, "lanes": 8, "jobs": 5}, "n": 4000,
-       "idle": 0.5, "writes": 0.8, "seed": 3}]),
+       "idle": 0.5, "writes": 0.8, "seed": 3},
+      # a leaf (CoreParams.leaf): the parent registers and the jobs' parent, up_index
+      {"core": {"workers": 8, "window": 4, "elements": 8, "lanes": 4, "jobs": 2,
+                "tree": True, "leaf": True}, "n": 3000, "idle": 0.2, "seed": 4}]),
     ("Replicator", _replicator, "ina_fabric.sim.ina.tb_replicator",
      [{"core": {"workers": 4, "window": 2, "elements": 8, "lanes": 2, "jobs": 2}, "n": 40,
        "idle": 0.3, "bp": 0.3},

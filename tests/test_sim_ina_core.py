@@ -87,6 +87,38 @@ def test_sim_ina_tree_spine_planted_bug_is_caught():
              INA_E=P_TREE.elements, INA_DEADLINE=300)
 
 
+#: the core as a leaf (CoreParams.leaf; hw/ina/leaf.py, sim/ina/tree_leaf.py)
+P_LEAF = CoreParams(workers=8, window=4, elements=4, lanes=4, jobs=2, tree=True, leaf=True)
+
+
+@pytest.mark.timeout(3600)    # (INA_SIM_FULL: three seeds of 300 seqs, 15+ minutes)
+def test_sim_ina_tree_leaf():
+    """The core as a leaf of a two-level tree whose parent is a model spine, the loop
+    closed while it runs: every output and counter as a model leaf's (INA_SIM_FULL=1:
+    more seqs and two more seeds)."""
+    full = bool(os.environ.get("INA_SIM_FULL"))
+    for seed in ((1, 2, 3) if full else (1,)):
+        _run(P_LEAF, "ina_tree_leaf", "test_tree_leaf", INA_NSEQ=300 if full else 40,
+             INA_SEED=seed, INA_E=P_LEAF.elements, INA_DEADLINE=120)
+
+
+def test_sim_ina_tree_leaf_one_member():
+    """A leaf job of one worker: its DATA reuses a record and closes it at once, which
+    must send it up (the first leaf core sent nothing: the record was neither complete
+    nor up)."""
+    _run(P_LEAF, "ina_tree_leaf_one", "test_tree_leaf", INA_NSEQ=30, INA_SEED=4,
+         INA_E=P_LEAF.elements, INA_DEADLINE=120, INA_LEAF_WORKERS="1,3")
+
+
+def test_sim_ina_tree_leaf_planted_bug_is_caught():
+    """A leaf that relays its members' bitmap when the parent's RESULT lacks its bit (its
+    members are not in the sum) fails the bench."""
+    with pytest.raises(AssertionError, match="cocotb tests failed"):
+        _run(P_LEAF, "ina_bug_relay_bitmap", "test_tree_leaf",
+             planted_bug="relay_ignores_parent_bitmap", INA_NSEQ=40, INA_SEED=1,
+             INA_E=P_LEAF.elements, INA_DEADLINE=120)
+
+
 def test_sim_ina_random_tree_core():
     """A core built with the tree option runs ordinary (worker) jobs as before: the
     randomized bench of test_sim_ina_random_10k, shorter."""

@@ -38,11 +38,16 @@ def _params():
     return CoreParams(workers=8, window=4, elements=8, lanes=4, jobs=2, tree=True)
 
 
-def run(seed, spine=None):
+def _leaf_params():
+    from ina_fabric.hw.ina.params import CoreParams
+    return CoreParams(workers=8, window=4, elements=8, lanes=4, jobs=2, tree=True, leaf=True)
+
+
+def run(seed, spine=None, leaf0=None):
     rng = np.random.default_rng(seed)
     shape = [int(x) for x in rng.integers(1, 6, int(rng.integers(2, 6)))]
     E = int(rng.integers(1, 9))
-    net = TreeNet(shape, spine=spine, loss=float(rng.choice([0.0, 0.05, 0.2])),
+    net = TreeNet(shape, spine=spine, leaf0=leaf0, loss=float(rng.choice([0.0, 0.05, 0.2])),
                   dup=float(rng.choice([0.0, 0.1])), seed=seed, mode="reliable",
                   window=int(2 ** rng.integers(1, 3)), elements=E)
     net.width_salt = seed
@@ -69,6 +74,31 @@ def test_an_rtl_spine_matches_a_model_spine(seed):
 
 
 @long_tier
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+@pytest.mark.parametrize("seed", range(4))
+def test_an_rtl_leaf_matches_a_model_leaf(seed):
+    """The RTL engine built with the leaf option (hw/ina/leaf.py) as leaf 0 of the same
+    random trees: the same datagrams on every switch-to-switch link and at every worker
+    as the tree of models, and its live scoreboard never disagrees with the core."""
+    from ina_fabric.host.switch.rtl import RtlSwitchModel
+    P = _leaf_params()
+    model = run(seed)
+    engines = []
+
+    def leaf0(jobs):
+        engines.append(RtlSwitchModel(jobs, params=P))
+        return engines[-1]
+    rtl = run(seed, leaf0=leaf0)
+    assert rtl.trunk == model.trunk
+    assert rtl.received == model.received
+    assert engines and engines[0].disagreements == 0
+    # leaf 0 sent partial sums up and relayed the spine's RESULTs
+    ups = [d for _, src, _, d in model.trunk if d[1] == MsgType.DATA]
+    assert ups
+
+
+@long_tier
 @pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
 def test_the_rtl_engine_refuses_a_leaf():
     from ina_fabric.host.switch.rtl import RtlSwitchModel
@@ -87,6 +117,9 @@ def test_config_writes_refuses_a_leaf_and_a_spine_without_the_tree_option():
     kw = dict(clock_hz=1e8, window_max=8, elements_max=8)
     with pytest.raises(ValueError, match="has a parent switch"):
         config_writes(leaves[0], 0, **kw, tree=True)
+    # a core built with the leaf option takes it: its parent flag and member id there
+    w = dict(config_writes(leaves[1], 0, **kw, tree=True, leaf=True))
+    assert w[job_reg_addr(0, "parent")] == 1 and w[job_reg_addr(0, "up_index")] == 1
     with pytest.raises(ValueError, match="without the tree option"):
         config_writes(spine, 0, **kw)
     w = dict(config_writes(spine, 1, **kw, tree=True))

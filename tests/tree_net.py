@@ -47,14 +47,15 @@ def tree_configs(shape, *, mode="reliable", window=8, elements=4, leaf_deadline=
 
 class TreeNet:
     def __init__(self, shape, *, cls=SwitchModel, loss=0.0, dup=0.0, seed=0, latency=1e-4,
-                 spine=None, **job):
-        """``spine``: a callable making the spine from its entry (default ``cls``)."""
+                 spine=None, leaf0=None, **job):
+        """``spine``: a callable making the spine from its entry (default ``cls``);
+        ``leaf0``: one making leaf 0 from its entry (default ``cls``)."""
         self.shape = list(shape)
         spine_cfg, leaves = tree_configs(shape, **job)
         self.cfg = spine_cfg
         self.switches = {SPINE: (spine or cls)([spine_cfg])}
         for i, cfg in enumerate(leaves):
-            self.switches[leaf_addr(i)] = cls([cfg])
+            self.switches[leaf_addr(i)] = (leaf0 if i == 0 and leaf0 else cls)([cfg])
         self.workers = [worker_addr(i, w) for i, k in enumerate(shape) for w in range(k)]
         self.leaf_of = {worker_addr(i, w): (i, w) for i, k in enumerate(shape)
                         for w in range(k)}

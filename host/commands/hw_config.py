@@ -36,7 +36,16 @@ def add_arguments(p):
     p.add_argument("--core-tree", action="store_true",
                    help="the core was built with the tree option (regs): a spine's job, "
                         "whose members are child switches, is written with its children "
-                        "and total_workers registers (a leaf's is refused)")
+                        "and total_workers registers (a leaf's is refused without "
+                        "--core-leaf)")
+    p.add_argument("--core-leaf", action="store_true",
+                   help="the core was built with the leaf option as well (regs; implies "
+                        "--core-tree): a job with a parent is written with its parent and "
+                        "up_index registers, after the parent switch's registers (one "
+                        "parent per core; its MAC from --parent-mac)")
+    p.add_argument("--parent-mac", default=None, metavar="MAC",
+                   help="the parent switch's (or the next hop's) MAC, aa:bb:cc:dd:ee:ff "
+                        "(regs, --core-leaf, a job with a parent)")
 
 
 def control_datagram(cfg, key=None) -> bytes:
@@ -51,7 +60,7 @@ def control_datagram(cfg, key=None) -> bytes:
 
 
 def render(jobs, fmt, *, clock_mhz=125.0, core_window=8, core_elements=64,
-           core_workers=32, core_jobs=2, core_tree=False):
+           core_workers=32, core_jobs=2, core_tree=False, core_leaf=False, parent_mac=None):
     """bytes (bin) or str (other formats) for a list of JobConfig."""
     if fmt == "bin":
         return b"".join(len(b).to_bytes(2, "big") + b for b in (j.to_bytes() for j in jobs))
@@ -59,15 +68,24 @@ def render(jobs, fmt, *, clock_mhz=125.0, core_window=8, core_elements=64,
         return "".join(j.to_bytes().hex() + "\n" for j in jobs)
     if fmt == "control":
         return "".join(control_datagram(j).hex() + "\n" for j in jobs)
-    from ina_fabric.protocol.regs import config_writes
+    from ina_fabric.protocol.regs import config_writes, parent_writes
     if len(jobs) > core_jobs:
         raise ValueError(f"{len(jobs)} jobs but the core has {core_jobs} job-table entries")
     lines = []
+    parents = {j.parent for j in jobs if j.parent is not None}
+    if core_leaf and parents:
+        if len(parents) > 1:
+            raise ValueError(f"jobs name {len(parents)} parents; a core has one parent switch")
+        if parent_mac is None:
+            raise ValueError("a job has a parent: give its MAC with --parent-mac")
+        parent = parents.pop()
+        lines.append(f"# parent switch {parent[0]}:{parent[1]} at {parent_mac}")
+        lines += [f"0x{a:04x} 0x{v:08x}" for a, v in parent_writes(parent, parent_mac)]
     for k, j in enumerate(jobs):
         lines.append(f"# job {j.job} -> entry {k}, session 0x{j.session:016x}")
         for addr, val in config_writes(j, k, clock_hz=clock_mhz * 1e6, window_max=core_window,
                                        elements_max=core_elements, workers_max=core_workers,
-                                       tree=core_tree):
+                                       tree=core_tree or core_leaf, leaf=core_leaf):
             lines.append(f"0x{addr:04x} 0x{val:08x}")
     return "\n".join(lines) + "\n"
 
@@ -84,7 +102,8 @@ def run(args):
         out = render(jobs, args.format, clock_mhz=args.clock_mhz,
                      core_window=args.core_window, core_elements=args.core_elements,
                      core_workers=args.core_workers, core_jobs=args.core_jobs,
-                     core_tree=args.core_tree)
+                     core_tree=args.core_tree, core_leaf=args.core_leaf,
+                     parent_mac=args.parent_mac)
     except (ConfigError, ValueError) as e:
         raise CliError(str(e)) from None
     if args.out:

@@ -164,10 +164,16 @@ class RtlSwitchModel(SwitchModel):
         if cfg.mode not in self.modes:
             raise ConfigError(f"job {cfg.job}: mode {cfg.mode!r} runs on the software "
                               f"switches only (the gateware has {', '.join(self.modes)})")
-        if cfg.parent is not None:
+        if cfg.parent is not None and not P.leaf:
             raise ConfigError(f"job {cfg.job}: a leaf of a tree of switches (docs/fabric.md) "
-                              f"runs on the software switches only (the gateware is not a "
-                              f"leaf; it can be the spine)")
+                              f"needs the core built with the leaf option (INA_RTL_PARAMS="
+                              f"'{{\"tree\": true, \"leaf\": true}}'); this core is not a leaf")
+        if cfg.parent is not None and any(
+                js.cfg.parent not in (None, cfg.parent) for j, js in self.jobs.items()
+                if j != cfg.job):
+            raise ConfigError(f"job {cfg.job}: parent {cfg.parent[0]}:{cfg.parent[1]}, but "
+                              f"the core's jobs have another (the gateware has one parent "
+                              f"switch)")
         if cfg.children and not P.tree:
             raise ConfigError(f"job {cfg.job}: a spine of a tree of switches needs the core "
                               f"built with the tree option (INA_RTL_PARAMS='{{\"tree\": "

@@ -54,6 +54,7 @@ from .queue import RequestQueue, PendingCounts
 from .regfile import RegisterFile
 from .regs import RegBus
 from .replicator import Replicator
+from ..eth.words import SkidBuffer
 
 __all__ = ["InaCore", "PLANTED_BUGS"]
 
@@ -64,6 +65,9 @@ PLANTED_BUGS = {
     "no_duplicate_check": "HeaderPipeline(duplicate_check=False): duplicates are added",
     "child_counts_one": "HeaderPipeline(child_counts=False): a spine (tree=True) counts a "
                         "child switch's DATA as one worker",
+    "relay_ignores_parent_bitmap": "HeaderPipeline(relay_mine=False): a leaf (leaf=True) "
+                                   "relays its members' bitmap also when the parent's RESULT "
+                                   "lacks the leaf's bit (its members are not in the sum)",
 }
 
 
@@ -109,7 +113,8 @@ class InaCore(wiring.Component):
         m.submodules.regs = rf = RegisterFile(P)
         m.submodules.header = hp = HeaderPipeline(
             P, duplicate_check=(bug != "no_duplicate_check"),
-            child_counts=(bug != "child_counts_one"))
+            child_counts=(bug != "child_counts_one"),
+            relay_mine=(bug != "relay_ignores_parent_bitmap"))
         m.submodules.queue = q = RequestQueue(request_layout(P), P.queue)
         m.submodules.pending = pend = PendingCounts(P.records, 2 * P.queue + 2)
         m.submodules.ififo = fifo = InputFifo(P.lanes, commit_delay=DEC_LAT)
@@ -169,6 +174,9 @@ class InaCore(wiring.Component):
                      rep.jobs.eq(rf.jobs), rep.src_ip.eq(rf.src_ip),
                      rep.busy.eq(ep.busy), pend.done_hot.eq(rep.done_hot)]
         wiring.connect(m, rf.member_rd, rep.member)
+        if P.leaf:      # a leaf: its parent switch (hw/ina/leaf.py)
+            m.d.comb += [hp.parent.ip.eq(rf.parent.ip), hp.parent.port.eq(rf.parent.port),
+                         rep.parent.eq(rf.parent)]
         wiring.connect(m, ep.acc_rd, rep.acc)
         wiring.connect(m, ep.ovf_rd, rep.ovf)
         # refused DATA: the answer path (hw/ina/answer.py)
@@ -185,20 +193,29 @@ class InaCore(wiring.Component):
             ctl_o = side.o
         else:                   # the control plane's replies only
             ctl_o = ctl.o
+        # (a core with the tree option: the replicator's output through a register slice,
+        # payload, valid and ready from flip-flops, the stream unchanged a cycle later: its
+        # handshake, through the output CDC's storage and back to the replicator's beat
+        # counter, was the Versa's longest core path with the option)
+        rep_o = rep.o
+        if P.tree:
+            m.submodules.rep_skid = skid = SkidBuffer(out_layout(P.lanes))
+            wiring.connect(m, rep.o, skid.i)
+            rep_o = skid.o
         sel_ctl = Signal()
         in_pkt = Signal()
         with m.If(sel_ctl):
             m.d.comb += [self.o.valid.eq(ctl_o.valid), self.o.payload.eq(ctl_o.payload),
                          ctl_o.ready.eq(self.o.ready)]
         with m.Else():
-            m.d.comb += [self.o.valid.eq(rep.o.valid), self.o.payload.eq(rep.o.payload),
-                         rep.o.ready.eq(self.o.ready)]
+            m.d.comb += [self.o.valid.eq(rep_o.valid), self.o.payload.eq(rep_o.payload),
+                         rep_o.ready.eq(self.o.ready)]
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += in_pkt.eq(~self.o.payload.last)
         with m.If(~in_pkt & ~(self.o.valid & self.o.ready)):
             with m.If(sel_ctl & ~ctl_o.valid):
                 m.d.sync += sel_ctl.eq(0)
-            with m.Elif(~sel_ctl & ~rep.o.valid & ctl_o.valid):
+            with m.Elif(~sel_ctl & ~rep_o.valid & ctl_o.valid):
                 m.d.sync += sel_ctl.eq(1)
         with m.If(self.o.valid & self.o.ready & self.o.payload.last & sel_ctl):
             m.d.sync += sel_ctl.eq(0)

@@ -108,14 +108,16 @@ class HeaderPipeline(wiring.Component):
 
     ``duplicate_check=False`` plants a bug for the tests: a worker's repeated
     contribution to an open slot is added again; ``child_counts=False``: a spine counts a
-    child switch's DATA as one worker.
+    child switch's DATA as one worker; ``relay_mine=False``: a leaf relays its members'
+    bitmap whatever the parent's bitmap says.
     """
 
     def __init__(self, params: CoreParams, *, duplicate_check: bool = True,
-                 child_counts: bool = True):
+                 child_counts: bool = True, relay_mine: bool = True):
         self.params = P = params
         self.duplicate_check = duplicate_check
         self.child_counts = child_counts
+        self.relay_mine = relay_mine
         ws = 1 << log2(P.workers)
         super().__init__({
             "jobs": In(data.ArrayLayout(job_layout(), P.jobs)),
@@ -144,6 +146,8 @@ class HeaderPipeline(wiring.Component):
             "accepted": Out(P.jobs),    # job j's DATA accepted (the control plane's idle)
             "cap": Out(capture_layout()),
             "refusal": Out(refusal_layout(P)),
+            # a leaf (CoreParams.leaf): the parent switch's address
+            **({"parent": In(data.StructLayout({"ip": 32, "port": 16}))} if P.leaf else {}),
         })
 
     def elaborate(self, platform):
@@ -157,7 +161,7 @@ class HeaderPipeline(wiring.Component):
         m.submodules.p1a = cmp = SlotCompare(P)
         m.submodules.p1b = rul = SlotRules(P, duplicate_check=self.duplicate_check,
                                             child_counts=self.child_counts)
-        m.submodules.p2 = eff = SlotEffects(P)
+        m.submodules.p2 = eff = SlotEffects(P, relay_mine=self.relay_mine)
         jobs = self.jobs
 
         # pop and parse
@@ -186,6 +190,11 @@ class HeaderPipeline(wiring.Component):
         if P.tree:
             m.d.comb += [p0_op.covers.eq(hdr.count),
                          p0_op.ovf.eq((hdr.flags & int(Flags.OVERFLOW)) != 0)]
+        if P.leaf:      # a parent's RESULT (hw/ina/leaf.py)
+            m.d.comb += [p0_op.res.eq(dec.res), p0_op.sess_ok.eq(dec.res_sess_ok),
+                         p0_op.mine.eq(dec.res_mine),
+                         p0_op.pfl.eq(hdr.flags & ~int(Flags.RETRANSMIT) & 0xFF)]
+            m.d.comb += dec.parent.eq(self.parent)
         if P.narrow:    # the record's key holds the width; beats of packed lane words
             code = width_checks(P.widths, width_byte(hdr), hdr.nelem)[3]
             m.d.comb += [p0_op.nelem.eq(nkey(code, hdr.nelem)),
@@ -206,6 +215,8 @@ class HeaderPipeline(wiring.Component):
                      cmp.p3_push.eq(p3_push), cmp.jobs.eq(jobs), cmp.wbit.eq(pop.wbit),
                      cmp.nwm1.eq(pop.nwm1), cmp.reinject.eq(rul.reinject),
                      cmp.p0_valid.eq(pop.dec), cmp.near1.eq(dec.near[0])]
+        if P.leaf:
+            m.d.comb += cmp.par_eq.eq(dec.par_eq)
         # P1b
         m.d.comb += [rul.q1.eq(cmp.q1), rul.q1c.eq(cmp.q1c), rul.q1_md.eq(cmp.q1_md),
                      rul.q1_bit.eq(cmp.q1_bit), rul.q1_due.eq(cmp.q1_due),

@@ -12,6 +12,19 @@ Ports::
     near        Out: per ``near_rec``, the packet's record is that one
     src_eq      Out: per job, the member-table entry of the header's worker against the
                 source (ip low, ip high, port), registered
+
+A leaf (``CoreParams.leaf``; :mod:`.leaf`) also takes a RESULT for a job whose ``parent``
+register is 1 (the model's ``_has_parent``: another RESULT is malformed at the type
+check). Its source and session are checked in the slot rules, source first (the model's
+``_from_parent``), so none of the DATA's later checks applies to it here; ``parent``
+(In) is the parent's address, and these come out:
+
+    res         Out: the header is a RESULT (of a job with a parent)
+    res_sess_ok, res_mine
+                Out: it carries the job's session; the parent's bitmap has the job's
+                ``up_index`` bit (this switch's members are in the sum)
+    par_eq      Out: the source against the parent's address (ip low, ip high, port),
+                registered as ``src_eq``
 """
 
 from amaranth.hdl import *
@@ -52,6 +65,9 @@ class HeaderDecode(wiring.Component):
             "checks": Out(len(CHECK_REASONS)), "rec": Out(range(P.records)),
             "seqm": Out(signed(34)), "near": Out(NEAR),
             "src_eq": Out(data.ArrayLayout(3, NJ)),
+            **({"parent": In(data.StructLayout({"ip": 32, "port": 16})),
+                "res": Out(1), "res_sess_ok": Out(1), "res_mine": Out(1),
+                "par_eq": Out(3)} if P.leaf else {}),
         })
 
     def elaborate(self, platform):
@@ -97,10 +113,26 @@ class HeaderDecode(wiring.Component):
         # as in the model; an int32-only core takes only 0)
         body = self.body
         bad_width, nbytes, width_ne, _ = width_checks(P.widths, width_byte(hdr), hdr.nelem)
+        not_data = hdr.type != MsgType.DATA
+        if P.leaf:
+            # a RESULT of a job with a parent goes on (its own checks are the slot rules')
+            res = Signal()
+            m.d.comb += res.eq((hdr.type == MsgType.RESULT) & ~unkjob
+                               & by_job([jobs[j].parent for j in range(NJ)], 1))
+            m.d.comb += [self.res.eq(res), self.res_sess_ok.eq(~bad_session),
+                         self.res_mine.eq(by_job([hdr.bitmap.bit_select(jobs[j].up_index, 1)
+                                                  for j in range(NJ)], 1))]
+            not_data = not_data & ~res
+            bad_session, bad_worker = bad_session & ~res, bad_worker & ~res
+            big_nelem, bad_count, width_ne = big_nelem & ~res, bad_count & ~res, width_ne & ~res
+            par = self.parent
+            m.d.sync += self.par_eq.eq(Cat(par.ip[:16] == self.sip[:16],
+                                           par.ip[16:] == self.sip[16:],
+                                           par.port == self.sport))
         checks = (self.short | self.len_short,
                   hdr.version != VERSION,
                   (hdr.type == MsgType.STATUS_REQ) | (hdr.type == MsgType.CONTROL),
-                  (hdr.type != MsgType.DATA) | bad_width,
+                  not_data | bad_width,
                   body < nbytes, body != nbytes,
                   unkjob, bad_session,
                   bad_worker,

@@ -150,6 +150,9 @@ def request_layout(P) -> data.StructLayout:
         "nelem": (unsigned(P.elements.bit_length() + 2) if P.narrow  # with narrow widths,
                   else range(P.elements + 1)),           # the key (lanes.nkey)
         "partial": 1, **({"ovf": 1} if P.tree else {}),
+        # a leaf (hw/ina/leaf.py): what the request sends (``leaf.ReqKind``: RESULT, UP,
+        # REL) and, for a relayed RESULT, the parent's flags
+        **({"kind": 2, "pfl": 8} if P.leaf else {}),
     })
 
 

@@ -7,12 +7,16 @@ The WAN schedule optimizer imports :class:`CoreParams` for its FPGA-memory defau
 from dataclasses import dataclass
 import math
 
-__all__ = ["CoreParams", "HEADER_WORDS", "QUEUE_SLACK", "TREE_COUNT_BITS"]
+__all__ = ["CoreParams", "HEADER_WORDS", "QUEUE_SLACK", "TREE_COUNT_BITS", "LEAF_META_BITS"]
 
 from ina_fabric.protocol.fields import HEADER_BYTES, MAX_JOB_WORKERS
 
 #: a spine's worker count (``CoreParams.tree``): up to MAX_JOB_WORKERS workers
 TREE_COUNT_BITS = MAX_JOB_WORKERS.bit_length()
+
+#: a leaf's per-record state (``CoreParams.leaf``): up, rel, the parent's bitmap bit for
+#: this switch, the parent's flags byte
+LEAF_META_BITS = 1 + 1 + 1 + 8
 
 #: the INA header in 32-bit words (28 bytes = 7 words; ina_fabric/protocol/fields.py)
 HEADER_WORDS = HEADER_BYTES // 4
@@ -48,6 +52,14 @@ class CoreParams:
               the workers in the sum and PARTIAL below the job's total (per record: an
               11-bit worker count and an overflow bit more). Off: such a job is refused
               (``config_writes``)
+    leaf      the core can also be a leaf (or an inner switch) of a tree (docs/fabric.md;
+              needs ``tree``): a job whose ``parent`` register is 1 sends, when a slot
+              closes, one DATA up to the parent (the ``parent_*`` registers) instead of
+              its RESULT, answers a member's re-send at such a slot with that DATA again,
+              and relays the parent's RESULT to its members, storing it for their
+              re-sends (per record an ``up`` and a ``rel`` bit, the parent's flags and
+              its bitmap bit more; ``hw/ina/leaf.py``). Off: such a job is refused
+              (``config_writes``)
     answers   the core answers DATA it refuses for a reason the sender can fix with one
               small ERROR, rate-limited per source (``hw/ina/answer.py``, the model's
               ``answers``). Off: refused DATA is dropped and counted only (the model with
@@ -62,6 +74,7 @@ class CoreParams:
     queue: int = 16
     widths: tuple = (32,)
     tree: bool = False
+    leaf: bool = False
     answers: bool = True
 
     def __post_init__(self):
@@ -78,6 +91,9 @@ class CoreParams:
         if 32 not in self.widths or not set(self.widths) <= {8, 16, 32}:
             raise ValueError(f"widths {self.widths} must be a subset of (8, 16, 32) with 32")
         object.__setattr__(self, "widths", tuple(sorted(set(self.widths))))
+        if self.leaf and not self.tree:
+            raise ValueError("leaf=True needs tree=True (a leaf's records keep the workers "
+                             "they cover and the parent's count)")
         if self.tree and self.narrow:
             raise ValueError("a spine (tree=True) with narrow widths is not built: its "
                              "children's DATA come up wider than the result (fields.up_width)")
@@ -134,7 +150,8 @@ class CoreParams:
         bitmap, count, max exponent, overflow, deadline time (32), nelem; with ``tree``
         the workers covered and a child's OVERFLOW."""
         return (34 + 1 + self.workers + _clog2(self.workers + 1) + 8 + 1 + 32
-                + _clog2(self.elements + 1) + (TREE_COUNT_BITS + 1 if self.tree else 0))
+                + _clog2(self.elements + 1) + (TREE_COUNT_BITS + 1 if self.tree else 0)
+                + (LEAF_META_BITS if self.leaf else 0))
 
     @property
     def slot_memory_bits(self) -> int:
@@ -148,6 +165,6 @@ class CoreParams:
 
     def describe(self) -> str:
         return (f"N<={self.workers} W={self.window} E={self.elements} L={self.lanes} "
-                f"jobs={self.jobs}{' tree' if self.tree else ''}"
+                f"jobs={self.jobs}{' tree' if self.tree else ''}{' leaf' if self.leaf else ''}"
                 + (f" widths={','.join(map(str, self.widths))}" if self.narrow else "")
                 + f": {self.slot_memory_bytes} B slot state")

@@ -6,13 +6,16 @@ from amaranth.lib import wiring, data, memory
 from amaranth.lib.wiring import In, Out
 
 from .params import CoreParams
-from .regs import (RegBus, GLOBAL_REGS, JOB_REGS, COUNTER_NAMES, COUNTER_BASE, JOB_BASE,
+from .regs import (RegBus, GLOBAL_REGS, LEAF_GLOBAL_REGS, JOB_REGS, COUNTER_NAMES, COUNTER_BASE, JOB_BASE,
                    JOB_STRIDE, MEMBER_BASE, ID_VALUE)
 
-__all__ = ["job_layout", "member_layout", "jobs_at", "RegisterFile", "TREE_JOB_REGS"]
+__all__ = ["job_layout", "member_layout", "jobs_at", "RegisterFile", "TREE_JOB_REGS",
+           "LEAF_JOB_REGS"]
 
 #: the job registers of a spine (``CoreParams.tree``): constant 0 in a core without it
 TREE_JOB_REGS = ("children", "total_workers")
+#: the job registers of a leaf (``CoreParams.leaf``): constant 0 in a core without it
+LEAF_JOB_REGS = ("parent", "up_index")
 
 
 def _log2(n):
@@ -52,6 +55,7 @@ class RegisterFile(wiring.Component):
                  table at the job's entries, for the header pipeline's source check
     member_rd    a synchronous read port (with enable) for the replicator
     member_ctl   another, for the control plane (a live update compares the members)
+    parent       a leaf's parent switch (``CoreParams.leaf``; 0 without it): ip, port, mac
     """
 
     def __init__(self, params: CoreParams):
@@ -64,6 +68,7 @@ class RegisterFile(wiring.Component):
             "counters": In(data.ArrayLayout(32, len(COUNTER_NAMES))),
             "jobs": Out(data.ArrayLayout(job_layout(), P.jobs)),
             "src_ip": Out(32),
+            "parent": Out(data.StructLayout({"ip": 32, "port": 16, "mac": 48})),
             "enable_stb": Out(P.jobs),
             "enable_value": Out(1),
             "enable_set": In(P.jobs),
@@ -141,10 +146,24 @@ class RegisterFile(wiring.Component):
         src_ip_addr = next(r.offset for r in GLOBAL_REGS if r.name == "src_ip")
         with m.If(strobe("src_ip", bus.addr == src_ip_addr)):
             m.d.sync += self.src_ip.eq(wdata)
+        if P.leaf:      # the parent switch (a core without the leaf option: constant 0)
+            par = self.parent
+            goff = {r.name: r.offset for r in GLOBAL_REGS}
+            par_mac_hi = Signal(16)
+            with m.If(strobe("parent_ip", bus.addr == goff["parent_ip"])):
+                m.d.sync += par.ip.eq(wdata)
+            with m.If(strobe("parent_port", bus.addr == goff["parent_port"])):
+                m.d.sync += par.port.eq(wdata)
+            with m.If(strobe("parent_mac_hi", bus.addr == goff["parent_mac_hi"])):
+                m.d.sync += par_mac_hi.eq(wdata)
+            with m.If(strobe("parent_mac_lo", bus.addr == goff["parent_mac_lo"])):
+                m.d.sync += par.mac.eq(Cat(wdata, par_mac_hi))
         for j in range(NJ):
             for r in JOB_REGS:
                 if r.name in TREE_JOB_REGS and not P.tree:
                     continue        # (a core without the tree option: they stay 0)
+                if r.name in LEAF_JOB_REGS and not P.leaf:
+                    continue        # (nor the leaf's without the leaf option)
                 wr = strobe(f"job{j}_{r.name}",
                             bus.addr == JOB_BASE + JOB_STRIDE * j + r.offset)
                 if r.name == "enable":
@@ -165,6 +184,10 @@ class RegisterFile(wiring.Component):
             return Array([*values, *[C(0, 32)] * (n - len(values))])
         glob = [C(ID_VALUE, 32), C(L | (NJ << 8) | (P.workers << 16) | (LWM << 24), 32),
                 self.src_ip, self.now]
+        if P.leaf:
+            glob += [self.parent.ip, self.parent.port, self.parent.mac[32:],
+                     self.parent.mac[:32]]
+        NG = 1 << _log2(len(glob))
         NC = 1 << _log2(len(COUNTER_NAMES))
         NR = 1 << _log2(len(JOB_REGS))
         NJP = 1 << _log2(max(2, NJ))
@@ -174,13 +197,13 @@ class RegisterFile(wiring.Component):
             job_words += words + [C(0, 32)] * (NR - len(words))
         assert COUNTER_BASE % NC == 0 and NR == JOB_STRIDE and JOB_BASE % (NR * NJP) == 0
         # groups of at most 16 words, each read into a register at the low address bits
-        groups = [pad(glob, 4)]
+        groups = [pad(glob, NG)]
         cnt_words = [self.counters[k] for k in range(len(COUNTER_NAMES))]
         groups += [pad(cnt_words[k:k + 16], 16) for k in range(0, NC, 16)]
         groups += [Array(job_words[k:k + 16]) for k in range(0, len(job_words), 16)]
         bases = ([0] + [COUNTER_BASE + k for k in range(0, NC, 16)]
                  + [JOB_BASE + k for k in range(0, len(job_words), 16)])
-        ends = ([4] + [COUNTER_BASE + min(k + 16, len(COUNTER_NAMES)) for k in range(0, NC, 16)]
+        ends = ([len(glob)] + [COUNTER_BASE + min(k + 16, len(COUNTER_NAMES)) for k in range(0, NC, 16)]
                 + [JOB_BASE + k + len(JOB_REGS) for k in range(0, len(job_words), 16)])
         rd_regs = [Signal(32, name=f"rd_group{g}") for g in range(len(groups))]
         rd_grp = Signal(range(len(groups) + 1))     # 0: no register there

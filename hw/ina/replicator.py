@@ -22,6 +22,7 @@ from amaranth.lib.wiring import In, Out
 from ina_fabric.protocol.fields import GROUP_WORKER, HEADER_BYTES, VERSION, MsgType
 
 from .lanes import nkey_split, width_byte, words_hw
+from .leaf import ReqKind
 from .layout import HeaderLayout, header_words, out_layout, request_layout, busy_layout
 from .params import CoreParams, HEADER_WORDS
 from .regfile import job_layout, member_layout, jobs_at
@@ -131,6 +132,9 @@ class Replicator(wiring.Component):
             "done_hot": Out(P.records),
             "overflow": Out(1),
             "o": Out(stream.Signature(out_layout(P.lanes))),
+            # a leaf (hw/ina/leaf.py): the parent switch, where UP requests go
+            **({"parent": In(data.StructLayout({"ip": 32, "port": 16, "mac": 48}))}
+               if P.leaf else {}),
         })
 
     def elaborate(self, platform):
@@ -168,6 +172,8 @@ class Replicator(wiring.Component):
         nxt_base = Signal(signed(AB))    # the record's first accumulator beat, minus H
         cur_base, r2_ptr = Signal(signed(AB)), Signal(signed(AB))
         one0 = nxt0.unicast | jf("mcast_en", nxt0.job)
+        if P.leaf:          # (the partial sum goes to the parent alone)
+            one0 = one0 | (nxt0.kind == ReqKind.UP)
         with m.If(move):
             m.d.sync += [nxt.eq(nxt0), nxt_valid.eq(1), nxt0_valid.eq(0),
                          nxt_nb.eq(H + ((words(nxt0.nelem) + (L - 1)) >> LL)),
@@ -215,7 +221,11 @@ class Replicator(wiring.Component):
                          beat_last.eq(nxt_nb == 1)]
         cur_code, cur_nelem = split(cur.nelem)
         ovf_flag = self.ovf.data & (cur_nelem != 0)
-        m.d.comb += self.overflow.eq(started & ~cur.unicast & ovf_flag)
+        # (a leaf: a relayed RESULT's OVERFLOW is the parent's; its own sum's, sent up,
+        # counts here as a RESULT's does)
+        is_up = (cur.kind == ReqKind.UP) if P.leaf else C(0, 1)
+        is_rel = (cur.kind == ReqKind.REL) if P.leaf else C(0, 1)
+        m.d.comb += self.overflow.eq(started & ~cur.unicast & ovf_flag & ~is_rel)
         issue = run & adv
         # the accumulator beat to read for ``beat`` (rec * EB + beat - H), as a counter
         m.d.comb += [self.acc.addr.eq(r2_ptr[:len(self.acc.addr)]), self.acc.en.eq(adv)]
@@ -244,11 +254,16 @@ class Replicator(wiring.Component):
 
         # output payload
         oh = Signal(HeaderLayout)
+        flags = Cat(cur.partial, ovf_flag | (cur.ovf if P.tree else 0), cur.unicast)
+        if P.leaf:          # a relayed RESULT: the parent's flags, RETRANSMIT re-sent
+            flags = Mux(is_rel, cur.pfl | Cat(C(0, 2), cur.unicast), flags)
         m.d.comb += [
-            oh.version.eq(VERSION), oh.type.eq(MsgType.RESULT),
-            oh.flags.eq(Cat(cur.partial, ovf_flag | (cur.ovf if P.tree else 0), cur.unicast)),
+            oh.version.eq(VERSION), oh.type.eq(Mux(is_up, MsgType.DATA, MsgType.RESULT)),
+            oh.flags.eq(flags),
             oh.exponent.eq(cur.exponent), oh.job.eq(jf("job_id", cur.job)),
-            oh.worker.eq(Mux(cur.unicast, cur.worker, GROUP_WORKER)), oh.count.eq(cur.count),
+            oh.worker.eq(Mux(is_up, jf("up_index", cur.job),
+                             Mux(cur.unicast, cur.worker, GROUP_WORKER))),
+            oh.count.eq(cur.count),
             oh.seq.eq(cur.seq), oh.nelem.eq(cur_nelem), oh.bitmap.eq(cur.bitmap),
             oh.session.eq(Cat(jf("session_lo", cur.job), jf("session_hi", cur.job))),
         ]
@@ -259,15 +274,20 @@ class Replicator(wiring.Component):
         ob_e = Signal(16)
         m.d.comb += ob_e.eq(o_beat - H)
         length = HEADER_BYTES + nbytes(cur.nelem)
-        use_mcast = ~cur.unicast & cur_mcast
+        use_mcast = ~cur.unicast & cur_mcast & ~is_up
         md = self.member.data
-        dst_ip = Mux(use_mcast, jf("mcast_ip", cur.job), md.ip)
+        m_ip, m_port, m_mac = md.ip, md.port, md.mac
+        if P.leaf:          # the partial sum: to the parent
+            par = self.parent
+            m_ip, m_port, m_mac = (Mux(is_up, par.ip, m_ip), Mux(is_up, par.port, m_port),
+                                   Mux(is_up, par.mac, m_mac))
+        dst_ip = Mux(use_mcast, jf("mcast_ip", cur.job), m_ip)
         m.d.comb += [
             o.valid.eq(o_valid),
             op.first.eq(o_first), op.last.eq(o_last),
             op.length.eq(length), op.mcast.eq(use_mcast), op.dst_ip.eq(dst_ip),
-            op.dst_port.eq(Mux(use_mcast, jf("mcast_port", cur.job), md.port)),
-            op.dst_mac.eq(Mux(use_mcast, mcast_mac(dst_ip), md.mac)),
+            op.dst_port.eq(Mux(use_mcast, jf("mcast_port", cur.job), m_port)),
+            op.dst_mac.eq(Mux(use_mcast, mcast_mac(dst_ip), m_mac)),
             op.ip_checksum.eq(ip_checksum_fold(ck_pre, dst_ip)),
         ]
         with m.If(o_beat < H):

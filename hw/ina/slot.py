@@ -47,7 +47,13 @@ RULE_FIELDS = ("defer", "expire", "reuse", "join", "cur_complete", "dup", "nelem
                # this DATA's alone (it opens the record)
                "badcount", "wc_lt_t", "wc1_lt_t", "cov_lt_t",
                # with narrow widths (0 otherwise): a DATA at another width than its record's
-               "width_ne")
+               "width_ne",
+               # a leaf (CoreParams.leaf; 0 otherwise, :mod:`.leaf`): the job has a parent;
+               # the record is up; the op is a RESULT from the parent to relay, or one to
+               # drop (not from the parent, another session, no up record awaits it,
+               # malformed: elements or count)
+               "haspar", "up", "relay", "res_unksrc", "res_badsess", "res_drop",
+               "res_malf")
 
 
 def log2(n):
@@ -106,6 +112,12 @@ def meta_layout(P: CoreParams) -> data.StructLayout:
         "count": range(P.workers + 1), "exponent": signed(8), "due": 32,
         "nelem": nelem_shape(P),
         **({"wcount": TREE_COUNT_BITS, "ovf": 1} if P.tree else {}),
+        # a leaf (``leaf``, :mod:`.leaf`): ``up``, closed here and its sum sent to the
+        # parent, whose RESULT it awaits (neither expiring nor reusable); ``rel``, it holds
+        # the parent's relayed RESULT (then ``wcount`` and ``exponent`` are the parent's,
+        # its elements in the accumulators), ``mine`` the parent's bitmap had this
+        # switch's bit, ``pfl`` the parent's flags (RETRANSMIT cleared)
+        **({"up": 1, "rel": 1, "mine": 1, "pfl": 8} if P.leaf else {}),
     })
 
 
@@ -125,6 +137,9 @@ def op_layout(P: CoreParams) -> data.StructLayout:
         # a spine (``tree``): the header's count and OVERFLOW flag (used for a job whose
         # members are child switches)
         **({"covers": 16, "ovf": 1} if P.tree else {}),
+        # a leaf: the packet is a parent's RESULT (``res``), with the job's session, the
+        # parent's bitmap bit for this switch, its flags (RETRANSMIT cleared)
+        **({"res": 1, "sess_ok": 1, "mine": 1, "pfl": 8} if P.leaf else {}),
     })
 
 

@@ -56,6 +56,8 @@ class SlotCompare(wiring.Component):
             "q1": Out(stage_layout(P)), "q1c": Out(data.StructLayout({k: 1 for k in CMP_FIELDS})),
             "q1_md": Out(MetaL), "q1_bit": Out(P.workers), "q1_due": Out(32),
             "q1_init_tag": Out(signed(34)), "q1_job": Out(range(max(2, NJ))),
+            # a leaf: a RESULT's source against the parent's address (P0, registered)
+            **({"par_eq": In(3)} if P.leaf else {}),
         })
 
     def elaborate(self, platform):
@@ -93,7 +95,10 @@ class SlotCompare(wiring.Component):
         # packet keeps the result of its own check, ``src_ok`` in the op: it
         # may be re-run because it followed a packet to its record, whatever its source)
         p1_src_eq = self.src_eq
-        src_ok1 = Mux(p1_reinj, p1_op.src_ok, Array(p1_src_eq)[p1_job].all())
+        src_now = Array(p1_src_eq)[p1_job].all()
+        if P.leaf:      # a parent's RESULT: from the parent (hw/ina/leaf.py)
+            src_now = Mux(p1_op.res, self.par_eq.all(), src_now)
+        src_ok1 = Mux(p1_reinj, p1_op.src_ok, src_now)
         pend1 = self.pending.bit_select(p1_op.rec, 1) | (byp1 & (self.p3_push[0] | self.p3_push[1]))
         w1 = Signal(signed(35))
         w2 = Signal(signed(35))

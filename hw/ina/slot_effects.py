@@ -33,6 +33,7 @@ from .layout import Reason, AccMode, request_layout
 from .params import CoreParams, TREE_COUNT_BITS
 from .slot import HEADER_EVENTS, RULE_FIELDS, meta_layout, stage_layout, write_layout
 from .answer import Kind, refusal_layout
+from .leaf import ReqKind
 
 __all__ = ["SlotEffects"]
 
@@ -40,8 +41,11 @@ __all__ = ["SlotEffects"]
 class SlotEffects(wiring.Component):
     """See the module docstring."""
 
-    def __init__(self, params: CoreParams):
+    def __init__(self, params: CoreParams, *, relay_mine: bool = True):
+        """``relay_mine=False`` plants a bug for the tests (a leaf): a relayed RESULT
+        carries the record's bitmap even when the parent's lacks this switch's bit."""
         self.params = P = params
+        self.relay_mine = relay_mine
         NJ, R = P.jobs, P.records
         super().__init__({
             "p2": In(stage_layout(P)), "c": In(data.StructLayout({k: 1 for k in RULE_FIELDS})),
@@ -85,10 +89,17 @@ class SlotEffects(wiring.Component):
         nelem_bad = ~reuse & c.nelem_ne
         resend_ = c.join & c.cur_complete
         dup_only = c.join & ~c.cur_complete & isdup
-        malf3 = c.join & ~c.cur_complete & ~isdup & nelem_bad
+        # (a leaf: a member's DATA at an up record is a duplicate, whose upward DATA goes
+        # again, or late; hw/ina/leaf.py)
+        at_up = c.join & c.up & ~reuse
+        malf3 = c.join & ~c.cur_complete & ~isdup & nelem_bad & ~at_up
         # (another width than the record's: the model's drop_bad_width, a counter the
         # gateware does not keep; the packet is not summed)
-        accept = c.join & ~c.cur_complete & ~isdup & ~nelem_bad & ~(~reuse & c.width_ne)
+        accept = (c.join & ~c.cur_complete & ~isdup & ~nelem_bad & ~(~reuse & c.width_ne)
+                  & ~at_up)
+        up_resend = at_up & isdup
+        late_up = at_up & ~isdup
+        relay = c.relay
         completes = accept & Mux(reuse, c.one_n, c.cnt1_n)
         cur_bitmap = Mux(reuse, 0, md2.bitmap)
         cur_count = Mux(reuse, 0, md2.count)
@@ -108,7 +119,8 @@ class SlotEffects(wiring.Component):
             cur_ovf = Mux(reuse, 0, md2.ovf)
             new_ovf = cur_ovf | p2_op.ovf
         mode = Signal(AccMode)
-        m.d.comb += mode.eq(Mux(accept, Mux(c.opens, AccMode.OPEN, AccMode.ADD), AccMode.NONE))
+        m.d.comb += mode.eq(Mux(accept, Mux(c.opens, AccMode.OPEN, AccMode.ADD),
+                                Mux(relay, AccMode.OPEN, AccMode.NONE)))
 
         # metadata write, registered (P3); P1a takes it from the register while it lands
         w3 = self.w3
@@ -132,6 +144,22 @@ class SlotEffects(wiring.Component):
             if P.tree:
                 m.d.sync += [w3.data.wcount.eq(Mux(accept, new_wc, cur_wc)),
                              w3.data.ovf.eq(Mux(accept, new_ovf, cur_ovf))]
+            if P.leaf:
+                # a job with a parent closes a record up (not complete); a relay completes
+                # it with the parent's count, exponent, flags and bitmap bit
+                hp = c.haspar
+                m.d.sync += [
+                    w3.data.complete.eq(Mux(hp, ~reuse & md2.complete | relay,
+                                            ~reuse & (md2.complete | c.expire) | completes)),
+                    # (also a record reused and completed at once: a job of one member)
+                    w3.data.up.eq(hp & ~relay & ((~reuse & (md2.up | c.expire)) | completes)),
+                    w3.data.rel.eq(~reuse & (md2.rel | relay)),
+                    w3.data.mine.eq(Mux(relay, p2_op.mine, md2.mine)),
+                    w3.data.pfl.eq(Mux(relay, p2_op.pfl, md2.pfl)),
+                ]
+                with m.If(relay):
+                    m.d.sync += [w3.data.wcount.eq(p2_op.covers),
+                                 w3.data.exponent.eq(p2_op.exp)]
 
         # requests: a = expired PARTIAL (old contents), b = completion or re-send; registered
         # (P3) before they enter the queue
@@ -143,7 +171,7 @@ class SlotEffects(wiring.Component):
             p3_a.rec.eq(p2_op.rec), p3_a.job.eq(p2_job), p3_a.unicast.eq(0),
             p3_a.seq.eq(md2.tag), p3_a.count.eq(md2.count), p3_a.bitmap.eq(md2.bitmap),
             p3_a.exponent.eq(md2.exponent), p3_a.nelem.eq(md2.nelem), p3_a.partial.eq(1),
-            self.push_b.eq(v2 & (resend_ | completes)),
+            self.push_b.eq(v2 & (resend_ | completes | ((up_resend | relay) if P.leaf else 0))),
             p3_b.rec.eq(p2_op.rec), p3_b.job.eq(p2_job), p3_b.unicast.eq(resend_),
             p3_b.worker.eq(p2_op.worker),
             p3_b.seq.eq(cur_tag),
@@ -160,6 +188,25 @@ class SlotEffects(wiring.Component):
                 p3_b.partial.eq(Mux(completes, new_lt, c.wc_lt_t)),
                 p3_b.ovf.eq(Mux(completes, new_ovf, cur_ovf)),
             ]
+        if P.leaf:
+            # the kinds (hw/ina/leaf.py): a job with a parent closes up (also at the
+            # deadline) and re-sends up; a relay, and a re-send of a relayed RESULT, are
+            # the parent's RESULT (its count, exponent, flags; this switch's members as
+            # the bitmap when the parent's had this switch's bit)
+            hp = c.haspar
+            m.d.sync += [
+                p3_a.kind.eq(Mux(hp, ReqKind.UP, ReqKind.RESULT)), p3_a.pfl.eq(0),
+                p3_b.kind.eq(Mux(hp, Mux(relay | resend_, ReqKind.REL, ReqKind.UP),
+                                 ReqKind.RESULT)),
+                p3_b.pfl.eq(Mux(relay, p2_op.pfl, md2.pfl)),
+            ]
+            with m.If(hp & (relay | resend_)):
+                mine = Mux(relay, p2_op.mine, md2.mine) if self.relay_mine else 1
+                m.d.sync += p3_b.bitmap.eq(Mux(mine, md2.bitmap, 0))
+            # (the upward DATA sent again: RETRANSMIT, as the model's stored ``slot.up``)
+            m.d.sync += p3_b.unicast.eq(resend_ | up_resend)
+            with m.If(relay):
+                m.d.sync += [p3_b.count.eq(p2_op.covers), p3_b.exponent.eq(p2_op.exp)]
 
         resend = v2 & resend_
         inc["rx"].append(is_pkt & ~c.defer)
@@ -168,18 +215,20 @@ class SlotEffects(wiring.Component):
         inc["drop_bad_version"].append(is_pkt & (reason2 == Reason.BAD_VERSION))
         inc["drop_malformed"] += [is_pkt & (reason2 == Reason.MALFORMED),
                                   v2 & ((c.bignelem | c.badcount) if P.tree or P.narrow else c.bignelem),
-                                  v2 & malf3]
+                                  v2 & (malf3 | c.res_malf)]
         inc["drop_unknown_job"].append(is_pkt & (reason2 == Reason.UNKNOWN_JOB))
-        inc["drop_bad_session"].append(is_pkt & (reason2 == Reason.BAD_SESSION))
-        inc["drop_unknown_source"].append(v2 & c.unksrc)
+        inc["drop_bad_session"].append(is_pkt & (reason2 == Reason.BAD_SESSION)
+                                       | (v2 & c.res_badsess))
+        inc["drop_unknown_source"].append(v2 & (c.unksrc | c.res_unksrc))
         inc["drop_stale"].append(v2 & c.stale)
         inc["drop_out_of_window"].append(v2 & c.oow)
         inc["duplicates"] += [resend & isdup, v2 & dup_only]
-        inc["late"].append(resend & ~isdup)
+        inc["late"].append(resend & ~isdup | v2 & late_up)
         inc["resent"].append(resend)
         inc["accepted"].append(v2 & accept)
         m.d.comb += [self.accepted[j].eq(v2 & accept & (p2_job == j)) for j in range(NJ)]
-        inc["results"] += [expired, v2 & completes]
+        # (a job with a parent sends its sum up: not a RESULT; the model's ``up``)
+        inc["results"] += [expired & ~c.haspar, v2 & completes & ~c.haspar]
         if P.tree:
             inc["partials"] += [expired & c.wc_lt_t, v2 & completes & new_lt]
         else:

@@ -121,7 +121,8 @@ class SlotIssue(wiring.Component):
                          p1_op.kind.eq(OpKind.PKT)]
             m.d.sync += [getattr(p1_op, f).eq(getattr(p0_op, f)) for f in (
                 "checks", "rec", "seq", "seqm", "ts", "worker", "exp", "nelem", "base",
-                "nbeats", "rewind") + (("covers", "ovf") if P.tree else ())]
+                "nbeats", "rewind") + (("covers", "ovf") if P.tree else ())
+                + (("res", "sess_ok", "mine", "pfl") if P.leaf else ())]
         with m.Elif(init_go):
             m.d.sync += [p1_valid.eq(1), p1_op.kind.eq(OpKind.INIT), p1_op.rec.eq(init_rec),
                          init_ptr.eq(init_ptr + 1)]

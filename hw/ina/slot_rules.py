@@ -39,6 +39,7 @@ from .layout import Reason, OpKind
 from .params import CoreParams, TREE_COUNT_BITS
 from .regfile import job_layout, jobs_at
 from .slot import CMP_FIELDS, RULE_FIELDS, meta_layout, stage_layout, md_compares
+from .leaf import LEAF_RULES, leaf_rules
 
 __all__ = ["SlotRules"]
 
@@ -102,12 +103,24 @@ class SlotRules(wiring.Component):
         # any operation at time ts may fire its record when it is due (the model's
         # ``process`` ticks before it even parses the packet)
         k_expire1 = q1m.may_expire & ~q1m.complete & q1m.late
-        k_reuse1 = k_pkt_ok1 & (q1m.complete | k_expire1) & q1m.eq_seqm
+        if P.leaf:
+            # a leaf (hw/ina/leaf.py): an up record neither expires nor is reused; a job
+            # with a parent closes a record upward (up), not complete; a parent's RESULT
+            # is none of a DATA's rules
+            lf = leaf_rules(m, P, q1_op, q1m, q1_mdx, self.jobs, q1_job, k_pkt1, k_expire1)
+            k_expire1 = lf.expire
+            k_pkt_ok1 = k_pkt_ok1 & ~lf.res
+            closes1 = q1m.complete | (k_expire1 & ~lf.haspar)
+        else:
+            closes1 = q1m.complete | k_expire1
+        k_reuse1 = k_pkt_ok1 & closes1 & q1m.eq_seqm
         # reuse waits while the record's last result is queued or being sent, or expires now
         k_defer1 = k_reuse1 & q1m.nelem_nz & (k_expire1 | q1m.pend)
+        if P.leaf:      # (a relay waits while the upward DATA is queued or being sent)
+            k_defer1 = k_defer1 | lf.defer
         reuse1 = k_reuse1 & ~k_defer1
         join1 = k_pkt_ok1 & ~k_defer1 & (k_reuse1 | q1m.eq_seq)
-        cur_complete1 = (q1m.complete | k_expire1) & ~reuse1
+        cur_complete1 = closes1 & ~reuse1
         # the worker's bit, selected here from the registered bitmap (off P1a's path)
         dup1 = (C(0) if not self.duplicate_check
                 else q1_mdx.bitmap.bit_select(q1_op.worker[:5], 1))
@@ -121,8 +134,12 @@ class SlotRules(wiring.Component):
             kids = jobs_at(self.jobs, "children", q1_job)
             total = Mux(kids, jobs_at(self.jobs, "total_workers", q1_job),
                         jobs_at(self.jobs, "nworkers", q1_job))
+            # (a parent's RESULT: its count, 1024 at most when it is relayed: leaf_rules)
             covers = Signal(TREE_COUNT_BITS)
-            m.d.comb += covers.eq(Mux(kids & self.child_counts, q1_op.covers, 1))
+            kc = kids & self.child_counts
+            if P.leaf:
+                kc = kc | lf.res
+            m.d.comb += covers.eq(Mux(kc, q1_op.covers, 1))
             wc1 = Signal(TREE_COUNT_BITS + 1)
             m.d.comb += wc1.eq(q1_mdx.wcount + covers)
             tree_sync = [
@@ -153,10 +170,16 @@ class SlotRules(wiring.Component):
             c.stale.eq(k_pkt_ok1 & ~join1 & q1m.lt),
             c.oow.eq(k_pkt_ok1 & ~join1 & ~q1m.lt & ~k_defer1),
             c.unksrc.eq(k_pkt1 & ((q1_op.reason == Reason.UNKNOWN_SOURCE)
-                                  | (early_ok1 & ~q1m.src_ok))),
+                                  | (early_ok1 & ~q1m.src_ok)) & (~lf.res if P.leaf else 1)),
             c.bignelem.eq(k_pkt1 & (q1_op.reason == Reason.BIG_NELEM) & q1m.src_ok),
             c.pkt.eq(k_pkt1), c.scan.eq(k_scan1), c.init.eq(q1_op.kind == OpKind.INIT),
             c.pkt_ok.eq(k_pkt_ok1), c.cnt_lt_n.eq(q1m.cnt_lt_n),
         ]
         m.d.sync += tree_sync       # (after ``p2.op``: a spine's covers and ovf replace it)
+        if P.leaf:
+            m.d.sync += [c.haspar.eq(lf.haspar), c.up.eq(lf.up), c.relay.eq(lf.relay & ~lf.defer),
+                         c.res_unksrc.eq(lf.res_unksrc), c.res_badsess.eq(lf.res_badsess),
+                         c.res_drop.eq(lf.res_drop), c.res_malf.eq(lf.res_malf)]
+        else:
+            m.d.sync += [getattr(c, k).eq(0) for k in LEAF_RULES]
         return m

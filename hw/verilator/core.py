@@ -18,7 +18,8 @@ import time
 
 from ina_fabric.hw.ina.params import CoreParams
 from ina_fabric.protocol.regs import (COUNTER_NAMES, GLOBAL_REGS, READ_LATENCY, WRITE_LATENCY,
-                                      ID_VALUE, config_writes, counter_addr, job_reg_addr)
+                                      ID_VALUE, config_writes, counter_addr, job_reg_addr,
+                                      parent_writes)
 
 from .build import build_core
 
@@ -154,7 +155,10 @@ def load_job(core: RtlCore, cfg, index: int, deadline_cycles: int):
     P = core.params
     writes = config_writes(cfg, index, clock_hz=1.0, window_max=P.window,
                            elements_max=P.elements, workers_max=P.workers,
-                           deadline_cycles=deadline_cycles, tree=P.tree)
+                           deadline_cycles=deadline_cycles, tree=P.tree, leaf=P.leaf)
+    if P.leaf and cfg.parent is not None:
+        # the core's one parent switch (its MAC: the engine sends by IP and port)
+        writes = parent_writes(cfg.parent, "00:00:00:00:00:00") + writes
     for addr, value in writes:
         core.write(addr, value)
     core.step(WRITE_LATENCY)

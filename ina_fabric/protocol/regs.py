@@ -16,7 +16,7 @@ import ipaddress
 
 from .counters import GATEWARE_COUNTERS
 
-__all__ = ["Reg", "GLOBAL_REGS", "JOB_REGS", "MEMBER_REGS", "COUNTER_NAMES",
+__all__ = ["Reg", "GLOBAL_REGS", "LEAF_GLOBAL_REGS", "parent_writes", "JOB_REGS", "MEMBER_REGS", "COUNTER_NAMES",
            "JOB_BASE", "JOB_STRIDE", "MEMBER_BASE", "COUNTER_BASE", "ID_VALUE",
            "job_reg_addr", "member_reg_addr", "counter_addr", "config_writes",
            "register_map_text", "READ_LATENCY", "WRITE_LATENCY"]
@@ -38,7 +38,17 @@ GLOBAL_REGS = (
     Reg("params", 0x001, 32, "ro", "lanes | jobs<<8 | workers<<16 | log2(window)<<24"),
     Reg("src_ip", 0x002, 32, "rw", "IPv4 source address of RESULT frames (for the header checksum)"),
     Reg("now", 0x003, 32, "ro", "cycle counter (the time base of deadlines)"),
+    # a leaf of a tree of switches (a core built with ``CoreParams.leaf``; docs/fabric.md):
+    # the parent switch, one per core (as ``ina switch --parent``)
+    Reg("parent_ip", 0x004, 32, "rw", "the parent switch's IPv4 address (leaf=True): the "
+        "partial sums of jobs with ``parent`` 1 go there, its RESULTs come from there"),
+    Reg("parent_port", 0x005, 16, "rw", "the parent switch's UDP port (leaf=True)"),
+    Reg("parent_mac_hi", 0x006, 16, "rw", "the parent's (or the next hop's) MAC, top 16 "
+        "bits (leaf=True; latched, written with parent_mac_lo)"),
+    Reg("parent_mac_lo", 0x007, 32, "rw", "the parent's MAC, low 32 bits (leaf=True)"),
 )
+#: the global registers of a leaf (``CoreParams.leaf``): constant 0 in a core without it
+LEAF_GLOBAL_REGS = ("parent_ip", "parent_port", "parent_mac_hi", "parent_mac_lo")
 
 COUNTER_BASE = 0x040
 #: the gateware's counters, in register order (defined once, with the model's and the C
@@ -65,6 +75,11 @@ JOB_REGS = (
         "is the workers each covers (a core built with tree=True); 0: workers"),
     Reg("total_workers", 13, 11, "rw", "the job's workers (children = 1): its RESULT is "
         "PARTIAL when it covers fewer"),
+    # a leaf (a core built with ``CoreParams.leaf``)
+    Reg("parent", 14, 1, "rw", "1: the job has a parent switch (the parent_* registers; a "
+        "core built with leaf=True): a slot that closes sends its partial sum up as DATA "
+        "and relays the parent's RESULT to the members"),
+    Reg("up_index", 15, 5, "rw", "this switch's member id in the parent's job (parent = 1)"),
 )
 
 MEMBER_BASE = 0x1000
@@ -93,14 +108,15 @@ def counter_addr(name: str) -> int:
 def config_writes(cfg, job_index: int, *, clock_hz: float, window_max: int,
                   elements_max: int, workers_max: int = 32,
                   deadline_cycles: int | None = None,
-                  tree: bool = False) -> list[tuple[int, int]]:
+                  tree: bool = False, leaf: bool = False) -> list[tuple[int, int]]:
     """Register writes ``[(addr, value)]`` that load ``cfg`` (a ina_fabric.protocol.jobtable
     JobConfig) into job-table entry ``job_index``; the last write enables the job.
 
     Raises ValueError when the job does not fit the core (window not a power of two or
-    above the core's window, too many elements or workers), when it has a parent (the
-    gateware is not a leaf of a tree: docs/gateware.md, "Trees of switches"), or when its
-    members are child switches and the core was not built with ``tree`` (``CoreParams``)."""
+    above the core's window, too many elements or workers), when it has a parent and the
+    core was not built with ``leaf`` (docs/gateware.md, "Trees of switches"; the parent's
+    address goes into the global registers: :func:`parent_writes`), or when its members
+    are child switches and the core was not built with ``tree`` (``CoreParams``)."""
     w = cfg.window
     if w & (w - 1) or w > window_max:
         raise ValueError(f"job {cfg.job}: window {w} must be a power of two <= {window_max}")
@@ -108,9 +124,10 @@ def config_writes(cfg, job_index: int, *, clock_hz: float, window_max: int,
         raise ValueError(f"job {cfg.job}: elements {cfg.elements} > core elements {elements_max}")
     if cfg.n > workers_max:
         raise ValueError(f"job {cfg.job}: {cfg.n} workers > core workers {workers_max}")
-    if getattr(cfg, "parent", None) is not None:
-        raise ValueError(f"job {cfg.job}: has a parent switch; the gateware is a tree's "
-                         f"root (spine) only, not a leaf (docs/gateware.md)")
+    if getattr(cfg, "parent", None) is not None and not leaf:
+        raise ValueError(f"job {cfg.job}: has a parent switch; this core was built without "
+                         f"the leaf option (CoreParams(tree=True, leaf=True); "
+                         f"docs/gateware.md)")
     children = bool(getattr(cfg, "children", False))
     if children and not tree:
         raise ValueError(f"job {cfg.job}: its members are child switches; this core was "
@@ -131,6 +148,10 @@ def config_writes(cfg, job_index: int, *, clock_hz: float, window_max: int,
     }
     if tree:
         vals |= {"children": int(children), "total_workers": cfg.total if children else cfg.n}
+    if leaf:
+        parent = getattr(cfg, "parent", None)
+        vals |= {"parent": int(parent is not None),
+                 "up_index": cfg.index if parent is not None else 0}
     out += [(job_reg_addr(job_index, k), v) for k, v in vals.items()]
     for i, m in enumerate(cfg.members):
         mac = int(m.mac.replace(":", ""), 16)
@@ -140,6 +161,18 @@ def config_writes(cfg, job_index: int, *, clock_hz: float, window_max: int,
                 (member_reg_addr(job_index, i, "mac_lo"), mac & 0xFFFFFFFF)]
     out.append((job_reg_addr(job_index, "enable"), 1))
     return out
+
+
+def parent_writes(parent, mac: str) -> list[tuple[int, int]]:
+    """Register writes ``[(addr, value)]`` that set a leaf core's parent switch
+    (``CoreParams.leaf``): ``parent`` ``(ip, port)``, ``mac`` its (or the next hop's)
+    MAC as ``aa:bb:cc:dd:ee:ff``. One parent per core, as ``ina switch --parent``: every
+    job with ``parent`` 1 sends its partial sums there."""
+    addr = {r.name: r.offset for r in GLOBAL_REGS}
+    m = int(mac.replace(":", ""), 16)
+    return [(addr["parent_ip"], int(ipaddress.IPv4Address(parent[0]))),
+            (addr["parent_port"], int(parent[1])),
+            (addr["parent_mac_hi"], m >> 32), (addr["parent_mac_lo"], m & 0xFFFFFFFF)]
 
 
 def register_map_text() -> str:

@@ -15,7 +15,7 @@ from cocotb.triggers import RisingEdge, ClockCycles
 
 from ina_fabric.hw.ina.params import CoreParams
 from ina_fabric.hw.ina.regs import (config_writes, counter_addr, job_reg_addr, COUNTER_NAMES,
-                         GLOBAL_REGS, READ_LATENCY, WRITE_LATENCY)
+                         GLOBAL_REGS, READ_LATENCY, WRITE_LATENCY, parent_writes)
 from .beats import packers, in_payloads, beats_datagram
 from .scoreboard import Scoreboard
 
@@ -151,16 +151,22 @@ class CoreTB:
         await ClockCycles(d.clk, READ_LATENCY + 1)
         return int(d.cfg__r_data.value)
 
-    async def configure(self, jobs, deadlines=None):
-        """Load JobConfigs; a bounded job's ``deadline`` is taken as cycles."""
+    async def configure(self, jobs, deadlines=None, parent_mac=None):
+        """Load JobConfigs; a bounded job's ``deadline`` is taken as cycles. A leaf core's
+        parent (``CoreParams.leaf``): the jobs' ``parent``, at ``parent_mac``."""
         src = next(r.offset for r in GLOBAL_REGS if r.name == "src_ip")
         await self.write(src, int.from_bytes(bytes(int(x) for x in SRC_IP.split(".")), "big"))
+        parents = {cfg.parent for cfg in jobs if cfg.parent is not None}
+        assert len(parents) <= 1, f"one parent per core, not {parents}"
+        for parent in parents:
+            for addr, val in parent_writes(parent, parent_mac):
+                await self.write(addr, val)
         for k, cfg in enumerate(jobs):
             dl = max(1, round(cfg.deadline)) if cfg.mode == "bounded" else 1 << 30
             for addr, val in config_writes(cfg, k, clock_hz=1.0, window_max=self.P.window,
                                            elements_max=self.P.elements,
                                            workers_max=self.P.workers, deadline_cycles=dl,
-                                           tree=self.P.tree):
+                                           tree=self.P.tree, leaf=self.P.leaf):
                 await self.write(addr, val)
             # the enable write lands, then the job's records are reset: enable reads 1
             await ClockCycles(self.dut.clk, WRITE_LATENCY)
@@ -209,7 +215,11 @@ class CoreTB:
         rng = random.Random(seed)
         L = self.P.lanes
         clk = d.clk
-        it = iter(enumerate(traffic))
+        # (by index: a scoreboard that closes a loop, ``taken`` and ``cycle_hook``, may
+        # insert datagrams behind the one being sent: sim/ina/tree_leaf.py)
+        pos = 0
+        taken = getattr(sb, "taken", None)
+        cycle_hook = getattr(sb, "cycle_hook", None)
         cur, beats, bi, wait = None, [], 0, 0
         driving = False
         o_ready = 1
@@ -227,13 +237,17 @@ class CoreTB:
         cyc = int(d.now.value) if d.now.value.is_resolvable else 0
         o_first = None
         while True:
+            if done_in and pos < len(traffic):
+                done_in = False
             if not driving and not done_in:
                 if cur is None or bi >= len(beats):
-                    nxt = next(it, None)
-                    if nxt is None:
+                    if pos >= len(traffic):
                         done_in = True
                     else:
-                        k, cur = nxt
+                        k, cur = pos, traffic[pos]
+                        pos += 1
+                        if taken is not None:
+                            taken(k)
                         beats = in_payloads(cur[0], cur[1], L, self.inp)
                         bi = 0
                         wait = gaps[k] if gaps else 0
@@ -251,6 +265,8 @@ class CoreTB:
                 d.o__ready.value = o_ready
             await RisingEdge(clk)
             cyc += 1
+            if cycle_hook is not None:
+                cycle_hook(cyc)
             if timing is not None:
                 ov = d.o__valid.value
                 timing.cycle(cyc, bool(ov.is_resolvable and int(ov)), o_ready)

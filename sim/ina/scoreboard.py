@@ -55,7 +55,8 @@ def _key(dgram):
 
 class Scoreboard:
     def __init__(self, jobs, src_ip="10.0.0.254", *, key=None, time_scale=1.0,
-                 max_jobs=None, error_interval=None, widths=None):
+                 max_jobs=None, error_interval=None, widths=None, parent=None,
+                 parent_mac=None):
         # the gateware runs GATEWARE_MODES: the model drops other modes' CONTROL as it does
         # (the bench's core: INA_ERR_CYCLES, set by the test that built it; else the
         # core's default at cycles_per_us=1); ``widths``: the element widths the core was
@@ -73,6 +74,9 @@ class Scoreboard:
         #: the model's STATUS replies (to CONTROL) are compared with the core's, in order
         self.compare_replies = key is not None
         self.jobs = {j.job: j for j in jobs}
+        #: a leaf core's parent switch ``(ip, port)`` and its MAC (its partial sums go there)
+        self.parent = None if parent is None else tuple(parent)
+        self.parent_mac = parent_mac
         self.src_ip = int(ipaddress.IPv4Address(src_ip))
         self.expected = defaultdict(list)
         self.got = defaultdict(list)
@@ -134,6 +138,8 @@ class Scoreboard:
             if side["mcast"]:
                 ip = side["dst_ip"]
                 mac = 0x01005E000000 | (ip & 0x7FFFFF)
+            elif self.parent is not None and dst == self.parent:
+                mac = int(self.parent_mac.replace(":", ""), 16)
             else:
                 mem = next((m for m in job.members if m.addr == dst), None)
                 if mem is None:

@@ -3,6 +3,7 @@ module docstrings and the model's rules (``host/switch/model.py``), for the stag
 benches: what each stage registers from its inputs."""
 
 from ina_fabric.hw.ina.layout import OpKind, Reason
+from ina_fabric.hw.ina.leaf import LEAF_RULES
 from ina_fabric.hw.ina.slot import due_reached_py, seq_at_or_behind_py
 
 __all__ = ["md_compares_py", "rules_py"]
@@ -54,7 +55,10 @@ def rules_py(q, op, md, duplicate_check=True):
          # a spine's (CoreParams.tree): 0 on a core without the option, which is what the
          # stage benches build; the spine is checked whole (tb_core.test_tree_spine)
          "badcount": 0, "wc_lt_t": 0, "wc1_lt_t": 0, "cov_lt_t": 0,
-         "width_ne": q["width_ne"]}
+         "width_ne": q["width_ne"],
+         # a leaf's (CoreParams.leaf, hw/ina/leaf.py): 0 on a core without the option;
+         # the leaf is checked whole (tb_core.test_tree_leaf)
+         **dict.fromkeys(LEAF_RULES, 0)}
     return {k: int(bool(v)) for k, v in c.items()}
 
 

@@ -10,7 +10,7 @@ per-job ports, and the synchronous ones with their enables)."""
 import cocotb
 
 from ina_fabric.hw.ina.params import CoreParams
-from ina_fabric.hw.ina.regfile import TREE_JOB_REGS, job_layout
+from ina_fabric.hw.ina.regfile import TREE_JOB_REGS, LEAF_JOB_REGS, job_layout
 from ina_fabric.protocol.regs import (COUNTER_BASE, COUNTER_NAMES, GLOBAL_REGS, ID_VALUE,
                                       JOB_BASE, JOB_REGS, JOB_STRIDE, MEMBER_BASE,
                                       READ_LATENCY, WRITE_LATENCY)
@@ -19,6 +19,8 @@ from ina_fabric.sim.bench import Bench, bench_params, unpack
 M32 = 0xFFFFFFFF
 WIDTH = {r.name: r.width for r in JOB_REGS}
 SRC_IP = next(r.offset for r in GLOBAL_REGS if r.name == "src_ip")
+#: a leaf's parent registers (CoreParams.leaf), by address
+PARENT_REGS = {r.offset: r.name for r in GLOBAL_REGS if r.name.startswith("parent_")}
 
 
 def _log2(n):
@@ -30,7 +32,7 @@ def rand_addr(rng, P):
     NJ, NC = P.jobs, len(COUNTER_NAMES)
     k = rng.random()
     if k < 0.15:
-        return rng.randrange(8)                         # the globals, and past them
+        return rng.randrange(12)                        # the globals, and past them
     if k < 0.25:
         return COUNTER_BASE + rng.randrange(NC + 4)     # the counters, and past them
     if k < 0.6:
@@ -51,6 +53,8 @@ class Model:
         self.jobs = [{r.name: 0 for r in JOB_REGS} for _ in range(P.jobs)]
         self.src_ip = 0
         self.mac_hi = 0
+        #: a leaf's parent registers (CoreParams.leaf): ip, port, mac (its top latched)
+        self.par = {"ip": 0, "port": 0, "mac": 0, "mac_hi": 0}
         n = P.jobs * self.ws
         self.mip, self.mport, self.mmac = [0] * n, [0] * n, [0] * n
         self.bus1 = {"addr": 0, "w_stb": 0, "w_data": 0}     # the bus register
@@ -67,11 +71,15 @@ class Model:
         P = self.P
         if addr == SRC_IP:
             return ("src_ip",)
+        if P.leaf and addr in PARENT_REGS:
+            return ("parent", PARENT_REGS[addr])
         j, off = divmod(addr - JOB_BASE, JOB_STRIDE)
         if 0 <= j < P.jobs and addr >= JOB_BASE:
             r = next((r for r in JOB_REGS if r.offset == off), None)
             if r is not None and r.name in TREE_JOB_REGS and not P.tree:
                 return None         # a spine's registers: constant 0 without the option
+            if r is not None and r.name in LEAF_JOB_REGS and not P.leaf:
+                return None         # a leaf's, without its option
             return ("job", j, r.name) if r else None
         if MEMBER_BASE <= addr < MEMBER_BASE + P.jobs * 32 * 4:
             madr = addr - MEMBER_BASE
@@ -85,8 +93,11 @@ class Model:
         P = self.P
         if addr < len(GLOBAL_REGS):
             L, NJ, LWM = P.lanes, P.jobs, _log2(P.window)
+            par = self.par
+            leaf = ([par["ip"], par["port"], par["mac"] >> 32, par["mac"] & 0xFFFFFFFF]
+                    if P.leaf else [0] * 4)     # (constant 0 without the leaf option)
             return [ID_VALUE, L | (NJ << 8) | (P.workers << 16) | (LWM << 24),
-                    self.src_ip, now][addr]
+                    self.src_ip, now, *leaf][addr]
         if COUNTER_BASE <= addr < COUNTER_BASE + len(COUNTER_NAMES):
             return counters[addr - COUNTER_BASE]
         j, off = divmod(addr - JOB_BASE, JOB_STRIDE)
@@ -110,6 +121,16 @@ class Model:
             t, d = self.wr2, self.wdata
             if t[0] == "src_ip":
                 self.src_ip = d
+            elif t[0] == "parent":
+                name = t[1]
+                if name == "parent_ip":
+                    self.par["ip"] = d
+                elif name == "parent_port":
+                    self.par["port"] = d & 0xFFFF
+                elif name == "parent_mac_hi":
+                    self.par["mac_hi"] = d & 0xFFFF
+                else:
+                    self.par["mac"] = d | (self.par["mac_hi"] << 32)
             elif t[0] == "job":
                 self.jobs[t[1]][t[2]] = 0 if t[2] == "enable" else d & ((1 << WIDTH[t[2]]) - 1)
             else:

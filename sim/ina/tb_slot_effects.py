@@ -9,6 +9,7 @@ from amaranth.lib import data
 from ina_fabric.hw.ina.element import packet_layout
 from ina_fabric.hw.ina.layout import request_layout
 from ina_fabric.hw.ina.params import CoreParams
+from ina_fabric.hw.ina.leaf import LEAF_RULES
 from ina_fabric.hw.ina.slot import (HEADER_EVENTS, RULE_FIELDS, meta_layout, op_layout,
                                     stage_layout, write_layout)
 from ina_fabric.sim.bench import Bench, bench_params, fields, pack, unpack
@@ -32,6 +33,8 @@ async def test_slot_effects(dut):
         op = rand_op(b.rng, P)
         md = rand_meta(b.rng, P, op["seq"] if b.rng.random() < 0.5 else None)
         c = {k: b.rng.getrandbits(1) for k in RULE_FIELDS}
+        if not P.leaf:  # (a leaf's rules are constant 0 in a core without the option)
+            c |= dict.fromkeys(LEAF_RULES, 0)
         ins = {"valid": int(b.rng.random() >= p["idle"]), "reinj": b.rng.getrandbits(1),
                "adj": int(b.rng.random() < 0.2)}
         x = {"p2_bit": 1 << op["worker"], "p2_cnt1": md["count"] + 1,
