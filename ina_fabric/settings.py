@@ -120,6 +120,8 @@ SETTINGS = (
     Setting("INA_SIM_FULL", "tests", "1: the long cocotb tier", "0", "", "tests/"),
     Setting("INA_SIM_SEEDS", "tests", "seeds per cocotb coverage run", "jobs", "", "sim/ina"),
     Setting("INA_MUTATION", "tests", "1: the mutation harness", "0", "", "tests/"),
+    Setting("INA_LEAF_WORKERS", "tests", "the leaf bench's workers per job, comma-separated",
+            "4,3", "", "sim/ina/tb_core.py"),
     Setting("INA_TREE_SCALE", "tests", "1: the tree-of-switches scale tier", "0", "",
             "tests/test_tree_service.py"),
     Setting("INA_TREE_WORKERS", "tests", "the scale tier's workers", "64", "",
