@@ -952,6 +952,11 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
     flush_paced(q, c, 0);
     while (w->remaining) {
         int useful = 0;
+        /* a STALE answer for a packet still without its RESULT: decided after this
+         * pass over every socket, since the RESULT may wait in the other one (a rank
+         * resumed after a stall: the group's copies came while it was stopped, the
+         * answer to the DATA it sent on resuming comes on the unicast socket) */
+        int stale_q = -1, stale_figure = 0;
         if (q->n) flush_paced(q, c, 0);       /* paced datagrams now due */
         for (int s = 0; s < nfds && w->remaining; s++) {
             for (;;) {                    /* drain this socket */
@@ -978,11 +983,16 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                     int p = result_index(c, d, n);
                     if (p < 0) {
                         int q = error_index(c, d, n);
-                        if (q >= 0 && ((int)ina_rd16(d + L->count) != REFUSAL_STALE || !w->received[q])) {
+                        if (q >= 0 && (int)ina_rd16(d + L->count) != REFUSAL_STALE) {
                             c->refusal = (int)ina_rd16(d + L->count);
                             c->refusal_figure = ina_rd32(d + L->bitmap);
                             c->refused_p = q;
                             return RC_REFUSED;
+                        }
+                        if (q >= 0 && !w->received[q] && stale_q < 0) {
+                            stale_q = q;
+                            stale_figure = ina_rd32(d + L->bitmap);
+                            continue;
                         }
                         c->stats[S_FOREIGN]++;
                         continue;
@@ -1003,6 +1013,15 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                 flush_paced(q, c, 0);
                 if (got < want || !w->remaining) break;
             }
+        }
+        if (stale_q >= 0) {
+            if (!w->received[stale_q]) {      /* not here: the result is gone for good */
+                c->refusal = REFUSAL_STALE;
+                c->refusal_figure = stale_figure;
+                c->refused_p = stale_q;
+                return RC_REFUSED;
+            }
+            c->stats[S_FOREIGN]++;            /* its RESULT was waiting: nothing lost */
         }
         if (q->err) return -q->err;
         if (useful || !w->remaining) continue;

@@ -542,6 +542,11 @@ class SwitchClient:
         perform(win.start(clock()))
         while not win.done:
             useful = False
+            # a STALE answer for a packet still without its RESULT: decided after this
+            # pass over every socket, since the RESULT may wait in the other one (as the
+            # compiled loop; a rank resumed after a stall finds the group's copies that
+            # came while it was stopped, and the answer to the DATA it sent on resuming)
+            stale = None
             for s in socks:
                 # drain this socket; a datagram that is no RESULT of this call (or one
                 # for the next call, once this one is done) stays counted, not applied
@@ -562,10 +567,12 @@ class SwitchClient:
                     if p is None:
                         if h[1] == _ERROR and nbytes == HEADER_BYTES:
                             q = call.error_index(h)
-                            if q is not None and (h[H_COUNT] != Refusal.STALE or
-                                                  not win.received[q]):
+                            if q is not None and h[H_COUNT] != Refusal.STALE:
                                 raise self._refused(h[H_COUNT], h[H_BITMAP], h[7],
                                                     call.nelem_of(q))
+                            if q is not None and not win.received[q] and stale is None:
+                                stale = (q, h[H_BITMAP], h[7])
+                                continue
                         call.stats.foreign_ignored += 1
                         continue
                     if reliable and h[2] & _PARTIAL:
@@ -581,6 +588,11 @@ class SwitchClient:
                         perform(actions)
                     else:
                         call.stats.duplicates_ignored += 1
+            if stale is not None:
+                q, figure, seq = stale
+                if not win.received[q]:   # not here: the result is gone for good
+                    raise self._refused(Refusal.STALE, figure, seq, call.nelem_of(q))
+                call.stats.foreign_ignored += 1   # its RESULT was waiting: nothing lost
             if useful or win.done:
                 continue
             now = clock()
