@@ -109,7 +109,10 @@ def _recoverable(rcvbuf, window):
     return 2 * window + 2 * rcvbuf // 65_500
 
 
-def _stall_run(workload, steps, stall_s=4.0):
+def _stall_run(workload, steps, stall_s=4.0, past_recovery=True):
+    """A bounded 2-rank ``run_training`` whose rank 1 is stopped for ``stall_s`` once
+    training is under way, and on (``past_recovery``) until its peer is further ahead
+    than it can recover without a rejoin."""
     from ina_fabric.host.transport import switch_client
     server = SwitchServer([], "127.0.0.1", 0)
     t = threading.Thread(target=server.serve_forever, kwargs={"install_signals": False},
@@ -120,7 +123,8 @@ def _stall_run(workload, steps, stall_s=4.0):
     # rejoin (its buffer, then the switch's store): before, the short test ended the
     # stall two windows ahead, inside the 64 MiB buffer, and the rank rejoined only when
     # it read the switch's STALE answer before the RESULTs waiting for it (a race)
-    ahead = _recoverable(switch_client.WORKER_RCVBUF, LINK_DEFAULTS["loopback"].window) + 8
+    ahead = _recoverable(switch_client.WORKER_RCVBUF, LINK_DEFAULTS["loopback"].window) \
+        + 8 if past_recovery else 0
 
     def staller():          # once training is under way: rank 1 stops for stall_s
         while server.model.counters["results"] < 20:
@@ -154,13 +158,14 @@ def _stall_run(workload, steps, stall_s=4.0):
     return res, log, counters
 
 
-def _check(res, log, counters, steps):
+def _check(res, log, counters, steps, must_rejoin=True):
     assert "resumed_at_results" in log, "the stall came after the run"
     # the peer went on during the stall (partial results), past all the stopped rank
     # could recover without a rejoin
     assert log["resumed_at_results"] - log["stopped_at_results"] > log["ahead"], log
     assert res.steps == steps and len(set(res.param_hashes)) == 1      # identical replicas
-    assert res.rejoin[1].get("rejoins", 0) >= 1, (res.rejoin, log)    # the stopped rank
+    if must_rejoin:                                                     # the stopped rank
+        assert res.rejoin[1].get("rejoins", 0) >= 1, (res.rejoin, log)
     share = res.stats["entries_lost"] / res.stats["elements"]           # dropped share
     assert 0 < share < 1
     return share
@@ -181,8 +186,11 @@ def test_bounded_train_rides_out_a_4s_stall_short(monkeypatch):
 
 @pytest.mark.skipif(not os.environ.get("INA_LONG"), reason="long tier (INA_LONG=1)")
 def test_bounded_transformer_rides_out_a_4s_stall():
+    """The issue's scenario as it was run: 4 s, with the ranks' 64 MiB receive buffers.
+    The stopped rank reads what they hold and rejoins only if its peer got further (the
+    output says which)."""
     steps = 150
-    res, log, counters = _stall_run("transformer", steps)
-    share = _check(res, log, counters, steps)
-    print(f"dropped share {share:.3f}, rejoins {res.rejoin}, switch drop_stale "
-          f"{counters['drop_stale']}")
+    res, log, counters = _stall_run("transformer", steps, past_recovery=False)
+    share = _check(res, log, counters, steps, must_rejoin=False)
+    print(f"dropped share {share:.3f}, rejoins {res.rejoin}, stall {log}, switch "
+          f"drop_stale {counters['drop_stale']}")
