@@ -5,7 +5,9 @@ workers, on a simulated network (tests only; docs/pool.md).
 and ``parent=PARENT``, and the parent (a switch without a pool), each a ``cls``
 (``SwitchModel`` or ``FastSwitchModel``) holding the same entry of every job. Each worker
 behaves as the client's window does: it sends seq ``s + W`` once it has the RESULT of
-``s``, and re-sends what has no RESULT after ``rto``. Datagrams travel with a fixed latency
+``s``, and re-sends what has no RESULT after ``rto``; with ``acks``, its DATA carry its
+ack in ``count`` as the client's do (the distance to the lowest seq it has no RESULT
+of, plus one). Datagrams travel with a fixed latency
 and may be lost or duplicated on every link (a seeded generator); deadlines fire at their
 times, interleaved with deliveries in time order, so a run is deterministic for a seed.
 """
@@ -32,7 +34,8 @@ class PoolNet:
     """``jobs``: [(workers, window, elements, mode, packets)], job ids 1, 2, ..."""
 
     def __init__(self, jobs, pool_slots, *, cls=SwitchModel, loss=0.0, dup=0.0, seed=0,
-                 latency=1e-4, rto=0.004, deadline=0.003, values_seed=None, widths=None):
+                 latency=1e-4, rto=0.004, deadline=0.003, values_seed=None, widths=None,
+                 acks=False):
         """``widths``: job id -> the element width (bits) its workers send (default 32;
         docs/precision.md)."""
         self.widths = dict(widths or {})
@@ -60,6 +63,8 @@ class PoolNet:
                 self.workers[m.addr] = (cfg, w)
         self.rng = random.Random(seed)
         self.loss, self.dup, self.latency, self.rto = loss, dup, latency, rto
+        self.acks = acks
+        self.low = {a: 0 for a in self.workers}    # the lowest seq without a RESULT
         self.now = 0.0
         self._q, self._order = [], 0
         #: every datagram a worker received: address -> [(time, bytes)]
@@ -88,9 +93,16 @@ class PoolNet:
 
     def _send(self, addr, seq, retransmit):
         cfg, w = self.workers[addr]
+        if self.acks:
+            got, low = self.got[addr], self.low[addr]
+            while low in got:
+                low += 1
+            self.low[addr] = low
+            ack = seq - low + 1
         d = pack(self.values[cfg.job][w, seq], job=cfg.job, worker=w, seq=seq,
                  session=cfg.session, flags=Flags.RETRANSMIT if retransmit else 0,
-                 width=width_byte(self.widths.get(cfg.job, 32)))
+                 width=width_byte(self.widths.get(cfg.job, 32)),
+                 count=ack if self.acks else 0)
         self.sent[addr][seq] = self.now
         self._put(self.now + self.latency, LEAF, addr, d)
 

@@ -290,3 +290,74 @@ def test_a_lost_result_is_counted_refetched(engine):
     refetched = sum(stats[w].refetched for w in range(3))
     assert 0 < refetched <= imp.counts["dropped"], (refetched, imp.counts)
 
+
+
+@pytest.mark.parametrize("engine", ["c", "python"] if fastcall.available() else ["python"])
+def test_data_carries_a_sound_ack(engine):
+    """Every DATA's ``count`` is the worker's ack (docs/pool.md): every seq up to
+    ``seq - count`` had its RESULT sent to that worker before the DATA was sent (so a
+    switch with a pool may free it), and the ack keeps up (a slot pool frees as it
+    goes, not W behind)."""
+    import socket
+    import threading
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.host.switch.model import SwitchModel
+    from ina_fabric.protocol import unpack, MsgType
+    from ina_fabric.protocol.jobtable import JobConfig
+    from ina_fabric.host.cluster import free_udp_ports
+    ports = free_udp_ports(2)
+    W = 8
+    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=W, elements=64)
+    model = SwitchModel([job])
+    sw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sw.bind(("127.0.0.1", 0))
+    sw.settimeout(0.2)
+    results = {0: set(), 1: set()}      # worker -> seqs whose RESULT went to it
+    acks, bad, stop = [], [], threading.Event()
+
+    def switch():
+        while not stop.is_set():
+            try:
+                d, src = sw.recvfrom(65536)
+            except socket.timeout:
+                continue
+            h, _ = unpack(d)
+            if int(h["type"]) == MsgType.DATA:
+                w, seq, a = int(h["worker"]), int(h["seq"]), int(h["count"])
+                acks.append(a)
+                if not a or any(s not in results[w] for s in range(seq - a + 1)):
+                    bad.append((w, seq, a))
+            for dest, out in model.process(d, src, 0.0):
+                r, _ = unpack(out)
+                for w, p in enumerate(ports):
+                    if tuple(dest) == ("127.0.0.1", p):
+                        results[w].add(int(r["seq"]))
+                sw.sendto(out, tuple(dest))
+
+    t = threading.Thread(target=switch, daemon=True)
+    t.start()
+    errors = []
+
+    def worker(w):
+        try:
+            with SwitchClient(sw.getsockname(), 1, w, 2, W, 64, bind=("127.0.0.1", ports[w]),
+                              engine=engine, session=job.session) as c:
+                for k in range(3):
+                    c.allreduce(np.full(64 * 40, k + w, np.float32))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    ws = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
+    for th in ws:
+        th.start()
+    for th in ws:
+        th.join(60)
+    stop.set()
+    t.join(2)
+    sw.close()
+    assert not errors, errors
+    assert not bad, bad[:5]
+    # 3 calls of 40 + W packets each; a packet goes once the result W before it is in,
+    # so the ack trails its DATA by about the window, not 2W
+    assert len(acks) >= 2 * 3 * (40 + W)
+    assert sorted(acks)[len(acks) // 2] <= W

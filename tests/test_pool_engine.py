@@ -28,7 +28,7 @@ def run(cls, seed, narrow=False):
     widths = {k + 1: (16, 8)[k % 2] for k in range(len(jobs))} if narrow else None
     return PoolNet(jobs, pool, cls=cls, loss=float(rng.choice([0.0, 0.05])),
                    dup=float(rng.choice([0.0, 0.05])), seed=seed, deadline=0.002,
-                   widths=widths).run()
+                   widths=widths, acks=bool(seed % 2)).run()
 
 
 @needs_engine
@@ -77,3 +77,22 @@ def test_engine_pool_overflows_and_frees():
     for job in list(net.leaf.jobs):
         net.leaf.remove_job(job)
     assert net.leaf.pool_used == 0
+
+
+@pytest.mark.parametrize("cls", [SwitchModel, pytest.param(
+    fast.FastSwitchModel, marks=needs_engine)])
+def test_congested_is_marked_from_seven_eighths_of_the_pool(cls):
+    """CONGESTED comes before the pool is full (model.POOL_MARK_DIV): with 16 slots,
+    a RESULT sent while 14 or more are held carries it, with 13 it does not."""
+    from ina_fabric.protocol import pack, unpack, Flags
+    from ina_fabric.protocol.jobtable import JobConfig
+    from pool_net import PARENT
+    cfg = JobConfig(5, ("198.18.3.1:20000",), 16, 2, session=55)
+    leaf = cls([cfg], pool_slots=16, parent=PARENT)
+    flags = []
+    for seq in range(15):      # one worker: each DATA completes its slot, which stays held
+        out = leaf.process(pack(np.array([1, 2]), job=5, worker=0, seq=seq, session=55),
+                           ("198.18.3.1", 20000), 0.0)
+        flags.append(bool(unpack(out[0][1])[0]["flags"] & Flags.CONGESTED))
+    assert flags == [False] * 13 + [True] * 2
+    assert leaf.counters["congested"] == 2

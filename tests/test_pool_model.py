@@ -179,3 +179,44 @@ def test_a_result_sent_while_the_pool_is_full_carries_congested():
     out = plain.process(pack(np.array([1, 2]), job=5, worker=0, seq=0, session=55),
                         ("198.18.3.1", 20000), 0.0)
     assert not unpack(out[0][1])[0]["flags"] & Flags.CONGESTED
+
+
+def test_a_workers_ack_frees_the_stored_results_below_it():
+    # two workers, window 4: without an ack, the result of seq 0 is held until seq 4 is
+    # complete; with acks (count = seq - lowest seq without a RESULT + 1), as soon as
+    # both workers' DATA of seq 1 say they have it
+    from ina_fabric.protocol import pack
+    cfg = JobConfig(5, ("198.18.3.1:20000", "198.18.3.2:20000"), 4, 2, session=55)
+    src = [("198.18.3.1", 20000), ("198.18.3.2", 20000)]
+    for acks, used in ((False, [1, 1, 2, 2]), (True, [1, 1, 2, 1])):
+        leaf = SwitchModel([cfg], pool_slots=8, parent=PARENT)
+        seen = []
+        for seq in (0, 1):
+            for w in (0, 1):
+                # seq 1's DATA: "I have the RESULT of seq 0" (count 1) from both workers
+                d = pack(np.array([1, 2]), job=5, worker=w, seq=seq, session=55,
+                         count=1 if acks and seq else 0)
+                leaf.process(d, src[w], 0.0)
+                seen.append(leaf.pool_used)
+        assert seen == used, acks
+        # an ack frees a slot only once every member's ack is past it, and a re-send
+        # of a freed seq is stale (no worker that acked it re-sends it)
+        if acks:
+            out = leaf.process(pack(np.array([1, 2]), job=5, worker=0, seq=0, session=55),
+                               src[0], 0.0)
+            assert leaf.counters["drop_stale"] == 1
+            assert out[0][1][1] == MsgType.ERROR
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_with_acks_results_stay_exact_and_less_overflows(seed):
+    rng = np.random.default_rng(200 + seed)
+    jobs = [(int(rng.integers(2, 5)), 8, 3, "reliable", 60)] * int(rng.integers(2, 5))
+    pool = int(rng.integers(8, 2 * 8 * len(jobs)))
+    loss = float(rng.choice([0.0, 0.05]))
+    nets = [PoolNet(jobs, pool, loss=loss, seed=seed, acks=a).run() for a in (False, True)]
+    for net in nets:
+        assert net.done()
+        check_results(net, exact_all=True)
+        check_accounting(net)
+    assert nets[1].leaf.counters["overflow"] <= nets[0].leaf.counters["overflow"]

@@ -117,6 +117,39 @@ def test_board_answers_arp_and_ping(board):
     assert neigh.get(BOARD_IP) == versa_board().mac     # the kernel's ARP, the board's answer
 
 
+def _status(rank, world, store, netns, switch, key):
+    """STATUS from inside ``netns``, as the hook's probe and ``ina switch --status`` ask
+    it; the request's size on that route."""
+    from ina_fabric.host.lab.netns import enter
+    enter(netns)
+    from ina_fabric.protocol.control_client import _request_bytes, query_status
+    return _request_bytes(tuple(switch)), query_status(tuple(switch), timeout=10, key=key)
+
+
+@needs_board
+def test_board_answers_status_through_a_1500_byte_mtu(board):
+    """A STATUS_REQ goes to the board in one IP packet, so the board answers it: padded
+    to 2,048 bytes (query_status's size since the per-job counters) it crossed the TAP's
+    1,500-byte MTU in two IP fragments, which the board drops (``drop_ip_fragment``), so
+    the hook's probe heard nothing and every rank of `make demo-board` fell back to Gloo."""
+    from ina_fabric.host.cluster import run_ranks
+    size, doc = run_ranks(1, _status, board.netns, board.switch, KEY, timeout=120)[0]
+    assert size == 1472
+    assert "counters" in doc and isinstance(doc["jobs"], dict)
+
+
+def test_status_request_fits_one_ip_packet_of_the_route():
+    """The STATUS_REQ's size per route MTU: one IPv4 packet, whole words, within what a
+    switch answers (1,200..2,048 bytes)."""
+    from ina_fabric.protocol.auth import status_length_ok
+    from ina_fabric.protocol.control_client import _request_bytes, status_request_bytes
+    assert status_request_bytes(1500) == 1472 and status_request_bytes(9000) == 2048
+    assert status_request_bytes(65536) == 2048 and status_request_bytes(1000) == 1200
+    assert status_request_bytes(1499) == 1468
+    assert all(status_length_ok(status_request_bytes(m)) for m in range(576, 9001, 7))
+    assert _request_bytes(("127.0.0.1", 19900)) == 2048      # loopback: 64 KiB MTU
+
+
 def _allreduce(rank, world, store, netns, switch, bind_ip, key, mode):
     """One rank: a SwitchClient bound on ``bind_ip``; rank 0 installs the job with a
     CONTROL sealed with ``key``; two calls; their results."""

@@ -47,6 +47,7 @@
 #include "ina_wire.h"
 
 #define SEQ_HALF 0x80000000u
+#define POOL_MARK_DIV 8          /* the model's: CONGESTED from 7/8 of the pool held */
 #define MAX_MEMBERS 32
 #define BATCH 16                 /* 16 x 64 KB still in L2 when they are summed */
 #define RXBUF 65536
@@ -106,6 +107,10 @@ typedef struct {
     Addr members[MAX_MEMBERS];
     Addr group[MAX_MEMBERS];
     Slot *slots;                 /* 2W, index seq mod 2W */
+    /* pool: each member has the RESULT of every seq below its acked (its DATA's count);
+     * the stored results below freed went back to the pool (the model's _JobState) */
+    uint32_t acked[MAX_MEMBERS];
+    uint32_t freed;
     int64_t *accmem;
     uint8_t *resmem;
     uint64_t c[NCOUNTERS];       /* this job's share of the counters (JOB_COUNTERS) */
@@ -160,6 +165,7 @@ typedef struct {
      * goes to ``pool_parent`` */
     int pool;
     long pool_slots, pool_used;
+    long pool_mark;              /* CONGESTED from here on: slots - slots / POOL_MARK_DIV */
     Addr pool_parent;
 } Engine;
 
@@ -448,6 +454,30 @@ static void pool_confirmed(Engine *e, Job *j, uint32_t seq) {
     }
 }
 
+/* the model's _ack: a member's DATA of seq says it has the RESULT of every seq up to
+ * seq - d (d > 0); the slots below every member's ack give their pool slots back */
+static void pool_ack(Engine *e, Job *j, uint32_t worker, uint32_t seq, uint32_t d) {
+    uint32_t a = seq - d + 1, ahead = a - j->acked[worker];
+    if (!(ahead > 0 && ahead < SEQ_HALF)) return;
+    j->acked[worker] = a;
+    uint32_t low = j->acked[0];
+    for (int m = 1; m < j->n; m++) {
+        uint32_t behind = low - j->acked[m];
+        if (behind > 0 && behind < SEQ_HALF) low = j->acked[m];
+    }
+    uint32_t n = low - j->freed, w2 = 2 * j->window;
+    if (!(n > 0 && n < SEQ_HALF)) return;
+    uint32_t s = n <= w2 ? j->freed : low - w2;
+    j->freed = low;
+    for (; s != low; s++) {
+        Slot *x = slot_of(j, s);
+        if (x->held && x->tag == s && x->complete && !x->up) {
+            x->has_result = 0;
+            pool_release(e, x);
+        }
+    }
+}
+
 /* The model's _refuse: the ERROR answering DATA ``d`` from ``to`` (its header, type
  * ERROR, ``reason`` in count, ``figure`` in bitmap), unless the source's bucket was
  * answered within error_interval. */
@@ -656,7 +686,7 @@ static void emit(Engine *e, Sink *k, Job *j, Slot *s, const uint8_t *in, int fir
         flags |= L->f_overflow;
         COUNT(e, j, C_OVERFLOWS);
     }
-    if (!j->has_parent && e->pool && e->pool_used >= e->pool_slots) {  /* _pool_full */
+    if (!j->has_parent && e->pool && e->pool_used >= e->pool_mark) {  /* _pool_full */
         flags |= L->f_congested;
         COUNT(e, j, C_CONGESTED);
     }
@@ -713,7 +743,7 @@ static void process_result(Engine *e, Sink *k, Job *j, const uint8_t *d, size_t 
         j->active = now;
         COUNT(e, j, C_RELAYED);
         int cong = 0;
-        if (e->pool && e->pool_used >= e->pool_slots) {
+        if (e->pool && e->pool_used >= e->pool_mark) {     /* _pool_full */
             cong = L->f_congested;
             COUNT(e, j, C_CONGESTED);
         }
@@ -842,6 +872,8 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
     COUNT(e, j, C_RX_DATA);
     if (fwd) COUNT(e, j, C_OVERFLOW_IN);
     uint32_t seq = rd32(d + L->seq), w2 = 2 * j->window;
+    if (e->pool && !(fwd || j->has_parent || j->children) && rd16(d + L->count))
+        pool_ack(e, j, worker, seq, rd16(d + L->count));
     Slot *s = slot_of(j, seq);
     uint32_t bit = 1u << worker;
     if ((j->absent & bit) && now >= j->absent_since[worker] + j->deadline)
@@ -1226,6 +1258,8 @@ static PyObject *Engine_start_at(Engine *e, PyObject *args) {
     }
     j->nopen = 0;
     j->head = (uint32_t)seq;
+    for (int m = 0; m < MAX_MEMBERS; m++) j->acked[m] = (uint32_t)seq;
+    j->freed = (uint32_t)seq;
     Py_RETURN_NONE;
 }
 
@@ -1478,6 +1512,7 @@ static PyObject *Engine_set_pool(Engine *e, PyObject *args) {
     if (!PyArg_ParseTuple(parent, "ki", &ip, &port)) return NULL;
     e->pool = 1;
     e->pool_slots = slots;
+    e->pool_mark = slots - slots / POOL_MARK_DIV;
     e->pool_parent.ip = (uint32_t)ip;
     e->pool_parent.port = (uint16_t)port;
     Py_RETURN_NONE;

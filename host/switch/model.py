@@ -89,7 +89,12 @@ The flat jobs of a switch with a pool share ``pool_slots`` slots of memory inste
 holding 2W each, and no job is refused for memory. A slot takes a pool slot when it opens
 and gives it back when its record is reused, when its job goes, or as soon as every
 member contributed the seq one window on (each member then has its RESULT: a worker sends
-``s`` only once it has the result of ``s - W``), so a job at speed holds about W slots.
+``s`` only once it has the result of ``s - W``), so a job at speed holds about W slots,
+or, sooner, once every member's *ack* is past it: a worker's DATA may carry in ``count``
+the distance ``d`` from its seq to the results it holds (it has the RESULT of every seq
+up to ``seq - d``; 0: it says nothing), and the slots below the lowest of the members'
+acks give their pool slots back. A job then holds about the slots its workers have in
+flight, which their congestion windows bound (docs/congestion.md), instead of W more.
 A slot that opens while the pool is full is *over*: it holds no memory, and every DATA
 of its seq (re-sends included) goes on to the switch's parent, unchanged but for the
 FORWARDED flag (``overflow``). The parent holds the same job (members, session, window)
@@ -136,6 +141,11 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 #: the modes whose slots close at a deadline (jobtable.MODES)
 BOUNDED = ("bounded", "bounded-skip")
 SEQ_MASK = 0xFFFFFFFF
+#: the pool's congestion mark (docs/congestion.md): a RESULT carries CONGESTED while at
+#: least ``N - N // POOL_MARK_DIV`` of the N pool slots are held (7/8), before the pool
+#: is full, as an ECN queue marks past a threshold below its size: the clients' windows
+#: back off while new slots still fit, instead of after they began to overflow
+POOL_MARK_DIV = 8
 
 #: the counters the model keeps, by name (defined once: ``ina_fabric.protocol.counters``,
 #: with what each counts); ANSWER_COUNTERS: those of a switch that answers refused DATA
@@ -245,6 +255,11 @@ class _JobState:
         self.absent = 0
         self.absent_since = [0.0] * cfg.n
         self.group = [cfg.mcast] if cfg.mcast else [m.addr for m in cfg.members]
+        #: pool (docs/pool.md): each member has the RESULT of every seq below its
+        #: ``acked`` (from the ``count`` of its DATA); the stored results below ``freed``
+        #: (the lowest ack when last looked at) went back to the pool
+        self.acked = [0] * cfg.n
+        self.freed = 0
 
 
 class SwitchModel:
@@ -427,10 +442,38 @@ class SwitchModel:
             slot.result = None
             self._release(slot)
 
+    def _ack(self, js, worker, seq, d):
+        """A member's DATA of ``seq`` says it has the RESULT of every seq up to
+        ``seq - d`` (``d`` > 0, the ``count`` of a worker's DATA to a switch with a
+        pool): once every member's ack is past a slot, its stored result is freed and
+        its pool slot goes back, as when the seq one window on is complete."""
+        a = (seq - d + 1) & SEQ_MASK
+        if not 0 < ((a - js.acked[worker]) & SEQ_MASK) < 1 << 31:
+            return                          # not ahead of what it said before
+        js.acked[worker] = a
+        low = js.acked[0]
+        for x in js.acked:
+            if 0 < ((low - x) & SEQ_MASK) < 1 << 31:
+                low = x
+        n = (low - js.freed) & SEQ_MASK
+        if not 0 < n < 1 << 31:
+            return
+        w = js.cfg.window
+        s = js.freed if n <= 2 * w else (low - 2 * w) & SEQ_MASK
+        js.freed = low
+        while s != low:
+            slot = js.slots[(s // w) % 2][s % w]
+            if slot.held and slot.tag == s and slot.complete and slot.up is None:
+                slot.result = None
+                self._release(slot)
+            s = (s + 1) & SEQ_MASK
+
     def _pool_full(self) -> bool:
-        """The congestion signal (docs/congestion.md): every pool slot is held, so new
-        slots go to the parent; a RESULT sent now carries CONGESTED."""
-        return self.pool_slots is not None and self._pool_used >= self.pool_slots
+        """The congestion signal (docs/congestion.md): the pool is nearly full (7/8 of
+        its slots held, ``POOL_MARK_DIV``), and new slots will soon go to the parent; a
+        RESULT sent now carries CONGESTED."""
+        n = self.pool_slots
+        return n is not None and self._pool_used >= n - n // POOL_MARK_DIV
 
     def _forward(self, js, slot, datagram):
         """The slot found the pool full: the DATA goes on to the parent (FORWARDED)."""
@@ -451,6 +494,8 @@ class SwitchModel:
             slot.__init__((seq - w2 + ((k - seq) % w2)) & SEQ_MASK)
         js.open.clear()
         js.head = seq & SEQ_MASK
+        js.acked = [js.head] * js.cfg.n
+        js.freed = js.head
 
     # -- deadlines -------------------------------------------------------------------
     # Bounded open slots sit in one heap by deadline, so a packet's cost does not grow
@@ -573,6 +618,8 @@ class SwitchModel:
         if fwd:
             c["overflow_in"] += 1
         seq = int(h["seq"])
+        if self.pool_slots is not None and not (fwd or cfg.tree) and h["count"]:
+            self._ack(js, worker, seq, int(h["count"]))
         w = cfg.window
         slot = js.slots[(seq // w) % 2][seq % w]
         bit = 1 << worker

@@ -681,7 +681,15 @@ static int64_t exponents(const uint32_t *bits, int64_t n, int E, int8_t *out, in
     return bad;
 }
 
-static size_t build(Call *c, int p, int retransmit) {
+/* the ack a DATA of packet ``p`` carries in ``count`` (switch_client.py's ack_of): the
+ * worker has the RESULT of every packet below ``low`` (and of every earlier call's), so
+ * of every seq up to seq - (p - low + 1); 0 (no claim) past 16 bits */
+static inline uint16_t ack_of(int p, int low) {
+    int d = p - low + 1;
+    return d > 0 && d <= 0xFFFF ? (uint16_t)d : 0;
+}
+
+static size_t build(Call *c, int p, int retransmit, int low) {
     const InaLayout *L = &c->L;
     int slot = p % c->W;
     uint8_t *b = c->ring + (size_t)slot * c->stride;
@@ -716,6 +724,7 @@ static size_t build(Call *c, int p, int retransmit) {
         ina_wr32(b + L->bitmap, 1u << c->worker);
         ina_wr64(b + L->session, c->session);
     }
+    ina_wr16(b + L->count, ack_of(p, low));
     c->stats[S_SENT]++;
     if (retransmit) {
         b[L->flags] |= L->f_retransmit;
@@ -884,11 +893,11 @@ static void flush(SendQ *q, Call *c) {
     flush_paced(q, c, 1);
 }
 
-static void queue_send(SendQ *q, Call *c, int p, int retransmit) {
+static void queue_send(SendQ *q, Call *c, int p, int retransmit, int low) {
     int slot = p % c->W;
     if (c->slot_pending[slot] && c->slot_p[slot] != p) flush(q, c);   /* slot is reused */
     if (q->n == SENDQ) flush(q, c);
-    size_t len = build(c, p, retransmit);
+    size_t len = build(c, p, retransmit, low);
     int i = q->n++;
     q->iov[i].iov_base = c->ring + (size_t)slot * c->stride;
     q->iov[i].iov_len = len;
@@ -908,7 +917,7 @@ static int perform(Win *w, Call *c, SendQ *q, const uint8_t *d, size_t n) {
     for (int i = 0; i < w->nact; i++) {
         Action a = w->act[i];
         switch (a.kind) {
-        case A_SEND: queue_send(q, c, a.p, a.flag); break;
+        case A_SEND: queue_send(q, c, a.p, a.flag, w->low); break;
         case A_DELIVER: apply(c, a.p, d); break;
         case A_ABANDON:           /* the result is gone for good: the call fails */
             abandon(c, a.p);

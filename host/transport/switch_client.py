@@ -51,6 +51,7 @@ import math
 import os
 import select
 import socket
+import struct
 import time
 
 import numpy as np
@@ -60,7 +61,7 @@ from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Flags, N
 from ina_fabric.protocol.struct_view import (HEADER_STRUCT, H_SESSION, H_BITMAP, H_COUNT,
                                              H_WIDTH)
 from ina_fabric.protocol.jobtable import LINK_DEFAULTS, MAX_ELEMENTS
-from ina_fabric.protocol.fields import c_layout, MAX_WORKERS, MAX_JOB_WORKERS
+from ina_fabric.protocol.fields import c_layout, MAX_WORKERS, MAX_JOB_WORKERS, field_offsets
 from . import quantize as Q
 from .precision import Precision, as_precision
 from . import fastcall
@@ -73,6 +74,16 @@ _DATA, _RESULT, _ERROR = int(MsgType.DATA), int(MsgType.RESULT), int(MsgType.ERR
 _PARTIAL, _OVERFLOW = int(Flags.PARTIAL), int(Flags.OVERFLOW)
 _CONGESTED = int(Flags.CONGESTED)
 _RETRANSMIT, _LAST = int(Flags.RETRANSMIT), int(Flags.LAST)
+_COUNT_OFF, _ACK = field_offsets()["count"], struct.Struct(">H")
+
+
+def ack_of(p: int, low: int) -> int:
+    """The ack a DATA of packet ``p`` carries in ``count`` (docs/pool.md): the worker
+    has the RESULT of every packet below ``low`` (and of every earlier call's), so of
+    every seq up to ``seq - (p - low + 1)``; 0 (no claim) when that does not fit 16
+    bits. A switch with a slot pool frees the stored results every member acked."""
+    d = p - low + 1
+    return d if 0 < d <= 0xFFFF else 0
 
 __all__ = ["SwitchClient", "AllreduceCall", "AllreduceStats", "SwitchUnavailable",
            "SwitchRefused",
@@ -524,7 +535,7 @@ class SwitchClient:
             for a in actions:
                 kind = type(a)
                 if kind is Send:
-                    send(call.packet(a.p, a.retransmit))
+                    send(call.packet(a.p, a.retransmit, win.low))
                 elif kind is Deliver:
                     call.apply(h, rx, a.p)
                 elif kind is Abandon:
@@ -851,9 +862,11 @@ class AllreduceCall:
                                 0, 1 << self.worker, self.session)
         return HEADER_BYTES + self.esize * nel
 
-    def packet(self, p, retransmit=False):
+    def packet(self, p, retransmit=False, low=0):
         """The DATA datagram of packet ``p`` (a view of its ring slot, valid until the
-        packet ``p + w`` is built), counted as sent."""
+        packet ``p + w`` is built), counted as sent. ``low``: no packet below it lacks
+        its RESULT (``SendWindow.low``): the DATA's ``count`` carries the ack
+        (``ack_of``)."""
         slot = p % self.W
         off = slot * self.stride
         if self.slot_p[slot] != p:
@@ -862,6 +875,7 @@ class AllreduceCall:
             size = self._build(p, off)
         else:
             size = HEADER_BYTES + self.esize * self.nelem_of(p)
+        _ACK.pack_into(self.ring, off + _COUNT_OFF, ack_of(p, low))
         st = self.stats
         st.packets_sent += 1
         if retransmit:

@@ -11,12 +11,13 @@ import socket
 
 import numpy as np
 
-from .auth import seal, unseal, new_nonce, TRAILER_BYTES, STATUS_MAX_REQUEST
+from .auth import seal, unseal, new_nonce, TRAILER_BYTES, STATUS_MIN_REQUEST, \
+    STATUS_MAX_REQUEST
 from .fields import HEADER_BYTES, VERSION, MsgType
 from .keys import switch_key
 from .numpy_view import HEADER_DTYPE
 
-__all__ = ["query_status", "send_job", "remove_job", "JobRefused"]
+__all__ = ["query_status", "send_job", "remove_job", "JobRefused", "status_request_bytes"]
 
 
 def _request(addr, datagram, timeout, key):
@@ -58,9 +59,11 @@ def query_status(addr, timeout=1.0, key=None, max_pages=10_000) -> dict:
     (each request padded to the size its reply may have). ``key``: the control key
     (default: ``keys.switch_key()``)."""
     start, jobs, doc = 0, {}, {}
+    # the largest request a switch answers that goes in one IP packet on the route: the
+    # most jobs (with their counters) a page; a larger one is sent in IP fragments, which
+    # a board (the FPGA's front end, and the board engine's) drops (drop_ip_fragment)
+    pad = _request_bytes(addr) - HEADER_BYTES - 4 - TRAILER_BYTES
     for _ in range(max_pages):
-        # the largest request a switch answers: the most jobs (with their counters) a page
-        pad = STATUS_MAX_REQUEST - HEADER_BYTES - 4 - TRAILER_BYTES
         doc = _request(addr, _header(MsgType.STATUS_REQ) + bytes(pad) +
                        start.to_bytes(4, "big"), timeout, key)
         jobs.update(doc.get("jobs", {}))
@@ -73,6 +76,30 @@ def query_status(addr, timeout=1.0, key=None, max_pages=10_000) -> dict:
     if "pool" in doc:    # the shared slot pool (docs/pool.md)
         out["pool"] = doc["pool"]
     return out
+
+
+#: Linux's IP_MTU (socket.IP_MTU where Python has it): a connected socket's route MTU
+_IP_MTU = getattr(socket, "IP_MTU", 14)
+
+
+def status_request_bytes(mtu: int) -> int:
+    """The size of a STATUS_REQ (trailer included) on a route of ``mtu`` bytes: the
+    largest in one IPv4 packet (``mtu`` less the 20-byte IPv4 and 8-byte UDP headers,
+    whole 32-bit words), within what a switch answers (``auth.status_length_ok``)."""
+    return max(STATUS_MIN_REQUEST, min(STATUS_MAX_REQUEST, (mtu - 28) // 4 * 4))
+
+
+def _request_bytes(addr) -> int:
+    """``status_request_bytes`` of the route to ``addr`` (the kernel's route MTU);
+    STATUS_MAX_REQUEST where the kernel does not say."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(tuple(addr))
+        return status_request_bytes(s.getsockopt(socket.IPPROTO_IP, _IP_MTU))
+    except OSError:
+        return STATUS_MAX_REQUEST
+    finally:
+        s.close()
 
 
 def send_job(addr, cfg, timeout=1.0, update=False, key=None) -> dict:

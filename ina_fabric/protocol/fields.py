@@ -192,7 +192,9 @@ HEADER_FIELDS: tuple[Field, ...] = (
                            "low nibble)"),
     Field("count", 16, doc="RESULT: number of workers in the sum (the whole tree's); "
                            "DATA from a child switch: workers its partial sum covers; "
-                           "0 in a worker's DATA"),
+                           "a worker's DATA: 0, or its ack d (it has the RESULT of "
+                           "every seq up to seq - d: a switch with a slot pool frees "
+                           "those, docs/pool.md)"),
     Field("bitmap", 32, doc="contributor bitmap of one level, bit m = member m: in a "
                             "RESULT, of the workers of the receiving worker's leaf"),
     Field("session", 64, doc="the run's session id (random, drawn at install); "
