@@ -3,10 +3,9 @@ stopped for 4 s (SIGSTOP, then SIGCONT) mid-training; before, that rank ended th
 (AllreduceTooLate, exit 2, ~1,800 drop_stale); now it rejoins from a peer's replica and
 the run finishes with bitwise identical replicas, reporting its dropped share.
 
-A stopped rank needs no rejoin when every RESULT it missed still waits in its receive
-buffer or in the switch's store: it reads them, exactly what its peer applied. The
-tests stall it past both, so it must rejoin; the trigger itself (a STALE answer ends a
-call only for a result this worker lacks) has a fast test of its own.
+A stopped rank whose peer went on more than 2 x window is answered STALE: it is behind
+(its DATA would go on being too late) and rejoins, even though the RESULTs it missed
+may wait in its receive buffer; the trigger has a fast test of its own.
 
 The default suite runs the short version (digits); INA_LONG=1 adds the issue's own
 scenario (the transformer workload)."""
@@ -32,7 +31,7 @@ from ina_fabric.protocol.jobtable import JobConfig, LINK_DEFAULTS, loopback_grou
 ENGINES = ["python"] + (["c"] if fastcall.available() else [])
 
 
-# -- the trigger: a STALE answer is "too late" only for a result this worker lacks -----
+# -- the trigger: the switch's STALE answer says "behind", whatever the rank has read ---
 def _stale_answer_waiting(client, seq):
     """The switch's own ERROR (STALE) to this client's DATA of ``seq``, sent from the
     client's socket and left unread in it, as after a SIGCONT: the answer to a DATA the
@@ -44,16 +43,7 @@ def _stale_answer_waiting(client, seq):
     assert ready, "the switch did not answer the stale DATA"
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_results_waiting_in_the_buffer_beat_a_stale_answer(engine, ports):
-    """A bounded rank stopped while its peer went on finds, when it runs again, every
-    RESULT it missed waiting in its receive buffer (the group's copies) and, on its
-    unicast socket, the switch's STALE answer to the DATA it sent on resuming. It reads
-    the RESULTs: each is exactly what its peer applied. Before, the compiled loop read
-    the unicast socket first and took the STALE answer as ``AllreduceTooLate`` although
-    the result was in its own buffer: whether a stalled rank rejoined or rode out the
-    stall depended on which datagram it read first (the short stall test's intermittent
-    "rejoins 0" under load). A result that is really gone still ends the call at once."""
+def _pair(engine, ports):
     p = ports(2)
     server = SwitchServer([], "127.0.0.1", 0, engine="model")
     t = threading.Thread(target=server.serve_forever, kwargs={"install_signals": False},
@@ -67,29 +57,61 @@ def test_results_waiting_in_the_buffer_beat_a_stale_answer(engine, ports):
                          elements=256, mode="bounded", deadline=0.01, group=group,
                          session=job.session, bind=("127.0.0.1", p[i]), engine=engine)
             for i in range(2))
+    assert a.gsock is not None and b.gsock is not None, b.group_error
+    for c in (a, b):        # the ranks rejoin (as under ina train) rather than end the job
+        c.end_on_too_late = False
+    return server, t, a, b
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_stale_answer_says_behind_whatever_the_rank_has_read(engine, ports):
+    """A bounded rank stopped while its peer went on more than 2 x window finds, when it
+    runs again, the RESULTs it missed waiting in its receive buffer (the group's copies)
+    and the switch's STALE answer to the DATA it sent on resuming. It is behind: its
+    DATA go on being too late (its peer's results leave it out) until it rejoins, so the
+    call raises ``AllreduceTooLate`` whichever datagram it reads first, and also when the
+    answer comes after the call that read its RESULT. Before, the compiled loop read the
+    answer first (too late: a rejoin) and the Python loop the RESULT first (the answer
+    dropped: the rank lagged on, its contributions lost); a call over before the answer
+    came dropped it in both: the short stall test's intermittent "rejoins 0", and a
+    stalled transformer rank that lagged on for the rest of its run (98.6% of the
+    entries partial). An answer from before a rejoin is ignored."""
+    server, t, a, b = _pair(engine, ports)
     try:
-        assert a.gsock is not None and b.gsock is not None, b.group_error
         # the peer goes on alone (b "stopped"): each slot closes at its deadline, and
         # its PARTIAL RESULT waits in b's group socket; the switch passes 2 x window
-        ours = [a.allreduce(np.full(600, 1 + k, np.float32))[0] for k in range(6)]
+        for k in range(6):
+            a.allreduce(np.full(600, 1 + k, np.float32))
         assert server.model.counters["partials"] >= 6
         _stale_answer_waiting(b, 0)
-        for k in range(6):     # b resumes: every result it missed, from its buffer
-            got, st = b.allreduce(np.full(600, 100 + k, np.float32))
-            assert np.array_equal(got, ours[k]), k
-        assert b.seq == a.seq
-        # a result that is gone (read away here, as a full buffer drops it) while the
-        # switch answers STALE: too late, at once (no wait for the give-up time)
-        for _ in range(4):      # past 2 x window: the switch no longer holds b's next
-            a.allreduce(np.full(600, 7, np.float32))
-        while select.select([b.gsock], [], [], 0.2)[0]:
-            b.gsock.recv(1 << 16)
+        with pytest.raises(AllreduceTooLate, match="has passed seq 0 "):
+            b.allreduce(np.full(600, 100, np.float32))
+        # the rank rejoins (its replica and position from the peer): both go on together
+        b.start(b.session, a.seq)
+        for k in range(6):      # ... until b stops again, and a goes on alone
+            a.allreduce(np.full(600, 1 + k, np.float32))
+        stopped_at = b.seq
         time.sleep(ERROR_INTERVAL)      # the switch answers one source this often
-        _stale_answer_waiting(b, b.seq)
-        t0 = time.monotonic()
-        with pytest.raises(AllreduceTooLate, match="has passed seq"):
-            b.allreduce(np.full(600, 9, np.float32))
-        assert time.monotonic() - t0 < 1.0
+        # b resumes: its first call reads its RESULTs from its buffer and may end before
+        # the switch's answer to its DATA comes; the answer then ends the next call
+        with pytest.raises(AllreduceTooLate, match=f"has passed seq {stopped_at} "):
+            for _ in range(2):
+                b.allreduce(np.full(600, 100, np.float32))
+                select.select([b._usock], [], [], 2.0)
+        # after a rejoin, an answer to a DATA from before it is no news: ignored
+        time.sleep(ERROR_INTERVAL)
+        _stale_answer_waiting(b, stopped_at)
+        b.start(b.session, a.seq)
+        got = [None, None]
+
+        def call(i, c):
+            got[i] = c.allreduce(np.full(600, i + 1, np.float32))[0]
+        ts = [threading.Thread(target=call, args=(i, c)) for i, c in enumerate((a, b))]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join(10)
+        assert all(g is not None and np.all(g == 3) for g in got), got
     finally:
         a.close()
         b.close()
@@ -97,34 +119,20 @@ def test_results_waiting_in_the_buffer_beat_a_stale_answer(engine, ports):
         t.join(timeout=2)
         server.close()
 
-pytestmark = pytest.mark.xdist_group("torch")
-
-
-def _recoverable(rcvbuf, window):
-    """RESULTs a stopped bounded rank can still get without a rejoin: those its receive
-    buffer holds (the group's copies that came while it was stopped: fewer than twice
-    ``rcvbuf`` in 65,500-byte datagrams, as the kernel doubles the size asked for and
-    counts each datagram with its overhead; 1 MiB held 31) and the switch's last 2 x
-    window (re-sent to a late DATA)."""
-    return 2 * window + 2 * rcvbuf // 65_500
-
 
 def _stall_run(workload, steps, stall_s=4.0, past_recovery=True):
     """A bounded 2-rank ``run_training`` whose rank 1 is stopped for ``stall_s`` once
-    training is under way, and on (``past_recovery``) until its peer is further ahead
-    than it can recover without a rejoin."""
-    from ina_fabric.host.transport import switch_client
+    training is under way, and on (``past_recovery``) until its peer is more than 2 x
+    window ahead (the results the switch keeps: the DATA the rank sends on resuming
+    are then answered STALE, and it rejoins)."""
     server = SwitchServer([], "127.0.0.1", 0)
     t = threading.Thread(target=server.serve_forever, kwargs={"install_signals": False},
                          daemon=True)
     t.start()
     log = {}
-    # the peer must get further ahead than the stopped rank can recover without a
-    # rejoin (its buffer, then the switch's store): before, the short test ended the
-    # stall two windows ahead, inside the 64 MiB buffer, and the rank rejoined only when
-    # it read the switch's STALE answer before the RESULTs waiting for it (a race)
-    ahead = _recoverable(switch_client.WORKER_RCVBUF, LINK_DEFAULTS["loopback"].window) \
-        + 8 if past_recovery else 0
+    # (on a loaded machine 4 s can be less than that: a clean-clone make test saw the
+    # peer 232 results on, which the rank then read from its buffer)
+    ahead = 2 * LINK_DEFAULTS["loopback"].window + 8 if past_recovery else 0
 
     def staller():          # once training is under way: rank 1 stops for stall_s
         while server.model.counters["results"] < 20:
@@ -160,8 +168,7 @@ def _stall_run(workload, steps, stall_s=4.0, past_recovery=True):
 
 def _check(res, log, counters, steps, must_rejoin=True):
     assert "resumed_at_results" in log, "the stall came after the run"
-    # the peer went on during the stall (partial results), past all the stopped rank
-    # could recover without a rejoin
+    # the peer went on during the stall (partial results), past the switch's store
     assert log["resumed_at_results"] - log["stopped_at_results"] > log["ahead"], log
     assert res.steps == steps and len(set(res.param_hashes)) == 1      # identical replicas
     if must_rejoin:                                                     # the stopped rank
@@ -171,12 +178,10 @@ def _check(res, log, counters, steps, must_rejoin=True):
     return share
 
 
-def test_bounded_train_rides_out_a_4s_stall_short(monkeypatch):
-    """The digits CNN sends 4 datagrams a step where the transformer sends 67: its ranks'
-    receive buffers are scaled down alike (1 MiB, ~31 RESULTs), so that a 4 s stall
-    outlasts them as the issue's did (forked ranks inherit the setting)."""
-    from ina_fabric.host.transport import switch_client
-    monkeypatch.setattr(switch_client, "WORKER_RCVBUF", 1 << 20)
+def test_bounded_train_rides_out_a_4s_stall_short():
+    """The digits CNN: the stopped rank reads the RESULTs waiting in its buffer, is told
+    STALE, rejoins, and the run ends with identical replicas (before: it rejoined in 1
+    of 3 clean-clone runs, 2 of 5 under load: the trigger's race)."""
     steps = 300
     res, log, counters = _stall_run("digits", steps)
     share = _check(res, log, counters, steps)
@@ -186,9 +191,8 @@ def test_bounded_train_rides_out_a_4s_stall_short(monkeypatch):
 
 @pytest.mark.skipif(not os.environ.get("INA_LONG"), reason="long tier (INA_LONG=1)")
 def test_bounded_transformer_rides_out_a_4s_stall():
-    """The issue's scenario as it was run: 4 s, with the ranks' 64 MiB receive buffers.
-    The stopped rank reads what they hold and rejoins only if its peer got further (the
-    output says which)."""
+    """The issue's scenario as it was run: 4 s, however far the peer gets in that time
+    (on a loaded machine less than 2 x window; the output says whether it rejoined)."""
     steps = 150
     res, log, counters = _stall_run("transformer", steps, past_recovery=False)
     share = _check(res, log, counters, steps, must_rejoin=False)
