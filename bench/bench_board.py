@@ -78,6 +78,115 @@ def bounded(workers, deadline_ms, late_s):
             "board_core_counters": core}
 
 
+LAB_ID = "board"     # the lab --lab builds (torn down after)
+
+
+def _lab_rank(a):
+    """One rank of ``--lab``, in its lab host's namespace: Gloo over eth0 (the ranks'
+    agreement, and the float sum to check against), the hook's client on the lab's
+    switch (the board; rank 0 installs the job with a sealed CONTROL), ``a.iters``
+    allreduces of ``a.n`` elements, the last rank ``a.late_s`` late; rank 0 prints its
+    figures and the board's STATUS as a JSON line."""
+    import hashlib
+    import json
+    import os
+    from datetime import timedelta
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from ina_fabric.host.ddp.hook import setup_hook_state
+    from ina_fabric.host.transport import quantize as Q
+    from ina_fabric.protocol.control_client import query_status
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
+    dist.init_process_group("gloo", init_method=f"tcp://{a.master}", rank=a.rank,
+                            world_size=a.world, timeout=timedelta(seconds=600))
+    st = setup_hook_state(job=a.job, mode=a.mode, window=8, elements=64,
+                          deadline=a.deadline_ms / 1e3, connect_timeout=30.0)
+    if not st.use_switch:
+        raise SystemExit("the board did not answer in the lab")
+    calls = []
+    for it in range(a.iters):
+        rng = np.random.default_rng([a.rank, it])
+        x = (rng.standard_normal(a.n) * 10 ** rng.uniform(-2, 2, a.n)).astype(np.float32)
+        want = torch.from_numpy(x.copy())
+        dist.all_reduce(want)
+        gmax = torch.tensor([float(np.abs(x).max())])
+        dist.all_reduce(gmax, op=dist.ReduceOp.MAX)
+        dist.barrier()
+        if a.late_s and a.rank == a.world - 1:
+            time.sleep(a.late_s)
+        t = time.monotonic()
+        y, stats = st.collective.allreduce(x)
+        secs = time.monotonic() - t
+        tol = Q.error_bound(int(np.frexp(gmax.item())[1]), a.world) + \
+            a.world * gmax.item() * 2.0 ** -22
+        hashes = [None] * a.world
+        dist.all_gather_object(hashes, hashlib.sha256(y.tobytes()).hexdigest()[:16])
+        calls.append({"seconds": secs, "ranks_identical": len(set(hashes)) == 1,
+                      "error_over_bound": float(np.abs(y - want.numpy()).max() / tol),
+                      "stats": {k: v for k, v in stats.as_dict().items() if v}})
+    dist.barrier()
+    if a.rank == 0:
+        status = query_status(st.collective.switch, timeout=10.0)
+        print(json.dumps({"calls": calls, "status": status}), flush=True)
+    st.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _lab_allreduce(lab, mode, job, n, iters, late_s, deadline_ms, timeout):
+    import subprocess
+    import sys
+    from ina_fabric.bench._ranks import gather
+    master = f"{lab.address(lab.hosts[0])}:29541"
+    procs = [lab.popen(h, [sys.executable, "-m", "ina_fabric.bench.bench_board",
+                           "--lab-rank", r, "--world", len(lab.hosts), "--master", master,
+                           "--mode", mode, "--job", job, "--n", n, "--iters", iters,
+                           "--late-s", late_s, "--deadline-ms", deadline_ms],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r, h in enumerate(lab.hosts)]
+    return gather(procs, timeout, lab.hosts)
+
+
+def lab(hosts, late_s, deadline_ms, timeout=900.0):
+    """``ina lab up rack --switch board`` (lab ``LAB_ID``): the board on a TAP in the
+    switch namespace's bridge; from the hosts, ping and ARP, a reliable allreduce (every
+    rank's result identical, within the quantization bound of Gloo's float sum) and a
+    bounded one with the last rank ``late_s`` late; the board's STATUS after each.
+    Torn down at the end."""
+    from ina_fabric.host.lab import Lab, load
+    out = {"hosts": hosts}
+    t = time.monotonic()
+    with Lab(load("rack", {"hosts": hosts}), LAB_ID) as lab:
+        lab.start_switch(engine="board")
+        out["switch_up_s"] = time.monotonic() - t
+        ip = lab.address(lab.topo.switches[0].name)
+        ping = lab.run(lab.hosts[-1], ["ping", "-c", "3", "-W", "10", ip], timeout=120)
+        neigh = lab.run(lab.hosts[-1], ["ip", "neigh", "show", ip], timeout=30)
+        out["ping"] = ping.stdout.strip().splitlines()[-2:]
+        out["ping_ok"] = ping.returncode == 0
+        out["neighbour"] = neigh.stdout.strip()
+        out["reliable"] = _lab_allreduce(lab, "reliable", 3, 2000, 3, 0.0, deadline_ms,
+                                         timeout)
+        out["bounded"] = _lab_allreduce(lab, "bounded", 4, N_BOUNDED, 2, late_s,
+                                        deadline_ms, timeout)
+    return out
+
+
+def _lab_summary(f):
+    rel, bnd = f["reliable"], f["bounded"]
+    c = bnd["status"]["counters"]
+    return (f"lab: ping {'answered' if f['ping_ok'] else 'NOT answered'} ({f['ping'][-1]}); "
+            f"ARP: {f['neighbour']}; reliable: ranks identical "
+            f"{all(x['ranks_identical'] for x in rel['calls'])}, worst error / bound "
+            f"{max(x['error_over_bound'] for x in rel['calls']):.3f}; bounded: the board's "
+            f"STATUS partials {c.get('partials', 0)}, late {c.get('late', 0)}, resent "
+            f"{c.get('resent', 0)}; ranks identical "
+            f"{all(x['ranks_identical'] for x in bnd['calls'])}")
+
+
 def main(argv=()):
     import argparse
     import dataclasses
@@ -92,12 +201,30 @@ def main(argv=()):
     ap.add_argument("--bounded-late-s", type=float, default=2.0,
                     help="the bounded allreduce: the last rank calls this many wall seconds "
                          "after the others (0: no bounded run)")
+    ap.add_argument("--lab", action="store_true",
+                    help="instead: `ina lab up rack --switch board` (lab id board), ping, "
+                         "ARP, a reliable and a bounded allreduce from the lab hosts, the "
+                         "board's STATUS; torn down after (figures: board_lab.json)")
+    for name, kind in (("--lab-rank", int), ("--world", int), ("--master", str),
+                       ("--mode", str), ("--job", int), ("--n", int), ("--iters", int),
+                       ("--late-s", float)):
+        ap.add_argument(name, type=kind, help=argparse.SUPPRESS)
     args = ap.parse_args(list(argv))
+    if args.lab_rank is not None:
+        args.rank = args.lab_rank
+        return _lab_rank(args)
     from ina_fabric.host.switch.board import board_params, why_not
     from ina_fabric.host.lab.netns import available
     why = why_not() or available()
     if why:
         ap.error(why)
+    if args.lab:
+        figs = lab(args.workers, args.bounded_late_s or 2.0, args.deadline_ms)
+        print(_lab_summary(figs), flush=True)
+        write("board_lab", figs)
+        ok = figs["ping_ok"] and all(x["ranks_identical"] and x["error_over_bound"] <= 1
+                                     for x in figs["reliable"]["calls"])
+        return 0 if ok else 1
     from ina_fabric.host.ddp.train import TrainConfig
     P = board_params()
     base = TrainConfig(workload="digits", workers=args.workers, backend="ina",
@@ -145,3 +272,8 @@ def main(argv=()):
               f"{bd['rank0_partial_slots']}", flush=True)
     write("board_loop", figs)
     return 0 if figs["replicas_identical"] and figs["target_reached"] else 1
+
+
+if __name__ == "__main__":
+    import sys
+    raise SystemExit(main(sys.argv[1:]))

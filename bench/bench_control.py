@@ -170,13 +170,16 @@ def _lab(args, _results):
 def _write_real(_results, figures, path):
     """control_real.json: this run's figures, and ``rows``, one per (path, level) with
     ``path``, ``level``, ``decoupled_over_joint``, ``ci95_low``, ``ci95_high``, ``seeds``
-    (and the fitted simulator's ratio); rows of the other path in the file before are
+    (and the fitted simulator's ratio, and on the switch path the setting it predicts
+    best, ``sim_best_setting``); rows of the other path in the file before are
     kept, so a switch-path run adds its rows beside the Gloo path's."""
     import json
     rows = [{"path": path, "level": level, "seeds": v["seeds"],
              "decoupled_over_joint": v["decoupled_over_joint"], "ci95_low": v["ci95_low"],
              "ci95_high": v["ci95_high"], "verdict": v["verdict"],
-             "sim_decoupled_over_joint": v.get("sim_decoupled_over_joint")}
+             "sim_decoupled_over_joint": v.get("sim_decoupled_over_joint"),
+             **({"sim_best_setting": v["sim_best_setting"]} if "sim_best_setting" in v
+                else {})}
             for level, v in figures.get("levels", {}).items()]
     old = _results.RESULTS / "control_real.json"
     try:
@@ -193,9 +196,13 @@ def _write_real(_results, figures, path):
     figures["path"] = path
     figures["rows"] = kept + rows
     for r in figures["rows"]:
+        sim, best = r.get("sim_decoupled_over_joint"), r.get("sim_best_setting")
         print(f"   {r['path']:6s} {r['level']:6s} decoupled / joint "
               f"{r['decoupled_over_joint']:.3f}x [{r['ci95_low']:.3f}, {r['ci95_high']:.3f}]"
-              f" over {r['seeds']} seeds")
+              f" over {r['seeds']} seeds"
+              + (f"; fitted simulator {sim:.3f}x" if sim is not None else "")
+              + (f", its best setting {best['rate']} at {best['latency_s']:.3f} s per "
+                 f"exchange: {best['sim_decoupled_over_joint']:.3f}x" if best else ""))
     _results.write("control_real", figures)
 
 

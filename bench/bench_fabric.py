@@ -42,11 +42,13 @@ def _quantiles(xs):
 
 def _client(a, mode, bounded=False):
     """This rank's SwitchClient for ``mode``: flat at the spine, tree at its rack's
-    switch (the job installed on the whole tree by rank 0)."""
+    switch (the job installed on the whole tree by rank 0). The bounded jobs (the
+    straggler phase) have the job window ``a.straggler_window``."""
     from ina_fabric.host.ddp.hook import InaHookState
     name = f"{mode}-bounded" if bounded else mode
     os.environ.pop("INA_JOB", None)
-    kw = dict(elements=a.elements, window=a.window, connect_timeout=5.0, bind_port=None,
+    kw = dict(elements=a.elements, window=a.straggler_window if bounded else a.window,
+              connect_timeout=5.0, bind_port=None,
               job=JOBS[name], mode=a.bounded_mode if bounded else "reliable",
               deadline=a.deadline_ms / 1e3 if bounded else None)
     # each worker paces its DATA at its fair share of its path's narrowest link: flat,
@@ -160,7 +162,9 @@ def _worker(a):
         from ina_fabric.host.lab import netns as N
         pids = list(N.pids_in(N.lab_namespaces(os.environ["INA_LAB"])))
     times = {m: [] for m in modes}
-    busy = {m: [0.0, 0.0, 0.0] for m in modes}  # CPU s busy: machine, the lab's; wall s
+    # CPU s busy: the machine, the lab's; wall s; the lab's threads' s on a CPU and s
+    # runnable but waiting for one
+    busy = {m: [0.0] * 5 for m in modes}
     for rep in range(a.reps):
         k = rep % len(modes)
         results = {}
@@ -170,9 +174,9 @@ def _worker(a):
             t = time.perf_counter()
             results[m] = call(m)
             c1 = _cpu_seconds(pids)
-            busy[m][0] += c1[0] - c0[0]
-            busy[m][1] += c1[1] - c0[1]
             busy[m][2] += time.perf_counter() - t
+            for i, j in ((0, 0), (1, 1), (3, 2), (4, 3)):
+                busy[m][i] += c1[j] - c0[j]
             dt = torch.tensor([time.perf_counter() - t])
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)    # the slowest rank's time
             times[m].append(dt.item())
@@ -181,8 +185,10 @@ def _worker(a):
     dist.all_reduce(w, op=dist.ReduceOp.MAX)
     cores = os.cpu_count()
     out = {"times": times, "worst_error_over_bound": w[0].item(),
-           "cpu_busy": {m: b / max(t, 1e-9) / cores for m, (b, _, t) in busy.items()},
-           "cpu_lab": {m: b / max(t, 1e-9) / cores for m, (_, b, t) in busy.items()},
+           "cpu_busy": {m: b / max(t, 1e-9) / cores for m, (b, _, t, _, _) in busy.items()},
+           "cpu_lab": {m: b / max(t, 1e-9) / cores for m, (_, b, t, _, _) in busy.items()},
+           "cpu_lab_wait": {m: w / max(r + w, 1e-9)
+                            for m, (_, _, _, r, w) in busy.items()},
            "identical": w[1].item() == 0.0,
            "stats": {m: s.collective.total.as_dict() for m, s in states.items()}}
     for s in states.values():
@@ -199,35 +205,53 @@ def _worker(a):
 def _straggler(a, dist, torch, np):
     """Bounded mode, small calls: rank ``a.straggler_rank`` sleeps ``straggler_ms``
     before every call of the straggler rounds (none in the baseline rounds, interleaved);
-    per call, the slowest of the other ranks' times. Every rank's bytes are compared."""
+    per call, the slowest of the other ranks' times. Every rank's bytes are compared.
+    A call that raises on any rank ends that mode's phase on every rank (the flag goes
+    round with the call's time), recorded as ``failed`` with each failing rank's error,
+    so the figures already measured are kept."""
     out = {}
     n = SIZES[a.straggler_size] // 4
     x = torch.randn(n, generator=torch.Generator().manual_seed(7 + a.rank)).numpy()
-    for m in [m for m in a.modes.split(",") if m != "gloo"]:
+    for m in [m for m in a.straggler_modes.split(",") if m in a.modes.split(",")
+              and m != "gloo"]:
         state = _client(a, m, bounded=True)
         c = state.collective
-        c.allreduce(x)                          # warm-up
-        base, slow, same = [], [], True
+        base, slow, same, failed = [], [], True, None
         partial = {False: 0, True: 0}            # rank 0's partial slots, per phase
-        for i in range(2 * a.straggler_calls):
-            late = i % 2 == 1
+        for i in range(-1, 2 * a.straggler_calls):       # -1: the warm-up call
+            late = i >= 0 and i % 2 == 1
             dist.barrier()
             if late and a.rank == a.straggler_rank:
                 time.sleep(a.straggler_ms / 1e3)
             t = time.perf_counter()
-            z, st = c.allreduce(x)
+            err = None
+            try:
+                z, st = c.allreduce(x)
+            except Exception as e:  # noqa: BLE001 (every rank must learn it, then stop)
+                err, z, st = f"{a.rank}: {type(e).__name__}: {e}"[:400], None, None
             dt = time.perf_counter() - t
-            partial[late] += st.partial_slots
-            mine = torch.tensor([0.0 if a.rank == a.straggler_rank else dt])
+            mine = torch.tensor([0.0 if a.rank == a.straggler_rank else dt,
+                                 0.0 if err is None else 1.0])
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-            (slow if late else base).append(mine.item())
+            if mine[1].item():
+                errors = [None] * a.world
+                dist.all_gather_object(errors, err)
+                failed = [e for e in errors if e]
+                break
+            if i < 0:
+                continue
+            partial[late] += st.partial_slots
+            (slow if late else base).append(mine[0].item())
             digests = [None] * a.world
             dist.all_gather_object(digests, _digest(z))
             same = same and len(set(digests)) == 1
         st = c.total.as_dict()
-        state.close()
+        try:
+            state.close()
+        except Exception:  # noqa: BLE001 (a failed phase may have lost its job already)
+            pass
         out[m] = {"base_s": base, "straggler_s": slow, "identical": same,
-                  "partial_slots": st["partial_slots"],
+                  "failed": failed, "partial_slots": st["partial_slots"],
                   "partial_slots_base": partial[False],
                   "partial_slots_straggler": partial[True],
                   "abandoned_slots": st["abandoned_slots"]}
@@ -263,11 +287,14 @@ def measure(a, racks, per_rack, modes):
                     a.elements, "--window", a.window, "--inflight", a.inflight,
                     "--straggler-ms", a.straggler_ms, "--straggler-rank", straggler,
                     "--straggler-size", a.straggler_size, "--straggler-calls",
-                    a.straggler_calls, "--deadline-ms", a.deadline_ms, "--bounded-mode",
+                    a.straggler_calls, "--straggler-window", a.straggler_window,
+                    "--straggler-modes", a.straggler_modes, "--deadline-ms", a.deadline_ms, "--bounded-mode",
                     a.bounded_mode, "--flat-pace", flat_pace, "--tree-pace", tree_pace]
             procs.append(lab.popen(h, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True))
+        load0 = os.getloadavg()[0]
         res = gather(procs, a.timeout, lab.hosts, tail=1500)
+        res["loadavg"] = [load0, os.getloadavg()[0]]   # 1-minute, at the start and end
         res["straggler_host"] = lab.hosts[straggler]
         res["uplink_rate"] = topo.wan[0].link.rate
         res["oversubscription"] = topo.oversubscription
@@ -276,21 +303,27 @@ def measure(a, racks, per_rack, modes):
 
 
 def _cpu_seconds(pids=()):
-    """(CPU seconds the machine spent busy so far, nice time left out: other users'
-    niced jobs yield to ours; CPU seconds of ``pids`` so far), from /proc."""
+    """(CPU seconds the machine spent busy so far, nice time included: the lab runs
+    niced here, as heavy jobs must; CPU seconds of ``pids`` so far; seconds their
+    threads ran and seconds they were runnable but waited for a CPU, from the
+    scheduler's own account, ``/proc/PID/task/TID/schedstat``), from /proc."""
     tck = os.sysconf("SC_CLK_TCK")
     with open("/proc/stat") as f:
         v = [int(t) for t in f.readline().split()[1:]]
-    machine = (v[0] + sum(v[2:8]) - v[3] - v[4]) / tck   # user, system, irq, softirq, steal
-    own = 0
+    machine = (sum(v[:8]) - v[3] - v[4]) / tck   # all but idle and iowait
+    own, ran, waited = 0, 0, 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 st = f.read().rsplit(")", 1)[1].split()
             own += int(st[11]) + int(st[12])
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    r, w = f.read().split()[:2]
+                ran, waited = ran + int(r), waited + int(w)
         except (OSError, IndexError, ValueError):
             pass
-    return machine, own / tck
+    return machine, own / tck, ran / 1e9, waited / 1e9
 
 
 #: bytes on an Ethernet link per INA datagram besides its elements: the INA header, UDP,
@@ -314,14 +347,23 @@ def wire_seconds(size, elements, per_rack, rate, uplink_rate, hosts):
             if hosts > 1 else 0.0}
 
 
-def saturation(row, wire, busy):
+#: a lab whose runnable threads waited this share of their time for a CPU was starved
+LAB_WAIT_STARVED = 0.2
+
+
+def saturation(row, wire, busy, wait=None):
     """What set a row's times, from its own figures: each mode's time over its wire time,
-    and the machine's busy share during its calls; ``cpu_bound`` where the CPUs were over
-    90% busy and the time more than 10% above the wire's."""
+    the machine's busy share during its calls (``busy``) and the share of their runnable
+    time the lab's threads waited for a CPU (``wait``); ``cpu_bound`` where the time is
+    more than 10% above the wire's and the CPUs were over 90% busy or the lab's threads
+    waited over ``LAB_WAIT_STARVED`` of their time."""
+    wait = wait or {}
     over = {m: row[f"{m}_s"] / wire[m] for m in wire if row.get(f"{m}_s") and wire[m]}
     return {"wire_s": wire, "over_wire": over,
             "cpu_busy_max": max(busy.values()) if busy else None,
-            "cpu_bound": sorted(m for m in over if busy.get(m, 0) > 0.9 and over[m] > 1.1)}
+            "cpu_lab_wait_max": max(wait.values()) if wait else None,
+            "cpu_bound": sorted(m for m in over if over[m] > 1.1 and (
+                busy.get(m, 0) > 0.9 or wait.get(m, 0) > LAB_WAIT_STARVED))}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -351,6 +393,14 @@ def _parser() -> argparse.ArgumentParser:
                     help="allreduce per call in the straggler phase")
     ap.add_argument("--straggler-calls", type=int, default=20,
                     help="calls with the straggler (and as many without, interleaved)")
+    ap.add_argument("--straggler-modes", default="tree",
+                    help="the modes of the straggler phase (of tree, flat)")
+    ap.add_argument("--straggler-window", type=int, default=256,
+                    help="job window (slots) of the straggler phase's bounded jobs: a "
+                         "bounded worker may fall 2 x this less its call's window "
+                         "datagrams behind the others before its results are gone "
+                         "(AllreduceTooLate); 64 left 45 ms at 100 Mbit, which a "
+                         "CPU-starved rank or leaf here overran")
     ap.add_argument("--deadline-ms", type=float, default=10.0,
                     help="slot deadline of the bounded jobs (each level's)")
     ap.add_argument("--bounded-mode", default="bounded-skip",
@@ -410,7 +460,9 @@ def main(argv=()):
                "uplink_mbit": res["uplink_rate"] / 1e6, "size": SIZES[a.size],
                "checked": checked, "identical": res["identical"],
                "worst_error_over_bound": res["worst_error_over_bound"],
-               "cpu_busy": busy, "cpu_lab": res["cpu_lab"], "cpu_cores": os.cpu_count()}
+               "cpu_busy": busy, "cpu_lab": res["cpu_lab"],
+               "cpu_lab_wait": res.get("cpu_lab_wait", {}), "cpu_cores": os.cpu_count(),
+               "loadavg": res.get("loadavg")}
         for m in MODES:
             ts = res["times"].get(m)
             row[f"{m}_s"] = med[m] if ts else None
@@ -425,7 +477,7 @@ def main(argv=()):
             else None
         row["saturation"] = saturation(row, wire_seconds(
             SIZES[a.size], a.elements, per_rack, rate, res["uplink_rate"], racks * per_rack),
-            busy)
+            busy, row["cpu_lab_wait"])
         row["retransmits"] = {m: s["retransmits"] for m, s in res["stats"].items()}
         row["pace_bits"] = res["pace"]
         if "straggler" in res:
@@ -433,6 +485,10 @@ def main(argv=()):
                                 "deadline_ms": a.deadline_ms, "mode": a.bounded_mode,
                                 "size": SIZES[a.straggler_size]}
             for m, s in res["straggler"].items():
+                if s["failed"] or not s["base_s"] or not s["straggler_s"]:
+                    row["straggler"][m] = {"failed": s["failed"] or ["no calls"],
+                                           "calls_done": len(s["straggler_s"])}
+                    continue
                 b, q = _quantiles(s["base_s"]), _quantiles(s["straggler_s"])
                 row["straggler"][m] = {
                     "p50_s": q["p50"], "p99_s": q["p99"], "base_p50_s": b["p50"],
@@ -453,13 +509,21 @@ def main(argv=()):
               + f"; results {'checked' if checked else 'NOT within the bound/identical'}"
               + "; CPU busy (machine/this lab) " + ", ".join(
                   f"{m} {busy[m]:.0%}/{res['cpu_lab'][m]:.0%}" for m in modes)
+              + "; lab threads waiting for a CPU " + ", ".join(
+                  f"{m} {v:.0%}" for m, v in row["cpu_lab_wait"].items())
+              + (f"; load average {row['loadavg'][0]:.1f}-{row['loadavg'][1]:.1f}"
+                 if row["loadavg"] else "")
               + "; time / wire time " + ", ".join(
                   f"{m} {v:.2f}" for m, v in row["saturation"]["over_wire"].items()),
               flush=True)
         if "straggler" in row:
             for m in modes:
                 s = row["straggler"].get(m)
-                if s:
+                if s and "failed" in s:
+                    print(f"  straggler {a.straggler_ms:g} ms on {res['straggler_host']} "
+                          f"({m}, {a.bounded_mode}): FAILED after {s['calls_done']} calls "
+                          f"with the straggler: {s['failed'][0]}", flush=True)
+                elif s:
                     print(f"  straggler {a.straggler_ms:g} ms on {res['straggler_host']} "
                           f"({m}, {a.bounded_mode}, deadline {a.deadline_ms:g} ms): per call "
                           f"P50 {s['p50_s'] * 1e3:.1f} ms, P99 {s['p99_s'] * 1e3:.1f} ms "
@@ -474,26 +538,37 @@ def main(argv=()):
     for r in rows:
         r["tree_over_one_rack"] = r["tree_s"] / base["tree_s"] if base and r["tree_s"] \
             else None
-    saturated = any(b > 0.9 for r in rows for b in r["cpu_busy"].values())
+    saturated = any(b > 0.9 for r in rows for b in r["cpu_busy"].values()) or \
+        any(r["saturation"]["cpu_bound"] for r in rows)
     write("fabric", {"rows": rows, "modes": modes,
                      "reps": a.reps, "mtu": a.mtu, "elements": a.elements,
                      "window": a.window, "inflight": a.inflight, "queue_ms": a.queue_ms,
+                     "straggler_window": a.straggler_window,
                      "cpu_saturated": saturated,
                      "cpu_bound_rows": [f"{r['racks']}x{r['hosts_per_rack']}" for r in rows
                                         if r["saturation"]["cpu_bound"]],
                      "note": "medians of interleaved repetitions (the order rotates); each "
                              "time the slowest rank's; same links for every mode; Gloo's "
                              "ranks rack by rack; cpu_busy: the whole machine's share of "
-                             "its cores busy (shared with other users; nice time left "
-                             "out), per mode, over its timed calls; cpu_lab: the share "
-                             "the lab's own processes (ranks, switches) used"})
+                             "its cores busy (shared with other users, nice time "
+                             "included), per mode, over its timed calls; cpu_lab: the "
+                             "share the lab's own processes (ranks, switches) used; "
+                             "cpu_lab_wait: the share of their runnable time the lab's "
+                             "threads waited for a CPU (schedstat); loadavg: the 1-minute "
+                             "load average at the shape's start and end"})
     if saturated:
         bound = [f"{r['racks']}x{r['hosts_per_rack']} ({', '.join(r['saturation']['cpu_bound'])})"
                  for r in rows if r["saturation"]["cpu_bound"]]
-        print("fabric: the machine's CPUs were over 90% busy during a mode's calls"
+        print("fabric: the machine's CPUs were over 90% busy during a mode's calls, or "
+              f"the lab's threads waited over {LAB_WAIT_STARVED:.0%} of their time for one"
               + (f"; CPU-bound (over 10% above the wire time): {'; '.join(bound)}: try a "
                  "lower --rate" if bound else "; every time within 10% of the wire's"))
-    return 0 if all(r["checked"] for r in rows) else 1
+    failed = [f"{r['racks']}x{r['hosts_per_rack']} {m}" for r in rows
+              for m, v in r.get("straggler", {}).items() if isinstance(v, dict)
+              and "failed" in v]
+    if failed:
+        print(f"fabric: the straggler phase failed: {', '.join(failed)}")
+    return 0 if all(r["checked"] for r in rows) and not failed else 1
 
 
 if __name__ == "__main__":

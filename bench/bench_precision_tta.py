@@ -5,10 +5,11 @@
     ina bench precision-tta --widths 32,8,4 --reps 3 --rate 10mbit --epochs 20
 
 Every run trains the same workload with its gradients summed in the lab's ``ina switch``
-(``host.controller.switchpath.CompressedSwitchCollective``), the precision fixed for the whole run:
-32 is the switch path's own int32 fixed point, narrower precisions are quantized on the
-hosts with shared per-chunk scales and summed by the switch as they are (the bytes on
-the wire shrink with the precision). The widths are interleaved within each repetition
+(``host.controller.switchpath.CompressedSwitchCollective``), the precision fixed for the whole run
+and set as the wire's element width (the ``width`` byte): 32, 16 and 8 are the client's
+own fixed point at that width (16 and 8 rounded stochastically), 4 the knob's int4 codes
+on shared per-chunk scales, carried as int8 elements; the switch sums them as they are,
+so the bytes on the wire shrink with the precision both ways. The widths are interleaved within each repetition
 (its order rotated by one each repetition), so a machine that gets busier hurts all
 alike, and repetition r uses seed r for every width (paired runs).
 

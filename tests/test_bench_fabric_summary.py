@@ -56,3 +56,56 @@ def test_wire_time_by_hand():
     assert w["tree"] == pytest.approx(on_wire * 8 / 100e6)
     assert w["flat"] == pytest.approx(4 * w["tree"])
     assert w["gloo"] == pytest.approx(2 * 15 / 16 * (64 << 20) * 8 / 100e6)
+
+
+def test_a_failed_straggler_phase_keeps_the_figures_and_fails_the_bench(tmp_path, monkeypatch,
+                                                                        capsys):
+    """A straggler phase that raised on the ranks (once: a CPU-starved rack fell more than
+    the job window behind and every rank of the bench died, taking the measured 4x4 row with
+    it) is a row's ``failed`` entry with the error, the other figures written, exit 1."""
+    import ina_fabric.host.lab as lab
+    import ina_fabric.bench._results as R
+    monkeypatch.setattr(R, "RESULTS", tmp_path)
+    monkeypatch.setattr(lab, "available", lambda: None)
+    fake = _fake_measure({1: 0.5, 4: 0.5})
+
+    def measure(a, racks, per_rack, modes):
+        res = fake(a, racks, per_rack, modes)
+        ok = {"base_s": [0.1, 0.11], "straggler_s": [0.11, 0.12], "identical": True,
+              "failed": None, "partial_slots": 3, "partial_slots_base": 0,
+              "partial_slots_straggler": 3, "abandoned_slots": 0}
+        res["straggler"] = {"tree": ok if racks == 1 else
+                            {**ok, "straggler_s": [0.2], "failed": ["5: AllreduceTooLate: x"]}}
+        return res
+    monkeypatch.setattr(F, "measure", measure)
+    assert F.main(["--shapes", "1x4,4x4", "--straggler-ms", "30"]) == 1
+    one, four = json.loads((tmp_path / "fabric.json").read_text())["figures"]["rows"]
+    assert one["straggler"]["tree"]["cost_p50_deadlines"] == pytest.approx(1.0)
+    assert four["straggler"]["tree"] == {"failed": ["5: AllreduceTooLate: x"], "calls_done": 1}
+    assert four["checked"] and four["tree_s"] is not None
+    out = capsys.readouterr().out
+    assert "FAILED after 1 calls with the straggler: 5: AllreduceTooLate" in out
+    assert "the straggler phase failed: 4x4 tree" in out
+
+
+def test_a_starved_lab_is_cpu_bound_even_on_a_machine_not_90_percent_busy():
+    """The lab runs niced; the machine's busy share alone missed that its threads waited
+    for a CPU: a mode over its wire time whose lab threads waited more than
+    LAB_WAIT_STARVED of their runnable time is CPU-bound."""
+    row = {"tree_s": 1.3, "gloo_s": 1.3}
+    wire = {"tree": 1.0, "gloo": 1.0}
+    s = F.saturation(row, wire, {"tree": 0.6, "gloo": 0.6}, {"tree": 0.35, "gloo": 0.05})
+    assert s["cpu_bound"] == ["tree"] and s["cpu_lab_wait_max"] == 0.35
+    assert F.saturation(row, wire, {"tree": 0.6, "gloo": 0.6})["cpu_bound"] == []
+
+
+def test_cpu_seconds_reads_the_schedulers_account_of_a_process():
+    import os
+    import time
+    m0, own0, ran0, wait0 = F._cpu_seconds([os.getpid()])
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    m1, own1, ran1, wait1 = F._cpu_seconds([os.getpid()])
+    assert ran1 - ran0 >= 0.15 and own1 - own0 >= 0.1 and m1 - m0 >= 0.1
+    assert wait1 >= wait0 >= 0

@@ -1,7 +1,8 @@
-"""The joint controller's switch path (host/controller/switchpath.py): narrow codes packed
-into the switch's 32-bit containers sum exactly, every rank gets the same sum within the
-stated bound, and the meters (on a fake clock) give the cost model the switch path's
-time per byte and fixed cost."""
+"""The joint controller's switch path (host/controller/switchpath.py): the precision knob
+sets the element width on the wire (int32, int16, int8; int4 codes in int8 elements),
+every rank gets the same sum within the stated bound, the bytes on a real loopback
+switch shrink with the knob, and the meters (on a fake clock) give the cost model the
+switch path's time per byte and fixed cost."""
 
 import math
 import threading
@@ -11,49 +12,28 @@ import pytest
 
 from ina_fabric.host.controller.costmodel import CostModel, JobParams
 from ina_fabric.host.controller.knobs import ConfigError, Knobs, KnobSpace
-from ina_fabric.host.controller.switchpath import (CompressedSwitchCollective, codes_per_container,
-                                                   pack, switch_payload_bytes, unpack)
+from ina_fabric.host.controller.switchpath import (CompressedSwitchCollective, switch_payload_bytes,
+                                                   wire_width)
+from ina_fabric.host.transport import quantize as Q
+from ina_fabric.host.transport.precision import as_precision
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def test_codes_per_container_and_bytes_by_hand():
-    # N = 4: 2 bits of headroom, 24 usable bits: int4 -> 6-bit fields (4), int8 -> 10 (2)
-    assert [codes_per_container(q, 4) for q in (32, 16, 8, 4)] == [1, 1, 2, 4]
-    assert [codes_per_container(q, 2) for q in (16, 8, 4)] == [1, 2, 4]
-    assert codes_per_container(4, 16) == 3          # 8-bit fields
-    assert switch_payload_bytes(1000, 4, 4) == 4 * 250
-    assert switch_payload_bytes(1001, 8, 4) == 4 * 501
+def test_wire_width_and_bytes_by_hand():
+    # the knob's width is the wire's; int4 codes go as int8 while S >= 3 (N <= 8)
+    assert [wire_width(q, 4) for q in (32, 16, 8, 4)] == [32, 16, 8, 8]
+    assert [wire_width(q, 8) for q in (16, 8, 4)] == [16, 8, 8]
+    assert wire_width(4, 9) == 16 and wire_width(8, 16) == 8    # int8 S = 2 at N = 16
+    assert wire_width(8, 32) == 8 and wire_width(8, 33) == 16   # S = 1, then none
+    assert switch_payload_bytes(1000, 4, 4) == 1000
+    assert switch_payload_bytes(1001, 8, 4) == 1001
+    assert switch_payload_bytes(1001, 16, 4) == 2002
     assert switch_payload_bytes(1000, 32, 4) == 4000
     with pytest.raises(ConfigError, match="must be one of"):
-        codes_per_container(5, 4)
-    with pytest.raises(ConfigError, match="more than the 24"):
-        codes_per_container(16, 512)
-
-
-@pytest.mark.parametrize("bits", [16, 8, 4])
-@pytest.mark.parametrize("workers", [2, 3, 4, 8])
-def test_packed_codes_sum_exactly_in_float32_containers(bits, workers):
-    rng = np.random.default_rng(bits * 100 + workers)
-    L = 2 ** (bits - 1) - 1
-    n = 1001
-    codes = [rng.integers(-L, L + 1, n) for _ in range(workers)]
-    codes[0][:5] = L           # the extremes of every field
-    codes[1][:5] = L
-    codes[0][5:10] = -L
-    summed = np.zeros(-(-n // codes_per_container(bits, workers)), np.float32)
-    for c in codes:
-        summed += pack(c, bits, workers)      # float32 adds: exact below 2**24
-    np.testing.assert_array_equal(unpack(summed, n, bits, workers), np.sum(codes, 0))
-
-
-def test_unpack_refuses_a_sum_that_did_not_come_through_exactly():
-    with pytest.raises(ValueError, match="not an exact packed integer"):
-        unpack(np.array([1.5], np.float32), 2, 8, 4)
-    with pytest.raises(ValueError, match="not an exact packed integer"):
-        unpack(np.array([2.0 ** 25], np.float32), 2, 8, 4)
-    with pytest.raises(ValueError, match="outside"):
-        pack(np.array([8]), 4, 4)
+        wire_width(5, 4)
+    with pytest.raises(ConfigError, match="no wire width"):
+        wire_width(32, 2 ** 31)
 
 
 class FakeClock:
@@ -70,10 +50,11 @@ class FakeClock:
 
 
 class FakeSwitch:
-    """Sums the N ranks' calls as the switch path does: each float32 value in int32 fixed
-    point with the block exponent of its packet of ``elements`` (the max over the
-    workers), S = 30 - ceil(log2 N); every call costs ``latency + 4 n / bandwidth`` on
-    the fake clock."""
+    """Sums the N ranks' calls as the client and the switch do: each float32 value in
+    fixed point at the call's width with the block exponent of its packet of
+    ``elements`` (the max over the workers), S = bits - 2 - ceil(log2 N), rounded to
+    nearest or stochastically (a numpy draw per rank: not the client's bits); every call
+    costs ``latency + bytes / bandwidth`` on the fake clock, bytes at the call's width."""
 
     def __init__(self, world, clock, latency, bandwidth, elements=64):
         self.world, self.clock = world, clock
@@ -82,24 +63,29 @@ class FakeSwitch:
         self.inputs = [None] * world
         self.result = None
         self.calls = 0
+        self.widths = []
+        self.rng = np.random.default_rng(7)
 
-    def call(self, rank, x):
+    def call(self, rank, x, precision):
+        p = as_precision(precision)
         self.inputs[rank] = np.asarray(x, np.float32).copy()
         if self.barrier.wait() == 0:
             xs = np.stack(self.inputs).astype(np.float64)
-            S = 30 - math.ceil(math.log2(self.world))
+            S = Q.scale_bits(self.world, p.bits)
             out = np.zeros(xs.shape[1], np.float64)
             for a in range(0, xs.shape[1], self.elements):
                 blk = xs[:, a:a + self.elements]
                 m = np.abs(blk).max()
                 e = math.frexp(m)[1] if m > 0 else 0
-                q = np.rint(blk * 2.0 ** (S - e))
-                assert np.abs(q.sum(0)).max() < 2 ** 31
+                y = blk * 2.0 ** (S - e)
+                q = np.floor(y + self.rng.random(y.shape)) if p.stochastic else np.rint(y)
+                assert np.abs(q.sum(0)).max() <= 2 ** (p.bits - 2)
                 out[a:a + self.elements] = q.sum(0) * 2.0 ** (e - S)
             self.result = out.astype(np.float32)
             self.calls += 1
+            self.widths.append(p.bits)
         self.barrier.wait()
-        self.clock.advance(self.latency + 4 * np.size(x) / self.bandwidth)
+        self.clock.advance(self.latency + p.bits // 8 * np.size(x) / self.bandwidth)
         return self.result.copy()
 
 
@@ -108,8 +94,8 @@ class FakeClient:
         self.switch, self.rank = switch, rank
         self.nworkers, self.elements = switch.world, switch.elements
 
-    def allreduce(self, x):
-        return self.switch.call(self.rank, x), {}
+    def allreduce(self, x, precision=None):
+        return self.switch.call(self.rank, x, precision), {}
 
 
 def _run(world, bits, xs, latency=0.004, bandwidth=1e6, calls=1, probe_every=10):
@@ -147,9 +133,14 @@ def test_every_rank_gets_the_same_sum_within_the_bound(bits):
     cmax = np.max([np.abs(np.pad(x, (0, -n % chunk))).reshape(-1, chunk).max(1)
                    for x in xs], 0)
     cmax = np.repeat(cmax, chunk)[:n]
-    if bits == 32:
-        bound = world * 2.0 ** -(30 - 2) * np.abs(exact).max() + 1e-6 * np.abs(exact)
-        assert np.all(err <= bound + 1e-7)
+    if bits in (32, 16, 8):
+        # the client's fixed point at the wire width: N 2**(e - S) (stochastic) or half
+        # of it (int32, nearest), e the packet's agreed exponent; plus float32 rounding
+        bound = Q.error_bounds(xs, 64, bits, stochastic=bits != 32)
+        slack = 1e-6 * (np.abs(np.asarray(xs, np.float64)).sum(0) + 1e-30)
+        assert np.all(err <= bound + slack)
+        if bits != 32:                  # the elements really are narrow
+            assert err.max() > 0.01 * bound.max()
     else:
         L = 2 ** (bits - 1) - 1
         # each worker's code is off by less than one step; the step is at most
@@ -160,6 +151,8 @@ def test_every_rank_gets_the_same_sum_within_the_bound(bits):
         assert np.all(err <= world * step)
         # and the error is not trivially zero: the codes really are narrow
         assert err.max() > 0.01 * step.max()
+    # the payload call went at the wire width (after the int32 scale call and probe)
+    assert colls[0].client.switch.widths == [32, 32, wire_width(bits, world)]
     m = colls[0].take_measurements()
     assert m["clipped"] == 0
     assert m["bytes"] == switch_payload_bytes(n, bits, world)
@@ -201,7 +194,7 @@ def test_meters_give_the_switch_path_time_per_byte_and_fixed_cost_on_a_fake_cloc
 
 def test_the_controller_learns_the_switch_path_online_and_prices_its_bytes():
     """RealController (bench/experiments/realrun.py) on the switch path: bandwidth and
-    latency from the fake-clock meters; the cost model's bytes are the packed ones."""
+    latency from the fake-clock meters; the cost model's bytes are the wire width's."""
     from ina_fabric.bench.experiments.realrun import RealController, RealSpec
 
     class Cfg:
@@ -227,10 +220,12 @@ def test_the_controller_learns_the_switch_path_online_and_prices_its_bytes():
         (lat + 4 * 129 / bw) + (lat + 4 / bw), rel=0.05, abs=2e-4)
     p = CostModel(JobParams(params=n, workers=4, micro_batch=8, t_compute=0.0,
                             bandwidth=bw, b_noise=64, path="switch", latency=lat))
-    assert p.comm_time(4) == pytest.approx(lat + 4 * n / 4 / bw)
-    assert p.comm_time(16) == p.comm_time(32)     # int16 packs one per container
-    # with the same bytes, int16's noise makes it never better than 32 on this path
-    assert p.rate(Knobs(32, 1)) < p.rate(Knobs(16, 1))
+    # the bytes of the wire width: int16 2 per element, int8 and the int4 codes 1
+    assert [p.comm_time(q) for q in (32, 16, 8)] == pytest.approx(
+        [lat + b * n / bw for b in (4, 2, 1)])
+    assert p.comm_time(4) == p.comm_time(8)
+    # with the same bytes, int4's noise makes it never better than int8 on this path
+    assert p.rate(Knobs(8, 1)) < p.rate(Knobs(4, 1))
     g = CostModel(p.p.with_(path="gloo", wire_factor=3.0))
     assert g.comm_time(4) > p.comm_time(4)
     with pytest.raises(ConfigError, match="path="):
@@ -249,6 +244,22 @@ def test_the_switch_path_refuses_a_pace_and_bad_precisions():
         c.set_precision(12)
     with pytest.raises(ValueError, match="non-finite"):
         c.allreduce(np.array([np.nan], np.float32))
+    c.close()
+
+
+def test_int4_codes_that_do_not_come_back_exact_raise():
+    """The int4 codes' RESULT must be integers of [-N L, N L]: one that is not (a switch
+    that rounded or saturated them) raises instead of being scaled into a wrong sum."""
+    class Rounding(FakeClient):
+        def allreduce(self, x, precision=None):
+            out, st = super().allreduce(x, precision)
+            return (out + 0.5 if as_precision(precision).bits == 8 else out), st
+
+    clock = FakeClock()
+    c = CompressedSwitchCollective(0, 1, Rounding(FakeSwitch(1, clock, 0, 1e6), 0), bits=4,
+                                   clock=clock)
+    with pytest.raises(ValueError, match="exact sum"):
+        c.allreduce(np.linspace(-1, 1, 100).astype(np.float32))
     c.close()
 
 
@@ -298,8 +309,14 @@ def test_control_real_json_keeps_a_row_per_path_and_level(tmp_path, monkeypatch)
 
     old = figs(1.035)                       # as issue 23's runs wrote it, no rows
     (tmp_path / "control_real.json").write_text(json.dumps({"figures": old}))
-    _write_real(_results, figs(1.2), "switch")
+    sw = figs(1.2)
+    sw["levels"]["heavy"]["sim_best_setting"] = {"rate": "50mbit", "latency_s": 0.06,
+                                                 "sim_decoupled_over_joint": 1.07}
+    _write_real(_results, sw, "switch")
     rows = json.loads((tmp_path / "control_real.json").read_text())["figures"]["rows"]
+    # the switch row carries the simulator's best setting beside the measurement
+    assert [r["sim_best_setting"]["rate"] for r in rows if "sim_best_setting" in r] == [
+        "50mbit"]
     assert {(r["path"], r["level"], r["decoupled_over_joint"]) for r in rows} == {
         ("gloo", "heavy", 1.035), ("switch", "heavy", 1.2)}
     assert all({"ci95_low", "ci95_high", "seeds"} <= set(r) for r in rows)
@@ -307,3 +324,99 @@ def test_control_real_json_keeps_a_row_per_path_and_level(tmp_path, monkeypatch)
     rows = json.loads((tmp_path / "control_real.json").read_text())["figures"]["rows"]
     assert sorted((r["path"], r["decoupled_over_joint"]) for r in rows) == [
         ("gloo", 1.035), ("switch", 1.1)]
+
+
+def test_the_knob_sets_the_width_byte_and_the_bytes_shrink_on_a_real_switch():
+    """Four ranks through a loopback ``SwitchServer`` (the Python model, whose every
+    datagram is counted here by its ``width`` byte): the payload call of each knob
+    goes at its wire width both ways (int16 half of int32's element bytes, int8 and the
+    int4 codes a quarter), every rank gets the same sum, within the bound."""
+    from ina_fabric.host.cluster import free_udp_ports
+    from ina_fabric.host.switch import SwitchServer
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.protocol.fields import HEADER_BYTES
+    from ina_fabric.protocol.jobtable import JobConfig
+
+    world, n, E = 4, 6_000, 256
+    ports = free_udp_ports(world)
+    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=16, elements=E)
+    server = SwitchServer([job], "127.0.0.1", 0, engine="model", key=None)
+    seen = {"up": {}, "down": {}}
+    process = server.model.process
+
+    def counting(data, src, now):   # every datagram the switch takes and sends: its
+        replies = process(data, src, now)    # element bytes, by its width byte
+        for d, dgram in [("up", data)] + [("down", r) for _, r in replies]:
+            bits = 32 >> (dgram[7] & 15)
+            seen[d][bits] = seen[d].get(bits, 0) + len(dgram) - HEADER_BYTES
+        return replies
+
+    server.model.process = counting
+    t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
+    t.start()
+    rng = np.random.default_rng(5)
+    xs = [(rng.standard_normal(n) * np.repeat(10.0 ** rng.uniform(-2, 0, 6), 1000)
+           ).astype(np.float32) for _ in range(world)]
+    knobs = (32, 16, 8, 4)
+    outs = [[None] * len(knobs) for _ in range(world)]
+    counts = []
+    errors = []
+    barrier = threading.Barrier(world)
+
+    def rank(w):
+        try:
+            with SwitchClient(server.address, 1, w, world, 16, E,
+                              bind=("127.0.0.1", ports[w]), session=job.session) as cl:
+                coll = CompressedSwitchCollective(w, world, cl, seed=1, probe_every=1)
+                coll.allreduce(xs[w])       # warm (the numba kernels load): not counted
+                for k, q in enumerate(knobs):
+                    coll.set_precision(q)
+                    if barrier.wait() == 0:
+                        counts.append({d: dict(v) for d, v in seen.items()})
+                    outs[w][k] = coll.allreduce(xs[w])
+                    barrier.wait()
+                coll.close()
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+            barrier.abort()
+
+    th = [threading.Thread(target=rank, args=(w,)) for w in range(world)]
+    for x in th:
+        x.start()
+    for x in th:
+        x.join(120)
+    server.stop()
+    t.join(2)
+    counts.append({d: dict(v) for d, v in seen.items()})
+    server.close()
+    assert not errors, errors
+    exact = np.sum(np.asarray(xs, np.float64), 0)
+    slack = 1e-6 * (np.abs(np.asarray(xs, np.float64)).sum(0) + 1e-30)
+    payload = {}
+    for k, q in enumerate(knobs):
+        width = wire_width(q, world)
+        for w in range(world):
+            np.testing.assert_array_equal(outs[w][k][0], outs[0][k][0])   # replicas
+            assert outs[w][k][1]["width"] == width
+        # the element bytes at the payload's width in this call: N ranks' DATA, a
+        # RESULT to each (unicast) per packet
+        for d in ("up", "down"):
+            payload.setdefault(d, {})[q] = counts[k + 1][d].get(width, 0) - \
+                counts[k][d].get(width, 0)
+        err = np.abs(outs[0][k][0].astype(np.float64) - exact)
+        if q in (32, 16, 8):
+            bound = Q.error_bounds(xs, E, q, stochastic=q != 32)
+            assert np.all(err <= bound + slack), (q, float((err / bound).max()))
+        else:
+            cmax = np.repeat(np.max([np.abs(x).reshape(-1, 1000).max(1) for x in xs], 0),
+                             1000)
+            assert np.all(err <= world * world * 1.001 * cmax / 7)
+    for d in ("up", "down"):
+        for q in knobs:     # the payload's element bytes (a re-sent DATA adds its own)
+            want = world * n * wire_width(q, world) // 8
+            if q == 32:     # the scale call and the probe are int32 too
+                want += world * 4 * (2 * -(-6 // E) * E + 1 + 1)
+            assert want <= payload[d][q] <= 1.3 * want, (d, q, payload[d][q], want)
+    # the knob shrinks them: int16 half of int32, int8 and the int4 codes a quarter
+    assert payload["up"][16] * 1.9 < payload["up"][32]
+    assert payload["up"][8] * 3.5 < payload["up"][32]

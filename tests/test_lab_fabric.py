@@ -236,3 +236,48 @@ def test_train_on_the_fabric_tree(tmp_path, lab_bench):
     assert len(set(res["param_hashes"])) == 1
     assert res["config"]["static_job"]
     assert "train" not in list_labs()
+
+
+@needs_lab
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("INA_FABRIC_BENCH"),
+                    reason="DDP on the `ina` backend through the fabric's tree (about 2 min "
+                           "on 2 cores): set INA_FABRIC_BENCH=1")
+def test_ina_backend_trains_through_the_fabric_tree(fabric_lab):
+    """2 racks x 2: ``init_process_group("ina")`` on every host, each rank a member of
+    its rack's switch (a static tree job installed from inside the lab); DDP on the digits
+    CNN reaches the target test accuracy, through the switch, with identical replicas."""
+    import subprocess
+    from pathlib import Path
+    from ina_fabric.protocol.jobtable import job_defaults
+    lab, job, session, base = fabric_lab, 7, 0x5EED38BB, 21000
+    members = [f"{lab.address(h)}:{base + r}" for r, h in enumerate(lab.hosts)]
+    settings = job_defaults("ethernet", elements=2048)
+    roles = F.install_in_lab(lab, "tree", job, settings, session, members)
+    script = str(Path(__file__).with_name("fabric_backend_rank.py"))
+    procs = []
+    for rank, (h, role) in enumerate(zip(lab.hosts, roles)):
+        env = {**os.environ, "MASTER_ADDR": lab.address(lab.hosts[0]), "MASTER_PORT": "29438",
+               "RANK": str(rank), "WORLD_SIZE": str(len(lab.hosts)),
+               "GLOO_SOCKET_IFNAME": "eth0", "INA_SWITCH": role["switch"],
+               "INA_WORKER": str(role["worker"]), "INA_JOB": str(job), "INA_STATIC_JOB": "1",
+               "INA_SESSION": hex(session), "INA_PORT": str(base), "INA_ELEMENTS": "2048",
+               "INA_WINDOW": str(settings.window)}
+        procs.append(lab.popen(h, [sys.executable, script], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True))
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        F.remove_in_lab(lab, "tree", job, session, members)
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode == 0, e[-3000:]
+    got = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert all(r["use_switch"] and r["switch_calls"] > 0 for r in got), got
+    assert all(r["acc"] >= r["target"] for r in got), got
+    assert len({r["digest"] for r in got}) == 1 and len({r["epoch"] for r in got}) == 1
+    print(f"ina backend on the 2x2 fabric tree: target {got[0]['target']} reached at "
+          f"epoch {got[0]['epoch']} (test accuracy {got[0]['acc']:.3f}), "
+          f"{got[0]['switch_calls']} switch calls per rank, replicas identical")

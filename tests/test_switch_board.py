@@ -341,3 +341,20 @@ def test_board_clock_runs_until_a_bounded_deadline():
     regs[job_reg_addr(1, "deadline")] = (1 << 31) - 1
     from ina_fabric.host.switch.board import BoardSwitch
     assert _served_tails(regs)[1][1] == int(BoardSwitch.MAX_TAIL_S * SYNC_HZ)
+
+
+def test_train_gives_a_board_run_two_hours():
+    """``ina train --engine board`` waits 7,200 s for a run, not the 1,800 s of the others:
+    `make demo-board` at load ~20 took 31 min for 9 epochs and was stopped one epoch short
+    of the target ("training did not finish within 1800s"). ``--timeout`` overrides it,
+    and a bad one is a one-line error."""
+    import argparse
+    from ina_fabric.host.cli import CliError
+    from ina_fabric.host.commands import train
+    p = argparse.ArgumentParser()
+    train.add_arguments(p)
+    assert train.run_timeout(p.parse_args(["--engine", "board"])) == 7200
+    assert train.run_timeout(p.parse_args([])) == 1800
+    assert train.run_timeout(p.parse_args(["--engine", "board", "--timeout", "60"])) == 60
+    with pytest.raises(CliError, match="--timeout 0: must be > 0"):
+        train.run_timeout(p.parse_args(["--timeout", "0"]))

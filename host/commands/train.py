@@ -64,6 +64,9 @@ def add_arguments(p):
                         "Verilator on a TAP in a namespace of its own, the workers in that "
                         "namespace reaching it through the kernel (root); both default the "
                         "job to the core's window and elements per packet")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="give up on a run after this long (default 1800; 7200 with "
+                        "--engine board, whose digits run takes tens of minutes under load)")
     p.add_argument("--static-job", action="store_true",
                    help="the switch already holds the job (an FPGA loaded with `ina "
                         "hw-config`): send no CONTROL, bind worker r to --base-port + r")
@@ -98,6 +101,7 @@ def run(args):
     require_extras("torch")
     if args.plot:
         require_extras("plot", what="--plot")
+    run_timeout(args)           # (a bad --timeout: one line before anything starts)
     switch = f"{args.switch[0]}:{args.switch[1]}" if args.switch else None
     link = "ethernet" if args.switch else "loopback"
     lab = None
@@ -126,6 +130,21 @@ def _lab_up(args):
     print(f"lab {lab.id}: {lab.topo.name}, {len(lab.topo.hosts)} hosts, "
           f"{elements} elements per packet, switch {switch}", file=sys.stderr)
     return lab, switch, elements
+
+
+#: how long a run may take, per engine (``--timeout`` overrides): a run through the
+#: board engine is simulated RTL, minutes per epoch on a loaded machine
+RUN_TIMEOUT_S = {"board": 7200.0}
+
+
+def run_timeout(args) -> float:
+    """``--timeout``, else the engine's default (``RUN_TIMEOUT_S``, else 1800 s)."""
+    from ..cli import CliError
+    if args.timeout is not None:
+        if not args.timeout > 0:
+            raise CliError(f"--timeout {args.timeout:g}: must be > 0 seconds")
+        return args.timeout
+    return RUN_TIMEOUT_S.get(args.engine, 1800.0)
 
 
 def _train(args, switch, link, lab):
@@ -197,8 +216,8 @@ def _train(args, switch, link, lab):
                 bar.refresh()
 
         try:
-            res = run_training(cfg, progress) if lab is None else \
-                run_training_lab(cfg, lab, progress)
+            res = run_training(cfg, progress, timeout=run_timeout(args)) if lab is None \
+                else run_training_lab(cfg, lab, progress, timeout=run_timeout(args))
         except (RuntimeError, TimeoutError, ValueError) as e:
             bar.close()
             raise CliError(f"{backend} run failed: {e}") from None

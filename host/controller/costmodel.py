@@ -10,8 +10,8 @@ Time per optimizer step (one communication per step)::
 
 ``bytes(q)`` is 4d for float32 and ``ceil(d q / 8) + 4 ceil(d / chunk)`` for q-bit integers
 with a float32 scale per chunk. On the switch path (``path="switch"``, ``wire_factor`` 1)
-it is the packed containers of ``switchpath.switch_payload_bytes``; its scale call is part
-of the latency. ``overlap`` is the fraction of one micro-step (the
+it is the elements at the precision's wire width, ``switchpath.switch_payload_bytes``; its
+scale call is part of the latency. ``overlap`` is the fraction of one micro-step (the
 backward pass of the last micro-batch) that communication can hide behind.
 
 Steps to target, from the noise-scale model of McCandlish et al. 2018 ("An Empirical
@@ -121,7 +121,8 @@ class JobParams:
     #                             relative to the job's other costs per second
     path: str = "gloo"          # how the payload travels: "gloo" (q-bit messages with
     #                             per-chunk scales, ``payload_bytes``) or "switch" (summed
-    #                             in the switch: ``switchpath.switch_payload_bytes``)
+    #                             in the switch at the wire width:
+    #                             ``switchpath.switch_payload_bytes``)
 
     def __post_init__(self):
         for name in ("params", "workers", "micro_batch", "chunk"):

@@ -4,50 +4,46 @@
 aggregates in the network (``RealSpec.path = "switch"``): every worker sends one copy of
 its gradient to the switch (``SwitchClient``, the ``ina`` backend's client) and gets the
 sum back, instead of all-gathering N-1 copies over Gloo (``compress.CompressedCollective``).
-The precision knob ``q`` sets how many bits each element takes on the wire.
+The precision knob ``q`` sets the element width on the wire, the ``width`` byte of every
+DATA and RESULT of the payload call (docs/precision.md): the switch sums the narrow
+elements itself, so the bytes shrink both ways.
 
-What the switch sums today is a 32-bit container per element: the client turns float32
-into int32 fixed point with a block exponent that the workers agree through the switch
-(``host.transport.quantize``). A float32 holding an integer below ``2**24`` goes through
-that exactly (its exponent is at most 24, the scale ``2**(S-e)`` is a power of two, and
-the sum comes back as the same integer). So a narrow precision packs several host-
-quantized elements into one container, THC-style "homomorphic" quantization that the
-switch sums without knowing it:
-
-* one shared scale per chunk of ``chunk`` elements, the same on every worker, so the
-  integer codes of all workers are on one grid and their sum is exact. It is agreed in a
-  first, small call through the switch: each worker sends ``max|chunk|**4`` and
-  ``max|chunk|``; the sums bound every worker's max (``max <= M4**(1/4) <= N**(1/4) max``,
-  and ``max <= M1 <= N max`` where the 4th powers fall below the fixed-point resolution),
-  widened by the client's own fixed-point error so the bound holds exactly
-  (``_shared_max``); the scale is the bound over ``L``;
-* codes ``c = floor(x / s + u)`` (``u`` uniform: unbiased stochastic rounding) in
-  ``[-L, L]``, ``L = 2**(q-1) - 1``, offset to ``c + L`` in ``[0, 2L]``;
-* ``k = floor(usable / (q + h))`` codes per container, each in a field of ``q + h`` bits,
-  ``h = ceil(log2 N)`` bits of headroom, so the sum of N workers' fields never carries
-  into the next field; ``usable`` = 24 bits (the exact range of a float32 integer);
-* the sum is unpacked field by field, less ``N L`` per field, times the scale. Every
-  worker unpacks the same RESULT the same way, so every rank gets the same sum.
-
-At N = 4 (h = 2): int4 packs 4 codes per container (4x fewer bytes than int32), int8 2,
-int16 1 (no saving: the switch path's own int32 is as small and more precise).
-
-The error of the sum is that of the stochastic rounding, ``|err| < N s`` per element
-(``s <= N**(1/4) max/L``, or ``N max/L`` for a chunk whose 4th power is below ``2**-S``
-of its packet's largest), with ``E|err|^2 = sum_i E|Q(x_i) - x_i|^2`` (unbiased); at
-q = 32 the client's own bound, ``N 2**-S`` of the chunk's max.
-
-**Narrow widths on the wire** (int8/int16 per packet): when the client takes a width per
-call, ``CompressedSwitchCollective.width_for`` is the one place that changes (return the width for
-``q`` instead of 32, and ``_payload`` passes it to the client): the packing then gives
-way to the switch's own narrow sum.
+* ``q`` = 32, 16, 8: the client's own fixed point at that width (``SwitchClient.allreduce(
+  precision=)``): a block exponent per packet that the workers agree through the switch,
+  ``S = bits - 2 - ceil(log2 N)`` fractional bits (``quantize.scale_bits``), rounding
+  stochastic and unbiased at 16 and 8 (the seed shared by every rank, each worker's draws
+  its own), to nearest at 32 (as the switch path always sent it). At N = 4 an element is
+  int16 with 12 fractional bits, int8 with 4: every element is within ``N 2**(e - S)`` of
+  the exact sum (``quantize.error_bound``), ``e`` the packet's agreed exponent.
+* ``q`` = 4, which the wire has no width for: the knob's own int4 codes, THC's
+  "homomorphic" quantization that the switch sums without knowing it, carried as int8
+  elements (:func:`wire_width`: the narrowest width whose fixed point holds an int4 code
+  exactly, int8 up to 8 workers). One shared scale per chunk of ``chunk`` elements, the
+  same on every worker, so the integer codes of all workers are on one grid and their
+  sum is exact. It is agreed in a first, small call through the switch: each worker sends
+  ``max|chunk|**4`` and ``max|chunk|``; the sums bound every worker's max (``max <=
+  M4**(1/4) <= N**(1/4) max``, and ``max <= M1 <= N max`` where the 4th powers fall below
+  the fixed-point resolution), widened by the client's own fixed-point error so the bound
+  holds exactly (``_shared_max``); the scale is the bound over ``L = 7``; codes ``c =
+  floor(x / s + u)`` (``u`` uniform: unbiased) in ``[-L, L]``. A code below ``2**S`` goes
+  through the client's fixed point exactly (its exponent is at most S, the scale
+  ``2**(S-e)`` a power of two), so the RESULT is the exact sum of the codes; one that is
+  not (an integer in ``[-N L, N L]``) raises on every rank alike. Its error is
+  ``|err| < N s`` per element (``s <= N**(1/4) max/L``, or ``N max/L`` for a chunk whose
+  4th power is below ``2**-S`` of its packet's largest). It takes the bytes of int8 with a
+  coarser grid (int8's step is ``2**(e-4)`` at N = 4, at most max/8; int4's about max/5),
+  so a controller that measures both prefers int8.
 
 Measurements, the keys of ``CompressedCollective.take_measurements`` so that
 ``bench.experiments.realrun``'s controller reads either path: the first (scale) call
-waits for the slowest worker (``sync_s``); every ``probe_every``-th call a one-element
-call with everyone present measures the switch path's fixed cost (``fixed_s``); the
-payload call's time less that fixed cost is the per-byte time (``byte_s``). The cost
-model (``JobParams(path="switch")``) learns bandwidth and latency from these, as for Gloo.
+waits for the slowest worker (``sync_s``; it also sums ``|g|^2`` for the noise scale);
+every ``probe_every``-th call a one-element call with everyone present measures the
+switch path's fixed cost (``fixed_s``); the payload call's time less that fixed cost is
+the per-byte time (``byte_s``). The cost model (``JobParams(path="switch")``) learns
+bandwidth and latency from these, as for Gloo, and prices each precision at the bytes of
+its wire width (:func:`switch_payload_bytes`). ``r_q`` (the quantizer's relative error
+variance) is computed exactly for every precision from this rank's gradient: per packet
+at the client's step ``2**(e - S)`` (16, 8), per chunk at the shared scale (4).
 """
 
 import math
@@ -59,11 +55,13 @@ import numpy as np
 from .compress import meter_add
 from .knobs import ConfigError, PRECISIONS
 
-__all__ = ["USABLE_BITS", "headroom_bits", "codes_per_container", "switch_payload_bytes",
-           "pack", "unpack", "CompressedSwitchCollective", "switch_collective_from_env"]
+__all__ = ["WIRE_WIDTHS", "CODE_BITS", "headroom_bits", "wire_width", "switch_payload_bytes",
+           "CompressedSwitchCollective", "switch_collective_from_env"]
 
-#: bits of a 32-bit container that a float32 integer carries exactly (its mantissa)
-USABLE_BITS = 24
+#: the element widths of the wire (``fields.WIDTH_BITS``), narrowest first
+WIRE_WIDTHS = (8, 16, 32)
+#: knob precisions the wire has no width for: sent as the knob's own integer codes
+CODE_BITS = (4,)
 #: the 4th power of each chunk's max is what the scale call sums
 _P = 4
 
@@ -72,66 +70,34 @@ def headroom_bits(workers: int) -> int:
     return math.ceil(math.log2(max(int(workers), 1)))
 
 
-def codes_per_container(bits: int, workers: int, usable: int = USABLE_BITS) -> int:
-    """How many ``bits``-bit codes one container carries with the headroom of ``workers``
-    (1 for 32: the client's own int32 fixed point)."""
+def _scale_bits(workers: int, width: int) -> int:
+    """The client's fractional bits at ``width`` (``quantize.scale_bits``), or 0 where the
+    sum of ``workers`` leaves none."""
+    return width - 2 - headroom_bits(workers)
+
+
+def wire_width(bits: int, workers: int) -> int:
+    """The element width on the wire for the precision knob ``bits`` with ``workers``
+    workers: ``bits`` itself for 32, 16 and 8 (the narrowest wider one where the sum of
+    ``workers`` leaves the width no fractional bit); for 4, the narrowest width whose
+    fixed point carries an int4 code (``|c| < 2**3``) exactly (``S >= 3``: int8 up to 8
+    workers). ConfigError for a precision the knob does not have, or a job too large."""
     if bits not in PRECISIONS:
         raise ConfigError(f"precision {bits!r}: must be one of {PRECISIONS}")
-    if bits == 32:
-        return 1
-    k = usable // (bits + headroom_bits(workers))
-    if k < 1:
-        raise ConfigError(f"int{bits} with {workers} workers needs {bits + headroom_bits(workers)}"
-                          f" bits per field: more than the {usable} a container carries")
-    return k
+    need = bits - 1 if bits in CODE_BITS else 1
+    for w in WIRE_WIDTHS:
+        if w >= min(bits, 32) and _scale_bits(workers, w) >= need:
+            return w
+    raise ConfigError(f"int{bits} with {workers} workers: no wire width leaves the sum "
+                      f"{need} fractional bit(s)")
 
 
-def switch_payload_bytes(params: int, bits: int, workers: int, chunk: int = 1024,
-                         usable: int = USABLE_BITS) -> int:
-    """Bytes one worker sends the switch for one gradient at this precision: the packed
-    containers (the scale call's ``4 (ceil(d / chunk) + 2)`` bytes are a fixed cost)."""
-    return 4 * math.ceil(params / codes_per_container(bits, workers, usable))
-
-
-def _field(bits, workers):
-    return bits + headroom_bits(workers)
-
-
-def pack(codes: np.ndarray, bits: int, workers: int, usable: int = USABLE_BITS) -> np.ndarray:
-    """Integer codes in [-L, L] -> float32 containers (exact integers < 2**usable): code
-    ``j * C + c`` in field j of container c (C containers)."""
-    L = 2 ** (bits - 1) - 1
-    k = codes_per_container(bits, workers, usable)
-    f = _field(bits, workers)
-    n = codes.size
-    C = -(-n // k)
-    planes = np.full(k * C, L, np.int64)          # padding: code 0 (offset L)
-    planes[:n] = codes.astype(np.int64) + L
-    if planes.min(initial=0) < 0 or planes.max(initial=0) > 2 * L:
-        raise ValueError(f"pack: codes outside [-{L}, {L}] for int{bits}")
-    planes = planes.reshape(k, C)
-    out = np.zeros(C, np.int64)
-    for j in range(k):
-        out |= planes[j] << (f * j)
-    return out.astype(np.float32)
-
-
-def unpack(sums: np.ndarray, n: int, bits: int, workers: int,
-           usable: int = USABLE_BITS) -> np.ndarray:
-    """The switch's sum of ``workers`` packed vectors -> the sum of their codes (int64,
-    ``n`` of them). ValueError if a container is not an exact non-negative integer below
-    ``2**usable`` (a sum that did not come through exactly)."""
-    L = 2 ** (bits - 1) - 1
-    k = codes_per_container(bits, workers, usable)
-    f = _field(bits, workers)
-    s = np.asarray(sums, np.float64)
-    if s.size and (s.min() < 0 or s.max() >= 2.0 ** usable or np.any(s != np.rint(s))):
-        raise ValueError("unpack: the switch's sum is not an exact packed integer "
-                         "(a container overflowed or was rounded)")
-    s = s.astype(np.int64)
-    mask = (1 << f) - 1
-    planes = np.stack([(s >> (f * j)) & mask for j in range(k)])
-    return planes.ravel()[:n] - workers * L
+def switch_payload_bytes(params: int, bits: int, workers: int, chunk: int = 1024) -> int:
+    """Element bytes one worker sends the switch (and gets back) for one gradient at the
+    precision knob ``bits``: ``params`` elements of its wire width (:func:`wire_width`).
+    The scale call's ``4 (ceil(d / chunk) + 2)`` bytes and the 28-byte headers are part of
+    the fixed cost."""
+    return int(params) * wire_width(bits, workers) // 8
 
 
 def _chunk_max(x, chunk):
@@ -142,20 +108,20 @@ def _chunk_max(x, chunk):
 
 class CompressedSwitchCollective:
     """``allreduce(np.ndarray) -> (sum, stats)`` through the switch at the precision
-    knob ``bits`` (``set_precision``); see the module docstring.
+    knob ``bits`` (``set_precision``), on the wire at ``width_for(bits)``; see the
+    module docstring.
 
     ``client``: a ``SwitchClient`` of this rank's job (or anything with
-    ``allreduce(float32 array) -> (sum, stats)`` and ``nworkers``, ``elements``:
-    a test's fake); ``clock``: seconds (``time.perf_counter``; a fake in tests)."""
+    ``allreduce(float32 array, precision=) -> (sum, stats)`` and ``nworkers``,
+    ``elements``: a test's fake); ``clock``: seconds (``time.perf_counter``; a fake in
+    tests)."""
 
     def __init__(self, rank, world, client, bits=32, chunk=1024, seed=0, error_every=10,
-                 probe_every=10, epoch_file=None, clock=time.perf_counter, state=None,
-                 usable=USABLE_BITS):
+                 probe_every=10, epoch_file=None, clock=time.perf_counter, state=None):
         self.rank, self.world, self.client = rank, world, client
-        self.chunk, self.usable = int(chunk), int(usable)
+        self.chunk = int(chunk)
         self.set_precision(bits)
-        for q in PRECISIONS:        # every precision fits (refused at construction)
-            codes_per_container(q, world, self.usable)
+        self.widths = {q: wire_width(q, world) for q in PRECISIONS}   # every one fits
         self.rng = np.random.default_rng(seed * 7919 + rank)
         self.error_every, self.probe_every = error_every, probe_every
         self.epoch_file = epoch_file if rank == 0 else None
@@ -183,9 +149,16 @@ class CompressedSwitchCollective:
             raise ConfigError(f"pace {pace!r}: the switch path is unpaced (1 only)")
 
     def width_for(self, bits: int) -> int:
-        """The element width on the wire for precision ``bits``: 32 while the switch sums
-        only 32-bit containers (narrow precisions are packed into them)."""
-        return 32
+        """The element width on the wire for precision ``bits`` (:func:`wire_width`)."""
+        return self.widths[bits] if bits in self.widths else wire_width(bits, self.world)
+
+    def precision_for(self, bits: int):
+        """The client's ``Precision`` of the payload call at knob ``bits``: the wire
+        width; stochastic rounding for the narrow widths, nearest for int32 and for the
+        int4 codes (integers: exact either way)."""
+        from ina_fabric.host.transport.precision import Precision
+        w = self.width_for(bits)
+        return Precision(w, "stochastic" if bits == w and w != 32 else "nearest")
 
     # -- meters -----------------------------------------------------------------------
     def _reset(self):
@@ -200,9 +173,13 @@ class CompressedSwitchCollective:
         return m
 
     # -- the exchange -----------------------------------------------------------------
-    def _call(self, v):
-        out, _ = self.client.allreduce(np.ascontiguousarray(v, np.float32))
-        return np.asarray(out, np.float32)
+    def _call(self, v, precision=32):
+        out, st = self.client.allreduce(np.ascontiguousarray(v, np.float32),
+                                        precision=precision)
+        return np.asarray(out, np.float32), st
+
+    def _elements(self) -> int:
+        return max(int(getattr(self.client, "elements", 1)), 1)
 
     def _widened(self, summed: np.ndarray) -> np.ndarray:
         """The switch's sum of non-negative values, widened to an upper bound of the
@@ -224,15 +201,35 @@ class CompressedSwitchCollective:
         resolution of its packet, ``2**-S`` of the packet's largest)."""
         return np.minimum(self._widened(sum4) ** (1.0 / _P), self._widened(sum1))
 
+    def _steps(self, x: np.ndarray, width: int) -> np.ndarray:
+        """Per element of ``x``: the client's rounding step at ``width``, ``2**(e - S)``
+        with ``e`` this rank's exponent of the element's packet (the agreed one is the
+        max over the ranks: alike for gradients that are alike); 0 in a zero packet."""
+        from ina_fabric.host.transport import quantize as Q
+        E = self._elements()
+        e = Q.local_exponents(x, E).astype(np.int64)
+        S = _scale_bits(self.world, width)
+        step = np.where((e == Q.NO_EXPONENT) | (e == Q.NONFINITE), 0.0,
+                        np.ldexp(1.0, (e - S).clip(-1000, 1000)))
+        return np.repeat(step, E)[:x.size]
+
+    @staticmethod
+    def _variance(y: np.ndarray, step: np.ndarray) -> float:
+        """Sum over elements of stochastic rounding's variance, ``f (1 - f) step**2``,
+        ``y`` the values in steps."""
+        f = y - np.floor(y)
+        return float((f * (1.0 - f) * step ** 2).sum())
+
     def allreduce(self, x: np.ndarray):
-        """Sum of every worker's x, each quantized once at the current precision (raw
-        through the client's int32 at 32). Three calls through the switch: the scales
-        (and the squared norms: waits for the slowest worker), on every
+        """Sum of every worker's x, each quantized once at the current precision on the
+        wire width of :meth:`width_for`. Three calls through the switch: the scales and
+        the squared norms (int32; waits for the slowest worker), on every
         ``probe_every``-th exchange one element (the fixed cost), and the payload."""
         x = np.ascontiguousarray(x, np.float32).ravel()
         if not np.all(np.isfinite(x)):
             raise ValueError("switch path: gradient has non-finite values")
         n, bits, N = x.size, self.bits, self.world
+        width = self.width_for(bits)
         if self.epoch_file and self.calls == 0:
             import os
             tmp = f"{self.epoch_file}.tmp"
@@ -243,7 +240,7 @@ class CompressedSwitchCollective:
         tc = clock()
         cmax = _chunk_max(x, self.chunk)
         nch = cmax.size
-        E = max(int(getattr(self.client, "elements", 1)), 1)
+        E = self._elements()
         # [max**4 per chunk | max per chunk | |g|^2], each part from a packet of its own
         one_at = -(-nch // E) * E
         head_at = 2 * one_at
@@ -253,19 +250,23 @@ class CompressedSwitchCollective:
         norm2 = float(np.dot(x.astype(np.float64), x))
         head[head_at] = norm2
         t0 = clock()
-        hsum = self._call(head.astype(np.float32)).astype(np.float64)
+        hsum = self._call(head.astype(np.float32))[0].astype(np.float64)
         t_head = clock()
         if self.calls % self.probe_every == 0:
             self._call(np.zeros(1, np.float32))
             self._fixed = clock() - t_head
         t1 = clock()
         sync, fixed = t_head - t0, self._fixed
-        if bits == 32:
-            sent = 4 * n
-            total = self._call(x)
+        sent = n * width // 8
+        prec = self.precision_for(bits)
+        if bits not in CODE_BITS:
+            total, st = self._call(x, prec)
             t2 = clock()
+            clipped = int(getattr(st, "clipped", 0) or 0)
             err_est = 0.0
-            clipped = 0
+            if width != 32:
+                step = self._steps(x, width)
+                err_est = self._variance(x / np.where(step > 0, step, 1.0), step)
         else:
             L = 2 ** (bits - 1) - 1
             bound = self._shared_max(hsum[:nch], hsum[one_at:one_at + nch])
@@ -280,18 +281,18 @@ class CompressedSwitchCollective:
             clipped = int(np.count_nonzero(np.abs(codes) > L))
             if clipped:
                 np.clip(codes, -L, L, out=codes)
-            f = y - np.floor(y)
-            step2 = np.repeat(safe ** 2, self.chunk)[:n]
-            err_est = float((f * (1.0 - f) * step2).sum())
-            packed = pack(codes, bits, N, self.usable)
-            sent = 4 * packed.size
+            err_est = self._variance(y, np.repeat(safe, self.chunk)[:n])
             tp = clock()
-            summed = self._call(packed)
+            summed, _ = self._call(codes.astype(np.float32), prec)
             t2 = clock()
-            tc -= tp - t1      # (the packing is codec time, not the payload's)
+            tc -= tp - t1      # (the coding is codec time, not the payload's)
             t1 = tp
-            csum = unpack(summed, n, bits, N, self.usable).astype(np.float64)
-            total = (np.pad(csum, (0, pad)).reshape(-1, self.chunk)
+            s64 = summed.astype(np.float64)
+            if s64.size and (np.abs(s64).max() > N * L or np.any(s64 != np.rint(s64))):
+                raise ValueError(f"switch path: the int{bits} codes did not come back as "
+                                 f"an exact sum (a RESULT off the integers of "
+                                 f"[-{N * L}, {N * L}] at int{width})")
+            total = (np.pad(s64, (0, pad)).reshape(-1, self.chunk)
                      * scales[:, None]).ravel()[:n].astype(np.float32)
         mean = total.astype(np.float64) / N
         small = float(hsum[head_at]) / N
@@ -308,28 +309,31 @@ class CompressedSwitchCollective:
         self.calls += 1
         self.total_bytes += sent
         return total, {"bytes": sent, "seconds": t2 - t1, "sync_seconds": sync,
-                       "fixed_seconds": fixed, "bits": bits,
-                       "width": self.width_for(bits)}
+                       "fixed_seconds": fixed, "bits": bits, "width": width}
 
     def relative_errors(self, x, bound) -> dict:
-        """r_q = E|Q(x)-x|^2 / |x|^2 of this path's quantizer for every precision, with
-        the scales this call agreed (``max bound / L_q``), exactly (sum of
-        ``step^2 f (1 - f)``)."""
+        """r_q = E|Q(x)-x|^2 / |x|^2 of this path's quantizer for every precision,
+        exactly (sum of ``step^2 f (1 - f)``): the client's per-packet step at the narrow
+        wire widths (:meth:`_steps`), the scales this call agreed (``max bound / L``) for
+        the int4 codes, 0 at int32."""
         n2 = float(np.dot(x.astype(np.float64), x))
         if n2 == 0:
             return {q: 0.0 for q in PRECISIONS}
         pad = (-x.size) % self.chunk
-        xp = np.pad(x.astype(np.float64), (0, pad)).reshape(-1, self.chunk)
         out = {}
         for q in PRECISIONS:
+            w = self.width_for(q)
             if q == 32:
                 out[q] = 0.0
-                continue
-            s = bound / (2 ** (q - 1) - 1)
-            safe = np.where(s > 0, s, 1.0)
-            y = xp / safe[:, None]
-            f = y - np.floor(y)
-            out[q] = float(((f * (1 - f)).sum(1) * safe ** 2).sum()) / n2
+            elif q in CODE_BITS:
+                s = bound / (2 ** (q - 1) - 1)
+                safe = np.where(s > 0, s, 1.0)
+                y = np.pad(x.astype(np.float64), (0, pad)).reshape(-1, self.chunk) / \
+                    safe[:, None]
+                out[q] = self._variance(y, np.broadcast_to(safe[:, None], y.shape)) / n2
+            else:
+                step = self._steps(x, w)
+                out[q] = self._variance(x / np.where(step > 0, step, 1.0), step) / n2
         return out
 
     def close(self):
