@@ -331,20 +331,23 @@ def _cpu_seconds(pids=()):
 _FRAME = 8 + 20 + 18 + 20
 
 
-def wire_seconds(size, elements, per_rack, rate, uplink_rate, hosts):
+def wire_seconds(size, elements, per_rack, rate, uplink_rate, hosts, racks=None):
     """Per mode, the seconds the links alone need for one allreduce of ``size`` bytes of
     float32 (the saturation evidence: a time near it is link-bound). tree: one copy up and
     one down over each host link and uplink (full duplex); flat: ``per_rack`` copies over
     each uplink each way; gloo: the ring's 2(N-1)/N of the buffer over each link each way
-    (TCP's own headers left out)."""
+    (TCP's own headers left out). With ``racks`` 1 the tree (the rack's switch alone)
+    and Gloo stay inside the rack: the uplink is on flat's path only."""
     from ina_fabric.protocol.fields import HEADER_BYTES
     n = size // 4
     packets = -(-n // elements)
     on_wire = size + packets * (HEADER_BYTES + _FRAME)
-    tree = on_wire * 8 / min(rate, uplink_rate)
-    return {"tree": tree, "flat": max(tree, per_rack * on_wire * 8 / uplink_rate),
-            "gloo": 2 * (hosts - 1) / hosts * size * 8 / min(rate, uplink_rate)
-            if hosts > 1 else 0.0}
+    path = rate if racks == 1 else min(rate, uplink_rate)
+    tree = on_wire * 8 / path
+    return {"tree": tree,
+            "flat": max(on_wire * 8 / min(rate, uplink_rate),
+                        per_rack * on_wire * 8 / uplink_rate),
+            "gloo": 2 * (hosts - 1) / hosts * size * 8 / path if hosts > 1 else 0.0}
 
 
 #: a lab whose runnable threads waited this share of their time for a CPU was starved
@@ -476,7 +479,8 @@ def main(argv=()):
         row["gloo_over_flat"] = med["gloo"] / med["flat"] if {"gloo", "flat"} <= set(med) \
             else None
         row["saturation"] = saturation(row, wire_seconds(
-            SIZES[a.size], a.elements, per_rack, rate, res["uplink_rate"], racks * per_rack),
+            SIZES[a.size], a.elements, per_rack, rate, res["uplink_rate"], racks * per_rack,
+            racks),
             busy, row["cpu_lab_wait"])
         row["retransmits"] = {m: s["retransmits"] for m, s in res["stats"].items()}
         row["pace_bits"] = res["pace"]

@@ -79,6 +79,7 @@ def _worker(job, w, nworkers, leaf, port, session, window, elements, calls, size
         out = np.empty(size, np.float32)
         xs = [_inputs(job, w, k, size) for k in range(calls + 1)]
         c.allreduce(xs[0], out=out)              # untimed: numba, first window
+        r0 = c.total.retransmits
         barrier.wait(timeout=600)
         t0 = time.perf_counter()
         digests = []
@@ -93,7 +94,7 @@ def _worker(job, w, nworkers, leaf, port, session, window, elements, calls, size
         per_chunk = np.array([Q.error_bound(int(e), nworkers) for e in exps])
         bound = np.repeat(per_chunk, elements)[:size] + np.abs(exact) * 2.0 ** -23
         worst = float((np.abs(out - exact) / bound).max())
-        q.put((job, w, t0, t1, digests, worst, c.total.retransmits, None))
+        q.put((job, w, t0, t1, digests, worst, c.total.retransmits - r0, None))
         c.close()
     except Exception as e:                       # reported, the run is not checked
         q.put((job, w, 0.0, 0.0, [], float("inf"), 0, f"{type(e).__name__}: {e}"))
@@ -148,15 +149,20 @@ def run_once(a, pool, tmp):
         procs.append(p)
         admitted = len(st["jobs"])
         ctx = mp.get_context("fork")     # (spawn re-imports numba in 16 processes)
-        barrier, q = ctx.Barrier(a.jobs * a.workers), ctx.Queue()
+        # (this process waits at the barrier too: the leaf's counters when the timed
+        # calls start, so the overflow of the timed part is told apart from the untimed
+        # first call's, where every client starts at its full window)
+        barrier, q = ctx.Barrier(a.jobs * a.workers + 1), ctx.Queue()
         ws = [ctx.Process(target=_worker, args=(
             j + 1, w, a.workers, ("127.0.0.1", leaf_port), wports[j * a.workers + w],
             sessions[j], a.window, a.elements, a.calls, a.size, barrier, q, a.congestion))
             for j in range(a.jobs) for w in range(a.workers)]
         for w in ws:
             w.start()
-        got = []
+        got, at_start = [], None
         try:
+            barrier.wait(timeout=a.timeout)
+            at_start = _status(leaf_port, key)["counters"]
             for _ in ws:
                 got.append(q.get(timeout=a.timeout))
                 if got[-1][7]:
@@ -205,7 +211,13 @@ def run_once(a, pool, tmp):
             "parent_overflow_in": pc.get("overflow_in", 0),
             "parent_results": pc.get("results", 0),
             "congested_results": lc.get("congested", 0),
-            "retransmits": sum(g[6] for g in got), "pool": leaf.get("pool")}
+            # the timed calls' part (from the barrier on)
+            "overflow_timed": lc.get("overflow", 0) - at_start.get("overflow", 0),
+            "leaf_rx_data_timed": lc.get("rx_data", 0) - at_start.get("rx_data", 0),
+            "congested_timed": lc.get("congested", 0) - at_start.get("congested", 0),
+            "retransmits_timed": sum(g[6] for g in got), "pool": leaf.get("pool"),
+            "leaf_counters": {k: v for k, v in lc.items() if v},
+            "parent_counters": {k: v for k, v in pc.items() if v}}
 
 
 def _mmm(xs):
@@ -257,7 +269,10 @@ def main(argv=()):
                   f"{p['aggregate_bytes_per_s'] / 1e6:.1f} MB/s ({pool} slots), jobs "
                   + ", ".join(f"{v / 1e6:.1f}" for v in p["job_bytes_per_s"].values())
                   + f" MB/s (fair {fair / 1e6:.1f}), overflow {p['overflow']}/"
-                  f"{p['leaf_rx_data']}, exact {p['agree'] and u['agree']}"
+                  f"{p['leaf_rx_data']} (timed part {p['overflow_timed']}/"
+                  f"{p['leaf_rx_data_timed']}), re-sent (timed) {u['retransmits_timed']} "
+                  f"unlimited, {p['retransmits_timed']} pooled, "
+                  f"exact {p['agree'] and u['agree']}"
                   + (f", errors {u['errors'] + p['errors']}" if u["errors"] or p["errors"]
                      else ""), flush=True)
     ratios, shares, exact, over, frac, jains = [], [], [], [], [], []
@@ -288,6 +303,11 @@ def main(argv=()):
         "overflow_datagrams": statistics.median(over),
         "overflow_datagrams_mmm": _mmm(over),
         "overflow_fraction_mmm": _mmm(frac),
+        "overflow_timed_mmm": _mmm([p["overflow_timed"] for _, p in runs]),
+        "overflow_timed_fraction_mmm": _mmm([p["overflow_timed"] / p["leaf_rx_data_timed"]
+                                             for _, p in runs if p["leaf_rx_data_timed"]]),
+        "retransmits_timed_mmm": {"unlimited": _mmm([u["retransmits_timed"] for u, _ in runs]),
+                                  "pooled": _mmm([p["retransmits_timed"] for _, p in runs])},
         "congested_results_mmm": _mmm([p["congested_results"] for _, p in runs]),
         "parent_took_all": all(p["parent_overflow_in"] == p["overflow"] for _, p in runs),
         "runs": [{"unlimited": {k: v for k, v in u.items() if k != "digests"},

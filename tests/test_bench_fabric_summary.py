@@ -109,3 +109,14 @@ def test_cpu_seconds_reads_the_schedulers_account_of_a_process():
     m1, own1, ran1, wait1 = F._cpu_seconds([os.getpid()])
     assert ran1 - ran0 >= 0.15 and own1 - own0 >= 0.1 and m1 - m0 >= 0.1
     assert wait1 >= wait0 >= 0
+
+
+def test_one_racks_wire_time_leaves_out_the_uplink():
+    """One rack of 2 at 4:1 has a 50 Mbit uplink that its tree and Gloo never cross (the
+    quick bench's 1x2 once read 0.50 of its wire time): their wire time is the host
+    link's; flat's switch is at the spine, so flat's still crosses the uplink."""
+    one = F.wire_seconds(4 << 20, 2048, 2, 100e6, 50e6, 2, racks=1)
+    two = F.wire_seconds(4 << 20, 2048, 2, 100e6, 50e6, 4, racks=2)
+    assert one["tree"] == pytest.approx(two["tree"] / 2)
+    assert one["gloo"] == pytest.approx(2 * 1 / 2 * (4 << 20) * 8 / 100e6)
+    assert one["flat"] == pytest.approx(two["flat"])

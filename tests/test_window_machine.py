@@ -868,3 +868,31 @@ def test_a_congested_result_cuts_the_window_once_per_rtt_instead_of_growing(engi
     w2.start(0.0)
     acts = w2.on_result(0, 0.010, True)
     assert w2.limit() == 16 and off.cwnd == 0 and acts[-1] == Send(16)
+
+
+@pytest.mark.parametrize("c_window", [False, True])
+@pytest.mark.parametrize("congested", [False, True])
+def test_no_fast_resend_while_the_switch_pool_marks(congested, c_window):
+    """Slots a full pool sends to the parent come back after later ones (one hop more):
+    within REORDER_RTTS smoothed RTTs of a CONGESTED RESULT, three later results do not
+    re-send a packet at once (nor halve the window); the timer still does. Without the
+    flag, they do (FAST_RESEND)."""
+    from ina_fabric.host.transport import fastcall
+    if c_window and not fastcall.available():
+        pytest.skip(fastcall.WHY_NOT or "")
+    rtt = RttEstimator()
+    cls = fastcall.CSendWindow if c_window else SendWindow     # (and the C window)
+    win = cls(12, 4, WindowConfig(congestion="aimd"), rtt)
+    assert [a.p for a in win.start(0.0)] == [0, 1, 2, 3]
+    acts = []
+    # packet 1's RESULT is late; 4, 6 and 7 go after it and their RESULTs come first
+    for p, t, cg in ((0, .010, False), (2, .011, False), (3, .012, False),
+                     (4, .020, congested), (6, .021, False), (7, .022, False)):
+        acts += win.on_result(p, t, cg)
+    resent = [a.p for a in acts if type(a) is Send and a.retransmit]
+    assert resent == ([] if congested else [1])
+    if congested:
+        assert rtt.cwnd > 4 * 0.5            # cut once, by CONGESTED_BETA, not halved
+        assert [a.p for a in win.on_timer(1.0) if type(a) is Send][:1] == [1]
+    else:
+        assert rtt.cwnd == 4 * 0.5

@@ -39,6 +39,7 @@
 /* congestion control: window.py's constants of the same names (docs/congestion.md) */
 #define LOSS_BETA 0.5
 #define CONGESTED_BETA 0.8       /* window.py's */
+#define REORDER_RTTS 2.0         /* window.py's: no FAST_RESEND so soon after CONGESTED */
 #define DELAY_BETA 0.8
 #define MAX_DELAY_CUT 0.5
 #define DELAY_FACTOR 1.5
@@ -56,7 +57,7 @@ enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_R
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
        S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, NSTATS };
 enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK, T_CWND, T_SSTHRESH, T_BASE,
-       T_CUT_AT, T_CUTS, NRTT };   /* window.py's RttEstimator fields, in order */
+       T_CUT_AT, T_CUTS, T_CONGESTED_AT, NRTT };   /* window.py's RttEstimator fields, in order */
 #define NCFG 8                     /* fastcall.config_tuple */
 
 /* ---- the window (window.py's SendWindow and RttEstimator) ------------------------- */
@@ -337,11 +338,16 @@ static void win_on_result(Win *w, int p, double now, int congested) {
         }
     }
     if (!sampled && w->cc && !congested) win_grow(w);   /* no sample (Karn): ACK clock */
-    if (w->cc && congested) win_cut(w, now, CONGESTED_BETA);   /* the switch's slots */
+    if (w->cc && congested) {                           /* the switch's slots */
+        win_cut(w, now, CONGESTED_BETA);
+        w->rtt[T_CONGESTED_AT] = now;
+    }
     push(w, A_DELIVER, p, 0);
     win_release(w, p + w->W, now);
     win_pump(w, now);
-    if (t < INFINITY) {           /* fast re-send (window.py's FAST_RESEND) */
+    /* fast re-send (window.py's FAST_RESEND), not while the pool marks (REORDER_RTTS) */
+    if (t < INFINITY && !(w->cc && now - w->rtt[T_CONGESTED_AT] <=
+                                   REORDER_RTTS * w->rtt[T_SRTT])) {
         int n = 0;
         for (int q = w->fhead; q >= 0 && w->tsent[q] < t; q = w->next[q])
             if (++w->later[q] == FAST_RESEND) w->scratch[n++] = q;

@@ -33,7 +33,7 @@ STATS = ("packets_sent", "retransmits", "results", "duplicates_ignored", "partia
          "refetched")
 #: ``RttEstimator``'s fields in the C window's float64 array (``_client.c``'s T_*)
 _RTT = ("srtt", "rttvar", "answered", "peak", "last_peak", "cwnd", "ssthresh", "base_rtt",
-        "cut_at", "cuts")
+        "cut_at", "cuts", "congested_at")
 _KINDS = {1: lambda p, f: Send(p, bool(f)), 2: lambda p, f: Deliver(p),
           3: lambda p, f: Abandon(p), 4: lambda p, f: Hold(p),
           5: lambda p, f: Fail(("unavailable", "stalled")[p])}

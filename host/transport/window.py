@@ -73,7 +73,7 @@ from typing import NamedTuple
 __all__ = ["SendWindow", "WindowConfig", "RttEstimator", "Send", "Deliver", "Abandon",
            "Hold", "Fail", "MAX_BACKOFF", "BOUNDED_MAX_BACKOFF", "PEAK_FACTOR",
            "FAST_RESEND", "LOSS_BETA", "DELAY_BETA", "MAX_DELAY_CUT", "DELAY_FACTOR",
-           "DELAY_SLACK", "MIN_CWND", "CONGESTED_BETA"]
+           "DELAY_SLACK", "MIN_CWND", "CONGESTED_BETA", "REORDER_RTTS"]
 
 MAX_BACKOFF = 64
 #: bounded mode: a re-send is a fetch of a result the switch stored when the slot's
@@ -108,6 +108,12 @@ MIN_CWND = 1.0
 #: cwnd to this fraction instead of growing it, at most once per smoothed RTT (gentler
 #: than a loss: nothing was lost, the switch's slots go to its parent)
 CONGESTED_BETA = 0.8
+#: a CONGESTED RESULT came in within this many smoothed RTTs: no FAST_RESEND (with
+#: congestion control on). While the switch's pool marks, the slots it could not hold are
+#: summed by its parent, one hop further, so their RESULTs come back after later ones:
+#: a reordering, not a loss (in the tenants bench, 3 of 5 DATA of those slots were
+#: re-sent at once, and each re-send halved the window); the timer still re-sends them
+REORDER_RTTS = 2.0
 #: the congestion modes (``WindowConfig.congestion``, ``SwitchClient.congestion``)
 CONGESTION = ("aimd", "delay", "off")
 
@@ -173,7 +179,8 @@ class RttEstimator:
     0: not set, a call starts it at its window), ``ssthresh`` (below it cwnd grows by one
     per RESULT, above it by one per window), ``base_rtt`` (the smallest round trip
     sampled, 0: none), ``cut_at`` (when cwnd was last cut: at most once per RTT),
-    ``cuts`` (how many times it was cut, loss or delay)."""
+    ``cuts`` (how many times it was cut, loss or delay), ``congested_at`` (when the last
+    RESULT with the switch's CONGESTED flag came in: ``REORDER_RTTS``)."""
     srtt: float = 0.0
     rttvar: float = 0.0
     answered: bool = False
@@ -184,6 +191,7 @@ class RttEstimator:
     base_rtt: float = 0.0
     cut_at: float = float("-inf")
     cuts: float = 0.0
+    congested_at: float = float("-inf")
 
     def sample(self, r: float):
         if not self.srtt:
@@ -436,12 +444,17 @@ class SendWindow:
             self._grow()         # no sample (Karn), but the path delivered: ACK clock
         if self.cc and congested:
             self._cut(now, CONGESTED_BETA)     # the switch's slots are full
+            self.rtt.congested_at = now
         acts = [Deliver(p)]
         self._release(p + self.W, now, acts)
         self._pump(now, acts)
-        if t_sent is not None:
+        rt = self.rtt
+        if t_sent is not None and not (self.cc and now - rt.congested_at <=
+                                       REORDER_RTTS * rt.srtt):
             # packets sent once, before p, still without a result: FAST_RESEND later
-            # results and one goes again at once (its RESULT, or its DATA, was lost)
+            # results and one goes again at once (its RESULT, or its DATA, was lost);
+            # not while the switch's pool marks (REORDER_RTTS: its parent's RESULTs
+            # come back after later ones)
             due = []
             for q, ts in self.fresh.items():
                 if ts >= t_sent:

@@ -106,9 +106,9 @@ class Flags(enum.IntFlag):
     LAST = 0x08        # last packet of a bucket (informational)
     FORWARDED = 0x10   # DATA a switch whose slot pool was full sent on to its parent (the
                        # worker's DATA, unchanged but for this flag; docs/pool.md)
-    CONGESTED = 0x20   # RESULT sent while the switch's slot pool was full (its slots go
-                       # to the parent): the client's congestion window backs off
-                       # (docs/congestion.md; no qdisc here marks ECN)
+    CONGESTED = 0x20   # RESULT sent while 7/8 of the switch's slot pool was held (new
+                       # slots soon go to the parent): the client's congestion window
+                       # backs off (docs/congestion.md; no qdisc here marks ECN)
 
 
 #: element width codes (the nibbles of the ``width`` byte): code -> bits. An element of
