@@ -4,7 +4,11 @@ rejoins instead of ending the job.
 A bounded-mode rank that stops for a while (a GC pause, a preemption: SIGSTOP in the
 test) finds, when it runs again, that the switch has reused the slots of the results it
 missed (``AllreduceTooLate``: a STALE answer, or a result gone past its give-up time).
-Before, that ended the job. Now the rank:
+Before, that ended the job. (A STALE answer makes the rank behind even when the
+results it missed still wait in its receive buffer, ``sockbuf.WORKER_RCVBUF``: its DATA
+would go on being too late until it rejoins. The client takes the answer whichever
+datagram it reads first and also after the call it answers:
+``AllreduceCall.stale_behind``.) Now the rank:
 
 1. marks itself *behind* (``InaHookState.behind``): the rest of its step skips the
    switch (its gradients are not sent; what its optimizer applies is overwritten below);

@@ -486,8 +486,12 @@ typedef struct {
     int code, stochastic;        /* element width code (0 int32, 1 int16, 2 int8) and
                                     rounding (docs/precision.md) */
     uint64_t seed;               /* stochastic rounding: the call's shared seed */
-    int refusal, refused_p;      /* RC_REFUSED: the switch's reason, for packet refused_p */
-    uint32_t refusal_figure;
+    int refusal, refused_p;      /* RC_REFUSED: the switch's reason, for packet refused_p
+                                    (-1: a DATA of an earlier call) of seq refused_seq */
+    uint32_t refusal_figure, refused_seq;
+    /* a STALE answer whose figure (the job's position) is more than this past the
+     * call's base: this worker is behind the job (2 x the job's window) */
+    uint32_t stale_after;
 } Call;
 
 static inline int nelem_of(const Call *c, int p) {
@@ -755,6 +759,23 @@ static int result_index(const Call *c, const uint8_t *d, size_t n) {
     return (int)p;
 }
 
+/* whether ``d`` is a STALE answer saying this worker is behind the job: an ERROR (header
+ * only; version, job, worker and session checked) to a DATA of this call or an earlier
+ * one, whose figure (the job's position when it answered) is more than ``stale_after``
+ * past this call's base (an answer from before a rejoin, which moved the base to the
+ * job's position, is not): switch_client.AllreduceCall.stale_behind */
+static int stale_behind(const Call *c, const uint8_t *d, size_t n) {
+    const InaLayout *L = &c->L;
+    if (n != (size_t)L->header || d[L->type] != L->t_error || d[L->version] != L->v_version ||
+            (int)ina_rd16(d + L->count) != REFUSAL_STALE ||
+            (int)ina_rd16(d + L->job) != c->job || d[L->worker] != c->worker ||
+            ina_rd64(d + L->session) != c->session)
+        return 0;
+    uint32_t seq = ina_rd32(d + L->seq), ahead = ina_rd32(d + L->bitmap) - c->base;
+    int ours = seq - c->base < (uint32_t)c->P || c->base - seq < 0x80000000u;
+    return ours && ahead > c->stale_after && ahead < 0x80000000u;
+}
+
 /* the packet index of an ERROR answering a DATA of this call (header only; version, job,
  * worker, session and seq checked), or -1: switch_client.AllreduceCall.error_index */
 static int error_index(const Call *c, const uint8_t *d, size_t n) {
@@ -993,10 +1014,18 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                     int p = result_index(c, d, n);
                     if (p < 0) {
                         int q = error_index(c, d, n);
-                        if (q >= 0 && ((int)ina_rd16(d + L->count) != REFUSAL_STALE || !w->received[q])) {
+                        /* a STALE answer ends the call whatever this worker has read:
+                         * the RESULTs it missed may still wait in its socket, but its
+                         * DATA go on being too late (its peers' results leave it out)
+                         * until it rejoins. Before, it was dropped when its RESULT had
+                         * been read first, or its call was over: whether a resumed
+                         * rank rejoined or lagged on depended on the reading order */
+                        if ((q >= 0 && (int)ina_rd16(d + L->count) != REFUSAL_STALE) ||
+                                stale_behind(c, d, n)) {
                             c->refusal = (int)ina_rd16(d + L->count);
                             c->refusal_figure = ina_rd32(d + L->bitmap);
                             c->refused_p = q;
+                            c->refused_seq = ina_rd32(d + L->seq);
                             return RC_REFUSED;
                         }
                         c->stats[S_FOREIGN]++;
@@ -1055,7 +1084,8 @@ static int get_buf(PyObject *o, Py_buffer *b, int writable, Py_ssize_t itemsize,
  *          nworkers, elements, base, window, cfg, rtt, stats, session) -> (code, remaining)
  * code: 0 done, 1 switch unavailable, 2 stalled, 3 PARTIAL in a reliable call,
  * 4 a result gone for good (bounded: too late), 5 the switch refused a DATA (an ERROR:
- * then reason, figure and the packet index follow the code and the remaining count),
+ * then reason, figure, the packet index (-1: a DATA of an earlier call) and the seq
+ * follow the code and the remaining count; stale_after: see Call),
  * 6 a complete RESULT of another member count (figure: the count),
  * -errno: a socket error. rtt (float64[NRTT]: RttEstimator's fields) and stats (int64[10])
  * are updated in place. */
@@ -1068,10 +1098,11 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     double pace_rate = 0.0;    /* bit/s on the worker's link; 0: no pacing */
     int bits = 32, stochastic = 0;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK|dOipK", &layout, &fdt, &sw_ip, &sw_port,
+    unsigned long stale_after = 0;
+    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK|dOipKk", &layout, &fdt, &sw_ip, &sw_port,
                           &ox, &oout, &oring, &oexp, &job, &worker, &nworkers, &E, &base,
                           &W, &ocfg, &ortt, &ostats, &session, &pace_rate, &omissed, &bits,
-                          &stochastic, &seed))
+                          &stochastic, &seed, &stale_after))
         return NULL;
     if (bits != 32 && bits != 16 && bits != 8)
         return PyErr_Format(PyExc_ValueError, "run_call: width %d (32, 16 or 8)", bits);
@@ -1103,6 +1134,7 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     c.code = bits == 32 ? 0 : (bits == 16 ? 1 : 2);
     c.stochastic = stochastic;
     c.seed = seed;
+    c.stale_after = (uint32_t)stale_after;
     c.sbits = bits - 2;
     for (int k = 1; k < nworkers; k *= 2) c.sbits--;   /* quantize.scale_bits */
     c.ring = bring.buf; c.stride = c.L.header + 4 * (size_t)E;
@@ -1147,8 +1179,9 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
         code = loop(&w, &c, q, rq, fds, nfds, (uint32_t)sw_ip, (uint16_t)sw_port);
         if (code == RC_OK) flush(q, &c);
         Py_END_ALLOW_THREADS
-        res = Py_BuildValue("(iiiki)", code, w.remaining, c.refusal,
-                            (unsigned long)c.refusal_figure, c.refused_p);
+        res = Py_BuildValue("(iiikik)", code, w.remaining, c.refusal,
+                            (unsigned long)c.refusal_figure, c.refused_p,
+                            (unsigned long)c.refused_seq);
     }
     win_free(&w);
     if (c.heldbuf)

@@ -144,36 +144,40 @@ def exponents(x, elements, out) -> int:
 class CallFailed(Exception):
     """A compiled call ended without its results: ``code`` (UNAVAILABLE, STALLED,
     INCONSISTENT, TOO_LATE, REFUSED, or -errno) and the packets still ``remaining``;
-    REFUSED: the switch's ERROR (``reason``, ``figure``) answered packet ``p``."""
+    REFUSED: the switch's ERROR (``reason``, ``figure``) answered packet ``p`` (-1: a
+    DATA of an earlier call) of ``seq``."""
 
-    def __init__(self, code, remaining, reason=0, figure=0, p=0):
+    def __init__(self, code, remaining, reason=0, figure=0, p=0, seq=0):
         super().__init__(code, remaining)
         self.code, self.remaining = code, remaining
-        self.reason, self.figure, self.p = reason, figure, p
+        self.reason, self.figure, self.p, self.seq = reason, figure, p, seq
 
 
 def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers,
              elements, base, window, cfg: WindowConfig, rtt: RttEstimator, stats,
-             session=0, pace_rate=0.0, missed=None, bits=32, stochastic=False, seed=0):
+             session=0, pace_rate=0.0, missed=None, bits=32, stochastic=False, seed=0,
+             stale_after=0):
     """One call through the C loop; ``stats`` (an ``AllreduceStats``) and ``rtt`` are
     updated; ``pace_rate`` (bit/s, 0: none) spaces the datagrams at that rate;
     ``missed``: carry mode (``AllreduceCall``'s), a uint8 flag per chunk; ``bits``,
-    ``stochastic``, ``seed``: the call's precision (docs/precision.md). Raises
-    CallFailed."""
+    ``stochastic``, ``seed``: the call's precision (docs/precision.md); ``stale_after``:
+    a STALE answer whose figure (the job's position) is more than this past ``base``
+    says this worker is behind (``AllreduceCall.stale_behind``). Raises CallFailed."""
     import socket
     arr = rtt_to_array(rtt)
     counts = np.zeros(len(STATS), np.int64)
     ip = int.from_bytes(socket.inet_aton(switch[0]), "big")
     try:
-        code, remaining, reason, figure, p = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
+        code, remaining, reason, figure, p, seq = _client.run_call(layout, tuple(fds), ip, switch[1], x, out, ring,
                                            local_exp, job, worker, nworkers, elements,
                                            base, window, config_tuple(cfg), arr, counts,
                                            session, float(pace_rate or 0.0), missed,
                                            int(bits), bool(stochastic),
-                                           int(seed) & ((1 << 64) - 1))
+                                           int(seed) & ((1 << 64) - 1),
+                                           int(stale_after) & 0xFFFFFFFF)
     finally:
         rtt_from_array(rtt, arr)
         for name, v in zip(STATS, counts.tolist()):
             setattr(stats, name, getattr(stats, name) + v)
     if code:
-        raise CallFailed(code, remaining, reason, figure, p)
+        raise CallFailed(code, remaining, reason, figure, p, seq)

@@ -376,6 +376,13 @@ class SwitchClient:
         return self._rtt.rto(WindowConfig.of(self))
 
     @property
+    def stale_after(self) -> int:
+        """A STALE answer whose figure (the job's position) is more than this past a
+        call's base says this worker is behind the job: 2 x the job's window (the
+        results the switch keeps; a DATA within them is answered with its RESULT)."""
+        return 2 * self.window
+
+    @property
     def giveup(self):
         return self._rtt.giveup(WindowConfig.of(self))
 
@@ -513,10 +520,13 @@ class SwitchClient:
         self.seq = (self.seq + call.P) & 0xFFFFFFFF
         win = SendWindow(call.P, W, WindowConfig.of(self), self._rtt)
         sock, switch, rx = self.sock, self.switch, self._rx
-        socks = [s for s in (self.gsock, self._usock) if s is not None]
+        # the unicast socket first, as the compiled loop (an ERROR waiting there is read
+        # before the RESULTs waiting in the group's)
+        socks = [s for s in (self._usock, self.gsock) if s is not None]
         poll, unpack_from, result_index = self._poll.poll, HEADER_STRUCT.unpack_from, \
             call.result_index
         reliable = self.mode == "reliable"
+        stale_after = self.stale_after
         clock = time.monotonic
         h, nbytes = None, 0
         pace = 8.0 / self.pace_rate if self.pace_rate else 0.0
@@ -573,10 +583,13 @@ class SwitchClient:
                     if p is None:
                         if h[1] == _ERROR and nbytes == HEADER_BYTES:
                             q = call.error_index(h)
-                            if q is not None and (h[H_COUNT] != Refusal.STALE or
-                                                  not win.received[q]):
+                            # a STALE answer ends the call whatever this worker has
+                            # read (as the compiled loop says why)
+                            if (q is not None and h[H_COUNT] != Refusal.STALE) or \
+                                    call.stale_behind(h, stale_after):
                                 raise self._refused(h[H_COUNT], h[H_BITMAP], h[7],
-                                                    call.nelem_of(q))
+                                                    call.nelem_of(q) if q is not None
+                                                    else 0)
                         call.stats.foreign_ignored += 1
                         continue
                     if reliable and h[2] & _PARTIAL:
@@ -644,7 +657,7 @@ class SwitchClient:
                               self.worker, self.nworkers, E, base, W,
                               WindowConfig.of(self), self._rtt, st, self.session,
                               self.pace_rate, missed, self._prec.bits,
-                              self._prec.stochastic, self._seed())
+                              self._prec.stochastic, self._seed(), self.stale_after)
         except fastcall.CallFailed as e:
             if e.code == fastcall.UNAVAILABLE:
                 raise SwitchUnavailable(
@@ -655,7 +668,7 @@ class SwitchClient:
             if e.code == fastcall.TOO_LATE:
                 raise self._too_late(None, K + W, W) from None
             if e.code == fastcall.REFUSED:
-                raise self._refused(e.reason, e.figure, (base + e.p) & 0xFFFFFFFF,
+                raise self._refused(e.reason, e.figure, e.seq,
                                     min(E, n - (e.p - W) * E) if e.p >= W else 0) from None
             if e.code == fastcall.MEMBERS_DIFFER:
                 raise self._members_differ(e.figure) from None
@@ -874,6 +887,21 @@ class AllreduceCall:
     def nelem_of(self, p) -> int:
         """Elements packet ``p`` carries (and its RESULT must carry)."""
         return min(self.E, self.n - (p - self.W) * self.E) if p >= self.W else 0
+
+    def stale_behind(self, h, after):
+        """Whether ``h`` (a header-only ERROR) is a STALE answer saying this worker is
+        behind the job: to a DATA of this call or an earlier one of this worker's session
+        (version, job, worker, session checked), its figure (the job's position when the
+        switch answered) more than ``after`` past this call's base. An answer from before
+        a rejoin (which moved the base to the job's position) is not. The RESULTs the
+        worker missed may still wait in its socket: its DATA go on being too late, its
+        peers' results leaving it out, until it rejoins."""
+        seq, ahead = h[7], (h[H_BITMAP] - self.base) & 0xFFFFFFFF
+        ours = ((seq - self.base) & 0xFFFFFFFF) < self.P or \
+            ((self.base - seq) & 0xFFFFFFFF) < 1 << 31
+        return (h[H_COUNT] == Refusal.STALE and h[0] == VERSION and h[4] == self.job
+                and h[5] == self.worker and h[H_SESSION] == self.session and ours
+                and after < ahead < 1 << 31)
 
     def error_index(self, h):
         """The packet index of an ERROR (``h``, a header-only datagram) that answers a

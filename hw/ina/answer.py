@@ -16,9 +16,9 @@ ports, and with the output one packet stream)::
                 source, at the FIFO position after its header: ``rewind``)
     P2 ──refusal──► A ─► B (reads the capture at the position; the job's position) ─►
          C (reason, figure) ─► D (hash products, 64-bit time) ─► E (bucket: the table's
-         read) ─► F (the read, forwarded) ─► G (limited? the table's write) ─► queue
-         (32 ERRORs) ─► o (one beat a cycle) ─► merged with the control plane's replies
-                                                 (``o``: see :class:`SideMerge`)
+         read) ─► F (the read, registered) ─► G (compared, forwarded) ─► H (limited? the
+         table's write) ─► queue (32 ERRORs) ─► o (one beat a cycle) ─► merged with the
+         control plane's replies (``o``: see :class:`SideMerge`)
 
 The capture memory is indexed by the FIFO position that follows a packet's last header
 beat: the header pipeline keeps that position with every operation (it rewinds there),
@@ -66,9 +66,15 @@ assert ERROR_SOURCES == 256       # the bucket is the hash's top 8 bits
 #: answers the queue holds
 QUEUE_DEPTH = 32
 #: refusals that may still arrive once ``stop`` is set: the answer pipeline's stages
-#: (A..G), the operations the header pipeline can still add (QUEUE_SLACK) and the
+#: (A..H), the operations the header pipeline can still add (QUEUE_SLACK) and the
 #: registers on the way (stop, queue level)
-STOP_SLACK = 7 + 7 + 4
+STOP_SLACK = 8 + 7 + 4
+
+
+def _lt64(a, b):
+    """Amaranth expression: ``a < b`` for 64-bit values, as two 32-bit compares side by
+    side (half the carry chain each) joined by one LUT."""
+    return (a[32:] < b[32:]) | ((a[32:] == b[32:]) & (a[:32] < b[:32]))
 
 
 def interval_cycles(cycles_per_us: int) -> int:
@@ -247,37 +253,52 @@ class ErrorAnswer(wiring.Component):
         m.d.comb += [tr.addr.eq(e_bucket), tr.en.eq(1)]
 
         # ---------------------------------------------------------------- F: the read
+        # (the block RAM's output, in F, goes into a register: its 5.8 ns clock-to-
+        # output, and the LUT behind it that picks a colliding write, end there)
         f_valid, f = Signal(), Signal(EntryL)
         f_bucket, f_ts, f_next = Signal(8), Signal(64), Signal(64)
         m.d.sync += [f_valid.eq(e_valid), f.eq(e), f_bucket.eq(e_bucket), f_ts.eq(e_ts),
                      f_next.eq(e_ts + self.interval)]
-        g_valid, g = Signal(), Signal(EntryL)
-        g_bucket, g_next = Signal(8), Signal(64)
-        g_seen, g_lt = Signal(), Signal()
-        # writes F's read missed: G's now, and G's of the cycle before (``w1``)
-        w1_en, w1_addr, w1_data = Signal(), Signal(8), Signal(64)
-        g_limited = Signal()
-        g_we = Signal()
-        m.d.comb += [g_limited.eq(g_valid & g_seen & g_lt), g_we.eq(g_valid & ~g_limited)]
-        m.d.sync += [w1_en.eq(g_we), w1_addr.eq(g_bucket), w1_data.eq(g_next)]
-        fw0 = g_we & (g_bucket == f_bucket)
-        fw1 = w1_en & (w1_addr == f_bucket)
-        # F's time against each candidate for its bucket's entry (the read, G's write,
-        # the write before), side by side; the forwarding select picks one after them
-        lt = Mux(fw0, f_ts < g_next, Mux(fw1, f_ts < w1_data, f_ts < tr.data))
-        m.d.sync += [g_valid.eq(f_valid), g.eq(f), g_bucket.eq(f_bucket),
-                     g_next.eq(f_next), g_lt.eq(lt),
-                     g_seen.eq(fw0 | fw1 | seen.bit_select(f_bucket, 1))]
 
-        # ---------------------------------------------------------------- G: the decision
-        m.d.comb += [tw.addr.eq(g_bucket), tw.data.eq(g_next), tw.en.eq(g_we)]
-        with m.If(g_we):
-            m.d.sync += seen.bit_select(g_bucket, 1).eq(1)
-        m.d.comb += [self.sent.eq(g_we), self.limited.eq(g_limited)]
+        # ---------------------------------------------------------------- G: the compare
+        g_valid, g = Signal(), Signal(EntryL)
+        g_bucket, g_ts, g_next, g_rd = Signal(8), Signal(64), Signal(64), Signal(64)
+        m.d.sync += [g_valid.eq(f_valid), g.eq(f), g_bucket.eq(f_bucket), g_ts.eq(f_ts),
+                     g_next.eq(f_next), g_rd.eq(tr.data)]
+        h_valid, h = Signal(), Signal(EntryL)
+        h_bucket, h_next = Signal(8), Signal(64)
+        h_seen, h_lt = Signal(), Signal()
+        # writes the read (issued in E, two cycles before G) missed: H's now, H's of the
+        # cycle before (``w1``) and of the one before that (``w2``)
+        w1_en, w1_addr, w1_data = Signal(), Signal(8), Signal(64)
+        w2_en, w2_addr, w2_data = Signal(), Signal(8), Signal(64)
+        h_limited = Signal()
+        h_we = Signal()
+        m.d.comb += [h_limited.eq(h_valid & h_seen & h_lt), h_we.eq(h_valid & ~h_limited)]
+        m.d.sync += [w1_en.eq(h_we), w1_addr.eq(h_bucket), w1_data.eq(h_next),
+                     w2_en.eq(w1_en), w2_addr.eq(w1_addr), w2_data.eq(w1_data)]
+        fw0 = h_we & (h_bucket == g_bucket)
+        fw1 = w1_en & (w1_addr == g_bucket)
+        fw2 = w2_en & (w2_addr == g_bucket)
+        # G's time against each candidate for its bucket's entry (the read, the three
+        # writes it missed), side by side, each 64-bit compare as two 32-bit halves;
+        # the forwarding select (newest first) picks one after them
+        lt = Mux(fw0, _lt64(g_ts, h_next),
+                 Mux(fw1, _lt64(g_ts, w1_data),
+                     Mux(fw2, _lt64(g_ts, w2_data), _lt64(g_ts, g_rd))))
+        m.d.sync += [h_valid.eq(g_valid), h.eq(g), h_bucket.eq(g_bucket),
+                     h_next.eq(g_next), h_lt.eq(lt),
+                     h_seen.eq(fw0 | fw1 | fw2 | seen.bit_select(g_bucket, 1))]
+
+        # ---------------------------------------------------------------- H: the decision
+        m.d.comb += [tw.addr.eq(h_bucket), tw.data.eq(h_next), tw.en.eq(h_we)]
+        with m.If(h_we):
+            m.d.sync += seen.bit_select(h_bucket, 1).eq(1)
+        m.d.comb += [self.sent.eq(h_we), self.limited.eq(h_limited)]
 
         # ---------------------------------------------------------------- the queue
         m.submodules.queue = q = fifo.SyncFIFOBuffered(width=EntryL.size, depth=QUEUE_DEPTH)
-        m.d.comb += [q.w_data.eq(g), q.w_en.eq(g_we)]
+        m.d.comb += [q.w_data.eq(h), q.w_en.eq(h_we)]
         m.d.sync += self.stop.eq(q.level > QUEUE_DEPTH - STOP_SLACK)
 
         # ---------------------------------------------------------------- the output
