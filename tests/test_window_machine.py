@@ -86,6 +86,7 @@ class Worker:
         self.started = []               # the start time of each call
         self.call = self.win = None
         self.k = -1
+        self.events = []                # (time, timeout before it) of every event
 
     def next_call(self, now):
         self.k += 1
@@ -111,6 +112,10 @@ class Worker:
 
     def perform(self, actions, now, h=None, buf=None):
         rto, progress = self.win.rto(), self.progress    # as they were before the event
+        # each event's time and the timeout before it: a packet a timer found overdue but
+        # the cut window held back (marked lost) goes later, as results make room, after
+        # its timeout then, which the RTT may since have raised
+        self.events.append((now, self.win.timeout()))
         for a in actions:
             if type(a) is Send:
                 times = self.sent.setdefault(a.p, [])
@@ -120,7 +125,10 @@ class Worker:
                                   if self.cfg.mode == "bounded" else MAX_BACKOFF)
                     # (or at once, the first time, after FAST_RESEND later results)
                     assert times and (now - times[-1] >= rto * backoff * (1 - 1e-12) or
-                                      (len(times) == 1 and a.p in self.win.fast)), \
+                                      (len(times) == 1 and a.p in self.win.fast) or
+                                      any(times[-1] < t <= now and t - times[-1] >=
+                                          r * backoff * (1 - 1e-12)
+                                          for t, r in self.events)), \
                         (a, now, times, rto, backoff)
                     assert a.p not in self.finished
                 else:
