@@ -27,6 +27,19 @@ async def _setup(dut, jobs):
     return tb
 
 
+async def _settle(dut, tb, sb, t):
+    """The end of a model-scored run: the model's clock to ``t``, the accumulator's
+    collision check first (a used colliding read would explain a mismatch), then every
+    datagram and every counter against the model; returns the scoreboard's summary."""
+    sb.tick(t)
+    tb.acc.check()
+    hw = await tb.counters()
+    dut._log.info(f"core counters {hw}; model counters {dict(sb.model.counters)}")
+    summary = sb.check()
+    sb.check_counters(hw)
+    return summary
+
+
 @cocotb.test()
 async def test_random(dut):
     """Seeded random traffic with every impairment; >= INA_NSEQ seqs per job."""
@@ -42,12 +55,7 @@ async def test_random(dut):
     deadline = _env("INA_DEADLINE", 400)
     _, last = await tb.run(traffic, sb, seed=_env("INA_SEED", 1), gap=0.02,
                            backpressure=0.05, drain=deadline + 4 * tb.P.records + 200)
-    sb.tick(last + deadline + 1)
-    tb.acc.check()      # first: a used colliding read would explain a mismatch
-    hw = await tb.counters()
-    dut._log.info(f"core counters {hw}; model counters {dict(sb.model.counters)}")
-    summary = sb.check()
-    sb.check_counters(hw)
+    summary = await _settle(dut, tb, sb, last + deadline + 1)
     dut._log.info(f"random: {len(traffic)} datagrams in, {summary}, "
                   f"model counters {dict(sb.model.counters)}")
 
@@ -67,12 +75,7 @@ async def test_tree_spine(dut):
     sb = Scoreboard(jobs)
     _, last = await tb.run(traffic, sb, seed=_env("INA_SEED", 1), gap=0.05,
                            backpressure=0.1, drain=deadline + 4 * tb.P.records + 200)
-    sb.tick(last + deadline + 1)
-    tb.acc.check()
-    hw = await tb.counters()
-    dut._log.info(f"core counters {hw}; model counters {dict(sb.model.counters)}")
-    summary = sb.check()
-    sb.check_counters(hw)
+    summary = await _settle(dut, tb, sb, last + deadline + 1)
     c = sb.model.counters
     assert c["results"] and c["partials"] and c["resent"] and c["drop_malformed"], dict(c)
     dut._log.info(f"tree spine: {len(traffic)} datagrams in, {summary}")
@@ -102,12 +105,7 @@ async def test_tree_leaf(dut):
                            backpressure=0.1, drain=2 * sb.timeout + 200)
     assert not sb.pending and not sb.delayed, \
         f"{len(sb.pending) + len(sb.delayed)} worker datagrams never sent"
-    sb.tick(last + deadline + 1)
-    tb.acc.check()
-    hw = await tb.counters()
-    dut._log.info(f"core counters {hw}; model counters {dict(sb.model.counters)}")
-    summary = sb.check()
-    sb.check_counters(hw)
+    summary = await _settle(dut, tb, sb, last + deadline + 1)
     c = sb.model.counters
     dut._log.info(f"tree leaf: {len(traffic)} datagrams in, {summary}, up {sb.n_up}, "
                   f"RESULTs down {sb.n_down}, worker re-sends {sb.n_resent}, relayed "
