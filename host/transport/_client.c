@@ -1019,8 +1019,11 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                          * DATA go on being too late (its peers' results leave it out)
                          * until it rejoins. Before, it was dropped when its RESULT had
                          * been read first, or its call was over: whether a resumed
-                         * rank rejoined or lagged on depended on the reading order */
-                        if ((q >= 0 && (int)ina_rd16(d + L->count) != REFUSAL_STALE) ||
+                         * rank rejoined or lagged on depended on the reading order.
+                         * Where the ranks do not rejoin, stale_after is 0xFFFFFFFF: a
+                         * bounded call reads what waits (a reliable one ends) */
+                        if ((q >= 0 && ((int)ina_rd16(d + L->count) != REFUSAL_STALE ||
+                                        !w->bounded)) ||
                                 stale_behind(c, d, n)) {
                             c->refusal = (int)ina_rd16(d + L->count);
                             c->refusal_figure = ina_rd32(d + L->bitmap);

@@ -379,8 +379,11 @@ class SwitchClient:
     def stale_after(self) -> int:
         """A STALE answer whose figure (the job's position) is more than this past a
         call's base says this worker is behind the job: 2 x the job's window (the
-        results the switch keeps; a DATA within them is answered with its RESULT)."""
-        return 2 * self.window
+        results the switch keeps; a DATA within them is answered with its RESULT), where
+        the ranks rejoin (``end_on_too_late`` False, ``host.ddp.rejoin``). Elsewhere never
+        (0xFFFFFFFF): a bounded worker late by more than that reads the RESULTs waiting in
+        its socket and applies the same sums (``tests/test_bounded_skip.py``)."""
+        return 0xFFFFFFFF if self.end_on_too_late else 2 * self.window
 
     @property
     def giveup(self):
@@ -583,9 +586,11 @@ class SwitchClient:
                     if p is None:
                         if h[1] == _ERROR and nbytes == HEADER_BYTES:
                             q = call.error_index(h)
-                            # a STALE answer ends the call whatever this worker has
-                            # read (as the compiled loop says why)
-                            if (q is not None and h[H_COUNT] != Refusal.STALE) or \
+                            # a STALE answer ends a reliable call, and a bounded one
+                            # whatever this worker has read where the ranks rejoin (as
+                            # the compiled loop says why)
+                            if (q is not None and (h[H_COUNT] != Refusal.STALE or
+                                                   reliable)) or \
                                     call.stale_behind(h, stale_after):
                                 raise self._refused(h[H_COUNT], h[H_BITMAP], h[7],
                                                     call.nelem_of(q) if q is not None
