@@ -113,7 +113,7 @@ def test_board_file_sets_what_make_bitstream_builds(monkeypatch):
     from ina_fabric.hw.build import parse_args
     monkeypatch.delenv("INA_NEXTPNR_OPTS", raising=False)
     a = parse_args(["--board", "versa_ecp5"])
-    assert a.control and "--tmg-ripup" in a.nextpnr_opts and a.seeds.startswith("1,2")
+    assert a.control and "--tmg-ripup" in a.nextpnr_opts and a.seeds.startswith("3,")
     a = parse_args(["--board", "versa_ecp5", "--no-control"])
     assert not a.control and a.nextpnr_opts == "" and a.seeds == "1,2,3,4"
     a = parse_args(["--board", "ecpix5_85"])
