@@ -4,6 +4,8 @@ the window (``window.SendWindow``) event for event, the element kernels
 portable path, and whole allreduce calls through a real switch (the same bits as the
 Python loop, the same errors)."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -361,3 +363,32 @@ def test_data_carries_a_sound_ack(engine):
     # so the ack trails its DATA by about the window, not 2W
     assert len(acks) >= 2 * 3 * (40 + W)
     assert sorted(acks)[len(acks) // 2] <= W
+
+
+@pytest.mark.parametrize("engine", ["python", pytest.param("c", marks=needs_c)])
+def test_ctrl_c_ends_a_waiting_call_at_once(engine):
+    """Before: the compiled loop retried ``ppoll`` on EINTR with the GIL released, so
+    Python's SIGINT handler ran only when the call ended: Ctrl-C on a call waiting for a
+    switch that does not answer took its whole 30 s timeout. Now the loop runs the
+    handlers when a signal wakes it, and the call raises KeyboardInterrupt at once."""
+    import signal
+    import socket
+    import threading
+    from ina_fabric.host.transport import SwitchClient
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))            # a "switch" that never answers
+    main = threading.main_thread().ident
+    timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+    with SwitchClient(silent.getsockname(), 1, 0, 2, 16, 256, engine=engine,
+                      session=0x5EED) as c:
+        c.connect_timeout = c.stall_timeout = 30.0
+        assert c._use_c == (engine == "c")
+        t0 = time.monotonic()
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                c.allreduce(np.ones(100_000, np.float32))
+        finally:
+            timer.cancel()
+            silent.close()
+    assert time.monotonic() - t0 < 5.0

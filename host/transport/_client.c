@@ -52,7 +52,7 @@
 enum { A_SEND = 1, A_DELIVER, A_ABANDON, A_HOLD, A_FAIL };
 enum { FAIL_UNAVAILABLE = 0, FAIL_STALLED = 1 };
 enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_REFUSED,
-       RC_MEMBERS_DIFFER };
+       RC_MEMBERS_DIFFER, RC_INTERRUPTED };
 #define REFUSAL_STALE 5          /* fields.Refusal.STALE */
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
        S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, NSTATS };
@@ -492,6 +492,8 @@ typedef struct {
     /* a STALE answer whose figure (the job's position) is more than this past the
      * call's base: this worker is behind the job (2 x the job's window) */
     uint32_t stale_after;
+    /* RC_INTERRUPTED: the exception a signal handler raised while the loop waited */
+    PyObject *exc_type, *exc_value, *exc_tb;
 } Call;
 
 static inline int nelem_of(const Call *c, int p) {
@@ -979,6 +981,18 @@ typedef struct {
     uint8_t *buf;
 } RecvQ;
 
+/* A signal interrupted the wait: run Python's handlers now (the loop holds no GIL; it
+ * takes it for this), so Ctrl-C raises KeyboardInterrupt in the call, not when the call
+ * ends (for a stalled call, its timeout later). 1: a handler raised; its exception is
+ * kept in ``c`` and raised by the call. Otherwise the wait goes on as before. */
+static int signalled(Call *c) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int raised = PyErr_CheckSignals() < 0;
+    if (raised) PyErr_Fetch(&c->exc_type, &c->exc_value, &c->exc_tb);
+    PyGILState_Release(g);
+    return raised;
+}
+
 static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds,
                 uint32_t sw_ip, uint16_t sw_port) {
     const InaLayout *L = &c->L;
@@ -1066,7 +1080,10 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
         if (!(wait < 1.0)) wait = 1.0;        /* never an infinite or NaN timespec */
         struct pollfd pf[2] = {{fds[0], POLLIN, 0}, {nfds > 1 ? fds[1] : -1, POLLIN, 0}};
         struct timespec ts = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
-        if (ppoll(pf, nfds, &ts, NULL) < 0 && errno != EINTR) return -errno;
+        if (ppoll(pf, nfds, &ts, NULL) < 0) {
+            if (errno != EINTR) return -errno;
+            if (signalled(c)) return RC_INTERRUPTED;
+        }
     }
     return RC_OK;
 }
@@ -1182,9 +1199,12 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
         code = loop(&w, &c, q, rq, fds, nfds, (uint32_t)sw_ip, (uint16_t)sw_port);
         if (code == RC_OK) flush(q, &c);
         Py_END_ALLOW_THREADS
-        res = Py_BuildValue("(iiikik)", code, w.remaining, c.refusal,
-                            (unsigned long)c.refusal_figure, c.refused_p,
-                            (unsigned long)c.refused_seq);
+        if (code == RC_INTERRUPTED)
+            PyErr_Restore(c.exc_type, c.exc_value, c.exc_tb);
+        else
+            res = Py_BuildValue("(iiikik)", code, w.remaining, c.refusal,
+                                (unsigned long)c.refusal_figure, c.refused_p,
+                                (unsigned long)c.refused_seq);
     }
     win_free(&w);
     if (c.heldbuf)
