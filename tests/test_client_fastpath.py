@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import run_threads
 from ina_fabric.host.transport import fastcall, quantize as Q
 from ina_fabric.host.transport.window import SendWindow, WindowConfig, RttEstimator
 
@@ -122,16 +123,13 @@ def _against_switch(job, fn, ranks, **server_kw):
     server = SwitchServer([job], "127.0.0.1", 0, **{"engine": "fast", **server_kw})
     t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
     t.start()
-    ts = [threading.Thread(target=fn, args=(server.address, w)) for w in ranks]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join(60)
+    errors = run_threads(lambda w: fn(server.address, w), ranks)
     server.stop()
     t.join(2)
     counters = {**getattr(server.model, "engine_counters", dict)(),
                 **dict(server.model.counters)}
     server.close()
+    assert not errors, errors
     return server.address, counters
 
 
@@ -338,22 +336,14 @@ def test_data_carries_a_sound_ack(engine):
 
     t = threading.Thread(target=switch, daemon=True)
     t.start()
-    errors = []
 
     def worker(w):
-        try:
-            with SwitchClient(sw.getsockname(), 1, w, 2, W, 64, bind=("127.0.0.1", ports[w]),
-                              engine=engine, session=job.session) as c:
-                for k in range(3):
-                    c.allreduce(np.full(64 * 40, k + w, np.float32))
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+        with SwitchClient(sw.getsockname(), 1, w, 2, W, 64, bind=("127.0.0.1", ports[w]),
+                          engine=engine, session=job.session) as c:
+            for k in range(3):
+                c.allreduce(np.full(64 * 40, k + w, np.float32))
 
-    ws = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
-    for th in ws:
-        th.start()
-    for th in ws:
-        th.join(60)
+    errors = run_threads(worker, range(2))
     stop.set()
     t.join(2)
     sw.close()
