@@ -44,7 +44,9 @@ def main(argv=None) -> int:
                     help="run only the lab comparison (needs root; about 40 minutes)")
     ap.add_argument("--lab-levels", default="light,heavy")
     ap.add_argument("--lab-seeds", type=int, default=3, help="seeds per level (>= 2)")
-    ap.add_argument("--lab-rate", default="50mbit", help="every host link, each way")
+    ap.add_argument("--lab-rate", default="50mbit",
+                    help="every host link's rate, each way, as tc writes it (default "
+                         "50mbit); recorded in control_real.json's setup and rows")
     ap.add_argument("--lab-id", default="ctl", help="lab id (unique on this machine)")
     ap.add_argument("--lab-micro-batch", type=int, default=8,
                     help="charlm sequences per worker per micro-step")
