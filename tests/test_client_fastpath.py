@@ -108,6 +108,65 @@ def test_c_kernels_are_bit_identical_to_quantize(avx2):
         _client.set_avx2(was)
 
 
+
+@needs_c
+@pytest.mark.parametrize("avx2", [True, False])
+def test_c_kernels_float32_steps_keep_the_float64_bits(avx2):
+    """The AVX2 kernels take float32 steps where float32 gives float64's bits (a scale
+    or factor 2^k with k in range, nothing at or past 2^31): at and past the edges of
+    those ranges, at the clamp, at rounding ties and with NaN, the bits and the clipped
+    counts are quantize's (the float64 definition)."""
+    from ina_fabric.host.transport import _client
+    was = _client.set_avx2(avx2)
+    try:
+        rng = np.random.default_rng(7)
+        sbits = 28
+        for k in (-128, -127, -126, -125, -60, 0, 3, 60, 126, 127, 128, 150):
+            e = sbits - k                     # scale 2^k: most values land near 2^26
+            top = np.float32(2.0 ** (31 - k)) if -149 <= 31 - k <= 127 else np.float32(1)
+            mag = 2.0 ** np.clip(sbits - 2 - k + rng.integers(-40, 1, 4099), -149, 125)
+            x = (rng.standard_normal(4099) * mag).astype(np.float32)
+            if -100 < k < 100:                # ties: odd multiples of one half
+                x[::7] = (rng.integers(-2 ** 20, 2 ** 20, x[::7].size) + 0.5) * 2.0 ** -k
+            x[::11] = np.float32(1e-45) * rng.choice([-1, 1], x[::11].size)
+            for case in ("inside", "edge", "huge"):
+                y = x.copy()
+                if case == "edge":              # at and just below 2^31 after scaling
+                    y[100:104] = [top, -top, np.nextafter(top, np.float32(0)),
+                                  -np.nextafter(top, np.float32(0))]
+                elif case == "huge":
+                    y[4000] = np.float32(3e38)
+                for start, count in ((0, 4099), (1, 8), (97, 13), (9, 4090)):
+                    o1 = np.zeros(4 * count + 40, np.uint8)
+                    o2 = o1.copy()
+                    c1 = Q._pack(y, start, count, np.int64(e), sbits, o1, 20)
+                    c2 = _client.pack(y, start, count, e, sbits, o2, 20, Q.NO_EXPONENT,
+                                      Q.NONFINITE)
+                    assert c1 == c2 and (o1 == o2).all(), (k, case, start, count)
+        if avx2:    # NaN (outside quantize's contract): the AVX2 float64 form's answer,
+            y = x.copy()                        # which clamps it as it does -3e38
+            y[3] = np.nan
+            z = y.copy()
+            z[3] = np.float32(-3e38)
+            o1, o2 = np.zeros(4 * 4099, np.uint8), np.zeros(4 * 4099, np.uint8)
+            assert Q._pack(z, 0, 4099, np.int64(10), sbits, o1, 0) == \
+                _client.pack(y, 0, 4099, 10, sbits, o2, 0, Q.NO_EXPONENT, Q.NONFINITE)
+            assert (o1 == o2).all()
+        q = rng.integers(-2 ** 31, 2 ** 31, 4099, dtype=np.int64)
+        q[:12] = [0, 1, -1, 2 ** 31 - 1, -2 ** 31, 2 ** 24 + 1, -(2 ** 24 + 3),
+                  2 ** 25 + 2, 2 ** 30 + 64, -(2 ** 30 + 192), 16777217, 3]
+        buf = q.astype(">i4").view(np.uint8)
+        for fac in [2.0 ** k for k in (-150, -127, -126, -125, -30, 0, 60, 96, 97, 120)] + \
+                [4 / 3 * 2.0 ** -20, 0.75 * 2.0 ** -126, 3.0]:
+            for start, count in ((0, 4099), (3, 8), (4, 13)):
+                f1 = np.full(count + 2, np.nan, np.float32)
+                f2 = f1.copy()
+                Q._dequant(buf, 4 * start, count, fac, f1, 1)
+                _client.dequant(buf, 4 * start, count, fac, f2, 1)
+                assert np.array_equal(f1, f2, equal_nan=True), (fac, start, count)
+    finally:
+        _client.set_avx2(was)
+
 def _inputs(n):
     return lambda w, k: np.random.default_rng(100 * w + k).standard_normal(n) \
         .astype(np.float32)
