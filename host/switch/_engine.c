@@ -784,6 +784,16 @@ static inline uint32_t full_mask(const Job *j) {
     return j->n >= 32 ? 0xFFFFFFFFu : (1u << j->n) - 1;
 }
 
+/* the model's _back_in_time: DATA of an absent worker for a slot closed here is waited
+ * for again only when it came before that slot's deadline, a deadline after it became
+ * absent (the hold-off) */
+static inline void back_in_time(Job *j, const Slot *s, uint32_t worker, double now) {
+    uint32_t bit = 1u << worker;
+    if ((j->absent & bit) && now < s->opened_at + j->deadline &&
+            now >= j->absent_since[worker] + j->deadline)
+        j->absent &= ~bit;
+}
+
 /* the model's _skip: the workers missing from ``bitmap`` are absent; every open slot of
  * the job with all the other workers' contributions closes now, in opening order */
 static void skip_absent(Engine *e, Sink *k, Job *j, uint32_t bitmap, double now) {
@@ -879,8 +889,6 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
         pool_ack(e, j, worker, seq, rd16(d + L->count));
     Slot *s = slot_of(j, seq);
     uint32_t bit = 1u << worker;
-    if ((j->absent & bit) && now >= j->absent_since[worker] + j->deadline)
-        j->absent &= ~bit;               /* heard from a deadline on: waited for again */
     uint32_t ahead = seq - s->tag;
     if (s->complete && (ahead == w2 || (fwd && ahead > 0 && ahead < SEQ_HALF))) {
         pool_release(e, s);
@@ -940,12 +948,14 @@ static int process_data(Engine *e, Sink *k, const uint8_t *d, size_t n, Addr src
             refuse(e, k, src, d, R_STALE, j->head, now);
             return 0;
         }
+        back_in_time(j, s, worker, now);
         COUNT(e, j, (s->bitmap & bit) ? C_DUPLICATES : C_LATE);
         COUNT(e, j, C_RESENT);
         sink_push(e, k, fwd ? src : j->members[worker], s, (int)worker);
         return 0;
     }
     if (s->up) {                         /* closed here, the parent's RESULT awaited */
+        back_in_time(j, s, worker, now);
         if (s->bitmap & bit) {
             COUNT(e, j, C_DUPLICATES);
             COUNT(e, j, C_UP_RESENT);
