@@ -109,11 +109,9 @@ def _run(world, bits, xs, latency=0.004, bandwidth=1e6, calls=1, probe_every=10)
         for _ in range(calls):
             out[r] = colls[r].allreduce(xs[r])
 
-    th = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(60)
+    from conftest import run_threads
+    errors = run_threads(rank, range(world))
+    assert not errors, errors
     return colls, out
 
 
@@ -395,31 +393,23 @@ def test_the_knob_sets_the_width_byte_and_the_bytes_shrink_on_a_real_switch():
     knobs = (32, 16, 8, 4)
     outs = [[None] * len(knobs) for _ in range(world)]
     counts = []
-    errors = []
     barrier = threading.Barrier(world)
 
     def rank(w):
-        try:
-            with SwitchClient(server.address, 1, w, world, 16, E,
-                              bind=("127.0.0.1", ports[w]), session=job.session) as cl:
-                coll = CompressedSwitchCollective(w, world, cl, seed=1, probe_every=1)
-                coll.allreduce(xs[w])       # warm (the numba kernels load): not counted
-                for k, q in enumerate(knobs):
-                    coll.set_precision(q)
-                    if barrier.wait() == 0:
-                        counts.append({d: dict(v) for d, v in seen.items()})
-                    outs[w][k] = coll.allreduce(xs[w])
-                    barrier.wait()
-                coll.close()
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
-            barrier.abort()
+        with SwitchClient(server.address, 1, w, world, 16, E,
+                          bind=("127.0.0.1", ports[w]), session=job.session) as cl:
+            coll = CompressedSwitchCollective(w, world, cl, seed=1, probe_every=1)
+            coll.allreduce(xs[w])       # warm (the numba kernels load): not counted
+            for k, q in enumerate(knobs):
+                coll.set_precision(q)
+                if barrier.wait() == 0:
+                    counts.append({d: dict(v) for d, v in seen.items()})
+                outs[w][k] = coll.allreduce(xs[w])
+                barrier.wait()
+            coll.close()
 
-    th = [threading.Thread(target=rank, args=(w,)) for w in range(world)]
-    for x in th:
-        x.start()
-    for x in th:
-        x.join(120)
+    from conftest import run_threads
+    errors = run_threads(rank, range(world), timeout=120, on_error=barrier.abort)
     server.stop()
     t.join(2)
     counts.append({d: dict(v) for d, v in seen.items()})
