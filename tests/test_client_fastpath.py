@@ -92,12 +92,7 @@ def test_c_kernels_are_bit_identical_to_quantize(avx2):
         for e, sbits in ((0, 28), (5, 30), (-20, 27), (Q.NO_EXPONENT, 28), (-140, 28),
                          (Q.NONFINITE, 28)):
             for start, count in ((0, 100_003), (3, 1000), (17, 5)):
-                o1 = np.zeros(4 * count + 40, np.uint8)
-                o2 = o1.copy()
-                c1 = Q._pack(x, start, count, np.int64(e), sbits, o1, 20)
-                c2 = _client.pack(x, start, count, e, sbits, o2, 20, Q.NO_EXPONENT,
-                                  Q.NONFINITE)
-                assert c1 == c2 and (o1 == o2).all(), (e, sbits, start, count)
+                o1 = _packs_agree(x, start, count, e, sbits)
                 f1 = np.full(count + 3, np.nan, np.float32)
                 f2 = f1.copy()
                 fac = 2.0 ** (e - sbits) if e not in (Q.NO_EXPONENT, Q.NONFINITE) else 1.0
@@ -107,6 +102,17 @@ def test_c_kernels_are_bit_identical_to_quantize(avx2):
     finally:
         _client.set_avx2(was)
 
+
+def _packs_agree(x, start, count, e, sbits, what=()):
+    """Pack ``x[start:start+count]`` at exponent ``e`` with quantize's definition and
+    with the C kernel: the same bytes and the same clipped count. The packed bytes."""
+    from ina_fabric.host.transport import _client
+    o1 = np.zeros(4 * count + 40, np.uint8)
+    o2 = o1.copy()
+    c1 = Q._pack(x, start, count, np.int64(e), sbits, o1, 20)
+    c2 = _client.pack(x, start, count, e, sbits, o2, 20, Q.NO_EXPONENT, Q.NONFINITE)
+    assert c1 == c2 and (o1 == o2).all(), (*what, e, sbits, start, count)
+    return o1
 
 
 @needs_c
@@ -137,12 +143,7 @@ def test_c_kernels_float32_steps_keep_the_float64_bits(avx2):
                 elif case == "huge":
                     y[4000] = np.float32(3e38)
                 for start, count in ((0, 4099), (1, 8), (97, 13), (9, 4090)):
-                    o1 = np.zeros(4 * count + 40, np.uint8)
-                    o2 = o1.copy()
-                    c1 = Q._pack(y, start, count, np.int64(e), sbits, o1, 20)
-                    c2 = _client.pack(y, start, count, e, sbits, o2, 20, Q.NO_EXPONENT,
-                                      Q.NONFINITE)
-                    assert c1 == c2 and (o1 == o2).all(), (k, case, start, count)
+                    _packs_agree(y, start, count, e, sbits, (k, case))
         if avx2:    # NaN (outside quantize's contract): the AVX2 float64 form's answer,
             y = x.copy()                        # which clamps it as it does -3e38
             y[3] = np.nan
