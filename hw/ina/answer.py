@@ -56,7 +56,7 @@ from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Refusal,
 from .layout import HeaderLayout, header_words, out_layout
 from .params import CoreParams, HEADER_WORDS
 from .regfile import job_layout, jobs_at
-from .replicator import ip_checksum_hw
+from .replicator import ip_checksum_pre
 from .queue import BlockFifo
 
 __all__ = ["Kind", "capture_layout", "refusal_layout", "ErrorAnswer", "SideMerge",
@@ -237,11 +237,15 @@ class ErrorAnswer(wiring.Component):
         d_p0, d_p1, d_p2 = Signal(32), Signal(16), Signal(16)
         d_now, d_age = Signal(64), Signal(32)
         Kl, Kh = HASH & 0xFFFF, HASH >> 16
-        # (the ERROR's IPv4 header checksum, from its destination and ``src_ip``, here and
-        # kept with the answer: at the output, between the answer read and the beat's
-        # register, it was the block's longest path)
+        # (the ERROR's IPv4 header checksum, kept with the answer: the sum of the
+        # template's fixed words and ``src_ip`` in a register, its destination's two
+        # halves added in D, the carries folded in E; at the output, between the answer
+        # read and the beat's register, the whole of it was the block's longest path)
+        csum_pre = Signal(20)
+        d_csum = Signal(20)
+        m.d.sync += [csum_pre.eq(ip_checksum_pre(self.src_ip, HEADER_BYTES + 28)),
+                     d_csum.eq((csum_pre + c.ip[16:] + c.ip[:16])[:20])]
         m.d.sync += [d_valid.eq(c_valid), d.eq(c),
-                     d.csum.eq(ip_checksum_hw(self.src_ip, c.ip, HEADER_BYTES + 28)),
                      d_p0.eq(c_x[:16] * Kl), d_p1.eq((c_x[16:] * Kl)[:16]),
                      d_p2.eq((c_x[:16] * Kh)[:16]),
                      d_now.eq(c_now), d_age.eq(self.now - c_ts)]
@@ -250,7 +254,9 @@ class ErrorAnswer(wiring.Component):
         e_valid, e = Signal(), Signal(EntryL)
         e_bucket = Signal(8)
         e_ts = Signal(64)
+        s1 = d_csum[:16] + d_csum[16:]
         m.d.sync += [e_valid.eq(d_valid), e.eq(d),
+                     e.csum.eq(~(s1[:16] + s1[16:])[:16]),
                      e_bucket.eq((d_p0 + Cat(C(0, 16), d_p1 + d_p2))[24:32]),
                      e_ts.eq(d_now - d_age)]
         m.submodules.table = table = memory.Memory(shape=64, depth=ERROR_SOURCES, init=[])
