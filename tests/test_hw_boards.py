@@ -140,8 +140,8 @@ def test_build_core_options_replace_the_board_files():
 
 
 def test_versa_core_leaves_the_answer_path_out_and_the_board_engine_keeps_it():
-    """The Versa's core is built without the answer path (its 75 MHz core clock cannot
-    afford it yet: constraints/versa_ecp5.toml), the board engine simulates it with the
+    """The Versa's core is built without the answer path (the design with it did not
+    route on the 45F yet: constraints/versa_ecp5.toml), the board engine simulates it with the
     path on, and a core without it elaborates with no ErrorAnswer in it."""
     from amaranth.hdl import Fragment
     from ina_fabric.hw.build import board_config
