@@ -44,7 +44,9 @@ def main(argv=None) -> int:
                     help="run only the lab comparison (needs root; about 40 minutes)")
     ap.add_argument("--lab-levels", default="light,heavy")
     ap.add_argument("--lab-seeds", type=int, default=3, help="seeds per level (>= 2)")
-    ap.add_argument("--lab-rate", default="50mbit", help="every host link, each way")
+    ap.add_argument("--lab-rate", default="50mbit",
+                    help="every host link's rate, each way, as tc writes it (default "
+                         "50mbit); recorded in control_real.json's setup and rows")
     ap.add_argument("--lab-id", default="ctl", help="lab id (unique on this machine)")
     ap.add_argument("--lab-micro-batch", type=int, default=8,
                     help="charlm sequences per worker per micro-step")
@@ -168,13 +170,16 @@ def _lab(args, _results):
 
 
 def _write_real(_results, figures, path):
-    """control_real.json: this run's figures, and ``rows``, one per (path, level) with
-    ``path``, ``level``, ``decoupled_over_joint``, ``ci95_low``, ``ci95_high``, ``seeds``
-    (and the fitted simulator's ratio, and on the switch path the setting it predicts
-    best, ``sim_best_setting``); rows of the other path in the file before are
-    kept, so a switch-path run adds its rows beside the Gloo path's."""
+    """control_real.json: this run's figures, and ``rows``, one per (path, level, rate)
+    with ``path``, ``level``, ``rate`` (every host link's, from the run's setup),
+    ``decoupled_over_joint``, ``ci95_low``, ``ci95_high``, ``seeds`` (and the fitted
+    simulator's ratio at the run's setting, and on the switch path the setting it
+    predicts best, ``sim_best_setting``). The rows in the file before are kept but for
+    those of the same path, level and rate, which this run's replace: a switch-path run
+    adds its rows beside the Gloo path's, and a run at another rate beside the first."""
     import json
-    rows = [{"path": path, "level": level, "seeds": v["seeds"],
+    rate = figures.get("setup", {}).get("rate")
+    rows = [{"path": path, "level": level, "rate": rate, "seeds": v["seeds"],
              "decoupled_over_joint": v["decoupled_over_joint"], "ci95_low": v["ci95_low"],
              "ci95_high": v["ci95_high"], "verdict": v["verdict"],
              "sim_decoupled_over_joint": v.get("sim_decoupled_over_joint"),
@@ -186,21 +191,28 @@ def _write_real(_results, figures, path):
         prev = json.loads(old.read_text())["figures"]
     except (OSError, ValueError, KeyError):
         prev = {}
-    kept = [r for r in prev.get("rows", []) if r.get("path", "gloo") != path]
-    if not prev.get("rows") and prev.get("levels"):     # a file from before the rows
-        kept = [{"path": prev.get("setup", {}).get("path", "gloo"), "level": lv,
+    prev_setup = prev.get("setup", {})
+    kept = prev.get("rows", [])
+    if not kept and prev.get("levels"):                 # a file from before the rows
+        kept = [{"path": prev_setup.get("path", "gloo"), "level": lv,
                  **{k: v[k] for k in ("decoupled_over_joint", "ci95_low", "ci95_high",
                                       "seeds")}}
                 for lv, v in prev["levels"].items()]
-        kept = [r for r in kept if r["path"] != path]
+    # a row from before the rates were recorded: the rate of the run that wrote the
+    # file, where the row is of that run's path (else unknown)
+    kept = [{**r, "rate": r.get("rate", prev_setup.get("rate") if r.get("path", "gloo")
+                                 == prev_setup.get("path", "gloo") else None)}
+            for r in kept]
+    new = {(r["path"], r["level"], r["rate"]) for r in rows}
+    kept = [r for r in kept if (r.get("path", "gloo"), r["level"], r["rate"]) not in new]
     figures["path"] = path
     figures["rows"] = kept + rows
     for r in figures["rows"]:
         sim, best = r.get("sim_decoupled_over_joint"), r.get("sim_best_setting")
-        print(f"   {r['path']:6s} {r['level']:6s} decoupled / joint "
+        print(f"   {r['path']:6s} {r['level']:6s} {r['rate'] or '?':>8s} decoupled / joint "
               f"{r['decoupled_over_joint']:.3f}x [{r['ci95_low']:.3f}, {r['ci95_high']:.3f}]"
               f" over {r['seeds']} seeds"
-              + (f"; fitted simulator {sim:.3f}x" if sim is not None else "")
+              + (f"; fitted simulator at this setting {sim:.3f}x" if sim is not None else "")
               + (f", its best setting {best['rate']} at {best['latency_s']:.3f} s per "
                  f"exchange: {best['sim_decoupled_over_joint']:.3f}x" if best else ""))
     _results.write("control_real", figures)

@@ -74,3 +74,15 @@ def install():
 def quiet_child():
     """In a worker process of an ``ina`` verb: Ctrl-C is the parent's to handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_on_signals(stop):
+    """A server's loop (``ina switch``): ``stop()`` on SIGTERM and on SIGINT, unless
+    SIGINT is ignored. A process started with SIGINT ignored keeps ignoring it, as Unix
+    programs do (a background job, ``nohup``), and so does a switch that an ``ina`` verb
+    forked (``quiet_child``): its parent takes the Ctrl-C and ends it. Catching SIGINT
+    there let a Ctrl-C that the parent ignored end the switch under its workers, which
+    then waited out their stall timeout."""
+    signal.signal(signal.SIGTERM, lambda *_: stop())
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, lambda *_: stop())

@@ -1,12 +1,35 @@
 import os
 import socket
 import sys
+import threading
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+def run_threads(fn, args, timeout=60.0, on_error=None):
+    """``fn(a)`` for each of ``args``, each in its own thread (the compiled loops release
+    the GIL, so ranks in threads run at once), joined within ``timeout`` each. Returns
+    the exceptions they raised; ``on_error()`` runs after each (e.g. a barrier's
+    ``abort``, so the other ranks do not wait for one that failed)."""
+    errors = []
+
+    def run(a):
+        try:
+            fn(a)
+        except BaseException as e:   # noqa: BLE001 (returned to the test)
+            errors.append(e)
+            if on_error is not None:
+                on_error()
+    ts = [threading.Thread(target=run, args=(a,), daemon=True) for a in args]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    return errors
 
 
 def free_ports(n):

@@ -161,24 +161,17 @@ def test_shutdown_stops_the_size_agreement_group(env):
     at interpreter exit with "terminate called without an active exception" when the
     group was left to the destructors.)"""
     import datetime
-    import threading
     from ina_fabric.host.ddp.backend import ProcessGroupIna
-    store, out, errs = dist.HashStore(), {}, []
+    from conftest import run_threads
+    store, out = dist.HashStore(), {}
 
     def rank(r):
-        try:
-            pg = ProcessGroupIna(store, r, 2, datetime.timedelta(seconds=20),
-                                 InaOptions(job=96))
-            assert pg._sizes is not None
-            pg._agree_sizes([torch.ones(10)])
-            pg.shutdown()
-            out[r] = pg._sizes
-        except Exception as e:   # surfaced below
-            errs.append(e)
-    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
+        pg = ProcessGroupIna(store, r, 2, datetime.timedelta(seconds=20),
+                             InaOptions(job=96))
+        assert pg._sizes is not None
+        pg._agree_sizes([torch.ones(10)])
+        pg.shutdown()
+        out[r] = pg._sizes
+    errs = run_threads(rank, range(2))
     assert not errs, errs
     assert out == {0: None, 1: None}

@@ -10,7 +10,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
@@ -39,7 +38,8 @@ _jobs = iter(range(300, 400))
 def two_ranks(body, world=2, **options):
     """Run ``body(pg, rank)`` on ``world`` ranks (threads, one store, one job); their
     return values, by rank. Any rank's error is raised."""
-    store, out, errs = dist.HashStore(), {}, []
+    from conftest import run_threads
+    store, out = dist.HashStore(), {}
     job = next(_jobs)
 
     def rank(r):
@@ -48,16 +48,10 @@ def two_ranks(body, world=2, **options):
             pg = ProcessGroupIna(store, r, world, datetime.timedelta(seconds=30),
                                  InaOptions(job=job, **options))
             out[r] = body(pg, r)
-        except BaseException as e:   # noqa: BLE001 (raised below)
-            errs.append(e)
         finally:
             if pg is not None:
                 pg.shutdown()
-    ts = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
+    errs = run_threads(rank, range(world))
     if errs:
         raise errs[0]
     return out

@@ -4,9 +4,12 @@ the window (``window.SendWindow``) event for event, the element kernels
 portable path, and whole allreduce calls through a real switch (the same bits as the
 Python loop, the same errors)."""
 
+import time
+
 import numpy as np
 import pytest
 
+from conftest import run_threads
 from ina_fabric.host.transport import fastcall, quantize as Q
 from ina_fabric.host.transport.window import SendWindow, WindowConfig, RttEstimator
 
@@ -105,6 +108,65 @@ def test_c_kernels_are_bit_identical_to_quantize(avx2):
         _client.set_avx2(was)
 
 
+
+@needs_c
+@pytest.mark.parametrize("avx2", [True, False])
+def test_c_kernels_float32_steps_keep_the_float64_bits(avx2):
+    """The AVX2 kernels take float32 steps where float32 gives float64's bits (a scale
+    or factor 2^k with k in range, nothing at or past 2^31): at and past the edges of
+    those ranges, at the clamp, at rounding ties and with NaN, the bits and the clipped
+    counts are quantize's (the float64 definition)."""
+    from ina_fabric.host.transport import _client
+    was = _client.set_avx2(avx2)
+    try:
+        rng = np.random.default_rng(7)
+        sbits = 28
+        for k in (-128, -127, -126, -125, -60, 0, 3, 60, 126, 127, 128, 150):
+            e = sbits - k                     # scale 2^k: most values land near 2^26
+            top = np.float32(2.0 ** (31 - k)) if -149 <= 31 - k <= 127 else np.float32(1)
+            mag = 2.0 ** np.clip(sbits - 2 - k + rng.integers(-40, 1, 4099), -149, 125)
+            x = (rng.standard_normal(4099) * mag).astype(np.float32)
+            if -100 < k < 100:                # ties: odd multiples of one half
+                x[::7] = (rng.integers(-2 ** 20, 2 ** 20, x[::7].size) + 0.5) * 2.0 ** -k
+            x[::11] = np.float32(1e-45) * rng.choice([-1, 1], x[::11].size)
+            for case in ("inside", "edge", "huge"):
+                y = x.copy()
+                if case == "edge":              # at and just below 2^31 after scaling
+                    y[100:104] = [top, -top, np.nextafter(top, np.float32(0)),
+                                  -np.nextafter(top, np.float32(0))]
+                elif case == "huge":
+                    y[4000] = np.float32(3e38)
+                for start, count in ((0, 4099), (1, 8), (97, 13), (9, 4090)):
+                    o1 = np.zeros(4 * count + 40, np.uint8)
+                    o2 = o1.copy()
+                    c1 = Q._pack(y, start, count, np.int64(e), sbits, o1, 20)
+                    c2 = _client.pack(y, start, count, e, sbits, o2, 20, Q.NO_EXPONENT,
+                                      Q.NONFINITE)
+                    assert c1 == c2 and (o1 == o2).all(), (k, case, start, count)
+        if avx2:    # NaN (outside quantize's contract): the AVX2 float64 form's answer,
+            y = x.copy()                        # which clamps it as it does -3e38
+            y[3] = np.nan
+            z = y.copy()
+            z[3] = np.float32(-3e38)
+            o1, o2 = np.zeros(4 * 4099, np.uint8), np.zeros(4 * 4099, np.uint8)
+            assert Q._pack(z, 0, 4099, np.int64(10), sbits, o1, 0) == \
+                _client.pack(y, 0, 4099, 10, sbits, o2, 0, Q.NO_EXPONENT, Q.NONFINITE)
+            assert (o1 == o2).all()
+        q = rng.integers(-2 ** 31, 2 ** 31, 4099, dtype=np.int64)
+        q[:12] = [0, 1, -1, 2 ** 31 - 1, -2 ** 31, 2 ** 24 + 1, -(2 ** 24 + 3),
+                  2 ** 25 + 2, 2 ** 30 + 64, -(2 ** 30 + 192), 16777217, 3]
+        buf = q.astype(">i4").view(np.uint8)
+        for fac in [2.0 ** k for k in (-150, -127, -126, -125, -30, 0, 60, 96, 97, 120)] + \
+                [4 / 3 * 2.0 ** -20, 0.75 * 2.0 ** -126, 3.0]:
+            for start, count in ((0, 4099), (3, 8), (4, 13)):
+                f1 = np.full(count + 2, np.nan, np.float32)
+                f2 = f1.copy()
+                Q._dequant(buf, 4 * start, count, fac, f1, 1)
+                _client.dequant(buf, 4 * start, count, fac, f2, 1)
+                assert np.array_equal(f1, f2, equal_nan=True), (fac, start, count)
+    finally:
+        _client.set_avx2(was)
+
 def _inputs(n):
     return lambda w, k: np.random.default_rng(100 * w + k).standard_normal(n) \
         .astype(np.float32)
@@ -120,16 +182,13 @@ def _against_switch(job, fn, ranks, **server_kw):
     server = SwitchServer([job], "127.0.0.1", 0, **{"engine": "fast", **server_kw})
     t = threading.Thread(target=server.serve_forever, args=(False,), daemon=True)
     t.start()
-    ts = [threading.Thread(target=fn, args=(server.address, w)) for w in ranks]
-    for th in ts:
-        th.start()
-    for th in ts:
-        th.join(60)
+    errors = run_threads(lambda w: fn(server.address, w), ranks)
     server.stop()
     t.join(2)
     counters = {**getattr(server.model, "engine_counters", dict)(),
                 **dict(server.model.counters)}
     server.close()
+    assert not errors, errors
     return server.address, counters
 
 
@@ -336,22 +395,14 @@ def test_data_carries_a_sound_ack(engine):
 
     t = threading.Thread(target=switch, daemon=True)
     t.start()
-    errors = []
 
     def worker(w):
-        try:
-            with SwitchClient(sw.getsockname(), 1, w, 2, W, 64, bind=("127.0.0.1", ports[w]),
-                              engine=engine, session=job.session) as c:
-                for k in range(3):
-                    c.allreduce(np.full(64 * 40, k + w, np.float32))
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
+        with SwitchClient(sw.getsockname(), 1, w, 2, W, 64, bind=("127.0.0.1", ports[w]),
+                          engine=engine, session=job.session) as c:
+            for k in range(3):
+                c.allreduce(np.full(64 * 40, k + w, np.float32))
 
-    ws = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
-    for th in ws:
-        th.start()
-    for th in ws:
-        th.join(60)
+    errors = run_threads(worker, range(2))
     stop.set()
     t.join(2)
     sw.close()
@@ -361,3 +412,32 @@ def test_data_carries_a_sound_ack(engine):
     # so the ack trails its DATA by about the window, not 2W
     assert len(acks) >= 2 * 3 * (40 + W)
     assert sorted(acks)[len(acks) // 2] <= W
+
+
+@pytest.mark.parametrize("engine", ["python", pytest.param("c", marks=needs_c)])
+def test_ctrl_c_ends_a_waiting_call_at_once(engine):
+    """Before: the compiled loop retried ``ppoll`` on EINTR with the GIL released, so
+    Python's SIGINT handler ran only when the call ended: Ctrl-C on a call waiting for a
+    switch that does not answer took its whole 30 s timeout. Now the loop runs the
+    handlers when a signal wakes it, and the call raises KeyboardInterrupt at once."""
+    import signal
+    import socket
+    import threading
+    from ina_fabric.host.transport import SwitchClient
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))            # a "switch" that never answers
+    main = threading.main_thread().ident
+    timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+    with SwitchClient(silent.getsockname(), 1, 0, 2, 16, 256, engine=engine,
+                      session=0x5EED) as c:
+        c.connect_timeout = c.stall_timeout = 30.0
+        assert c._use_c == (engine == "c")
+        t0 = time.monotonic()
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                c.allreduce(np.ones(100_000, np.float32))
+        finally:
+            timer.cancel()
+            silent.close()
+    assert time.monotonic() - t0 < 5.0

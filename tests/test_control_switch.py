@@ -109,11 +109,9 @@ def _run(world, bits, xs, latency=0.004, bandwidth=1e6, calls=1, probe_every=10)
         for _ in range(calls):
             out[r] = colls[r].allreduce(xs[r])
 
-    th = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(60)
+    from conftest import run_threads
+    errors = run_threads(rank, range(world))
+    assert not errors, errors
     return colls, out
 
 
@@ -326,6 +324,39 @@ def test_control_real_json_keeps_a_row_per_path_and_level(tmp_path, monkeypatch)
         ("gloo", 1.035), ("switch", 1.1)]
 
 
+def test_control_real_json_keeps_a_row_per_rate(tmp_path, monkeypatch):
+    """A switch-path run at another link rate adds its row beside the first one's (it
+    replaced it before the rows carried the rate); a file whose rows have no rate gets
+    the rate of the run that wrote it, and a run at the same rate replaces its row."""
+    import json
+    from ina_fabric.bench import _results
+    from ina_fabric.bench.bench_control import _write_real
+    monkeypatch.setattr(_results, "RESULTS", tmp_path)
+
+    def figs(m, rate):
+        return {"setup": {"path": "switch", "rate": rate},
+                "levels": {"heavy": {"decoupled_over_joint": m, "ci95_low": m - 0.1,
+                                     "ci95_high": m + 0.1, "seeds": 3, "verdict": "x",
+                                     "sim_decoupled_over_joint": m - 0.02}}}
+
+    # as a switch run at 50 Mbit/s wrote it before the rows had a rate
+    before = figs(1.07, "50mbit")
+    before["rows"] = [{"path": "switch", "level": "heavy", "decoupled_over_joint": 1.07,
+                       "ci95_low": 0.97, "ci95_high": 1.17, "seeds": 3}]
+    (tmp_path / "control_real.json").write_text(json.dumps({"figures": before}))
+    _write_real(_results, figs(1.02, "15mbit"), "switch")
+    rows = json.loads((tmp_path / "control_real.json").read_text())["figures"]["rows"]
+    assert sorted((r["rate"], r["decoupled_over_joint"]) for r in rows) == [
+        ("15mbit", 1.02), ("50mbit", 1.07)]
+    new = [r for r in rows if r["rate"] == "15mbit"][0]
+    assert new["sim_decoupled_over_joint"] == pytest.approx(1.0)   # at this setting
+    assert {"ci95_low", "ci95_high", "seeds", "level", "path"} <= set(new)
+    _write_real(_results, figs(1.05, "15mbit"), "switch")   # same rate: replaces
+    rows = json.loads((tmp_path / "control_real.json").read_text())["figures"]["rows"]
+    assert sorted((r["rate"], r["decoupled_over_joint"]) for r in rows) == [
+        ("15mbit", 1.05), ("50mbit", 1.07)]
+
+
 def test_the_knob_sets_the_width_byte_and_the_bytes_shrink_on_a_real_switch():
     """Four ranks through a loopback ``SwitchServer`` (the Python model, whose every
     datagram is counted here by its ``width`` byte): the payload call of each knob
@@ -362,31 +393,23 @@ def test_the_knob_sets_the_width_byte_and_the_bytes_shrink_on_a_real_switch():
     knobs = (32, 16, 8, 4)
     outs = [[None] * len(knobs) for _ in range(world)]
     counts = []
-    errors = []
     barrier = threading.Barrier(world)
 
     def rank(w):
-        try:
-            with SwitchClient(server.address, 1, w, world, 16, E,
-                              bind=("127.0.0.1", ports[w]), session=job.session) as cl:
-                coll = CompressedSwitchCollective(w, world, cl, seed=1, probe_every=1)
-                coll.allreduce(xs[w])       # warm (the numba kernels load): not counted
-                for k, q in enumerate(knobs):
-                    coll.set_precision(q)
-                    if barrier.wait() == 0:
-                        counts.append({d: dict(v) for d, v in seen.items()})
-                    outs[w][k] = coll.allreduce(xs[w])
-                    barrier.wait()
-                coll.close()
-        except Exception as e:  # noqa: BLE001 (reported below)
-            errors.append(e)
-            barrier.abort()
+        with SwitchClient(server.address, 1, w, world, 16, E,
+                          bind=("127.0.0.1", ports[w]), session=job.session) as cl:
+            coll = CompressedSwitchCollective(w, world, cl, seed=1, probe_every=1)
+            coll.allreduce(xs[w])       # warm (the numba kernels load): not counted
+            for k, q in enumerate(knobs):
+                coll.set_precision(q)
+                if barrier.wait() == 0:
+                    counts.append({d: dict(v) for d, v in seen.items()})
+                outs[w][k] = coll.allreduce(xs[w])
+                barrier.wait()
+            coll.close()
 
-    th = [threading.Thread(target=rank, args=(w,)) for w in range(world)]
-    for x in th:
-        x.start()
-    for x in th:
-        x.join(120)
+    from conftest import run_threads
+    errors = run_threads(rank, range(world), timeout=120, on_error=barrier.abort)
     server.stop()
     t.join(2)
     counts.append({d: dict(v) for d, v in seen.items()})

@@ -106,6 +106,17 @@ def test_lab_up_fabric_flags_in_help():
         assert flag in r.stdout
 
 
+@needs_lab
+def test_lab_up_fabric_refuses_the_board_engine_before_building_anything():
+    import subprocess
+    lab_id = f"fb{os.getpid() % 100000}"[:8]
+    r = subprocess.run([sys.executable, "-m", "ina_fabric.host.cli", "lab", "up", "fabric",
+                        "--racks", "2", "--hosts-per-rack", "2", "--switch", "board",
+                        "--id", lab_id], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "fast, model or rtl" in r.stderr, r.stderr
+    assert lab_id not in list_labs() and not N.lab_namespaces(lab_id)
+
+
 # -- the lab ---------------------------------------------------------------------------
 
 WORKER = r"""
@@ -281,3 +292,54 @@ def test_ina_backend_trains_through_the_fabric_tree(fabric_lab):
     print(f"ina backend on the 2x2 fabric tree: target {got[0]['target']} reached at "
           f"epoch {got[0]['epoch']} (test accuracy {got[0]['acc']:.3f}), "
           f"{got[0]['switch_calls']} switch calls per rank, replicas identical")
+
+
+def _rtl_why_not():
+    from ina_fabric.host.switch.rtl import why_not
+    return why_not()
+
+
+@needs_lab
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not os.environ.get("INA_SIM_FULL"),
+                    reason="long tier (the gateware in Verilator as every switch; two core "
+                           "builds the first time, minutes on 2 cores): INA_SIM_FULL=1")
+def test_lab_up_fabric_with_rtl_switches_runs_the_tree_through_the_gateware():
+    """`ina lab up fabric --switch rtl`, 2 racks x 2: the spine's `ina switch --engine
+    rtl` simulates the core built with the tree option, each top-of-rack switch's the core
+    with the tree and leaf options. A reliable allreduce from every host through the tree:
+    every rank gets the exact sum, the same bytes; every switch's core took datagrams and
+    its live scoreboard (the model beside it) never disagreed; `ina lab down` leaves
+    nothing."""
+    import subprocess
+    why = _rtl_why_not()
+    if why:
+        pytest.skip(f"--engine rtl: {why}")
+    lab_id = f"fr{os.getpid() % 100000}"[:8]
+    cli = [sys.executable, "-m", "ina_fabric.host.cli", "lab"]
+    up = subprocess.run(cli + ["up", "fabric", "--racks", "2", "--hosts-per-rack", "2",
+                               "--rate", "100mbit", "--switch", "rtl", "--id", lab_id],
+                        capture_output=True, text=True, timeout=1500)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr[-3000:]
+        assert up.stdout.count("ina switch on") == 3, up.stdout
+        lab = Lab.attach(lab_id)
+        got = _allreduce(lab, "tree", 3, session=0x5EED38D)
+        assert all(r["exact"] for r in got) and len({r["digest"] for r in got}) == 1, got
+        probe = ("import json; from ina_fabric.protocol.control_client import query_status "
+                 "as q; print(json.dumps(q(('%s', %d), timeout=5.0)['rtl']))")
+        for node, (ip, port) in zip(["sp", "t0", "t1"], [("198.18.255.254", 19900),
+                                                         ("198.18.0.254", 19900),
+                                                         ("198.18.1.254", 19900)]):
+            r = lab.run(node, [sys.executable, "-c", probe % (ip, port)], timeout=60)
+            assert r.returncode == 0, r.stderr[-2000:]
+            rtl = json.loads(r.stdout.strip().splitlines()[-1])
+            print(f"{node}: the core took {rtl['datagrams_in']} datagrams, sent "
+                  f"{rtl['datagrams_out']}, {rtl['disagreements']} disagreements")
+            assert rtl["datagrams_in"] > 0 and rtl["disagreements"] == 0, (node, rtl)
+    finally:
+        down = subprocess.run(cli + ["down", "--id", lab_id], capture_output=True,
+                              text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert lab_id not in list_labs() and not N.lab_namespaces(lab_id)

@@ -91,18 +91,17 @@ def test_backend_without_a_switch_under_torchrun_is_one_line_per_rank(tmp_path):
     assert "ina_fabric" not in text and "/host/" not in text
 
 
-@pytest.mark.skipif(not os.environ.get("INA_LONG"), reason=(
-    "in both clean-clone runs of the full suite (passes alone) the parent did not record "
-    "the Ctrl-C: the switch died, worker 0 waited its 30 s stall timeout and the verb "
-    "exited 2 with its error; cause open (issue 43), run with INA_LONG=1"))
 def test_ctrl_c_on_ina_allreduce_is_quiet(tmp_path):
     """Before: Ctrl-C on `ina allreduce` printed KeyboardInterrupt tracebacks (of the
-    forked workers)."""
+    forked workers). The run starts with SIGINT at its default, as a terminal's
+    foreground job does: a test runner started in the background (a shell's ``&``) ignores
+    SIGINT, its children inherit that, and ``ina`` then rightly ignores Ctrl-C (below)."""
     import signal
     p = subprocess.Popen([sys.executable, "-m", "ina_fabric.host.cli", "allreduce",
                           "--workers", "2", "--size", "16M", "--iterations", "200"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, cwd=tmp_path)
+                         start_new_session=True, cwd=tmp_path,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(8)                 # imports, the switch, the workers: mid-run by now
     os.killpg(p.pid, signal.SIGINT)   # as a terminal's Ctrl-C: the whole group
     out, err = p.communicate(timeout=60)
@@ -110,13 +109,37 @@ def test_ctrl_c_on_ina_allreduce_is_quiet(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
-def _switch_proc(tmp_path, sport, base, *extra):
+def test_a_switch_started_with_sigint_ignored_keeps_ignoring_it(tmp_path, ports):
+    """Before: ``ina switch`` caught SIGINT whatever its disposition at start. Started
+    in the background (SIGINT ignored, as a shell's ``&`` does), ``ina allreduce``
+    ignored a group's Ctrl-C while its forked switch caught it and stopped under the
+    workers, which waited out their 30 s stall timeout and failed (exit 2). Now a
+    switch keeps an ignored SIGINT ignored, and SIGTERM still stops it."""
+    import signal
+    from ina_fabric.host.switch import query_status
+    from conftest import consecutive_free_ports
+    sport, = ports(1)
+    sw = _switch_proc(tmp_path, sport, consecutive_free_ports(2),
+                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        sw.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert sw.poll() is None, "the switch stopped on an ignored SIGINT"
+        query_status(("127.0.0.1", sport), timeout=2.0)      # still answering
+        sw.send_signal(signal.SIGTERM)
+        assert sw.wait(timeout=10) == 0
+    finally:
+        sw.kill()
+
+
+def _switch_proc(tmp_path, sport, base, *extra, preexec_fn=None):
     """`ina switch --local-workers 2` in a child, answering STATUS; killed by caller."""
     from ina_fabric.host.switch import query_status
     p = subprocess.Popen([sys.executable, "-m", "ina_fabric.host.cli", "switch", "--listen",
                           f"127.0.0.1:{sport}", "--local-workers", "2", "--base-port",
                           str(base), "--session", "0x43", *extra],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+                         preexec_fn=preexec_fn)
     for _ in range(300):
         try:
             query_status(("127.0.0.1", sport), timeout=0.1)

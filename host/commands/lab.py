@@ -9,6 +9,9 @@ network. Labs are named by an id, so two can coexist; `down` cleans up after a c
     ina lab up fabric --racks 4 --hosts-per-rack 4 --rate 100mbit --switch
                                                  racks under a spine, 4:1 uplinks; the
                                                  switches as a tree (ToRs under the spine)
+    ina lab up fabric --racks 2 --hosts-per-rack 2 --switch rtl
+                                                 the same through the gateware in Verilator
+                                                 (the ToRs' cores leaves, the spine's a spine)
     ina lab up my_topology.toml
     ina lab run h0 -- python -c 'print(1)'       in host h0's namespace (INA_SWITCH set)
     ina lab status [--seconds 1] [--json]        links: rate, drops, backlog; RTT P50/P99
@@ -47,7 +50,9 @@ def add_arguments(p):
                     choices=("auto", "fast", "model", "rtl", "board"),
                     help="also start `ina switch` in every switch namespace, on the bridge "
                          "(fabric: the spine, then each top-of-rack switch with the spine "
-                         "as its parent); ENGINE as `ina switch --engine` (board: the "
+                         "as its parent); ENGINE as `ina switch --engine` (rtl on a "
+                         "fabric: the spine's core with the tree option, each top-of-rack "
+                         "switch's with the tree and leaf options; board: the "
                          "simulated board on a TAP in the bridge, taking the bridge's "
                          "address; frames up to 1,518 bytes, so keep mtu=1500; not with "
                          "a fabric's tree)")
@@ -103,12 +108,16 @@ def _topology(args):
 
 
 def _up(args):
+    from ..cli import CliError
     from ..lab import Lab, format_rate
     topo = _topology(args)
+    if args.switch == "board" and topo.spine:
+        raise CliError("--switch board: a fabric's switches run fast, model or rtl (the "
+                       "simulated board takes one bridge's address, not a tree)")
     lab = Lab(topo, args.id).up()
     switches = []
     if args.switch and topo.spine:
-        switches = lab.start_fabric(tree=True)
+        switches = lab.start_fabric(tree=True, engine=args.switch)
     elif args.switch:
         switches = [lab.start_switch(s.name, engine=args.switch)
                     for s in topo.switches]

@@ -283,11 +283,14 @@ class Lab:
                     pass
         self._save()
 
-    def start_switch(self, node=None, extra=(), engine=None):
+    def start_switch(self, node=None, extra=(), engine=None, rtl_params=None):
         """``ina switch`` in the switch namespace, on its bridge address (port 19900);
         waits until it answers a STATUS request. ``engine``: ``--engine`` (board: the
         simulated board on a TAP in the bridge, which takes the bridge's address; it is
-        asked from the first host behind it, and may take minutes to build)."""
+        asked from the first host behind it, and may take minutes to build; rtl: the
+        gateware in Verilator, whose first build of a core takes minutes too).
+        ``rtl_params``: with rtl, ``CoreParams`` fields over ``$INA_RTL_PARAMS`` (the
+        tree and leaf options of a fabric's switches)."""
         node = node or self.topo.switches[0].name
         host = self.address(node)
         name = "switch" if node == self.topo.switches[0].name else f"switch-{node}"
@@ -296,14 +299,20 @@ class Lab:
             extra += ("--engine", engine)
         if engine == "board":
             extra += ("--bridge", "br0", "--tap", "board0")
+        env = None
+        if engine == "rtl" and rtl_params:
+            mine = json.loads(os.environ.get("INA_RTL_PARAMS") or "{}")
+            env = {**os.environ, "INA_RTL_PARAMS": json.dumps({**mine, **rtl_params})}
         self.start_service(name, node, [sys.executable, "-m", "ina_fabric.host.cli",
                                             "switch", "--listen", f"{host}:{SWITCH_PORT}",
-                                            *extra])
+                                            *extra], env=env)
         asker = node
         tries, timeout = 40, 0.5
         if engine == "board":
             asker = next(h.name for h in self.topo.hosts if h.switch == node)
             tries, timeout = 600, 5.0
+        elif engine == "rtl":          # a Verilator build of the core: a few minutes
+            tries = 600
         probe = [sys.executable, "-c",
                  "import sys; from ina_fabric.protocol.control_client import query_status as q; "
                  f"q(('{host}', {SWITCH_PORT}), timeout={timeout})"]
@@ -317,16 +326,26 @@ class Lab:
         raise LabError(f"ina switch did not answer in {node}: "
                        f"{(self.state_dir / f'{name}.log').read_text()[-500:]}")
 
-    def start_fabric(self, tree=True, extra=(), leaf_extra=()):
+    def start_fabric(self, tree=True, extra=(), leaf_extra=(), engine=None):
         """A fabric's switches: ``ina switch`` on the spine, then on each top-of-rack
         switch, with ``--parent`` the spine's when ``tree`` (else each stands alone: the
-        flat mode puts a single switch at the spine and leaves the racks' idle). Returns
-        [(ip, port)] spine first, then the racks in order."""
+        flat mode puts a single switch at the spine and leaves the racks' idle).
+        ``engine``: each one's ``--engine`` (not board); rtl simulates the spine's core
+        built with the tree option and each top-of-rack switch's with the tree and leaf
+        options (``CoreParams``; ``$INA_RTL_PARAMS`` gives the rest, the same core
+        everywhere), a Verilator build per core the first time. Returns [(ip, port)]
+        spine first, then the racks in order."""
         if not self.topo.spine:
             raise LabError(f"lab {self.id}: {self.topo.name} is not a fabric (no spine)")
-        spine = self.start_switch(self.topo.spine, extra=extra)
+        if engine == "board":
+            raise LabError("a fabric's switches run fast, model or rtl, not board (the "
+                           "simulated board takes one bridge's address, not a tree)")
+        spine = self.start_switch(self.topo.spine, extra=extra, engine=engine,
+                                  rtl_params={"tree": True})
         parent = ("--parent", f"{spine[0]}:{spine[1]}") if tree else ()
-        return [spine] + [self.start_switch(t, extra=(*parent, *extra, *leaf_extra))
+        leaf = {"tree": True, "leaf": True} if tree else {"tree": True}
+        return [spine] + [self.start_switch(t, extra=(*parent, *extra, *leaf_extra),
+                                            engine=engine, rtl_params=leaf)
                           for t in self.topo.racks]
 
     # -- state ---------------------------------------------------------------------

@@ -28,7 +28,6 @@ board's own deadline); after that the clock stops until the next frame. Simulate
 
 import ipaddress
 import os
-import signal
 import time
 
 from ina_fabric.protocol.fields import INA_UDP_PORT
@@ -153,8 +152,8 @@ class BoardSwitch:
     # -- serving ---------------------------------------------------------------------
     def serve_forever(self, install_signals=True):
         if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: self.stop())
+            from ..oneline import stop_on_signals
+            stop_on_signals(self.stop)
         self.running = True
         tail, seen = self.idle_tail, None
         while self.running:

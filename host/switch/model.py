@@ -25,15 +25,21 @@ worker that a slot closed without at its deadline is *absent*: every open or lat
 of the job closes as soon as all the other workers contributed (counted ``skipped``),
 until the absent worker is back: a contribution of its own (DATA that opens a slot or
 joins an open one: it is in step again), or, once one deadline has passed since it
-became absent, any DATA of its own that passes the job's checks (session, source,
-size), late, duplicate or stale included. A compute straggler then holds the job for one
-deadline, not one per window of slots (issue 18, run 7): with a window of W and a call of
-P datagrams, bounded mode waits for it up to ceil(P/W) deadlines. The hold-off (issue 18,
-runs 40-48): a worker behind a flooded uplink loses some DATA and delivers the rest a
-queue's delay late; if its late DATA re-admitted it at once, every DATA of it that the
-flood drops would hold a slot for a whole deadline again, several times a call. A late
-worker is still waited for again within one deadline, so one that is merely last at
-every slot (a slower host) is not skipped for long. (Back-offs that start at 0 and grow
+became absent, DATA of its own (late or a re-send) for a slot that closed here, if it
+came before that slot's own deadline (``opened_at + deadline``): in plain bounded mode
+it would have been in the sum, so the worker is less than a deadline behind. Stale,
+out-of-window DATA and DATA that missed their slot's deadline do not bring it back: a
+worker still a deadline or more behind, waited for again, would only hold the next slots
+for a whole deadline and be skipped again (a straggler catching up re-admitted so, and
+skipped, twice in one call, cost the others two deadlines a call; ``ina bench fabric
+--straggler-ms``). A compute straggler then holds the job for one deadline, not one per
+window of slots (issue 18, run 7): with a window of W and a call of P datagrams, bounded
+mode waits for it up to ceil(P/W) deadlines. The hold-off (issue 18, runs 40-48): a
+worker behind a flooded uplink loses some DATA and delivers the rest a queue's delay
+late; if its late DATA re-admitted it at once, every DATA of it that the flood drops would
+hold a slot for a whole deadline again, several times a call. A worker that is merely
+last at every slot (a slower host, less than a deadline behind) is still waited for again
+within one deadline, so it is not skipped for long. (Back-offs that start at 0 and grow
 on repeated skips were tried on the lab: no better for compute stragglers, where the
 hold-off costs nothing measurable, and worse beside a flood; docs/tail.md, "Runs 40-48".)
 
@@ -623,8 +629,6 @@ class SwitchModel:
         w = cfg.window
         slot = js.slots[(seq // w) % 2][seq % w]
         bit = 1 << worker
-        if js.absent & bit and now >= js.absent_since[worker] + cfg.deadline:
-            js.absent &= ~bit      # heard from a deadline on (bounded-skip): waited for again
         ahead = (seq - slot.tag) & SEQ_MASK
         # (a parent sees only the slots a child's pool could not hold: any later seq of
         # the record opens it)
@@ -658,6 +662,7 @@ class SwitchModel:
                 # sender is more than 2W behind the job's start; nothing to re-send
                 c["drop_stale"] += 1
                 return out + self._refuse(Refusal.STALE, js.head, datagram, source, now)
+            self._back_in_time(js, worker, slot, now)
             if slot.bitmap & bit:
                 c["duplicates"] += 1
             else:
@@ -666,6 +671,7 @@ class SwitchModel:
             to = tuple(source) if fwd else cfg.members[worker].addr
             return out + [(to, self._unicast(slot.result, worker))]
         if slot.up is not None:        # closed here, its RESULT awaited from the parent
+            self._back_in_time(js, worker, slot, now)
             if slot.bitmap & bit:
                 c["duplicates"] += 1
                 c["up_resent"] += 1
@@ -701,6 +707,20 @@ class SwitchModel:
             del js.open[seq]
             out += self._close(js, slot)
         return out
+
+    @staticmethod
+    def _back_in_time(js, worker, slot, now):
+        """bounded-skip: DATA of ``worker`` for ``slot``, which closed here before it came
+        (late, or a re-send). An absent worker is waited for again only when this DATA
+        came before the slot's own deadline (in plain bounded mode it would have been in
+        the sum: the worker is less than a deadline behind) and a deadline has passed
+        since it became absent (the hold-off). DATA that missed its slot's deadline say
+        the worker is still a deadline or more behind: waiting for it would cost a
+        deadline again (the module's docstring)."""
+        d = js.cfg.deadline
+        if js.absent >> worker & 1 and now < slot.opened_at + d and \
+                now >= js.absent_since[worker] + d:
+            js.absent &= ~(1 << worker)
 
     def _sized(self, h, n):
         """The width byte of a DATA or RESULT of ``n`` bytes, or None (counted) when it

@@ -15,14 +15,13 @@ One thread, one socket, two engines with the same semantics:
 (``ina switch --engine board`` is not served from here: ``board.BoardSwitch`` runs the
 whole board's datapath on a TAP, with no socket and no Python on the datapath.)
 
-SIGINT and SIGTERM stop it cleanly and print the counters. A malformed datagram is a
-counted drop, never a crash.
+SIGINT (unless the process was started with it ignored) and SIGTERM stop it cleanly and
+print the counters. A malformed datagram is a counted drop, never a crash.
 
 Multicast RESULTs (a job with a group) leave by the interface of the listen address;
 listening on 0.0.0.0 they stay on loopback (never out of a default route).
 """
 
-import signal
 import socket
 import time
 
@@ -101,8 +100,8 @@ class SwitchServer:
 
     def serve_forever(self, install_signals=True):
         if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: self.stop())
+            from ..oneline import stop_on_signals
+            stop_on_signals(self.stop)
         self.running = True
         if self.engine == "fast":
             return self._serve_fast()

@@ -52,7 +52,7 @@
 enum { A_SEND = 1, A_DELIVER, A_ABANDON, A_HOLD, A_FAIL };
 enum { FAIL_UNAVAILABLE = 0, FAIL_STALLED = 1 };
 enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_REFUSED,
-       RC_MEMBERS_DIFFER };
+       RC_MEMBERS_DIFFER, RC_INTERRUPTED };
 #define REFUSAL_STALE 5          /* fields.Refusal.STALE */
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
        S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, NSTATS };
@@ -492,6 +492,8 @@ typedef struct {
     /* a STALE answer whose figure (the job's position) is more than this past the
      * call's base: this worker is behind the job (2 x the job's window) */
     uint32_t stale_after;
+    /* RC_INTERRUPTED: the exception a signal handler raised while the loop waited */
+    PyObject *exc_type, *exc_value, *exc_tb;
 } Call;
 
 static inline int nelem_of(const Call *c, int p) {
@@ -546,6 +548,65 @@ static void dequant_avx2(const uint8_t *q, int nel, double factor, float *o) {
         o[i] = (float)((double)ina_be32(q + 4 * (size_t)i) * factor);
     }
 }
+
+/* The same two loops in float32, 8 elements a step instead of 4, where float32 gives
+ * the float64 forms' bits (chosen per packet by pack and dequant below):
+ * - pack, a scale 2^k that is a normal float32 (-126 <= k <= 127): v * 2^k is exact in
+ *   float32 as in float64 (v has 24 significant bits) wherever the product is a normal
+ *   float32; a product below 2^-126 rounds to the integer 0 either way. Every |x| below
+ *   2^31 is then the same float64 value, rounded to nearest even by cvtps2dq as by
+ *   cvtpd2dq, and no float32 lies between 2^31 - 1 and 2^31. Any |x| >= 2^31 (clamped
+ *   and counted), an overflow to inf, or a NaN (not a number the clamp may see)
+ *   sends the packet to the float64 form, which writes it all again.
+ * - dequantize, a factor 2^k with -126 <= k <= 96 (a complete result; a partial one
+ *   rescales by N / count, no power of two): float32(v) * 2^k, rounded once to nearest
+ *   even, is float32(v * 2^k), since scaling by 2^k commutes with the rounding in the
+ *   normal range, and |v| in [1, 2^31] keeps the product in it. */
+__attribute__((target("avx2")))
+static int pack_avx2f(const float *v, int count, float scale, uint8_t *dst,
+                      int64_t *clipped) {
+    const __m256 s = _mm256_set1_ps(scale), lim = _mm256_set1_ps(2147483648.0f);
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i swap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13,
+                                          12, 3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14,
+                                          13, 12);
+    __m256 out = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= count; i += 8) {
+        if ((i & 15) == 0) _mm_prefetch((const char *)(v + i + 512), _MM_HINT_T0);
+        __m256 x = _mm256_mul_ps(_mm256_loadu_ps(v + i), s);
+        /* not below 2^31 in magnitude, or unordered (NaN) */
+        out = _mm256_or_ps(out, _mm256_cmp_ps(_mm256_and_ps(x, magnitude), lim,
+                                              _CMP_NLT_UQ));
+        _mm256_storeu_si256((__m256i *)(dst + 4 * (size_t)i),
+                            _mm256_shuffle_epi8(_mm256_cvtps_epi32(x), swap));
+    }
+    if (_mm256_movemask_ps(out)) return 0;
+    int64_t n = 0;
+    for (; i < count; i++) {      /* the tail as pack_avx2's */
+        double x = (double)v[i] * (double)scale;
+        double c = x < -2147483647.0 ? -2147483647.0 : (x > 2147483647.0 ? 2147483647.0 : x);
+        n += c != x;
+        ina_put_be32(dst + 4 * (size_t)i, (uint32_t)(int32_t)rint(c));
+    }
+    *clipped = n;
+    return 1;
+}
+
+__attribute__((target("avx2")))
+static void dequant_avx2f(const uint8_t *q, int nel, float factor, float *o) {
+    const __m256 f = _mm256_set1_ps(factor);
+    const __m256i swap = _mm256_setr_epi8(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13,
+                                          12, 3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14,
+                                          13, 12);
+    int i = 0;
+    for (; i + 8 <= nel; i += 8) {
+        __m256i x = _mm256_shuffle_epi8(
+            _mm256_loadu_si256((const __m256i *)(q + 4 * (size_t)i)), swap);
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_cvtepi32_ps(x), f));
+    }
+    for (; i < nel; i++) o[i] = (float)((double)ina_be32(q + 4 * (size_t)i) * factor);
+}
 #endif
 
 #define TARGETS __attribute__((target_clones("avx2", "default")))
@@ -586,7 +647,13 @@ static int64_t pack(const float *v, int count, int exponent, int sbits, uint8_t 
     }
     double scale = ldexp(1.0, sbits - exponent);
 #ifdef HAVE_AVX2_PATH
-    if (avx2()) return pack_avx2(v, count, scale, dst);
+    if (avx2()) {
+        int64_t clipped;
+        if (scale >= 0x1p-126 && scale <= 0x1p127 &&
+                pack_avx2f(v, count, (float)scale, dst, &clipped))
+            return clipped;
+        return pack_avx2(v, count, scale, dst);
+    }
 #endif
     return pack_portable(v, count, scale, dst);
 }
@@ -646,7 +713,14 @@ static void dequantw(const uint8_t *q, int nel, double factor, float *o, int cod
 
 static void dequant(const uint8_t *q, int nel, double factor, float *o) {
 #ifdef HAVE_AVX2_PATH
-    if (avx2()) { dequant_avx2(q, nel, factor, o); return; }
+    if (avx2()) {
+        int k;
+        if (frexp(factor, &k) == 0.5 && k - 1 >= -126 && k - 1 <= 96)   /* 2^(k-1) */
+            dequant_avx2f(q, nel, (float)factor, o);
+        else
+            dequant_avx2(q, nel, factor, o);
+        return;
+    }
 #endif
     dequant_portable(q, nel, factor, o);
 }
@@ -979,6 +1053,18 @@ typedef struct {
     uint8_t *buf;
 } RecvQ;
 
+/* A signal interrupted the wait: run Python's handlers now (the loop holds no GIL; it
+ * takes it for this), so Ctrl-C raises KeyboardInterrupt in the call, not when the call
+ * ends (for a stalled call, its timeout later). 1: a handler raised; its exception is
+ * kept in ``c`` and raised by the call. Otherwise the wait goes on as before. */
+static int signalled(Call *c) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int raised = PyErr_CheckSignals() < 0;
+    if (raised) PyErr_Fetch(&c->exc_type, &c->exc_value, &c->exc_tb);
+    PyGILState_Release(g);
+    return raised;
+}
+
 static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds,
                 uint32_t sw_ip, uint16_t sw_port) {
     const InaLayout *L = &c->L;
@@ -1066,7 +1152,10 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
         if (!(wait < 1.0)) wait = 1.0;        /* never an infinite or NaN timespec */
         struct pollfd pf[2] = {{fds[0], POLLIN, 0}, {nfds > 1 ? fds[1] : -1, POLLIN, 0}};
         struct timespec ts = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
-        if (ppoll(pf, nfds, &ts, NULL) < 0 && errno != EINTR) return -errno;
+        if (ppoll(pf, nfds, &ts, NULL) < 0) {
+            if (errno != EINTR) return -errno;
+            if (signalled(c)) return RC_INTERRUPTED;
+        }
     }
     return RC_OK;
 }
@@ -1182,9 +1271,12 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
         code = loop(&w, &c, q, rq, fds, nfds, (uint32_t)sw_ip, (uint16_t)sw_port);
         if (code == RC_OK) flush(q, &c);
         Py_END_ALLOW_THREADS
-        res = Py_BuildValue("(iiikik)", code, w.remaining, c.refusal,
-                            (unsigned long)c.refusal_figure, c.refused_p,
-                            (unsigned long)c.refused_seq);
+        if (code == RC_INTERRUPTED)
+            PyErr_Restore(c.exc_type, c.exc_value, c.exc_tb);
+        else
+            res = Py_BuildValue("(iiikik)", code, w.remaining, c.refusal,
+                                (unsigned long)c.refusal_figure, c.refused_p,
+                                (unsigned long)c.refused_seq);
     }
     win_free(&w);
     if (c.heldbuf)
