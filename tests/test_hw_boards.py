@@ -122,9 +122,26 @@ def test_board_file_sets_what_make_bitstream_builds(monkeypatch):
     assert parse_args(["--board", "ecpix5_85", "--seeds", "7"]).nextpnr_opts == "--tmg-ripup"
 
 
+def test_build_core_options_replace_the_board_files():
+    """--answers/--no-answers, --widths and --leaf build the board file's core with
+    that option changed and nothing else; without them the board file's core is built."""
+    from ina_fabric.hw.build import board_config, parse_args, with_core_options
+    cfg, _, _ = board_config("versa_ecp5")
+
+    def params(*argv):
+        return with_core_options(cfg, parse_args(["--board", "versa_ecp5", *argv])).params
+    assert params() == cfg.params
+    assert params("--no-answers").answers is False
+    assert params("--answers").answers is True
+    w = params("--widths", "8,32,16")
+    assert w.widths == (8, 16, 32) and w.answers == cfg.params.answers and not w.tree
+    leaf = params("--leaf")
+    assert leaf.tree and leaf.leaf and leaf.widths == cfg.params.widths
+
+
 def test_versa_core_leaves_the_answer_path_out_and_the_board_engine_keeps_it():
-    """The Versa's core is built without the answer path (its 75 MHz core clock cannot
-    afford it yet: constraints/versa_ecp5.toml), the board engine simulates it with the
+    """The Versa's core is built without the answer path (the design with it did not
+    route on the 45F yet: constraints/versa_ecp5.toml), the board engine simulates it with the
     path on, and a core without it elaborates with no ErrorAnswer in it."""
     from amaranth.hdl import Fragment
     from ina_fabric.hw.build import board_config

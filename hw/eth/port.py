@@ -2,8 +2,8 @@
 
 Receive: :class:`~hw.eth.mac.MacRx` (receive clock) -> async FIFO -> store-and-forward
 :class:`~hw.eth.mac.PacketBuffer` (bad frames dropped and counted) ->
-:class:`~hw.eth.ingress.Ingress` (ARP, ICMP echo, INA datagrams) -> words -> a packet
-FIFO that releases whole datagrams to the core.
+:class:`~hw.eth.ingress.Ingress` (ARP, ICMP echo, INA datagrams) -> a register slice ->
+words -> a packet FIFO that releases whole datagrams to the core.
 
 Transmit: ARP/ICMP replies and RESULT frames (:class:`~hw.eth.egress.UdpTx`) are merged
 a frame at a time -> :class:`~hw.eth.mac.PacketBuffer` (so a frame never underruns) ->
@@ -17,7 +17,7 @@ from amaranth.lib.wiring import In, Out
 
 from .cdc import AsyncFIFOLut
 from .egress import CORE_OUT, UdpTx
-from .ingress import N_DROPS, Drop, Ingress
+from .ingress import INA_RX, N_DROPS, Drop, Ingress
 from .mac import BYTE, RX_BYTE, MacRx, MacTx, PacketBuffer, RxStatus
 from .words import CORE_IN, BytesToWords, PacketArbiter, PacketFIFO, SkidBuffer
 
@@ -80,8 +80,13 @@ class EthPort(wiring.Component):
         wiring.connect(m, rx_buf.o, ingress.i)
         m.d.comb += [ingress.mac.eq(self.mac), ingress.ip.eq(self.ip)]
 
+        # A register slice between the ingress and the word packer: the ingress's INA
+        # beat (valid and ``last`` decided from its byte count) was the front end's
+        # longest path, into the packer's output enable (every bit of a word).
+        m.submodules.ina_rx_skid = ina_rx_skid = SkidBuffer(INA_RX)
+        wiring.connect(m, ingress.ina, ina_rx_skid.i)
         m.submodules.to_words = to_words = BytesToWords()
-        wiring.connect(m, ingress.ina, to_words.i)
+        wiring.connect(m, ina_rx_skid.o, to_words.i)
         m.submodules.ina_fifo = ina_fifo = PacketFIFO(CORE_IN, depth=512)
         wiring.connect(m, to_words.o, ina_fifo.i)
         # The packet FIFO's read data comes straight out of block RAM; registered here

@@ -83,7 +83,15 @@ class PacketFIFO(wiring.Component):
         # ``packets - r_last_q`` is the number of whole packets still inside.
         r_last_q = Signal()
         m.d.sync += r_last_q.eq(r_last)
-        avail = Mux(r_last_q, packets > 1, packets != 0)
+        # (the two compares of the count, registered with it: from the count's flip-flops
+        # through the compares to the read enable and the reader's enables was the
+        # Versa's longest front end path with the narrow widths)
+        packets_next = Signal.like(packets)
+        some, more = Signal(), Signal()         # packets != 0, packets > 1
+        m.d.comb += packets_next.eq(packets + w_last - r_last_q)
+        m.d.sync += [packets.eq(packets_next), some.eq(packets_next != 0),
+                     more.eq(packets_next > 1)]
+        avail = Mux(r_last_q, more, some)
         m.d.comb += [
             fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid & room),
             self.i.ready.eq(room),
@@ -91,7 +99,6 @@ class PacketFIFO(wiring.Component):
             self.o.valid.eq(fifo.r_rdy & avail),
             fifo.r_en.eq(self.o.ready & avail),
         ]
-        m.d.sync += packets.eq(packets + w_last - r_last_q)
         return m
 
 

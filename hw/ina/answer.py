@@ -15,10 +15,11 @@ ports, and with the output one packet stream)::
     P0 ──cap──► capture memory (16 x the DATA's job, worker, seq, session, time and
                 source, at the FIFO position after its header: ``rewind``)
     P2 ──refusal──► A ─► B (reads the capture at the position; the job's position) ─►
-         C (reason, figure) ─► D (hash products, 64-bit time) ─► E (bucket: the table's
-         read) ─► F (the read, registered) ─► G (compared, forwarded) ─► H (limited? the
-         table's write) ─► queue (32 ERRORs) ─► o (one beat a cycle) ─► merged with the
-         control plane's replies (``o``: see :class:`SideMerge`)
+         C (reason, figure) ─► D (hash products, 64-bit time, the IPv4 checksum) ─►
+         E (bucket: the table's read) ─► F (the read, registered) ─► G (compared,
+         forwarded) ─► H (limited? the table's write) ─► queue (32 ERRORs, block RAM) ─►
+         o (one beat a cycle) ─► merged with the control plane's replies (``o``: see
+         :class:`SideMerge`)
 
 The capture memory is indexed by the FIFO position that follows a packet's last header
 beat: the header pipeline keeps that position with every operation (it rewinds there),
@@ -46,7 +47,7 @@ shows it a full request queue).
 """
 
 from amaranth.hdl import *
-from amaranth.lib import wiring, stream, data, memory, fifo, enum
+from amaranth.lib import wiring, stream, data, memory, enum
 from amaranth.lib.wiring import In, Out
 
 from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Refusal,
@@ -55,7 +56,8 @@ from ina_fabric.protocol.fields import (HEADER_BYTES, VERSION, MsgType, Refusal,
 from .layout import HeaderLayout, header_words, out_layout
 from .params import CoreParams, HEADER_WORDS
 from .regfile import job_layout, jobs_at
-from .replicator import ip_checksum_hw
+from .replicator import ip_checksum_pre
+from .queue import BlockFifo
 
 __all__ = ["Kind", "capture_layout", "refusal_layout", "ErrorAnswer", "SideMerge",
            "interval_cycles", "QUEUE_DEPTH", "STOP_SLACK", "HASH"]
@@ -118,7 +120,8 @@ def refusal_layout(P: CoreParams) -> data.StructLayout:
 def _entry_layout():
     """One queued answer."""
     return data.StructLayout({"job": 16, "worker": 8, "seq": 32, "session": 64,
-                              "reason": 3, "figure": 32, "ip": 32, "port": 16, "mac": 48})
+                              "reason": 3, "figure": 32, "ip": 32, "port": 16, "mac": 48,
+                              "csum": 16})
 
 
 class ErrorAnswer(wiring.Component):
@@ -234,6 +237,14 @@ class ErrorAnswer(wiring.Component):
         d_p0, d_p1, d_p2 = Signal(32), Signal(16), Signal(16)
         d_now, d_age = Signal(64), Signal(32)
         Kl, Kh = HASH & 0xFFFF, HASH >> 16
+        # (the ERROR's IPv4 header checksum, kept with the answer: the sum of the
+        # template's fixed words and ``src_ip`` in a register, its destination's two
+        # halves added in D, the carries folded in E; at the output, between the answer
+        # read and the beat's register, the whole of it was the block's longest path)
+        csum_pre = Signal(20)
+        d_csum = Signal(20)
+        m.d.sync += [csum_pre.eq(ip_checksum_pre(self.src_ip, HEADER_BYTES + 28)),
+                     d_csum.eq((csum_pre + c.ip[16:] + c.ip[:16])[:20])]
         m.d.sync += [d_valid.eq(c_valid), d.eq(c),
                      d_p0.eq(c_x[:16] * Kl), d_p1.eq((c_x[16:] * Kl)[:16]),
                      d_p2.eq((c_x[:16] * Kh)[:16]),
@@ -243,7 +254,9 @@ class ErrorAnswer(wiring.Component):
         e_valid, e = Signal(), Signal(EntryL)
         e_bucket = Signal(8)
         e_ts = Signal(64)
+        s1 = d_csum[:16] + d_csum[16:]
         m.d.sync += [e_valid.eq(d_valid), e.eq(d),
+                     e.csum.eq(~(s1[:16] + s1[16:])[:16]),
                      e_bucket.eq((d_p0 + Cat(C(0, 16), d_p1 + d_p2))[24:32]),
                      e_ts.eq(d_now - d_age)]
         m.submodules.table = table = memory.Memory(shape=64, depth=ERROR_SOURCES, init=[])
@@ -297,7 +310,8 @@ class ErrorAnswer(wiring.Component):
         m.d.comb += [self.sent.eq(h_we), self.limited.eq(h_limited)]
 
         # ---------------------------------------------------------------- the queue
-        m.submodules.queue = q = fifo.SyncFIFOBuffered(width=EntryL.size, depth=QUEUE_DEPTH)
+        # (in block RAM: 32 answers of 267 bits were ~750 LUTs as LUT RAM)
+        m.submodules.queue = q = BlockFifo(width=EntryL.size, depth=QUEUE_DEPTH)
         m.d.comb += [q.w_data.eq(h), q.w_en.eq(h_we)]
         m.d.sync += self.stop.eq(q.level > QUEUE_DEPTH - STOP_SLACK)
 
@@ -323,8 +337,7 @@ class ErrorAnswer(wiring.Component):
                              op.length.eq(HEADER_BYTES), op.dst_ip.eq(cur.ip),
                              op.dst_port.eq(cur.port), op.dst_mac.eq(cur.mac),
                              op.mcast.eq(0),
-                             op.ip_checksum.eq(ip_checksum_hw(self.src_ip, cur.ip,
-                                                              HEADER_BYTES + 28))]
+                             op.ip_checksum.eq(cur.csum)]
                 with m.Switch(beat):
                     for bb in range(H):
                         with m.Case(bb):

@@ -193,15 +193,13 @@ class InaCore(wiring.Component):
             ctl_o = side.o
         else:                   # the control plane's replies only
             ctl_o = ctl.o
-        # (a core with the tree option: the replicator's output through a register slice,
-        # payload, valid and ready from flip-flops, the stream unchanged a cycle later: its
-        # handshake, through the output CDC's storage and back to the replicator's beat
-        # counter, was the Versa's longest core path with the option)
-        rep_o = rep.o
-        if P.tree:
-            m.submodules.rep_skid = skid = SkidBuffer(out_layout(P.lanes))
-            wiring.connect(m, rep.o, skid.i)
-            rep_o = skid.o
+        # (the replicator's output through a register slice, payload, valid and ready
+        # from flip-flops, the stream unchanged a cycle later: its handshake, through the
+        # output CDC's storage and back to the replicator's beat counter, was the Versa's
+        # longest core path with the tree option and with the narrow widths)
+        m.submodules.rep_skid = skid = SkidBuffer(out_layout(P.lanes))
+        wiring.connect(m, rep.o, skid.i)
+        rep_o = skid.o
         sel_ctl = Signal()
         in_pkt = Signal()
         with m.If(sel_ctl):

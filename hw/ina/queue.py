@@ -3,10 +3,10 @@ cycle, and per-record counts of the requests not yet sent (what a packet that wo
 slot record must wait for)."""
 
 from amaranth.hdl import *
-from amaranth.lib import wiring, data, memory
+from amaranth.lib import wiring, data, memory, fifo
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["RequestQueue", "PendingCounts"]
+__all__ = ["RequestQueue", "PendingCounts", "BlockFifo"]
 
 
 class RequestQueue(wiring.Component):
@@ -91,4 +91,46 @@ class PendingCounts(wiring.Component):
             m.d.sync += cnt.eq(cnt + up - down)
             # a request finishes only after it was added (count >= 1 when ``down``)
             m.d.sync += self.nonzero[r].eq((up != 0) | Mux(down, cnt != 1, cnt != 0))
+        return m
+
+
+class BlockFifo(fifo.SyncFIFOBuffered):
+    """``amaranth.lib.fifo.SyncFIFOBuffered`` (the same ports, the same behaviour, cycle
+    for cycle) whose storage is marked for block RAM (``ram_style``): yosys maps a
+    shallow, wide FIFO to LUT RAM otherwise, which on a full 45F costs the LUTs the
+    placement needs (the answer path's queue, 32 x 267 bits)."""
+
+    def elaborate(self, platform):
+        m = Module()
+        D = self.depth - 1          # the memory; the output register holds one more
+        assert D >= 1
+        level = Signal(range(D + 1))
+        m.d.comb += [self.w_rdy.eq(level != D), self.w_level.eq(self.level),
+                     self.r_level.eq(self.level)]
+        do_write = self.w_rdy & self.w_en
+        do_read = (level != 0) & (~self.r_rdy | self.r_en)
+        m.submodules.storage = mem = memory.Memory(shape=self.width, depth=D, init=[],
+                                                   attrs={"ram_style": "block"})
+        wp = mem.write_port()
+        rp = mem.read_port(domain="sync")
+        produce, consume = Signal(range(D)), Signal(range(D))
+
+        def incr(v):
+            return Mux(v == D - 1, 0, v + 1)
+
+        m.d.comb += [wp.addr.eq(produce), wp.data.eq(self.w_data), wp.en.eq(do_write),
+                     rp.addr.eq(consume), rp.en.eq(do_read), self.r_data.eq(rp.data)]
+        with m.If(do_write):
+            m.d.sync += produce.eq(incr(produce))
+        with m.If(do_read):
+            m.d.sync += consume.eq(incr(consume))
+        with m.If(do_write & ~do_read):
+            m.d.sync += level.eq(level + 1)
+        with m.If(do_read & ~do_write):
+            m.d.sync += level.eq(level - 1)
+        with m.If(do_read):
+            m.d.sync += self.r_rdy.eq(1)
+        with m.Elif(self.r_en):
+            m.d.sync += self.r_rdy.eq(0)
+        m.d.comb += self.level.eq(level + self.r_rdy)
         return m

@@ -6,11 +6,14 @@ Ports::
 
     start     In: check ``nonce`` (a pulse)
     nonce     In: 64 bits, still until ``done``
-    done      Out: a pulse, ``REPLAY_SLOTS + 1`` cycles after ``start``
+    done      Out: a pulse, ``REPLAY_SLOTS + 2`` cycles after ``start``
     fresh     Out: with ``done``: the nonce was fresh, and is now kept
 
 The nonces sit in a LUT RAM read one slot a cycle (a compare of every slot at once was
-800 LUTs on the core clock's longest paths).
+800 LUTs on the core clock's longest paths). The read is registered before its two
+64-bit compares (the LUT RAM's read, then ``==`` and ``<`` in one cycle, behind the
+control plane's state decoding ``start``, was the Versa's longest core path with the
+narrow widths): a slot is read in one cycle and compared in the next.
 """
 
 from amaranth.hdl import *
@@ -42,21 +45,24 @@ class ReplayStore(wiring.Component):
         kept_w = kept.write_port()
         kvalid = Signal(S)
         run = Signal()
-        rs_i = Signal(range(S + 1))
+        rs_i = Signal(range(S + 2))     # the slot read (0..S-1); S + 1: the decision
+        # the read, registered: slot p_i's nonce and whether it holds one
+        p_valid, p_kv, p_vv = Signal(), Signal(64), Signal()
+        p_i = Signal(range(S))
         rs_seen = Signal()
         rs_low = Signal(range(S))       # the slot to use (empty, else lowest)
         rs_lowv = Signal(64)
         rs_empty = Signal()
+        # (the address does not depend on ``start``: it is the counter alone)
+        if S > 1:
+            m.d.comb += kept_r.addr.eq(rs_i[:_log2(S)])
+        m.d.sync += [p_kv.eq(kept_r.data), p_vv.eq(kvalid.bit_select(rs_i, 1)),
+                     p_i.eq(rs_i), p_valid.eq(run & (rs_i < S))]
         with m.If(self.start):
             m.d.sync += [run.eq(1), rs_i.eq(0), rs_seen.eq(0), rs_empty.eq(0),
-                         rs_low.eq(0), rs_lowv.eq(C(-1, 64))]
+                         rs_low.eq(0), rs_lowv.eq(C(-1, 64)), p_valid.eq(0)]
         with m.Elif(run):
-            # one slot a cycle: seen? the slot to use: an empty one, else the lowest
-            if S > 1:
-                m.d.comb += kept_r.addr.eq(rs_i[:_log2(S)])
-            kv = kept_r.data
-            vv = kvalid.bit_select(rs_i, 1)
-            with m.If(rs_i == S):
+            with m.If(rs_i == S + 1):
                 refuse = rs_seen | (~rs_empty & (nonce <= rs_lowv))
                 m.d.sync += run.eq(0)
                 m.d.comb += [self.done.eq(1), self.fresh.eq(~refuse)]
@@ -68,11 +74,14 @@ class ReplayStore(wiring.Component):
                             m.d.sync += kvalid[k].eq(1)
             with m.Else():
                 m.d.sync += rs_i.eq(rs_i + 1)
-                with m.If(vv & (kv == nonce)):
+            # one slot a cycle, a cycle after its read: seen? the slot to use: an empty
+            # one, else the lowest
+            with m.If(p_valid):
+                with m.If(p_vv & (p_kv == nonce)):
                     m.d.sync += rs_seen.eq(1)
                 with m.If(~rs_empty):
-                    with m.If(~vv):
-                        m.d.sync += [rs_empty.eq(1), rs_low.eq(rs_i)]
-                    with m.Elif(kv < rs_lowv):
-                        m.d.sync += [rs_low.eq(rs_i), rs_lowv.eq(kv)]
+                    with m.If(~p_vv):
+                        m.d.sync += [rs_empty.eq(1), rs_low.eq(p_i)]
+                    with m.Elif(p_kv < rs_lowv):
+                        m.d.sync += [rs_low.eq(p_i), rs_lowv.eq(p_kv)]
         return m
