@@ -30,3 +30,16 @@ def test_a_failing_rank_reports_its_own_error_quickly():
     with pytest.raises(RuntimeError, match=r"rank \d: ModuleNotFoundError: .*no_such_mod"):
         run_training(TrainConfig(backend="no_such_mod_xyz:factory", workers=2, max_steps=1))
     assert time.monotonic() - t < 25
+
+
+def test_digits_mlp_is_a_wide_model_that_reaches_its_target():
+    """The communication-bound workload: 1.1M parameters (4.5 MB of gradients) on the
+    digits, its target from the one table, and it reaches it on two ranks."""
+    from ina_fabric.host.ddp.workloads import TARGETS, get_workload
+    wl = get_workload("digits-mlp", 0)
+    assert sum(p.numel() for p in wl.model.parameters()) == 1_126_410
+    assert wl.target == TARGETS["digits-mlp"] == 0.95
+    assert wl.x_train.shape[1:] == (64,) and len(wl.x_test) == 360
+    res = run_training(TrainConfig(backend="gloo", workload="digits-mlp", workers=2,
+                                   max_epochs=12))
+    assert res.time_to_accuracy is not None and res.final_accuracy >= 0.95

@@ -31,7 +31,7 @@ def add_arguments(p):
     from ._common import (add_impairment_arguments, add_output_arguments,
                           add_switch_argument)
     lo, eth = LINK_DEFAULTS["loopback"], LINK_DEFAULTS["ethernet"]
-    p.add_argument("--workload", default="digits", choices=("digits", "transformer"),
+    p.add_argument("--workload", default="digits", choices=("digits", "digits-mlp", "transformer"),
                    help="what to train")
     p.add_argument("--workers", type=int, default=4, help="local ranks (1..32)")
     p.add_argument("--backends", default="ina,gloo",
@@ -203,7 +203,8 @@ def _train(args, switch, link, lab):
         print(f"--- {backend}: {args.workload}, {args.workers} workers, seed {args.seed}"
               + (f", lab {args.lab}" if lab is not None else "")
               + (f", loss {cfg.loss:g}" if cfg.loss else ""), file=sys.stderr, flush=True)
-        target = args.target or {"digits": 0.95, "transformer": 0.75}.get(args.workload)
+        from ina_fabric.host.ddp.workloads import TARGETS
+        target = args.target or TARGETS[args.workload]
         bar = tqdm(total=args.max_epochs, desc=f"{backend} (to acc {target:g})", unit="epoch",
                    file=sys.stderr,
                    disable=args.no_progress, dynamic_ncols=True)
@@ -324,8 +325,9 @@ def _plot(results, args, path):
             a = [c[3] for c in r.curve]
             ax.plot(t, a, marker=".", label=name)
     target = next(iter(results.values())).config.get("target")
-    if target is None and args.workload == "digits":
-        target = 0.95
+    if target is None:
+        from ina_fabric.host.ddp.workloads import TARGETS
+        target = TARGETS.get(args.workload)
     if target:
         ax.axhline(target, color="gray", ls="--", lw=0.8, label=f"target {target:g}")
     ax.set_xlabel("wall time (s)")

@@ -662,8 +662,8 @@ def _collect(get, dead, cfg, result, done, progress, timeout):
             t, _, _, acc = payload
             target = cfg.target
             if target is None:
-                target = {"digits": 0.95, "transformer": 0.75,
-                          "transformer-large": 0.75}.get(cfg.workload, 1.0)
+                from .workloads import TARGETS
+                target = TARGETS.get(cfg.workload, 1.0)
             if result.time_to_accuracy is None and acc >= target:
                 result.time_to_accuracy = t
         elif kind == "loss":
