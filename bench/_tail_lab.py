@@ -261,7 +261,7 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
         "client": {k: res.stats[k] for k in ("packets_sent", "retransmits", "results",
                                              "duplicates_ignored", "partial_slots",
                                              "switch_deadline_ms", "agreed_rto_ms",
-                                             "refetched", "refetched_results",
+                                             "refetched", "refetched_results", "local_retries",
                                              "deadline_moves", "cwnd", "cwnd_cuts")
                    if k in (res.stats or {})},
     }

@@ -101,7 +101,7 @@ def summarize(runs, alone, levels, backends, args):
         by = {(r["backend"], r["repeat"]): r for r in runs if r["level"] == level}
         none = {(r["backend"], r["repeat"]): r for r in runs if r["level"] == "none"}
         row = {"level": level, "rate_mbit": rate_mbit, "workload": args.workload,
-               "repeats": args.repeats}
+               "mtu": args.mtu, "repeats": args.repeats}
         tcp = any(f[0] == "tcp" for f in LEVELS[level]["flows"])
         for name in backends:
             if name == "gloo":
@@ -171,6 +171,9 @@ def main(argv=()):
                     help=f"of {', '.join(BACKENDS)} (gloo is always run)")
     ap.add_argument("--rate", default="100mbit", help="host link rate")
     ap.add_argument("--queue-ms", type=float, default=20.0, help="tbf queue per link end")
+    ap.add_argument("--mtu", type=int, default=9000,
+                    help="every lab link's MTU (ina's datagrams are the most elements, a "
+                         "power of two, that fit it; Gloo's TCP segments follow it too)")
     ap.add_argument("--workload", default="digits", help="training workload")
     ap.add_argument("--workers", type=int, default=4, help="training hosts")
     ap.add_argument("--steps", type=int, default=150, help="optimizer steps per run")
@@ -217,9 +220,10 @@ def main(argv=()):
     a.switch_deadline_ms, a.skip_calls, a.slot_deadline_rule = None, 5, "loss-aware"
     t0 = time.time()
     lab, switch, elements = training_lab("rack", a.workers + 2,
-                                         {"rate": a.rate, "queue_ms": a.queue_ms}, a.lab_id)
+                                         {"rate": a.rate, "queue_ms": a.queue_ms, "mtu": a.mtu},
+                                         a.lab_id)
     print(f"lab {lab.id}: {a.workers} training hosts + 2 background hosts at {a.rate}, "
-          f"queue {a.queue_ms} ms, {elements} elements per datagram; load average "
+          f"queue {a.queue_ms} ms, MTU {a.mtu}, {elements} elements per datagram; load average "
           f"{os.getloadavg()[0]:.1f} (shared CPUs)", flush=True)
     runs, alone = [], {}
     try:

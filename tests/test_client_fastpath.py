@@ -442,3 +442,42 @@ def test_ctrl_c_ends_a_waiting_call_at_once(engine):
             timer.cancel()
             silent.close()
     assert time.monotonic() - t0 < 5.0
+
+
+def test_python_loop_sends_again_what_the_host_queue_refused():
+    """The Python loop's half of local congestion (the C loop's runs on a real full tbf
+    queue in test_lab_bench): a send refused with ENOBUFS goes again a moment later,
+    counted in ``local_retries``, and is not lost (no re-send, exact sums)."""
+    import errno
+    from ina_fabric.host.transport import SwitchClient
+    from ina_fabric.protocol.jobtable import JobConfig
+    from ina_fabric.host.cluster import free_udp_ports
+    ports = free_udp_ports(2)
+    job = JobConfig(1, tuple(f"127.0.0.1:{p}" for p in ports), window=16, elements=100)
+    xs = [np.arange(1000, dtype=np.float32) * (w + 1) for w in range(2)]
+    got = {}
+
+    class FullQueue:                  # every third send refused once, as a full qdisc
+        def __init__(self, sock):
+            self.sock, self.n = sock, 0
+
+        def sendto(self, data, to):
+            self.n += 1
+            if self.n % 3 == 0:
+                raise OSError(errno.ENOBUFS, "No buffer space available")
+            return self.sock.sendto(data, to)
+
+        def __getattr__(self, name):
+            return getattr(self.sock, name)
+
+    def worker(address, w):
+        with SwitchClient(address, 1, w, 2, 16, 100, bind=("127.0.0.1", ports[w]),
+                          engine="python", session=job.session) as c:
+            c.sock = FullQueue(c.sock)
+            got[w] = c.allreduce(xs[w])
+
+    _against_switch(job, worker, range(2), key=None)
+    for w in range(2):
+        y, st = got[w]
+        assert np.array_equal(y, xs[0] * 3)
+        assert st.local_retries > 0 and st.retransmits == 0, st

@@ -34,6 +34,8 @@
 #define PEAK_FACTOR 2.0          /* window.py */
 #define FAST_RESEND 3            /* window.py */
 #define MAX_BACKOFF 64
+#define LOCAL_RETRIES 200        /* switch_client.LOCAL_RETRIES: a datagram the host's */
+#define LOCAL_RETRY_NS 100000    /* own queue dropped goes again, 0.1 ms apart */
 #define UDP_IP_BYTES 46         /* IPv4 + UDP + Ethernet: slot_deadline.UDP_IP_BYTES */
 #define BOUNDED_MAX_BACKOFF 4   /* window.py: a bounded re-send fetches a stored result */
 /* congestion control: window.py's constants of the same names (docs/congestion.md) */
@@ -55,7 +57,7 @@ enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_R
        RC_MEMBERS_DIFFER, RC_INTERRUPTED };
 #define REFUSAL_STALE 5          /* fields.Refusal.STALE */
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
-       S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, NSTATS };
+       S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, S_LOCAL_RETRIES, NSTATS };
 enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK, T_CWND, T_SSTHRESH, T_BASE,
        T_CUT_AT, T_CUTS, T_CONGESTED_AT, NRTT };   /* window.py's RttEstimator fields, in order */
 #define NCFG 8                     /* fastcall.config_tuple */
@@ -932,8 +934,24 @@ typedef struct {
 
 static double mono(void);
 
+/* The socket has IP_RECVERR (SwitchClient: a send the host's own queue drops fails with
+ * ENOBUFS), so an ICMP error (a switch that is down) is also queued on its error queue,
+ * where poll reports it until it is read: read them all, each time one is reported. */
+static void drain_errors(int fd) {
+    char buf[256], ctl[256];
+    for (int i = 0; i < 4096; i++) {
+        struct iovec iov = {buf, sizeof buf};
+        struct msghdr m = {0};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = ctl;
+        m.msg_controllen = sizeof ctl;
+        if (recvmsg(fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) break;
+    }
+}
+
 static void send_range(SendQ *q, Call *c, int from, int count) {
-    int i = from, end = from + count;
+    int i = from, end = from + count, local = 0;
     while (i < end) {
         int r = sendmmsg(q->fd, q->msgs + i, end - i, 0);
         if (r < 0) {
@@ -943,7 +961,18 @@ static void send_range(SendQ *q, Call *c, int from, int count) {
                 poll(&pf, 1, 10);
                 continue;
             }
-            if (errno != ECONNREFUSED && !q->err) q->err = errno;
+            if (errno == ENOBUFS && local < LOCAL_RETRIES) {
+                /* the host's own queue (its qdisc) is full and dropped the datagram
+                 * (told by IP_RECVERR): as TCP on local congestion, it goes again once
+                 * the queue has drained a little, not after a timer */
+                struct timespec ts = {0, LOCAL_RETRY_NS};
+                nanosleep(&ts, NULL);
+                local++;
+                c->stats[S_LOCAL_RETRIES]++;
+                continue;
+            }
+            if (errno == ECONNREFUSED) drain_errors(q->fd);
+            else if (!q->err) q->err = errno;
             i++;                  /* that datagram is lost; the timers recover it */
         } else {
             i += r;
@@ -1084,7 +1113,10 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
                 int want = w->remaining < RBATCH ? w->remaining : RBATCH;
                 int got = recvmmsg(fds[s], rq->msgs, want, MSG_DONTWAIT, NULL);
                 if (got <= 0) {
-                    if (got < 0 && errno == ECONNREFUSED) continue;  /* ICMP: switch down */
+                    if (got < 0 && errno == ECONNREFUSED) {   /* ICMP: switch down */
+                        drain_errors(fds[s]);
+                        continue;
+                    }
                     break;
                 }
                 double now = mono();
@@ -1155,6 +1187,8 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
         if (ppoll(pf, nfds, &ts, NULL) < 0) {
             if (errno != EINTR) return -errno;
             if (signalled(c)) return RC_INTERRUPTED;
+        } else if (pf[0].revents & POLLERR) {
+            drain_errors(fds[0]);
         }
     }
     return RC_OK;

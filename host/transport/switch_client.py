@@ -47,6 +47,7 @@ as little as it can; the per-element work is compiled, one pass each way):
 """
 
 from dataclasses import dataclass, field, asdict
+import errno
 import math
 import os
 import select
@@ -67,6 +68,24 @@ from .precision import Precision, as_precision
 from . import fastcall
 from .sockbuf import size_buffers, socket_drops, WORKER_RCVBUF
 from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Abandon, Hold
+
+#: a datagram this host's own queue refused (ENOBUFS: the socket has IP_RECVERR) goes
+#: again LOCAL_RETRY_S later, at most LOCAL_RETRIES times (20 ms, a lab link's tbf
+#: queue), then counts as lost (the timers recover it); _client.c's LOCAL_RETRIES
+LOCAL_RETRIES = 200
+LOCAL_RETRY_S = 1e-4
+_IP_RECVERR = getattr(socket, "IP_RECVERR", 11)     # Linux's; Python 3.11 lacks the name
+
+
+def _drain_errors(sock):
+    """Read the ICMP errors queued on ``sock`` (IP_RECVERR queues them, and poll reports
+    the socket until they are read)."""
+    for _ in range(4096):
+        try:
+            sock.recvmsg(256, 256, socket.MSG_ERRQUEUE)
+        except OSError:          # BlockingIOError: none left
+            return
+
 
 _D = LINK_DEFAULTS["ethernet"]
 _LAYOUT = c_layout()
@@ -208,6 +227,8 @@ class AllreduceStats:
     refetched: int = 0           # results that came re-served (unicast, RETRANSMIT) with
                                  # this worker's DATA in their bitmap: the group's RESULT
                                  # was lost on the way here (not a late contribution)
+    local_retries: int = 0       # sends this host's own queue refused (ENOBUFS), sent
+                                 # again after LOCAL_RETRY_S (not a loss on the network)
     seconds: float = 0.0
 
     def add(self, other: "AllreduceStats"):
@@ -324,6 +345,9 @@ class SwitchClient:
         # without it (bounded modes): seconds of them, not rmem_max's 0.3 s (sockbuf)
         size_buffers(sock, WORKER_RCVBUF, 8 << 20)
         sock.bind(self.bind)
+        # a datagram this host's own queue drops fails its send (ENOBUFS) instead of
+        # vanishing: the loop sends it again shortly, as TCP does on local congestion
+        sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
         sock.setblocking(False)
         self.address = sock.getsockname()
         self._usock = sock
@@ -522,7 +546,7 @@ class SwitchClient:
                              stochastic=prec.stochastic, seed=self._seed())
         self.seq = (self.seq + call.P) & 0xFFFFFFFF
         win = SendWindow(call.P, W, WindowConfig.of(self), self._rtt)
-        sock, switch, rx = self.sock, self.switch, self._rx
+        sock, usock, switch, rx = self.sock, self._usock, self.switch, self._rx
         # the unicast socket first, as the compiled loop (an ERROR waiting there is read
         # before the RESULTs waiting in the group's)
         socks = [s for s in (self._usock, self.gsock) if s is not None]
@@ -542,7 +566,20 @@ class SwitchClient:
                     time.sleep(next_tx[0] - t)
                     t = next_tx[0]
                 next_tx[0] = t + (len(data) + 46) * pace
-            sock.sendto(data, switch)
+            for _ in range(LOCAL_RETRIES):
+                try:
+                    sock.sendto(data, switch)
+                    return
+                except ConnectionRefusedError:   # ICMP: a switch that is down
+                    _drain_errors(usock)
+                    return                       # lost; the timers recover it
+                except OSError as e:
+                    if e.errno != errno.ENOBUFS:
+                        raise
+                # this host's own queue is full (IP_RECVERR): as the C loop, and as TCP
+                # on local congestion, the datagram goes again once it drained a little
+                call.stats.local_retries += 1
+                time.sleep(LOCAL_RETRY_S)
 
         def perform(actions):
             for a in actions:
@@ -575,6 +612,7 @@ class SwitchClient:
                     except (BlockingIOError, InterruptedError):
                         break
                     except ConnectionRefusedError:
+                        _drain_errors(s)
                         continue    # ICMP port unreachable from a switch that is down
                     if src != switch:
                         call.stats.foreign_ignored += 1   # only the switch's RESULTs count
@@ -619,7 +657,9 @@ class SwitchClient:
                 continue
             wake = win.next_wakeup()
             wait = wake - now if wake is not None else win.rto()
-            poll(max(wait, 0.0002) * 1e3)
+            for fd, ev in poll(max(wait, 0.0002) * 1e3):
+                if ev & select.POLLERR and fd == usock.fileno():
+                    _drain_errors(usock)
         st = call.stats
         st.seconds = time.perf_counter() - t0
         st.carried_entries = self._carry_out(x, missed)
