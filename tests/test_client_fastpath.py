@@ -25,7 +25,8 @@ def _state(win):
 @pytest.mark.parametrize("seed", range(40))
 def test_c_window_takes_the_same_actions_as_send_window(seed):
     """Random event sequences (results in any order, duplicates, results for packets not
-    sent yet, timers early and late, long stalls) to both windows; every action list
+    sent yet, timers early and late, long stalls, sends the host's queue refused) to
+    both windows; every action list
     and the timers after every event must be equal, and so must the congestion window
     (``RttEstimator``'s fields, ``limit()``), in every congestion mode (aimd, delay,
     off by turns)."""
@@ -55,8 +56,10 @@ def test_c_window_takes_the_same_actions_as_send_window(seed):
                 p = int(rng.choice(list(pool)))
                 cg = bool(rng.random() < 0.15)        # the switch's CONGESTED flag
                 a, b = py.on_result(p, now, cg), c.on_result(p, now, cg)
-            else:
+            elif rng.random() < 0.8:
                 a, b = py.on_timer(now), c.on_timer(now)
+            else:                        # this host's own queue refused a send
+                a, b = py.on_local_congestion(now), c.on_local_congestion(now)
             assert a == b, (seed, call, step)
             sent |= {x.p for x in a if type(x).__name__ == "Send"}
             assert _state(py) == _state(c), (seed, call, step)

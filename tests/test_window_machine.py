@@ -639,6 +639,27 @@ def test_congestion_off_is_the_fixed_window(seed):
     assert win.rtt.cuts == 0
 
 
+def test_a_send_the_host_refused_cuts_the_window_once_per_rtt():
+    """Local congestion (this host's own queue refused a send; the loop sends it again):
+    cwnd cut by LOSS_BETA as for a loss, at most once per smoothed RTT, with no action
+    (nothing was lost); no cut with congestion control off."""
+    win = SendWindow(200, 64, RELIABLE_NOW)
+    win.start(0.0)
+    for p in range(10):
+        win.on_result(p, 0.001)
+    assert win.rtt.cwnd == 64 and win.rtt.srtt == pytest.approx(0.001)
+    assert win.on_local_congestion(0.0012) == []
+    assert win.rtt.cwnd == 64 * LOSS_BETA and win.rtt.cuts == 1 and win.limit() == 32
+    win.on_local_congestion(0.0015)        # within one RTT: the same event
+    assert win.rtt.cwnd == 32 and win.rtt.cuts == 1
+    win.on_local_congestion(0.0023)
+    assert win.rtt.cwnd == 16 and win.rtt.cuts == 2
+    off = SendWindow(200, 64, OFF)
+    off.start(0.0)
+    assert off.on_local_congestion(0.001) == [] and off.rtt.cuts == 0
+    assert off.limit() == 64
+
+
 def test_loss_halves_the_window_once_per_rtt():
     """A timer re-send after the call's first RESULT halves cwnd (ATP/Reno) and re-sends
     no more than the halved window at once; the other overdue packets are marked lost

@@ -250,6 +250,12 @@ static void win_pump(Win *w, double now) {
 }
 
 /* window.py's SendWindow._cut */
+static void win_cut(Win *w, double now, double factor);
+/* window.py's on_local_congestion: this host's own queue refused a send */
+static void win_local(Win *w, double now) {
+    if (w->cc) win_cut(w, now, LOSS_BETA);
+}
+
 static void win_cut(Win *w, double now, double factor) {
     double *r = w->rtt;
     if (now - r[T_CUT_AT] < r[T_SRTT]) return;
@@ -930,6 +936,7 @@ typedef struct {
     double *tsent;    /* pacing: the window's send times, set when a datagram really goes
                        * (its timer and RTT sample start then, not while it waits here) */
     int p[SENDQ];
+    int refused;      /* sends this host's own queue refused since the loop last looked */
 } SendQ;
 
 static double mono(void);
@@ -968,6 +975,7 @@ static void send_range(SendQ *q, Call *c, int from, int count) {
                 struct timespec ts = {0, LOCAL_RETRY_NS};
                 nanosleep(&ts, NULL);
                 local++;
+                q->refused++;
                 c->stats[S_LOCAL_RETRIES]++;
                 continue;
             }
@@ -1103,6 +1111,10 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
     flush_paced(q, c, 0);
     while (w->remaining) {
         int useful = 0;
+        if (q->refused) {         /* the host's own queue refused sends: local congestion */
+            win_local(w, mono());
+            q->refused = 0;
+        }
         if (q->n) flush_paced(q, c, 0);       /* paced datagrams now due */
         for (int s = 0; s < nfds && w->remaining; s++) {
             for (;;) {                    /* drain this socket */
@@ -1406,6 +1418,13 @@ static PyObject *Window_on_timer(WindowObject *self, PyObject *args) {
     return actions(&self->w);
 }
 
+static PyObject *Window_on_local_congestion(WindowObject *self, PyObject *args) {
+    double now;
+    if (!PyArg_ParseTuple(args, "d", &now)) return NULL;
+    win_local(&self->w, now);
+    return actions(&self->w);
+}
+
 static PyObject *Window_next_wakeup(WindowObject *self, PyObject *noargs) {
     double t;
     if (!win_next_wakeup(&self->w, &t)) Py_RETURN_NONE;
@@ -1429,6 +1448,8 @@ static PyMethodDef Window_methods[] = {
     {"start", (PyCFunction)Window_start, METH_VARARGS, "start(now) -> [(kind, p, flag)]"},
     {"on_result", (PyCFunction)Window_on_result, METH_VARARGS, "on_result(p, now)"},
     {"on_timer", (PyCFunction)Window_on_timer, METH_VARARGS, "on_timer(now)"},
+    {"on_local_congestion", (PyCFunction)Window_on_local_congestion, METH_VARARGS,
+     "on_local_congestion(now)"},
     {"next_wakeup", (PyCFunction)Window_next_wakeup, METH_NOARGS, "time or None"},
     {"rto", (PyCFunction)Window_rto, METH_NOARGS, "the retransmission timeout"},
     {"timeout", (PyCFunction)Window_timeout, METH_NOARGS, "rto, or start_wait"},

@@ -100,6 +100,9 @@ class CSendWindow:
     def on_timer(self, now):
         return self._acts(self._w.on_timer(now))
 
+    def on_local_congestion(self, now):
+        return self._acts(self._w.on_local_congestion(now))
+
     def next_wakeup(self):
         return self._w.next_wakeup()
 

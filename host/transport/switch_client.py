@@ -579,6 +579,7 @@ class SwitchClient:
                 # this host's own queue is full (IP_RECVERR): as the C loop, and as TCP
                 # on local congestion, the datagram goes again once it drained a little
                 call.stats.local_retries += 1
+                win.on_local_congestion(clock())
                 time.sleep(LOCAL_RETRY_S)
 
         def perform(actions):

@@ -371,6 +371,15 @@ class SendWindow:
         rt.cut_at = now
         rt.cuts += 1
 
+    def on_local_congestion(self, now: float):
+        """This host's own queue refused a send (ENOBUFS; the loop sends it again): the
+        path's first hop is full. With congestion control on, cwnd is cut by LOSS_BETA,
+        at most once per smoothed RTT, as TCP enters CWR on local congestion; nothing
+        was lost, so no action. Returns ``[]``."""
+        if self.cc:
+            self._cut(now, LOSS_BETA)
+        return []
+
     def _on_rtt(self, r, t_sent, now):
         """A round trip ``r`` of a packet sent once, at ``t_sent``. "aimd": the window
         grows. "delay": compared with the delay target; only a packet sent after the
