@@ -50,15 +50,22 @@ def one_line(exc: BaseException) -> str:
     return f"{'rank ' + rank + ': ' if rank else ''}{type(exc).__name__}: {text}"
 
 
+def _say(line: str):
+    """``line`` and its newline in one write: ``print`` writes them apart on an
+    unbuffered stderr, so two ranks' lines under torchrun came out as one line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _hook(exc_type, exc, tb):
     if os.environ.get("INA_DEBUG", "") not in ("", "0"):
         return _previous(exc_type, exc, tb)
     if issubclass(exc_type, KeyboardInterrupt):
         rank = os.environ.get("RANK")
-        print(f"{'rank ' + rank + ': ' if rank else ''}interrupted", file=sys.stderr)
+        _say(f"{'rank ' + rank + ': ' if rank else ''}interrupted")
         return None
     if exc is not None and is_ours(exc):
-        print(one_line(exc) + " (INA_DEBUG=1 shows the traceback)", file=sys.stderr)
+        _say(one_line(exc) + " (INA_DEBUG=1 shows the traceback)")
         return None
     return _previous(exc_type, exc, tb)
 

@@ -37,3 +37,30 @@ def test_errors_from_outside_ina_keep_their_traceback():
         json.loads("{")
     except ValueError as e:
         assert not is_ours(e)
+
+
+def test_the_line_and_its_newline_go_in_one_write(monkeypatch):
+    """stderr to a pipe writes through: ``print`` wrote the line and its newline apart,
+    and under torchrun two ranks' lines came out as one ("...tracebackrank 0: ...")."""
+    import sys
+    from ina_fabric.host import oneline
+    from ina_fabric.host.commands import parse_size
+    writes = []
+
+    class Pipe:
+        def write(self, s):
+            writes.append(s)
+
+        def flush(self):
+            pass
+
+    try:
+        parse_size("lots")
+    except ValueError as e:
+        exc = e
+    monkeypatch.delenv("INA_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "stderr", Pipe())
+    oneline._hook(ValueError, exc, exc.__traceback__)
+    oneline._hook(KeyboardInterrupt, KeyboardInterrupt(), None)
+    assert len(writes) == 2 and all(w.endswith("\n") and w.count("\n") == 1
+                                    for w in writes), writes

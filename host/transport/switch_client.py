@@ -87,6 +87,25 @@ def _drain_errors(sock):
             return
 
 
+def _send_once(sock, usock, data, switch, stats, win):
+    """Send one datagram. A send this host's own queue refuses (ENOBUFS: IP_RECVERR) is
+    local congestion: as in the C loop, and as TCP does, the window hears of it and the
+    datagram goes again once the queue drained a little, not after a timer."""
+    for _ in range(LOCAL_RETRIES):
+        try:
+            sock.sendto(data, switch)
+            return
+        except ConnectionRefusedError:   # ICMP: a switch that is down
+            _drain_errors(usock)
+            return                       # lost; the timers recover it
+        except OSError as e:
+            if e.errno != errno.ENOBUFS:
+                raise
+        stats.local_retries += 1
+        win.on_local_congestion(time.monotonic())
+        time.sleep(LOCAL_RETRY_S)
+
+
 _D = LINK_DEFAULTS["ethernet"]
 _LAYOUT = c_layout()
 _DATA, _RESULT, _ERROR = int(MsgType.DATA), int(MsgType.RESULT), int(MsgType.ERROR)
@@ -566,21 +585,7 @@ class SwitchClient:
                     time.sleep(next_tx[0] - t)
                     t = next_tx[0]
                 next_tx[0] = t + (len(data) + 46) * pace
-            for _ in range(LOCAL_RETRIES):
-                try:
-                    sock.sendto(data, switch)
-                    return
-                except ConnectionRefusedError:   # ICMP: a switch that is down
-                    _drain_errors(usock)
-                    return                       # lost; the timers recover it
-                except OSError as e:
-                    if e.errno != errno.ENOBUFS:
-                        raise
-                # this host's own queue is full (IP_RECVERR): as the C loop, and as TCP
-                # on local congestion, the datagram goes again once it drained a little
-                call.stats.local_retries += 1
-                win.on_local_congestion(clock())
-                time.sleep(LOCAL_RETRY_S)
+            _send_once(sock, usock, data, switch, call.stats, win)
 
         def perform(actions):
             for a in actions:
