@@ -18,7 +18,7 @@ needs_c = pytest.mark.skipif(not fastcall.available(), reason=fastcall.WHY_NOT o
 
 def _state(win):
     return (win.remaining, win.inflight, win.next_wakeup(), win.rto(), win.timeout(),
-            win.limit())
+            win.limit(), win.coalesce())
 
 
 @needs_c
@@ -39,7 +39,7 @@ def test_c_window_takes_the_same_actions_as_send_window(seed):
     r1, r2 = RttEstimator(), RttEstimator()
     now = 0.0
     for call in range(3):
-        P, W = int(rng.integers(1, 40)), int(2 ** rng.integers(0, 5))
+        P, W = int(rng.integers(1, 100)), int(2 ** rng.integers(0, 7))
         py, c = SendWindow(P, W, cfg, r1), fastcall.CSendWindow(P, W, cfg, r2)
         a = py.start(now)
         assert a == c.start(now)

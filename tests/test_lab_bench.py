@@ -23,6 +23,9 @@ def test_lab_allreduce_bench_runs_and_checks(tmp_path, lab_bench):
     assert (row["hosts"], row["size"], row["rate_mbit"], row["limit"]) == (2, 4 << 20, 100.0, 1.0)
     assert row["checked"] and row["worst_error_over_bound"] <= 1.0
     assert row["gloo_over_ina_median"] > 0
+    # a window of 64 jumbo datagrams stands in the 100 Mbit/s tbf queue: the worker reads
+    # its RESULTs in batches (window.COALESCE_*), not one wake-up each
+    assert row["coalesced_waits"] > 0, row
 
 
 @pytest.mark.slow

@@ -47,6 +47,10 @@
 #define DELAY_FACTOR 1.5
 #define DELAY_SLACK 0.002
 #define MIN_CWND 1.0
+/* reading RESULTs in batches: window.py's COALESCE_* (SendWindow.coalesce) */
+#define COALESCE_MIN_INFLIGHT 16
+#define COALESCE_SHARE 0.25
+#define COALESCE_MAX 200e-6
 #define RBATCH 8                 /* 8 x 64 KB still in L2 when dequantized */
 #define RXBUF 65536
 #define SENDQ 64
@@ -57,7 +61,8 @@ enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_R
        RC_MEMBERS_DIFFER, RC_INTERRUPTED };
 #define REFUSAL_STALE 5          /* fields.Refusal.STALE */
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
-       S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, S_LOCAL_RETRIES, NSTATS };
+       S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, S_LOCAL_RETRIES,
+       S_COALESCED, NSTATS };
 enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK, T_CWND, T_SSTHRESH, T_BASE,
        T_CUT_AT, T_CUTS, T_CONGESTED_AT, NRTT };   /* window.py's RttEstimator fields, in order */
 #define NCFG 8                     /* fastcall.config_tuple */
@@ -284,7 +289,6 @@ static void win_on_rtt(Win *w, double s, double t_sent, double now) {
     }
     if (t_sent < w->t_first) return;
     double *r = w->rtt;
-    if (r[T_BASE] == 0.0 || s < r[T_BASE]) r[T_BASE] = s;
     double target = DELAY_FACTOR * r[T_BASE] + DELAY_SLACK;
     if (s > target) {
         double f = 1.0 - DELAY_BETA * (s - target) / s;
@@ -341,6 +345,9 @@ static void win_on_result(Win *w, int p, double now, int congested) {
          * at the deadline before p went; no sample then) */
         if (!w->tries[p] && t <= now) {
             rtt_sample(w->rtt, now - t);
+            double *r = w->rtt;         /* not before the first RESULT: late peers */
+            if (t >= w->t_first && (r[T_BASE] == 0.0 || now - t < r[T_BASE]))
+                r[T_BASE] = now - t;
             if (w->cc && !congested) win_on_rtt(w, now - t, t, now);
             sampled = 1;
         }
@@ -362,6 +369,16 @@ static void win_on_result(Win *w, int p, double now, int congested) {
         for (int i = 0; i < n; i++) win_send(w, w->scratch[i], now, 1);
         if (n && w->cc) win_cut(w, now, LOSS_BETA);
     }
+}
+
+/* window.py's SendWindow.coalesce: how long the loop may wait before it reads again */
+static double win_coalesce(const Win *w) {
+    const double *r = w->rtt;
+    if (r[T_BASE] == 0.0 || w->nfresh + w->nresent - w->nlost < COALESCE_MIN_INFLIGHT)
+        return 0.0;
+    double d = (r[T_SRTT] - r[T_BASE]) * COALESCE_SHARE;
+    if (d <= 0.0) return 0.0;
+    return d < COALESCE_MAX ? d : COALESCE_MAX;
 }
 
 static int win_next_wakeup(const Win *w, double *t) {
@@ -1182,6 +1199,17 @@ static int loop(Win *w, Call *c, SendQ *q, RecvQ *rq, const int fds[2], int nfds
             }
         }
         if (q->err) return -q->err;
+        if (useful && w->remaining && !q->n) {
+            /* read RESULTs in batches (window.py's COALESCE_*): wait a little while a
+             * queue stands on the path, so the next read finds several */
+            double d = win_coalesce(w);
+            if (d > 0.0) {
+                struct timespec cs = {0, (long)(d * 1e9)};
+                c->stats[S_COALESCED]++;
+                if (nanosleep(&cs, NULL) < 0 && errno == EINTR && signalled(c))
+                    return RC_INTERRUPTED;
+            }
+        }
         if (useful || !w->remaining) continue;
         double now = mono(), t;
         win_on_timer(w, now);
@@ -1431,6 +1459,10 @@ static PyObject *Window_next_wakeup(WindowObject *self, PyObject *noargs) {
     return PyFloat_FromDouble(t);
 }
 
+static PyObject *Window_coalesce(WindowObject *self, PyObject *noargs) {
+    return PyFloat_FromDouble(win_coalesce(&self->w));
+}
+
 static PyObject *Window_rto(WindowObject *self, PyObject *noargs) {
     return PyFloat_FromDouble(win_rto(&self->w));
 }
@@ -1452,6 +1484,8 @@ static PyMethodDef Window_methods[] = {
      "on_local_congestion(now)"},
     {"next_wakeup", (PyCFunction)Window_next_wakeup, METH_NOARGS, "time or None"},
     {"rto", (PyCFunction)Window_rto, METH_NOARGS, "the retransmission timeout"},
+    {"coalesce", (PyCFunction)Window_coalesce, METH_NOARGS,
+     "seconds to wait before reading again"},
     {"timeout", (PyCFunction)Window_timeout, METH_NOARGS, "rto, or start_wait"},
     {"state", (PyCFunction)Window_state, METH_NOARGS,
      "(remaining, inflight, started, last_progress, limit)"},

@@ -248,6 +248,8 @@ class AllreduceStats:
                                  # was lost on the way here (not a late contribution)
     local_retries: int = 0       # sends this host's own queue refused (ENOBUFS), sent
                                  # again after LOCAL_RETRY_S (not a loss on the network)
+    coalesced_waits: int = 0     # waits before reading RESULTs again, so that one read
+                                 # finds several (window.COALESCE_*)
     seconds: float = 0.0
 
     def add(self, other: "AllreduceStats"):
@@ -654,6 +656,11 @@ class SwitchClient:
                         perform(actions)
                     else:
                         call.stats.duplicates_ignored += 1
+            if useful and not win.done:
+                d = win.coalesce()           # read in batches (window.COALESCE_*)
+                if d:
+                    call.stats.coalesced_waits += 1
+                    time.sleep(d)
             if useful or win.done:
                 continue
             now = clock()

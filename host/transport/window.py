@@ -73,7 +73,8 @@ from typing import NamedTuple
 __all__ = ["SendWindow", "WindowConfig", "RttEstimator", "Send", "Deliver", "Abandon",
            "Hold", "Fail", "MAX_BACKOFF", "BOUNDED_MAX_BACKOFF", "PEAK_FACTOR",
            "FAST_RESEND", "LOSS_BETA", "DELAY_BETA", "MAX_DELAY_CUT", "DELAY_FACTOR",
-           "DELAY_SLACK", "MIN_CWND", "CONGESTED_BETA", "REORDER_RTTS"]
+           "DELAY_SLACK", "MIN_CWND", "CONGESTED_BETA", "REORDER_RTTS",
+           "COALESCE_MIN_INFLIGHT", "COALESCE_SHARE", "COALESCE_MAX"]
 
 MAX_BACKOFF = 64
 #: bounded mode: a re-send is a fetch of a result the switch stored when the slot's
@@ -116,6 +117,19 @@ CONGESTED_BETA = 0.8
 REORDER_RTTS = 2.0
 #: the congestion modes (``WindowConfig.congestion``, ``SwitchClient.congestion``)
 CONGESTION = ("aimd", "delay", "off")
+
+# Reading RESULTs in batches (docs/congestion.md, "Reading RESULTs in batches"): a NIC
+# coalesces its receive interrupts; a veth, a loopback or a TUN does not, and a worker
+# woken for every RESULT (every 66 us at 1 Gbit/s) spent its host's CPU on wake-ups
+# (230 per 4 MB call, each a context switch paid partly by the switch that sent it).
+# While a standing queue holds the path's round trip over its smallest (srtt over
+# base_rtt) and at least COALESCE_MIN_INFLIGHT packets are in flight, the loop waits
+# COALESCE_SHARE of that queueing delay, at most COALESCE_MAX seconds, after a read that
+# was useful, before it reads again: the packets it releases then go out that much later,
+# which only drains a queue that is standing anyway; with no queue it does not wait.
+COALESCE_MIN_INFLIGHT = 16
+COALESCE_SHARE = 0.25
+COALESCE_MAX = 200e-6
 
 
 class Send(NamedTuple):
@@ -178,7 +192,8 @@ class RttEstimator:
     Congestion control's state lives here too, for the same reason: ``cwnd`` (datagrams;
     0: not set, a call starts it at its window), ``ssthresh`` (below it cwnd grows by one
     per RESULT, above it by one per window), ``base_rtt`` (the smallest round trip
-    sampled, 0: none), ``cut_at`` (when cwnd was last cut: at most once per RTT),
+    sampled from a packet sent after its call's first RESULT, in every mode, 0: none;
+    the delay target and ``SendWindow.coalesce`` read it), ``cut_at`` (when cwnd was last cut: at most once per RTT),
     ``cuts`` (how many times it was cut, loss or delay), ``congested_at`` (when the last
     RESULT with the switch's CONGESTED flag came in: ``REORDER_RTTS``)."""
     srtt: float = 0.0
@@ -301,6 +316,20 @@ class SendWindow:
             return self.cfg.start_wait
         return rto
 
+    def coalesce(self) -> float:
+        """How long the loop may wait, after a read that was useful, before it reads
+        RESULTs again (``COALESCE_*``): COALESCE_SHARE of the standing queue's delay
+        (``srtt - base_rtt``), at most COALESCE_MAX; 0 while fewer than
+        COALESCE_MIN_INFLIGHT packets are in flight or no round trip is known."""
+        rt = self.rtt
+        if not rt.base_rtt or (len(self.fresh) + len(self.resent) - self.nlost
+                               < COALESCE_MIN_INFLIGHT):
+            return 0.0
+        d = (rt.srtt - rt.base_rtt) * COALESCE_SHARE
+        if d <= 0.0:
+            return 0.0
+        return d if d < COALESCE_MAX else COALESCE_MAX
+
     def next_wakeup(self):
         """When the earliest in-flight packet becomes overdue (None: nothing in flight)."""
         rto = self.timeout()
@@ -390,8 +419,6 @@ class SendWindow:
         if t_sent < self.t_first:
             return
         rt = self.rtt
-        if not rt.base_rtt or r < rt.base_rtt:
-            rt.base_rtt = r
         target = DELAY_FACTOR * rt.base_rtt + DELAY_SLACK
         if r > target:
             f = 1.0 - DELAY_BETA * (r - target) / r
@@ -446,7 +473,10 @@ class SendWindow:
             return [Hold(p)]
         t_sent = self._sent_at(p)
         if t_sent is not None and p not in self.tries:
-            self.rtt.sample(now - t_sent)
+            rt = self.rtt
+            rt.sample(now - t_sent)
+            if t_sent >= self.t_first and (not rt.base_rtt or now - t_sent < rt.base_rtt):
+                rt.base_rtt = now - t_sent     # not before the first RESULT: late peers
             if self.cc and not congested:
                 self._on_rtt(now - t_sent, t_sent, now)
         elif self.cc and not congested:
