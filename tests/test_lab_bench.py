@@ -23,9 +23,24 @@ def test_lab_allreduce_bench_runs_and_checks(tmp_path, lab_bench):
     assert (row["hosts"], row["size"], row["rate_mbit"], row["limit"]) == (2, 4 << 20, 100.0, 1.0)
     assert row["checked"] and row["worst_error_over_bound"] <= 1.0
     assert row["gloo_over_ina_median"] > 0
-    # a window of 64 jumbo datagrams stands in the 100 Mbit/s tbf queue: the worker reads
-    # its RESULTs in batches (window.COALESCE_*), not one wake-up each
-    assert row["coalesced_waits"] > 0, row
+    # RESULTs 0.66 ms apart at 100 Mbit/s: a wait for a batch would catch none, and the
+    # worker seldom waits (window.COALESCE_GAPS; 2 calls of 512 RESULTs each: before
+    # that rule it waited after nearly every one, and woke twice per RESULT)
+    assert row["coalesced_waits"] < 100, row
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("lab")
+def test_a_worker_reads_results_in_batches_on_a_fast_link(tmp_path, lab_bench):
+    """At 1 Gbit/s a window of 64 jumbo datagrams stands in the tbf queue and RESULTs come
+    66 us apart: the worker waits for a few at a time (window.COALESCE_*) instead of
+    waking for each, and the results are still within the bound."""
+    from ina_fabric.bench import bench_lab_allreduce as B
+    rc = B.main(["--hosts", "2", "--sizes", "4MB", "--reps", "1", "--rate", "1gbit",
+                 "--id", lab_bench("tc")])
+    assert rc == 0
+    row, = json.loads((tmp_path / "lab_allreduce.json").read_text())["figures"]["rows"]
+    assert row["checked"] and row["coalesced_waits"] > 50, row
 
 
 @pytest.mark.slow
@@ -63,3 +78,23 @@ def test_train_through_the_lab(tmp_path, lab_bench):
     assert res["time_to_accuracy"] is not None
     assert len(set(res["param_hashes"])) == 1 and res["fallbacks"] == 0
     assert "lab train" in r.stderr and "train" not in list_labs()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("lab")
+def test_fairness_bench_runs_two_jobs_beside_tcp(tmp_path, lab_bench):
+    """`ina bench fairness`: two ina jobs and two bulk TCP flows at once on a 3-host rack
+    lab, every job's ranks bitwise equal, and the row has Jain's index over the jobs and
+    the flows with each share normalized by what it got alone."""
+    from ina_fabric.bench import bench_fairness as B
+    rc = B.main(["--workers", "3", "--reps", "1", "--seconds", "3", "--startup", "12",
+                 "--backends", "ina", "--id", lab_bench("tf")])
+    assert rc == 0
+    doc = json.loads((tmp_path / "fairness.json").read_text())["figures"]
+    row, = doc["rows"]
+    assert row["backend"] == "ina" and (row["jobs"], row["flows"]) == (2, 2)
+    assert row["exact"] and 0.25 <= row["jain"]["median"] <= 1.0
+    run = doc["runs"][0]["ina"]
+    assert len(run["job_share"]) == 2 and len(run["tcp_share"]) == 2
+    assert all(j["calls"] > 0 for j in run["jobs"].values())
+    assert all(s > 0 for s in run["job_share"] + run["tcp_share"])

@@ -929,37 +929,45 @@ def test_no_fast_resend_while_the_switch_pool_marks(congested, c_window):
 
 # -- reading RESULTs in batches (docs/congestion.md) ---------------------------------
 from ina_fabric.host.transport.window import (COALESCE_MAX, COALESCE_MIN_INFLIGHT,  # noqa: E402
-                                              COALESCE_SHARE)
+                                              COALESCE_SHARE, COALESCE_GAPS)
 
 
 @pytest.mark.parametrize("cfg", [RELIABLE_NOW, OFF, DELAY], ids=["aimd", "off", "delay"])
 def test_the_loop_waits_for_a_batch_only_while_a_queue_stands(cfg):
     """``coalesce()``: 0 until a round trip of a packet sent after the call's first RESULT
     is known; then COALESCE_SHARE of (srtt - base_rtt), at most COALESCE_MAX, while at
-    least COALESCE_MIN_INFLIGHT packets are in flight; 0 with fewer in flight (the end
-    of a call is never held back) and 0 with no queue (srtt at base_rtt). The smallest
-    round trip is kept in every congestion mode."""
+    least COALESCE_MIN_INFLIGHT packets are in flight and at least COALESCE_GAPS RESULTs
+    (srtt / inflight apart) would come in the wait; 0 with fewer in flight (the end of a
+    call is never held back), with no queue (srtt at base_rtt), and on a slow path,
+    where the wait would be one more wake-up. The smallest round trip is kept in every
+    congestion mode."""
     W = 64
     win = SendWindow(1000, W, cfg)
     win.start(0.0)
     assert win.coalesce() == 0.0
     win.on_result(0, 0.010)           # the first RESULT: its round trip is the wait's
     assert win.rtt.base_rtt == 0.0 and win.coalesce() == 0.0
-    # packets sent at 0.010 (released by 0's result) come back 0.5 ms later: the base
-    t = 0.0105
-    win.on_result(W, t)
+    # a packet sent at 0.010 (released by 0's result) comes back 0.5 ms later: the base
+    win.on_result(W, 0.0105)
     assert win.rtt.base_rtt == pytest.approx(0.0005)
-    queue = win.rtt.srtt - win.rtt.base_rtt
-    assert queue > 0 and win.inflight >= COALESCE_MIN_INFLIGHT
-    assert win.coalesce() == pytest.approx(min(COALESCE_SHARE * queue, COALESCE_MAX))
-    # a standing queue of 4 ms: capped
-    win.rtt.srtt = win.rtt.base_rtt + 0.004
+    n = win.inflight
+    assert n >= COALESCE_MIN_INFLIGHT
+    base = win.rtt.base_rtt
+    # a queue of 0.4 ms: a tenth of a millisecond's wait, 64 RESULTs in 0.9 ms
+    win.rtt.srtt = base + 0.0004
+    assert win.coalesce() == pytest.approx(COALESCE_SHARE * 0.0004)
+    # a standing queue of 2 ms: capped
+    win.rtt.srtt = base + 0.002
+    assert COALESCE_MAX * n >= COALESCE_GAPS * win.rtt.srtt
     assert win.coalesce() == COALESCE_MAX
+    # a slow path: 40 ms round trips, RESULTs 0.6 ms apart; a wait would catch none
+    win.rtt.srtt = base + 0.040
+    assert COALESCE_MAX * n < COALESCE_GAPS * win.rtt.srtt and win.coalesce() == 0.0
     # no queue: no wait
-    win.rtt.srtt = win.rtt.base_rtt
+    win.rtt.srtt = base
     assert win.coalesce() == 0.0
     # near the end of the call, fewer than COALESCE_MIN_INFLIGHT in flight: no wait
-    win.rtt.srtt = win.rtt.base_rtt + 0.004
+    win.rtt.srtt = base + 0.002
     small = SendWindow(COALESCE_MIN_INFLIGHT - 1, W, cfg, win.rtt)
     small.start(1.0)
     assert small.inflight == COALESCE_MIN_INFLIGHT - 1 and small.coalesce() == 0.0

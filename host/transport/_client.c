@@ -51,6 +51,7 @@
 #define COALESCE_MIN_INFLIGHT 16
 #define COALESCE_SHARE 0.25
 #define COALESCE_MAX 200e-6
+#define COALESCE_GAPS 2.0
 #define RBATCH 8                 /* 8 x 64 KB still in L2 when dequantized */
 #define RXBUF 65536
 #define SENDQ 64
@@ -374,11 +375,12 @@ static void win_on_result(Win *w, int p, double now, int congested) {
 /* window.py's SendWindow.coalesce: how long the loop may wait before it reads again */
 static double win_coalesce(const Win *w) {
     const double *r = w->rtt;
-    if (r[T_BASE] == 0.0 || w->nfresh + w->nresent - w->nlost < COALESCE_MIN_INFLIGHT)
-        return 0.0;
+    int n = w->nfresh + w->nresent - w->nlost;
+    if (r[T_BASE] == 0.0 || n < COALESCE_MIN_INFLIGHT) return 0.0;
     double d = (r[T_SRTT] - r[T_BASE]) * COALESCE_SHARE;
-    if (d <= 0.0) return 0.0;
-    return d < COALESCE_MAX ? d : COALESCE_MAX;
+    if (d > COALESCE_MAX) d = COALESCE_MAX;
+    if (d <= 0.0 || d * n < COALESCE_GAPS * r[T_SRTT]) return 0.0;
+    return d;
 }
 
 static int win_next_wakeup(const Win *w, double *t) {

@@ -74,7 +74,7 @@ __all__ = ["SendWindow", "WindowConfig", "RttEstimator", "Send", "Deliver", "Aba
            "Hold", "Fail", "MAX_BACKOFF", "BOUNDED_MAX_BACKOFF", "PEAK_FACTOR",
            "FAST_RESEND", "LOSS_BETA", "DELAY_BETA", "MAX_DELAY_CUT", "DELAY_FACTOR",
            "DELAY_SLACK", "MIN_CWND", "CONGESTED_BETA", "REORDER_RTTS",
-           "COALESCE_MIN_INFLIGHT", "COALESCE_SHARE", "COALESCE_MAX"]
+           "COALESCE_MIN_INFLIGHT", "COALESCE_SHARE", "COALESCE_MAX", "COALESCE_GAPS"]
 
 MAX_BACKOFF = 64
 #: bounded mode: a re-send is a fetch of a result the switch stored when the slot's
@@ -126,10 +126,13 @@ CONGESTION = ("aimd", "delay", "off")
 # base_rtt) and at least COALESCE_MIN_INFLIGHT packets are in flight, the loop waits
 # COALESCE_SHARE of that queueing delay, at most COALESCE_MAX seconds, after a read that
 # was useful, before it reads again: the packets it releases then go out that much later,
-# which only drains a queue that is standing anyway; with no queue it does not wait.
+# which only drains a queue that is standing anyway; with no queue it does not wait. Nor
+# does it when fewer than COALESCE_GAPS RESULTs would come in the wait (RESULTs come
+# srtt / inflight apart): on a slow link a wait would be one more wake-up, not fewer.
 COALESCE_MIN_INFLIGHT = 16
 COALESCE_SHARE = 0.25
 COALESCE_MAX = 200e-6
+COALESCE_GAPS = 2.0
 
 
 class Send(NamedTuple):
@@ -320,15 +323,19 @@ class SendWindow:
         """How long the loop may wait, after a read that was useful, before it reads
         RESULTs again (``COALESCE_*``): COALESCE_SHARE of the standing queue's delay
         (``srtt - base_rtt``), at most COALESCE_MAX; 0 while fewer than
-        COALESCE_MIN_INFLIGHT packets are in flight or no round trip is known."""
+        COALESCE_MIN_INFLIGHT packets are in flight, when no round trip is known, or when
+        fewer than COALESCE_GAPS RESULTs would come in that time (``srtt / inflight``
+        apart)."""
         rt = self.rtt
-        if not rt.base_rtt or (len(self.fresh) + len(self.resent) - self.nlost
-                               < COALESCE_MIN_INFLIGHT):
+        n = len(self.fresh) + len(self.resent) - self.nlost
+        if not rt.base_rtt or n < COALESCE_MIN_INFLIGHT:
             return 0.0
         d = (rt.srtt - rt.base_rtt) * COALESCE_SHARE
-        if d <= 0.0:
+        if d > COALESCE_MAX:
+            d = COALESCE_MAX
+        if d <= 0.0 or d * n < COALESCE_GAPS * rt.srtt:
             return 0.0
-        return d if d < COALESCE_MAX else COALESCE_MAX
+        return d
 
     def next_wakeup(self):
         """When the earliest in-flight packet becomes overdue (None: nothing in flight)."""
