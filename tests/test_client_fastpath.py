@@ -467,6 +467,9 @@ def test_ctrl_c_ends_a_waiting_call_at_once(engine):
     silent.bind(("127.0.0.1", 0))            # a "switch" that never answers
     main = threading.main_thread().ident
     timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+    # Ctrl-C as at a terminal, even in a suite started in the background (a shell's `&`
+    # starts it with SIGINT ignored, and then no handler would run at all)
+    was = signal.signal(signal.SIGINT, signal.default_int_handler)
     with SwitchClient(silent.getsockname(), 1, 0, 2, 16, 256, engine=engine,
                       session=0x5EED) as c:
         c.connect_timeout = c.stall_timeout = 30.0
@@ -479,6 +482,7 @@ def test_ctrl_c_ends_a_waiting_call_at_once(engine):
         finally:
             timer.cancel()
             silent.close()
+            signal.signal(signal.SIGINT, was)
     assert time.monotonic() - t0 < 5.0
 
 

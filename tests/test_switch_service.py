@@ -23,10 +23,14 @@ SESSION = 0x5EED   # the session of the job `ina switch --workers` holds here
 @pytest.fixture
 def switch(ports):
     sport, wport = ports(2)
+    # SIGINT at its default, as from a terminal: a suite started in the background (a
+    # shell's `&` ignores SIGINT) would pass that on, and the switch rightly keeps an
+    # ignored SIGINT ignored (test_no_hang_cli)
     proc = subprocess.Popen(INA + ["switch", "--listen", f"127.0.0.1:{sport}",
                                    "--workers", f"127.0.0.1:{wport}", "--elements", "16",
                                    "--session", str(SESSION)],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     addr = ("127.0.0.1", sport)
     for _ in range(100):
         try:
