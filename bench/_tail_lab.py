@@ -262,7 +262,8 @@ def _one(lab, backend, level, args, logdir, switch, elements, job=7):
                                              "duplicates_ignored", "partial_slots",
                                              "switch_deadline_ms", "agreed_rto_ms",
                                              "refetched", "refetched_results", "local_retries",
-                                             "deadline_moves", "cwnd", "cwnd_cuts")
+                                             "local_waits", "deadline_moves", "cwnd",
+                                             "cwnd_cuts")
                    if k in (res.stats or {})},
     }
 

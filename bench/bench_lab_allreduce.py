@@ -148,6 +148,9 @@ def main(argv=()):
                          "retransmits": r["stats"]["retransmits"],
                          # rank 0's sends its host's own queue refused, sent again
                          "local_retries": r["stats"].get("local_retries", 0),
+                         # rank 0's sends that waited for its share of that
+                         # queue to drain (sockbuf.local_queue_bytes)
+                         "local_waits": r["stats"].get("local_waits", 0),
                          # rank 0's waits for a batch of RESULTs (window.COALESCE_*)
                          "coalesced_waits": r["stats"].get("coalesced_waits", 0),
                          "gloo_link_utilization": limit(hosts) * SIZES[name] * 8 / rate / g,

@@ -69,6 +69,11 @@ SETTINGS = (
             "leaf in a tree of switches, docs/fabric.md)", "the rank", "", _J),
     Setting("INA_CONGESTION", "job", "the client's congestion control: aimd | delay | off",
             "aimd", "", _J),
+    Setting("INA_ENGINE", "job", "the client's call loop: auto (the compiled one where it "
+            "is built) | c | python", "auto", "", _J),
+    Setting("INA_LOCAL_QUEUE", "job", "bytes of datagrams a worker may keep in its host's "
+            "own queue, its send buffer (docs/congestion.md)", "128 KB, or 2 ms of its rate",
+            "", _J),
     Setting("INA_PRECISION", "job", "the gradients' width on the wire: 32 | 16 | 8 "
             "(int32, int16, int8), optionally :stochastic and/or :hadamard "
             "(docs/precision.md)", "32", "precision= / --precision", _J),

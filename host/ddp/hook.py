@@ -138,6 +138,12 @@ class HookSettings:
     #: INA_PRECISION (issue 40, docs/precision.md): the calls' width on the wire,
     #: rounding and rotation (``host.transport.precision.Precision``)
     precision: object = None
+    #: INA_ENGINE: the client's call loop, ``auto`` (the compiled one where built), ``c``
+    #: or ``python`` (``SwitchClient.engine``)
+    engine: str = "auto"
+    #: INA_LOCAL_QUEUE: bytes a worker may keep in its host's queue
+    #: (``SwitchClient.local_queue``; None: TCP's share, docs/congestion.md)
+    local_queue: int | None = None
 
 
 #: bytes per switch call when the ``ina`` backend splits a tensor (``INA_STAGE_BYTES``), by
@@ -172,7 +178,9 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
     switches, docs/fabric.md; default the rank), INA_CONGESTION (``aimd``, the default,
     ``delay`` or ``off``: ``SwitchClient.congestion``), INA_PRECISION (or ``precision``:
     ``32``, ``16``, ``8``, optionally ``:stochastic`` and/or ``:hadamard``;
-    docs/precision.md).
+    docs/precision.md), INA_ENGINE (``auto``, ``c`` or ``python``: the call loop,
+    ``SwitchClient.engine``), INA_LOCAL_QUEUE (bytes a worker may keep in its host's
+    queue, ``SwitchClient.local_queue``).
     ValueError with a one-line reason on a bad value."""
     from ina_fabric.protocol.jobtable import parse_session
     from ..deadline import RULES, slot_deadline
@@ -216,7 +224,29 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
         fallback=fallback,
         worker=int(env["INA_WORKER"]) if env.get("INA_WORKER") else None,
         congestion=env.get("INA_CONGESTION", "aimd").strip() or "aimd",
-        precision=_precision_setting(env, precision))
+        precision=_precision_setting(env, precision),
+        engine=_engine_setting(env),
+        local_queue=_local_queue_setting(env))
+
+
+def _local_queue_setting(env):
+    text = env.get("INA_LOCAL_QUEUE", "").strip()
+    if not text:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 4096:
+        raise ValueError(f"INA_LOCAL_QUEUE={text!r}: bytes, at least 4096")
+    return n
+
+
+def _engine_setting(env):
+    text = env.get("INA_ENGINE", "").strip() or "auto"
+    if text not in ("auto", "c", "python"):
+        raise ValueError(f"INA_ENGINE={text!r}: expected auto, c or python")
+    return text
 
 
 def _precision_setting(env, precision):
@@ -642,7 +672,8 @@ def bind_client(s: HookSettings, rank: int, world: int, configure: bool = True,
                         deadline=s.deadline, group=group,
                         connect_timeout=connect_timeout, impairment=impairment,
                         pace_rate=s.pace_rate, congestion=s.congestion, carry=s.carry,
-                        precision=s.precision)
+                        precision=s.precision, engine=s.engine,
+                        local_queue=s.local_queue)
 
 
 def exchange_addresses(peers, client: SwitchClient, session=None,

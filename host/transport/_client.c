@@ -36,6 +36,8 @@
 #define MAX_BACKOFF 64
 #define LOCAL_RETRIES 200        /* switch_client.LOCAL_RETRIES: a datagram the host's */
 #define LOCAL_RETRY_NS 100000    /* own queue dropped goes again, 0.1 ms apart */
+#define LOCAL_WAITS 100          /* switch_client.LOCAL_WAITS, LOCAL_WAIT_S: a send the */
+#define LOCAL_WAIT_MS 10         /* full send buffer refuses waits for it to drain */
 #define UDP_IP_BYTES 46         /* IPv4 + UDP + Ethernet: slot_deadline.UDP_IP_BYTES */
 #define BOUNDED_MAX_BACKOFF 4   /* window.py: a bounded re-send fetches a stored result */
 /* congestion control: window.py's constants of the same names (docs/congestion.md) */
@@ -63,7 +65,7 @@ enum { RC_OK = 0, RC_UNAVAILABLE, RC_STALLED, RC_INCONSISTENT, RC_TOO_LATE, RC_R
 #define REFUSAL_STALE 5          /* fields.Refusal.STALE */
 enum { S_SENT, S_RETRANSMITS, S_RESULTS, S_DUPLICATES, S_PARTIAL, S_LOST, S_OVERFLOW,
        S_CLIPPED, S_ABANDONED, S_FOREIGN, S_REFETCHED, S_LOCAL_RETRIES,
-       S_COALESCED, NSTATS };
+       S_COALESCED, S_LOCAL_WAITS, NSTATS };
 enum { T_SRTT, T_RTTVAR, T_ANSWERED, T_PEAK, T_LAST_PEAK, T_CWND, T_SSTHRESH, T_BASE,
        T_CUT_AT, T_CUTS, T_CONGESTED_AT, NRTT };   /* window.py's RttEstimator fields, in order */
 #define NCFG 8                     /* fastcall.config_tuple */
@@ -977,14 +979,19 @@ static void drain_errors(int fd) {
 }
 
 static void send_range(SendQ *q, Call *c, int from, int count) {
-    int i = from, end = from + count, local = 0;
+    int i = from, end = from + count, local = 0, waits = 0;
     while (i < end) {
         int r = sendmmsg(q->fd, q->msgs + i, end - i, 0);
         if (r < 0) {
             if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {   /* a full send buffer */
+            if ((errno == EAGAIN || errno == EWOULDBLOCK) && waits < LOCAL_WAITS) {
+                /* a full send buffer: this worker's share of its host's queue
+                 * (sockbuf.local_queue_bytes) is full; poll reports it writable once
+                 * the queue has sent half of it */
                 struct pollfd pf = {q->fd, POLLOUT, 0};
-                poll(&pf, 1, 10);
+                poll(&pf, 1, LOCAL_WAIT_MS);
+                waits++;
+                c->stats[S_LOCAL_WAITS]++;
                 continue;
             }
             if (errno == ENOBUFS && local < LOCAL_RETRIES) {
@@ -1003,6 +1010,7 @@ static void send_range(SendQ *q, Call *c, int from, int count) {
             i++;                  /* that datagram is lost; the timers recover it */
         } else {
             i += r;
+            waits = 0;
         }
     }
     for (i = from; i < end; i++) c->slot_pending[q->slot[i]] = 0;

@@ -30,7 +30,7 @@ __all__ = ["available", "WHY_NOT", "CSendWindow", "run_call", "exponents", "STAT
 #: the order of the C call's statistics (``AllreduceStats`` fields)
 STATS = ("packets_sent", "retransmits", "results", "duplicates_ignored", "partial_slots",
          "entries_lost", "overflow_slots", "clipped", "abandoned_slots", "foreign_ignored",
-         "refetched", "local_retries", "coalesced_waits")
+         "refetched", "local_retries", "coalesced_waits", "local_waits")
 #: ``RttEstimator``'s fields in the C window's float64 array (``_client.c``'s T_*)
 _RTT = ("srtt", "rttvar", "answered", "peak", "last_peak", "cwnd", "ssthresh", "base_rtt",
         "cut_at", "cuts", "congested_at")

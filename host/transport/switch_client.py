@@ -66,7 +66,7 @@ from ina_fabric.protocol.fields import c_layout, MAX_WORKERS, MAX_JOB_WORKERS, f
 from . import quantize as Q
 from .precision import Precision, as_precision
 from . import fastcall
-from .sockbuf import size_buffers, socket_drops, WORKER_RCVBUF
+from .sockbuf import size_buffers, socket_drops, local_queue_bytes, WORKER_RCVBUF
 from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Abandon, Hold
 
 #: a datagram this host's own queue refused (ENOBUFS: the socket has IP_RECVERR) goes
@@ -74,6 +74,14 @@ from .window import SendWindow, WindowConfig, RttEstimator, Send, Deliver, Aband
 #: queue), then counts as lost (the timers recover it); _client.c's LOCAL_RETRIES
 LOCAL_RETRIES = 200
 LOCAL_RETRY_S = 1e-4
+#: a send the full send buffer refuses (EAGAIN: the worker's share of its host's queue is
+#: full, ``sockbuf.local_queue_bytes``) waits for the buffer to drain by half, at most
+#: LOCAL_WAIT_S at a time and LOCAL_WAITS times (1 s, a queue that never drains), then
+#: counts as lost; _client.c's LOCAL_WAITS
+LOCAL_WAITS = 100
+LOCAL_WAIT_S = 0.01
+#: a call of fewer datagrams says too little of the rate to size the send buffer by
+RATE_MIN_PACKETS = 64
 _IP_RECVERR = getattr(socket, "IP_RECVERR", 11)     # Linux's; Python 3.11 lacks the name
 
 
@@ -90,17 +98,30 @@ def _drain_errors(sock):
 def _send_once(sock, usock, data, switch, stats, win):
     """Send one datagram. A send this host's own queue refuses (ENOBUFS: IP_RECVERR) is
     local congestion: as in the C loop, and as TCP does, the window hears of it and the
-    datagram goes again once the queue drained a little, not after a timer."""
-    for _ in range(LOCAL_RETRIES):
+    datagram goes again once the queue drained a little, not after a timer. A send the
+    full send buffer refuses (EAGAIN) waits until the worker's datagrams in that queue
+    have drained by half (``sockbuf.local_queue_bytes``), as the C loop does."""
+    waits = retries = 0
+    while True:
         try:
             sock.sendto(data, switch)
             return
         except ConnectionRefusedError:   # ICMP: a switch that is down
             _drain_errors(usock)
             return                       # lost; the timers recover it
+        except BlockingIOError:
+            if waits == LOCAL_WAITS:
+                return                   # lost; the timers recover it
+            waits += 1
+            stats.local_waits += 1
+            select.select((), (usock,), (), LOCAL_WAIT_S)
+            continue
         except OSError as e:
             if e.errno != errno.ENOBUFS:
                 raise
+        if retries == LOCAL_RETRIES:
+            return                       # lost; the timers recover it
+        retries += 1
         stats.local_retries += 1
         win.on_local_congestion(time.monotonic())
         time.sleep(LOCAL_RETRY_S)
@@ -248,6 +269,8 @@ class AllreduceStats:
                                  # was lost on the way here (not a late contribution)
     local_retries: int = 0       # sends this host's own queue refused (ENOBUFS), sent
                                  # again after LOCAL_RETRY_S (not a loss on the network)
+    local_waits: int = 0         # sends that waited for this worker's share of its host's
+                                 # queue to drain (a full send buffer: LOCAL_WAITS)
     coalesced_waits: int = 0     # waits before reading RESULTs again, so that one read
                                  # finds several (window.COALESCE_*)
     seconds: float = 0.0
@@ -296,6 +319,9 @@ class SwitchClient:
     congestion: str = "aimd"
     group: tuple[str, int] | None = None   # multicast group of the job's RESULTs
     engine: str = "auto"           # the call loop: "c" (fastcall), "python", or "auto"
+    #: bytes of datagrams this worker may keep in its host's own queue (its send buffer;
+    #: docs/congestion.md); None: ``sockbuf.local_queue_bytes``'s rule, TCP's share
+    local_queue: int | None = None
     #: the run's session id: the ``session`` of the job's install (``JobConfig``); every
     #: DATA carries it and only RESULTs with it are taken (0: not known yet, no call)
     session: int = 0
@@ -357,6 +383,8 @@ class SwitchClient:
                              f"datagram holds at most 65507 bytes)")
         if self.window < 1 or self.window & (self.window - 1):
             raise ValueError(f"window {self.window}: must be a power of two >= 1")
+        if self.local_queue is not None and self.local_queue < 4096:
+            raise ValueError(f"local_queue {self.local_queue}: at least 4096 bytes")
         try:
             self.switch = (socket.gethostbyname(self.switch[0]), int(self.switch[1]))
         except (OSError, ValueError, IndexError) as e:
@@ -364,7 +392,10 @@ class SwitchClient:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         # RESULTs wait here while this worker computes and the others' slots close
         # without it (bounded modes): seconds of them, not rmem_max's 0.3 s (sockbuf)
-        size_buffers(sock, WORKER_RCVBUF, 8 << 20)
+        # the send buffer bounds this worker's share of its host's queue (sockbuf:
+        # about TCP's), sized again for the rate of each call (_account)
+        self._sndbuf = self.local_queue or local_queue_bytes(None)
+        size_buffers(sock, WORKER_RCVBUF, self._sndbuf)
         sock.bind(self.bind)
         # a datagram this host's own queue drops fails its send (ENOBUFS) instead of
         # vanishing: the loop sends it again shortly, as TCP does on local congestion
@@ -557,7 +588,7 @@ class SwitchClient:
             st = self._call_c(x, res.reshape(-1), W, missed)
             st.seconds = time.perf_counter() - t0
             st.carried_entries = self._carry_out(x, missed)
-            self.total.add(st)
+            self._account(st, prec.bits)
             if average:
                 res /= self.nworkers
             return res, st
@@ -573,9 +604,7 @@ class SwitchClient:
         socks = [s for s in (self._usock, self.gsock) if s is not None]
         poll, unpack_from, result_index = self._poll.poll, HEADER_STRUCT.unpack_from, \
             call.result_index
-        reliable = self.mode == "reliable"
-        stale_after = self.stale_after
-        clock = time.monotonic
+        reliable, stale_after, clock = self.mode == "reliable", self.stale_after, time.monotonic
         h, nbytes = None, 0
         pace = 8.0 / self.pace_rate if self.pace_rate else 0.0
         next_tx = [0.0]
@@ -676,7 +705,7 @@ class SwitchClient:
         st = call.stats
         st.seconds = time.perf_counter() - t0
         st.carried_entries = self._carry_out(x, missed)
-        self.total.add(st)
+        self._account(st, prec.bits)
         if average:
             res /= self.nworkers
         return res, st
@@ -686,6 +715,21 @@ class SwitchClient:
         """``x`` plus what the last call of this size left out (a new array)."""
         r = self._residual.get(x.size)
         return x + r if r is not None else x.copy()
+
+    def _account(self, st, bits):
+        """A call's statistics into ``total``; the send buffer sized for the rate the
+        call sent at (``sockbuf.local_queue_bytes``: the bytes it sent over its seconds,
+        which count any wait for its peers too, so the rate errs low, to the floor). A
+        call of fewer than RATE_MIN_PACKETS datagrams leaves the buffer as it is. The
+        buffer is set again only when the rule moves it by a quarter."""
+        self.total.add(st)
+        if self.local_queue or st.packets_sent < RATE_MIN_PACKETS or st.seconds <= 0:
+            return
+        rate = st.packets_sent * (HEADER_BYTES + self.elements * bits // 8) / st.seconds
+        want = local_queue_bytes(rate)
+        if abs(want - self._sndbuf) * 4 >= self._sndbuf:
+            size_buffers(self._usock, snd=want)
+            self._sndbuf = want
 
     def _carry_out(self, x, missed):
         """Keep the chunks of ``x`` that the call's RESULTs left this worker out of;
