@@ -75,9 +75,16 @@ def _worker(a):
         time.sleep(-late)
     t0 = max(time.monotonic(), a.start_at)
     calls = 0
-    while calls < a.max_calls and time.monotonic() - a.start_at < a.seconds:
+    # the ranks stop together: each call carries, in its last element, 1 from a rank
+    # whose time is not up, and the job goes on only while the sum is the world's. (Each
+    # rank looking at its own clock raced: one rank began a call that its peers, a moment
+    # later, did not, and waited for them until Gloo's timeout.)
+    while calls < a.max_calls:
+        x[-1] = 1.0 if time.monotonic() - a.start_at < a.seconds else 0.0
         last = call()
         calls += 1
+        if last[-1] < a.world - 0.5:
+            break
     took = time.monotonic() - t0
     # the job ends when its slowest rank does; every rank's last result the same bytes
     digest = hashlib.sha256(np.ascontiguousarray(last).tobytes()).hexdigest()
