@@ -83,6 +83,10 @@ def add_arguments(p):
                         "e.g. 100mbit, or bit/s), so a deadline that closes many slots at "
                         "once does not overflow a downlink queue; fast engine only; "
                         "default 0: off")
+    p.add_argument("--no-gso", dest="gso", action="store_false",
+                   help="send every RESULT datagram on its own (fast engine; by default a "
+                        "run of RESULTs to one destination goes as one UDP GSO send, "
+                        "docs/congestion.md)")
     p.add_argument("--key-file", metavar="FILE",
                    help="control key (CONTROL and STATUS are taken only when sealed with "
                         "it); default: $INA_SWITCH_KEY, else $INA_SWITCH_KEY_FILE, else "
@@ -217,7 +221,8 @@ def run(args):
     try:
         server = SwitchServer(jobs, *args.listen, key=key, engine=args.engine,
                               log=lambda m: print(m, file=sys.stderr), pace_rate=pace,
-                              parent=args.parent, pool_slots=args.pool_slots)
+                              parent=args.parent, pool_slots=args.pool_slots,
+                              gso=args.gso)
     except fast.EngineUnavailable as e:
         raise CliError(str(e)) from None
     except ConfigError as e:       # a job that does not fit the core

@@ -144,6 +144,9 @@ class HookSettings:
     #: INA_LOCAL_QUEUE: bytes a worker may keep in its host's queue
     #: (``SwitchClient.local_queue``; None: TCP's share, docs/congestion.md)
     local_queue: int | None = None
+    #: INA_GSO: the compiled loop sends runs of datagrams as UDP GSO sends
+    #: (``SwitchClient.gso``)
+    gso: bool = True
 
 
 #: bytes per switch call when the ``ina`` backend splits a tensor (``INA_STAGE_BYTES``), by
@@ -180,7 +183,8 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
     ``32``, ``16``, ``8``, optionally ``:stochastic`` and/or ``:hadamard``;
     docs/precision.md), INA_ENGINE (``auto``, ``c`` or ``python``: the call loop,
     ``SwitchClient.engine``), INA_LOCAL_QUEUE (bytes a worker may keep in its host's
-    queue, ``SwitchClient.local_queue``).
+    queue, ``SwitchClient.local_queue``), INA_GSO (``on`` or ``off``: runs of datagrams
+    as UDP GSO sends, ``SwitchClient.gso``).
     ValueError with a one-line reason on a bad value."""
     from ina_fabric.protocol.jobtable import parse_session
     from ..deadline import RULES, slot_deadline
@@ -226,7 +230,15 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
         congestion=env.get("INA_CONGESTION", "aimd").strip() or "aimd",
         precision=_precision_setting(env, precision),
         engine=_engine_setting(env),
-        local_queue=_local_queue_setting(env))
+        local_queue=_local_queue_setting(env),
+        gso=_gso_setting(env))
+
+
+def _gso_setting(env):
+    text = env.get("INA_GSO", "").strip().lower() or "on"
+    if text not in ("on", "off", "1", "0"):
+        raise ValueError(f"INA_GSO={text!r}: expected on or off")
+    return text in ("on", "1")
 
 
 def _local_queue_setting(env):
@@ -673,7 +685,7 @@ def bind_client(s: HookSettings, rank: int, world: int, configure: bool = True,
                         connect_timeout=connect_timeout, impairment=impairment,
                         pace_rate=s.pace_rate, congestion=s.congestion, carry=s.carry,
                         precision=s.precision, engine=s.engine,
-                        local_queue=s.local_queue)
+                        local_queue=s.local_queue, gso=s.gso)
 
 
 def exchange_addresses(peers, client: SwitchClient, session=None,

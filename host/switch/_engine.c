@@ -24,6 +24,12 @@
  *       waits (ppoll) until a datagram or the next deadline, receives a batch with
  *       recvmmsg, handles DATA, sends results with sendmmsg, fires deadlines; returns
  *       the datagrams that are not DATA (for the Python model) or after max_wait.
+ *   Engine.set_gso(on): in serve mode, a run of RESULTs to one destination (a job's
+ *       multicast group) goes as one send with UDP_SEGMENT (generic segmentation
+ *       offload): the kernel cuts it into datagrams as late as it can, so the socket,
+ *       the qdisc, a veth and a bridge are passed once per 64 KB, not once per datagram
+ *       (docs/congestion.md, "Sending in runs"). On by default; a kernel that refuses
+ *       it turns it off by itself.
  *   Engine.set_pace(bps): in serve mode, the datagrams to any one destination go out no
  *       faster than bps (a worker's downlink rate): a deadline that closes many slots at
  *       once (bounded-skip) queues their RESULTs instead of putting a burst into a
@@ -52,6 +58,11 @@
 #define BATCH 16                 /* 16 x 64 KB still in L2 when they are summed */
 #define RXBUF 65536
 #define SENDQ 512
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103          /* linux/udp.h: UDP generic segmentation offload */
+#endif
+#define GSO_MAX_BYTES 65000      /* one GSO send: an IPv4 datagram's 64 KB, less headers */
+#define GSO_MAX_SEGS 64          /* the kernel's UDP_MAX_SEGMENTS */
 #define SCRATCH (8u << 20)
 #define MAX_OTHERS BATCH   /* serve returns after the batch that had any */
 #define PACE_DESTS 64      /* destinations paced separately (a worker's downlink each) */
@@ -134,6 +145,10 @@ typedef struct {
     uint8_t *scratch;
     size_t scratch_used;
     int failed;                  /* pure mode: a Python error is set */
+    int gso;                     /* serve mode: runs to one destination go as GSO sends */
+    struct mmsghdr gm[SENDQ];    /* sink_flush's sends: a run of datagrams each */
+    int gfirst[SENDQ], gcount[SENDQ];
+    union { char buf[CMSG_SPACE(sizeof(uint16_t))]; struct cmsghdr align; } gctl[SENDQ];
 } Sink;
 
 typedef struct {
@@ -238,16 +253,60 @@ static Slot *entry_live(Engine *e, const Entry *x) {
 }
 
 /* ---- output ------------------------------------------------------------------------ */
+/* Group the queue into sends: with k->gso, a run of consecutive datagrams to one
+ * destination, of one length (the last may be shorter), goes as one message with
+ * UDP_SEGMENT, which the kernel cuts into those datagrams as late as it can (a
+ * multicast group's RESULTs pass the qdisc, the veth and the bridge once per run). */
+static int sink_group(Sink *k, int from) {
+    int ng = 0;
+    for (int i = from; i < k->n; ng++) {
+        size_t len = k->iov[i].iov_len, tot = len;
+        int n = 1;
+        if (k->gso)
+            while (i + n < k->n && n < GSO_MAX_SEGS && k->iov[i + n].iov_len <= len &&
+                   tot + k->iov[i + n].iov_len <= GSO_MAX_BYTES &&
+                   k->addr[i + n].sin_addr.s_addr == k->addr[i].sin_addr.s_addr &&
+                   k->addr[i + n].sin_port == k->addr[i].sin_port) {
+                tot += k->iov[i + n].iov_len;
+                if (k->iov[i + n++].iov_len < len) break;     /* a short one ends a run */
+            }
+        struct msghdr *h = &k->gm[ng].msg_hdr;
+        *h = k->msgs[i].msg_hdr;
+        h->msg_iovlen = n;
+        if (n > 1) {
+            h->msg_control = k->gctl[ng].buf;
+            h->msg_controllen = sizeof k->gctl[ng].buf;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(h);
+            cm->cmsg_level = IPPROTO_UDP;
+            cm->cmsg_type = UDP_SEGMENT;
+            cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t seg = (uint16_t)len;
+            memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+        }
+        k->gfirst[ng] = i;
+        k->gcount[ng] = n;
+        i += n;
+    }
+    return ng;
+}
+
 static void sink_flush(Engine *e, Sink *k) {
-    int i = 0;
-    while (i < k->n) {
+    int i = 0, ng = sink_group(k, 0);
+    while (i < ng) {
         int r;
         Py_BEGIN_ALLOW_THREADS
-        r = sendmmsg(k->fd, k->msgs + i, k->n - i, 0);
+        r = sendmmsg(k->fd, k->gm + i, ng - i, 0);
         Py_END_ALLOW_THREADS
         if (r < 0) {
             if (errno == EINTR) continue;
-            e->c[C_SEND_ERRORS]++;       /* this datagram is lost; go on with the next */
+            if ((errno == EINVAL || errno == EIO || errno == ENOPROTOOPT) && k->gso &&
+                    k->gcount[i] > 1) {
+                k->gso = 0;              /* this kernel cannot segment: one per send */
+                ng = sink_group(k, k->gfirst[i]);   /* the rest, each its own */
+                i = 0;
+                continue;
+            }
+            e->c[C_SEND_ERRORS] += k->gcount[i];   /* lost; go on with the next */
             i++;
         } else {
             i += r;
@@ -1091,6 +1150,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         return -1;
     }
+    e->sink->gso = 1;                /* set_gso */
     return 0;
 }
 
@@ -1548,7 +1608,20 @@ static PyObject *Engine_set_pace(Engine *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* set_gso(on): serve mode, runs of RESULTs to one destination go as GSO sends (the
+ * default); returns whether they did */
+static PyObject *Engine_set_gso(Engine *e, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    int was = e->sink->gso;
+    e->sink->gso = on;
+    return PyBool_FromLong(was);
+}
+
 static PyMethodDef Engine_methods[] = {
+    {"set_gso", (PyCFunction)Engine_set_gso, METH_VARARGS,
+     "set_gso(on): serve mode, runs of datagrams to one destination go as one UDP GSO "
+     "send (on by default); returns the previous setting"},
     {"set_pool", (PyCFunction)Engine_set_pool, METH_VARARGS, "the shared slot pool"},
     {"pool_used", (PyCFunction)Engine_pool_used, METH_NOARGS, "pool slots held now"},
     {"set_pace", (PyCFunction)Engine_set_pace, METH_VARARGS,

@@ -40,7 +40,8 @@ class SwitchServer:
     key file, made on first use); ``key=None`` takes no CONTROL or STATUS_REQ at all."""
 
     def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None,
-                 key=_DEFAULT, engine="auto", pace_rate=0.0, parent=None, pool_slots=None):
+                 key=_DEFAULT, engine="auto", pace_rate=0.0, parent=None, pool_slots=None,
+                 gso=True):
         """``engine``: "fast", "model", "rtl", or "auto" (fast where it is built and no
         impairment is asked for, else the model, saying why through ``log``).
         ``pace_rate``: bit/s, RESULTs to any one worker no faster than this (its
@@ -48,7 +49,9 @@ class SwitchServer:
         ``parent``: this switch's parent in a tree of switches, ``(ip, port)``
         (docs/fabric.md): a tree entry that names another parent is refused.
         ``pool_slots``: the shared slot pool (docs/pool.md; needs ``parent``, which takes
-        its overflow; fast and model engines)."""
+        its overflow; fast and model engines).
+        ``gso``: the fast engine sends a run of RESULTs to one destination as one UDP GSO
+        send (``Engine.set_gso``; docs/congestion.md, "Sending in runs")."""
         if key is _DEFAULT:
             key = switch_key(create=True)
         impaired = impairment is not None and impairment.active
@@ -78,6 +81,8 @@ class SwitchServer:
                 jobs, key=key, parent=parent, pool_slots=pool_slots)
         if pace_rate:
             self.model.engine.set_pace(float(pace_rate))
+        if engine == "fast":
+            self.model.engine.set_gso(bool(gso))
         #: why the server stopped by itself (an RTL scoreboard disagreement), or None
         self.failure = None
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

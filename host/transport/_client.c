@@ -38,6 +38,15 @@
 #define LOCAL_RETRY_NS 100000    /* own queue dropped goes again, 0.1 ms apart */
 #define LOCAL_WAITS 100          /* switch_client.LOCAL_WAITS, LOCAL_WAIT_S: a send the */
 #define LOCAL_WAIT_MS 10         /* full send buffer refuses waits for it to drain */
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103          /* linux/udp.h: UDP generic segmentation offload */
+#endif
+#define GSO_MAX_BYTES 65000      /* one GSO send: an IPv4 datagram's 64 KB, less headers */
+/* at most 4 datagrams (each at most an MTU) per GSO send: a qdisc takes or drops a send
+ * whole, and IP_RECVERR reports a drop, except tbf, which cuts a send larger than its
+ * bucket into datagrams and drops those that do not fit without a word; the lab's tbf
+ * bucket holds at least 4 MTUs (host/lab/netns.py shape) */
+#define GSO_MAX_SEGS 4
 #define UDP_IP_BYTES 46         /* IPv4 + UDP + Ethernet: slot_deadline.UDP_IP_BYTES */
 #define BOUNDED_MAX_BACKOFF 4   /* window.py: a bounded re-send fetches a stored result */
 /* congestion control: window.py's constants of the same names (docs/congestion.md) */
@@ -958,6 +967,10 @@ typedef struct {
                        * (its timer and RTT sample start then, not while it waits here) */
     int p[SENDQ];
     int refused;      /* sends this host's own queue refused since the loop last looked */
+    int gso;          /* consecutive datagrams of one size go as one GSO send */
+    struct mmsghdr gm[SENDQ];   /* send_range's sends: a run of datagrams each */
+    int gfirst[SENDQ], gcount[SENDQ];
+    union { char buf[CMSG_SPACE(sizeof(uint16_t))]; struct cmsghdr align; } gctl[SENDQ];
 } SendQ;
 
 static double mono(void);
@@ -978,10 +991,48 @@ static void drain_errors(int fd) {
     }
 }
 
+/* Group datagrams from..from+count-1 into sends: with q->gso, a run of consecutive
+ * datagrams of one length (the last may be shorter) goes as one message with
+ * UDP_SEGMENT, which the kernel cuts into those datagrams as late as it can: one pass
+ * through the socket, the qdisc, the veth and the bridge for up to GSO_MAX_BYTES. */
+static int group_sends(SendQ *q, int from, int count) {
+    int ng = 0, end = from + count;
+    for (int i = from; i < end; ng++) {
+        size_t len = q->iov[i].iov_len, tot = len;
+        int k = 1;
+        if (q->gso)
+            while (i + k < end && k < GSO_MAX_SEGS && q->iov[i + k].iov_len <= len &&
+                   tot + q->iov[i + k].iov_len <= GSO_MAX_BYTES) {
+                tot += q->iov[i + k].iov_len;
+                if (q->iov[i + k++].iov_len < len) break;     /* a short one ends a run */
+            }
+        struct msghdr *h = &q->gm[ng].msg_hdr;
+        memset(h, 0, sizeof *h);
+        h->msg_name = &q->to;
+        h->msg_namelen = sizeof q->to;
+        h->msg_iov = &q->iov[i];
+        h->msg_iovlen = k;
+        if (k > 1) {
+            h->msg_control = q->gctl[ng].buf;
+            h->msg_controllen = sizeof q->gctl[ng].buf;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(h);
+            cm->cmsg_level = IPPROTO_UDP;
+            cm->cmsg_type = UDP_SEGMENT;
+            cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t seg = (uint16_t)len;
+            memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+        }
+        q->gfirst[ng] = i;
+        q->gcount[ng] = k;
+        i += k;
+    }
+    return ng;
+}
+
 static void send_range(SendQ *q, Call *c, int from, int count) {
-    int i = from, end = from + count, local = 0, waits = 0;
-    while (i < end) {
-        int r = sendmmsg(q->fd, q->msgs + i, end - i, 0);
+    int g = 0, ng = group_sends(q, from, count), end = from + count, local = 0, waits = 0;
+    while (g < ng) {
+        int r = sendmmsg(q->fd, q->gm + g, ng - g, 0);
         if (r < 0) {
             if (errno == EINTR) continue;
             if ((errno == EAGAIN || errno == EWOULDBLOCK) && waits < LOCAL_WAITS) {
@@ -1005,15 +1056,24 @@ static void send_range(SendQ *q, Call *c, int from, int count) {
                 c->stats[S_LOCAL_RETRIES]++;
                 continue;
             }
+            if ((errno == EINVAL || errno == EIO || errno == ENOPROTOOPT) && q->gso &&
+                    q->gcount[g] > 1) {
+                /* this kernel or device cannot segment: one datagram per send from now */
+                q->gso = 0;
+                int rest = q->gfirst[g];
+                send_range(q, c, rest, end - rest);
+                end = rest;
+                break;
+            }
             if (errno == ECONNREFUSED) drain_errors(q->fd);
             else if (!q->err) q->err = errno;
-            i++;                  /* that datagram is lost; the timers recover it */
+            g++;                  /* those datagrams are lost; the timers recover them */
         } else {
-            i += r;
+            g += r;
             waits = 0;
         }
     }
-    for (i = from; i < end; i++) c->slot_pending[q->slot[i]] = 0;
+    for (int i = from; i < end; i++) c->slot_pending[q->slot[i]] = 0;
 }
 
 /* Send the queued datagrams. Paced (q->pace > 0: SwitchClient.pace_rate), one goes
@@ -1275,10 +1335,11 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
     int bits = 32, stochastic = 0;
     unsigned long long seed = 0;
     unsigned long stale_after = 0;
-    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK|dOipKk", &layout, &fdt, &sw_ip, &sw_port,
+    int gso = 1;               /* SwitchClient.gso */
+    if (!PyArg_ParseTuple(args, "OOkiOOOOiiiikiOOOK|dOipKkp", &layout, &fdt, &sw_ip, &sw_port,
                           &ox, &oout, &oring, &oexp, &job, &worker, &nworkers, &E, &base,
                           &W, &ocfg, &ortt, &ostats, &session, &pace_rate, &omissed, &bits,
-                          &stochastic, &seed, &stale_after))
+                          &stochastic, &seed, &stale_after, &gso))
         return NULL;
     if (bits != 32 && bits != 16 && bits != 8)
         return PyErr_Format(PyExc_ValueError, "run_call: width %d (32, 16 or 8)", bits);
@@ -1339,6 +1400,7 @@ static PyObject *run_call(PyObject *self, PyObject *args) {
         for (int i = 0; i < c.K; i++) c.shared_exp[i] = c.L.no_exponent;
         q->fd = fds[0];
         q->pace = pace_rate > 0 ? 8.0 / pace_rate : 0.0;
+        q->gso = gso;
         q->tsent = q->pace > 0 ? w.tsent : NULL;
         q->to.sin_family = AF_INET;
         q->to.sin_port = htons(sw_port);

@@ -162,13 +162,14 @@ class CallFailed(Exception):
 def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers,
              elements, base, window, cfg: WindowConfig, rtt: RttEstimator, stats,
              session=0, pace_rate=0.0, missed=None, bits=32, stochastic=False, seed=0,
-             stale_after=0):
+             stale_after=0, gso=True):
     """One call through the C loop; ``stats`` (an ``AllreduceStats``) and ``rtt`` are
     updated; ``pace_rate`` (bit/s, 0: none) spaces the datagrams at that rate;
     ``missed``: carry mode (``AllreduceCall``'s), a uint8 flag per chunk; ``bits``,
     ``stochastic``, ``seed``: the call's precision (docs/precision.md); ``stale_after``:
     a STALE answer whose figure (the job's position) is more than this past ``base``
-    says this worker is behind (``AllreduceCall.stale_behind``). Raises CallFailed."""
+    says this worker is behind (``AllreduceCall.stale_behind``); ``gso``: a run of
+    datagrams of one length goes as one UDP GSO send. Raises CallFailed."""
     import socket
     arr = rtt_to_array(rtt)
     counts = np.zeros(len(STATS), np.int64)
@@ -180,7 +181,7 @@ def run_call(layout, fds, switch, x, out, ring, local_exp, job, worker, nworkers
                                            session, float(pace_rate or 0.0), missed,
                                            int(bits), bool(stochastic),
                                            int(seed) & ((1 << 64) - 1),
-                                           int(stale_after) & 0xFFFFFFFF)
+                                           int(stale_after) & 0xFFFFFFFF, bool(gso))
     finally:
         rtt_from_array(rtt, arr)
         for name, v in zip(STATS, counts.tolist()):

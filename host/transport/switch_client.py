@@ -322,6 +322,10 @@ class SwitchClient:
     #: bytes of datagrams this worker may keep in its host's own queue (its send buffer;
     #: docs/congestion.md); None: ``sockbuf.local_queue_bytes``'s rule, TCP's share
     local_queue: int | None = None
+    #: the compiled loop sends a run of datagrams of one length as one UDP GSO send, cut
+    #: into datagrams by the kernel as late as it can (docs/congestion.md, "Sending in
+    #: runs"); the Python loop sends each on its own either way
+    gso: bool = True
     #: the run's session id: the ``session`` of the job's install (``JobConfig``); every
     #: DATA carries it and only RESULTs with it are taken (0: not known yet, no call)
     session: int = 0
@@ -759,7 +763,8 @@ class SwitchClient:
                               self.worker, self.nworkers, E, base, W,
                               WindowConfig.of(self), self._rtt, st, self.session,
                               self.pace_rate, missed, self._prec.bits,
-                              self._prec.stochastic, self._seed(), self.stale_after)
+                              self._prec.stochastic, self._seed(), self.stale_after,
+                              self.gso)
         except fastcall.CallFailed as e:
             if e.code == fastcall.UNAVAILABLE:
                 raise SwitchUnavailable(
