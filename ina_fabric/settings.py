@@ -71,8 +71,9 @@ SETTINGS = (
             "aimd", "", _J),
     Setting("INA_ENGINE", "job", "the client's call loop: auto (the compiled one where it "
             "is built) | c | python", "auto", "", _J),
-    Setting("INA_GSO", "job", "on | off: the compiled client loop sends a run of datagrams "
-            "of one length as one UDP GSO send (docs/congestion.md)", "on", "", _J),
+    Setting("INA_GSO", "job", "auto | on | off: the compiled client loop sends a run of "
+            "datagrams of one length as one UDP GSO send; auto: once its calls send at "
+            "250 Mbit/s or more (docs/congestion.md)", "auto", "", _J),
     Setting("INA_LOCAL_QUEUE", "job", "bytes of datagrams a worker may keep in its host's "
             "own queue, its send buffer (docs/congestion.md)", "128 KB, or 2 ms of its rate",
             "", _J),

@@ -1,7 +1,7 @@
-"""Sending in runs (docs/congestion.md, "Sending in runs"): the compiled client loop and
-the switch's fast engine send a run of datagrams of one length to one destination as
-one send with UDP_SEGMENT (generic segmentation offload), and the kernel cuts it into
-those datagrams. A receiver with UDP_GRO is handed such a send whole, with its segment
+"""Sending in runs (docs/congestion.md, "Sending in runs"): the compiled client loop
+(once its calls are fast, or always with ``gso="on"``) and the switch's fast engine send
+a run of datagrams of one length to one destination as one send with UDP_SEGMENT
+(generic segmentation offload), and the kernel cuts it into those datagrams. A receiver with UDP_GRO is handed such a send whole, with its segment
 size, so these tests see exactly how the datagrams were sent; every other receiver gets
 the datagrams one by one, as before."""
 
@@ -54,7 +54,7 @@ def _split(sends):
 
 
 @pytest.mark.skipif(not fastcall.available(), reason=fastcall.WHY_NOT or "no C loop")
-@pytest.mark.parametrize("gso", [True, False])
+@pytest.mark.parametrize("gso", ["on", "off"])
 def test_the_client_sends_its_window_in_runs(gso):
     from ina_fabric.host.transport.switch_client import SwitchClient, SwitchUnavailable
     sw = _gro_socket()
@@ -80,7 +80,7 @@ def test_the_client_sends_its_window_in_runs(gso):
         assert len(dgrams) >= 16 and len({len(d) for d in dgrams}) == 1
         assert all(d[1] == MsgType.DATA and d[0] == sends[0][0][0] for d in dgrams)
         runs = [(d, seg) for d, seg in sends if seg]
-        if gso:   # the window went out in runs of 4, each cut at a datagram's length
+        if gso == "on":   # the window went out in runs of 4, each cut at a datagram's length
             assert runs and all(seg == len(dgrams[0]) for _, seg in runs)
             assert max(len(d) // seg for d, seg in runs) == 4   # _client.c GSO_MAX_SEGS
             assert len(sends) < len(dgrams)
@@ -121,10 +121,33 @@ def test_the_switch_sends_a_batch_of_results_to_one_worker_in_one_run(gso):
         w.close()
 
 
-def test_ina_gso_turns_the_runs_off():
+def test_auto_sends_in_runs_once_the_calls_are_fast():
+    """``gso="auto"`` (the default): runs once a call long enough to say sent at
+    GSO_MIN_RATE or more; a slow call turns them off again; "on" and "off" hold."""
+    from ina_fabric.host.transport.switch_client import (AllreduceStats, SwitchClient,
+                                                         GSO_MIN_RATE, RATE_MIN_PACKETS)
+    c = SwitchClient(("127.0.0.1", 9), 1, 0, 2, bind=("127.0.0.1", 0))
+    try:
+        dgram = HEADER_BYTES + 4 * c.elements
+        assert c.gso == "auto" and not c.sends_in_runs          # no rate known yet
+        c._account(AllreduceStats(packets_sent=1000, seconds=1000 * dgram / 125e6), 32)
+        assert c.sends_in_runs                                   # 1 Gbit/s
+        c._account(AllreduceStats(packets_sent=RATE_MIN_PACKETS - 1, seconds=1.0), 32)
+        assert c.sends_in_runs                                   # too short to say
+        c._account(AllreduceStats(packets_sent=1000, seconds=1000 * dgram / 12.5e6), 32)
+        assert not c.sends_in_runs and 12.5e6 < GSO_MIN_RATE     # 100 Mbit/s
+        c.gso = "on"
+        assert c.sends_in_runs
+    finally:
+        c.close()
+    with pytest.raises(ValueError, match="gso 'yes'"):
+        SwitchClient(("127.0.0.1", 9), 1, 0, 2, bind=("127.0.0.1", 0), gso="yes")
+
+
+def test_ina_gso_picks_the_rule():
     from ina_fabric.host.ddp.hook import hook_settings
     env = {"INA_SWITCH": "127.0.0.1:19900"}
-    assert hook_settings(env).gso is True
-    assert hook_settings({**env, "INA_GSO": "off"}).gso is False
+    assert hook_settings(env).gso == "auto"
+    assert hook_settings({**env, "INA_GSO": "off"}).gso == "off"
     with pytest.raises(ValueError, match="INA_GSO='sometimes'"):
         hook_settings({**env, "INA_GSO": "sometimes"})

@@ -144,9 +144,9 @@ class HookSettings:
     #: INA_LOCAL_QUEUE: bytes a worker may keep in its host's queue
     #: (``SwitchClient.local_queue``; None: TCP's share, docs/congestion.md)
     local_queue: int | None = None
-    #: INA_GSO: the compiled loop sends runs of datagrams as UDP GSO sends
-    #: (``SwitchClient.gso``)
-    gso: bool = True
+    #: INA_GSO: auto, on or off: the compiled loop sends runs of datagrams as UDP GSO
+    #: sends (``SwitchClient.gso``)
+    gso: str = "auto"
 
 
 #: bytes per switch call when the ``ina`` backend splits a tensor (``INA_STAGE_BYTES``), by
@@ -183,8 +183,8 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
     ``32``, ``16``, ``8``, optionally ``:stochastic`` and/or ``:hadamard``;
     docs/precision.md), INA_ENGINE (``auto``, ``c`` or ``python``: the call loop,
     ``SwitchClient.engine``), INA_LOCAL_QUEUE (bytes a worker may keep in its host's
-    queue, ``SwitchClient.local_queue``), INA_GSO (``on`` or ``off``: runs of datagrams
-    as UDP GSO sends, ``SwitchClient.gso``).
+    queue, ``SwitchClient.local_queue``), INA_GSO (``auto``, ``on`` or ``off``: runs of
+    datagrams as UDP GSO sends, ``SwitchClient.gso``).
     ValueError with a one-line reason on a bad value."""
     from ina_fabric.protocol.jobtable import parse_session
     from ..deadline import RULES, slot_deadline
@@ -235,10 +235,10 @@ def hook_settings(env=None, switch=None, job=None, mode=None, window=None, eleme
 
 
 def _gso_setting(env):
-    text = env.get("INA_GSO", "").strip().lower() or "on"
-    if text not in ("on", "off", "1", "0"):
-        raise ValueError(f"INA_GSO={text!r}: expected on or off")
-    return text in ("on", "1")
+    text = env.get("INA_GSO", "").strip().lower() or "auto"
+    if text not in ("auto", "on", "off"):
+        raise ValueError(f"INA_GSO={text!r}: expected auto, on or off")
+    return text
 
 
 def _local_queue_setting(env):

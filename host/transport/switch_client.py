@@ -82,6 +82,13 @@ LOCAL_WAITS = 100
 LOCAL_WAIT_S = 0.01
 #: a call of fewer datagrams says too little of the rate to size the send buffer by
 RATE_MIN_PACKETS = 64
+#: ``gso="auto"``: the compiled loop sends in runs once the worker's last call sent at
+#: least this many bytes/s (250 Mbit/s). Runs save per-datagram work, which limits a host
+#: at 1 Gbit/s; at 100 Mbit/s they saved nothing and cost beside UDP floods (1.30x Gloo's
+#: time to accuracy with runs, 1.37x without, one half hour; docs/congestion.md,
+#: "Sending in runs")
+GSO_MIN_RATE = 250e6 / 8
+GSO = ("auto", "on", "off")
 _IP_RECVERR = getattr(socket, "IP_RECVERR", 11)     # Linux's; Python 3.11 lacks the name
 
 
@@ -322,10 +329,11 @@ class SwitchClient:
     #: bytes of datagrams this worker may keep in its host's own queue (its send buffer;
     #: docs/congestion.md); None: ``sockbuf.local_queue_bytes``'s rule, TCP's share
     local_queue: int | None = None
-    #: the compiled loop sends a run of datagrams of one length as one UDP GSO send, cut
-    #: into datagrams by the kernel as late as it can (docs/congestion.md, "Sending in
-    #: runs"); the Python loop sends each on its own either way
-    gso: bool = True
+    #: "on": the compiled loop sends a run of datagrams of one length as one UDP GSO
+    #: send, cut into datagrams by the kernel as late as it can (docs/congestion.md,
+    #: "Sending in runs"); "auto": once its calls send at GSO_MIN_RATE or more; "off":
+    #: never. The Python loop sends each on its own either way
+    gso: str = "auto"
     #: the run's session id: the ``session`` of the job's install (``JobConfig``); every
     #: DATA carries it and only RESULTs with it are taken (0: not known yet, no call)
     session: int = 0
@@ -387,6 +395,8 @@ class SwitchClient:
                              f"datagram holds at most 65507 bytes)")
         if self.window < 1 or self.window & (self.window - 1):
             raise ValueError(f"window {self.window}: must be a power of two >= 1")
+        if self.gso not in GSO:
+            raise ValueError(f"gso {self.gso!r}: expected auto, on or off")
         if self.local_queue is not None and self.local_queue < 4096:
             raise ValueError(f"local_queue {self.local_queue}: at least 4096 bytes")
         try:
@@ -399,6 +409,7 @@ class SwitchClient:
         # the send buffer bounds this worker's share of its host's queue (sockbuf:
         # about TCP's), sized again for the rate of each call (_account)
         self._sndbuf = self.local_queue or local_queue_bytes(None)
+        self._rate = 0.0          # bytes/s the last call long enough to say sent at
         size_buffers(sock, WORKER_RCVBUF, self._sndbuf)
         sock.bind(self.bind)
         # a datagram this host's own queue drops fails its send (ENOBUFS) instead of
@@ -721,19 +732,27 @@ class SwitchClient:
         return x + r if r is not None else x.copy()
 
     def _account(self, st, bits):
-        """A call's statistics into ``total``; the send buffer sized for the rate the
-        call sent at (``sockbuf.local_queue_bytes``: the bytes it sent over its seconds,
-        which count any wait for its peers too, so the rate errs low, to the floor). A
-        call of fewer than RATE_MIN_PACKETS datagrams leaves the buffer as it is. The
-        buffer is set again only when the rule moves it by a quarter."""
+        """A call's statistics into ``total``; the rate it sent at (the bytes it sent
+        over its seconds, which count any wait for its peers too, so the rate errs low);
+        the send buffer sized for it (``sockbuf.local_queue_bytes``). A call of fewer
+        than RATE_MIN_PACKETS datagrams leaves both as they are. The buffer is set again
+        only when the rule moves it by a quarter."""
         self.total.add(st)
-        if self.local_queue or st.packets_sent < RATE_MIN_PACKETS or st.seconds <= 0:
+        if st.packets_sent < RATE_MIN_PACKETS or st.seconds <= 0:
             return
-        rate = st.packets_sent * (HEADER_BYTES + self.elements * bits // 8) / st.seconds
+        self._rate = rate = st.packets_sent * (HEADER_BYTES + self.elements * bits // 8) \
+            / st.seconds
+        if self.local_queue:
+            return
         want = local_queue_bytes(rate)
         if abs(want - self._sndbuf) * 4 >= self._sndbuf:
             size_buffers(self._usock, snd=want)
             self._sndbuf = want
+
+    @property
+    def sends_in_runs(self) -> bool:
+        """Whether the compiled loop's next call sends in runs (``gso``)."""
+        return self.gso == "on" or (self.gso == "auto" and self._rate >= GSO_MIN_RATE)
 
     def _carry_out(self, x, missed):
         """Keep the chunks of ``x`` that the call's RESULTs left this worker out of;
@@ -764,7 +783,7 @@ class SwitchClient:
                               WindowConfig.of(self), self._rtt, st, self.session,
                               self.pace_rate, missed, self._prec.bits,
                               self._prec.stochastic, self._seed(), self.stale_after,
-                              self.gso)
+                              self.sends_in_runs)
         except fastcall.CallFailed as e:
             if e.code == fastcall.UNAVAILABLE:
                 raise SwitchUnavailable(
