@@ -15,11 +15,13 @@ FLAGS = ["-O3", "-std=c11", "-Wall", "-Wno-unused-function", "-fno-math-errno",
 EXTENSIONS = [
     # the switch's data path: recvmmsg batches, slot rules, exact accumulation, sendmmsg
     Extension("ina_fabric.host.switch._engine", ["host/switch/_engine.c"],
-              include_dirs=["ina_fabric/protocol"], depends=["ina_fabric/protocol/ina_wire.h", "ina_fabric/protocol/ina_counters.h"],
+              include_dirs=["ina_fabric/protocol"], depends=["ina_fabric/protocol/ina_wire.h", "ina_fabric/protocol/ina_counters.h",
+                                                "host/transport/ina_gso.h"],
               extra_compile_args=FLAGS, optional=True),
     # the worker's call loop: the send window, packets built in a ring, fused dequantize
     Extension("ina_fabric.host.transport._client", ["host/transport/_client.c"],
-              include_dirs=["ina_fabric/protocol"], depends=["ina_fabric/protocol/ina_wire.h"],
+              include_dirs=["ina_fabric/protocol"],
+              depends=["ina_fabric/protocol/ina_wire.h", "host/transport/ina_gso.h"],
               extra_compile_args=FLAGS, optional=True),
 ]
 

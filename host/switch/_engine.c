@@ -51,6 +51,7 @@
 #include <time.h>
 
 #include "ina_wire.h"
+#include "../transport/ina_gso.h"
 
 #define SEQ_HALF 0x80000000u
 #define POOL_MARK_DIV 8          /* the model's: CONGESTED from 7/8 of the pool held */
@@ -58,11 +59,7 @@
 #define BATCH 16                 /* 16 x 64 KB still in L2 when they are summed */
 #define RXBUF 65536
 #define SENDQ 512
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103          /* linux/udp.h: UDP generic segmentation offload */
-#endif
-#define GSO_MAX_BYTES 65000      /* one GSO send: an IPv4 datagram's 64 KB, less headers */
-#define GSO_MAX_SEGS 64          /* the kernel's UDP_MAX_SEGMENTS */
+#define GSO_MAX_SEGS 64          /* a run (ina_gso.h): the kernel's UDP_MAX_SEGMENTS */
 #define SCRATCH (8u << 20)
 #define MAX_OTHERS BATCH   /* serve returns after the batch that had any */
 #define PACE_DESTS 64      /* destinations paced separately (a worker's downlink each) */
@@ -148,7 +145,7 @@ typedef struct {
     int gso;                     /* serve mode: runs to one destination go as GSO sends */
     struct mmsghdr gm[SENDQ];    /* sink_flush's sends: a run of datagrams each */
     int gfirst[SENDQ], gcount[SENDQ];
-    union { char buf[CMSG_SPACE(sizeof(uint16_t))]; struct cmsghdr align; } gctl[SENDQ];
+    GsoCtl gctl[SENDQ];
 } Sink;
 
 typedef struct {
@@ -253,36 +250,16 @@ static Slot *entry_live(Engine *e, const Entry *x) {
 }
 
 /* ---- output ------------------------------------------------------------------------ */
-/* Group the queue into sends: with k->gso, a run of consecutive datagrams to one
- * destination, of one length (the last may be shorter), goes as one message with
- * UDP_SEGMENT, which the kernel cuts into those datagrams as late as it can (a
- * multicast group's RESULTs pass the qdisc, the veth and the bridge once per run). */
+/* Group the queue from ``from`` into sends: with k->gso, in runs to one destination
+ * (ina_gso.h; a job's multicast group's RESULTs pass the bridge once per run). */
 static int sink_group(Sink *k, int from) {
     int ng = 0;
     for (int i = from; i < k->n; ng++) {
-        size_t len = k->iov[i].iov_len, tot = len;
-        int n = 1;
-        if (k->gso)
-            while (i + n < k->n && n < GSO_MAX_SEGS && k->iov[i + n].iov_len <= len &&
-                   tot + k->iov[i + n].iov_len <= GSO_MAX_BYTES &&
-                   k->addr[i + n].sin_addr.s_addr == k->addr[i].sin_addr.s_addr &&
-                   k->addr[i + n].sin_port == k->addr[i].sin_port) {
-                tot += k->iov[i + n].iov_len;
-                if (k->iov[i + n++].iov_len < len) break;     /* a short one ends a run */
-            }
+        int n = k->gso ? gso_run(k->iov, k->addr, i, k->n, GSO_MAX_SEGS) : 1;
         struct msghdr *h = &k->gm[ng].msg_hdr;
         *h = k->msgs[i].msg_hdr;
         h->msg_iovlen = n;
-        if (n > 1) {
-            h->msg_control = k->gctl[ng].buf;
-            h->msg_controllen = sizeof k->gctl[ng].buf;
-            struct cmsghdr *cm = CMSG_FIRSTHDR(h);
-            cm->cmsg_level = IPPROTO_UDP;
-            cm->cmsg_type = UDP_SEGMENT;
-            cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-            uint16_t seg = (uint16_t)len;
-            memcpy(CMSG_DATA(cm), &seg, sizeof seg);
-        }
+        if (n > 1) gso_mark(h, &k->gctl[ng], k->iov[i].iov_len);
         k->gfirst[ng] = i;
         k->gcount[ng] = n;
         i += n;
@@ -299,8 +276,7 @@ static void sink_flush(Engine *e, Sink *k) {
         Py_END_ALLOW_THREADS
         if (r < 0) {
             if (errno == EINTR) continue;
-            if ((errno == EINVAL || errno == EIO || errno == ENOPROTOOPT) && k->gso &&
-                    k->gcount[i] > 1) {
+            if (gso_refused(errno) && k->gso && k->gcount[i] > 1) {
                 k->gso = 0;              /* this kernel cannot segment: one per send */
                 ng = sink_group(k, k->gfirst[i]);   /* the rest, each its own */
                 i = 0;

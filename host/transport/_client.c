@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "ina_wire.h"
+#include "ina_gso.h"
 
 #define PEAK_FACTOR 2.0          /* window.py */
 #define FAST_RESEND 3            /* window.py */
@@ -38,10 +39,6 @@
 #define LOCAL_RETRY_NS 100000    /* own queue dropped goes again, 0.1 ms apart */
 #define LOCAL_WAITS 100          /* switch_client.LOCAL_WAITS, LOCAL_WAIT_S: a send the */
 #define LOCAL_WAIT_MS 10         /* full send buffer refuses waits for it to drain */
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103          /* linux/udp.h: UDP generic segmentation offload */
-#endif
-#define GSO_MAX_BYTES 65000      /* one GSO send: an IPv4 datagram's 64 KB, less headers */
 /* at most 4 datagrams (each at most an MTU) per GSO send: a qdisc takes or drops a send
  * whole, and IP_RECVERR reports a drop, except tbf, which cuts a send larger than its
  * bucket into datagrams and drops those that do not fit without a word; the lab's tbf
@@ -970,7 +967,7 @@ typedef struct {
     int gso;          /* consecutive datagrams of one size go as one GSO send */
     struct mmsghdr gm[SENDQ];   /* send_range's sends: a run of datagrams each */
     int gfirst[SENDQ], gcount[SENDQ];
-    union { char buf[CMSG_SPACE(sizeof(uint16_t))]; struct cmsghdr align; } gctl[SENDQ];
+    GsoCtl gctl[SENDQ];
 } SendQ;
 
 static double mono(void);
@@ -991,37 +988,19 @@ static void drain_errors(int fd) {
     }
 }
 
-/* Group datagrams from..from+count-1 into sends: with q->gso, a run of consecutive
- * datagrams of one length (the last may be shorter) goes as one message with
- * UDP_SEGMENT, which the kernel cuts into those datagrams as late as it can: one pass
- * through the socket, the qdisc, the veth and the bridge for up to GSO_MAX_BYTES. */
+/* Group datagrams from..from+count-1 into sends: with q->gso, in runs (ina_gso.h) of
+ * at most GSO_MAX_SEGS. */
 static int group_sends(SendQ *q, int from, int count) {
     int ng = 0, end = from + count;
     for (int i = from; i < end; ng++) {
-        size_t len = q->iov[i].iov_len, tot = len;
-        int k = 1;
-        if (q->gso)
-            while (i + k < end && k < GSO_MAX_SEGS && q->iov[i + k].iov_len <= len &&
-                   tot + q->iov[i + k].iov_len <= GSO_MAX_BYTES) {
-                tot += q->iov[i + k].iov_len;
-                if (q->iov[i + k++].iov_len < len) break;     /* a short one ends a run */
-            }
+        int k = q->gso ? gso_run(q->iov, NULL, i, end, GSO_MAX_SEGS) : 1;
         struct msghdr *h = &q->gm[ng].msg_hdr;
         memset(h, 0, sizeof *h);
         h->msg_name = &q->to;
         h->msg_namelen = sizeof q->to;
         h->msg_iov = &q->iov[i];
         h->msg_iovlen = k;
-        if (k > 1) {
-            h->msg_control = q->gctl[ng].buf;
-            h->msg_controllen = sizeof q->gctl[ng].buf;
-            struct cmsghdr *cm = CMSG_FIRSTHDR(h);
-            cm->cmsg_level = IPPROTO_UDP;
-            cm->cmsg_type = UDP_SEGMENT;
-            cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-            uint16_t seg = (uint16_t)len;
-            memcpy(CMSG_DATA(cm), &seg, sizeof seg);
-        }
+        if (k > 1) gso_mark(h, &q->gctl[ng], q->iov[i].iov_len);
         q->gfirst[ng] = i;
         q->gcount[ng] = k;
         i += k;
@@ -1056,8 +1035,7 @@ static void send_range(SendQ *q, Call *c, int from, int count) {
                 c->stats[S_LOCAL_RETRIES]++;
                 continue;
             }
-            if ((errno == EINVAL || errno == EIO || errno == ENOPROTOOPT) && q->gso &&
-                    q->gcount[g] > 1) {
+            if (gso_refused(errno) && q->gso && q->gcount[g] > 1) {
                 /* this kernel or device cannot segment: one datagram per send from now */
                 q->gso = 0;
                 int rest = q->gfirst[g];
