@@ -7,8 +7,8 @@
  * it into those datagrams as late as it can, so the socket, a qdisc, a veth and a
  * bridge are passed once per run, not once per datagram. The receiver gets the same
  * datagrams. */
-#ifndef INA_GSO_H
-#define INA_GSO_H
+#ifndef GSO_RUNS_H
+#define GSO_RUNS_H
 
 #include <errno.h>
 #include <netinet/in.h>
