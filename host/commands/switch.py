@@ -83,10 +83,10 @@ def add_arguments(p):
                         "e.g. 100mbit, or bit/s), so a deadline that closes many slots at "
                         "once does not overflow a downlink queue; fast engine only; "
                         "default 0: off")
-    p.add_argument("--no-gso", dest="gso", action="store_false",
-                   help="send every RESULT datagram on its own (fast engine; by default a "
-                        "run of RESULTs to one destination goes as one UDP GSO send, "
-                        "docs/congestion.md)")
+    p.add_argument("--gso", action="store_true",
+                   help="send a run of RESULTs to one destination as one UDP GSO send "
+                        "(fast engine; docs/congestion.md, \"Sending in runs\"); default: "
+                        "every RESULT on its own")
     p.add_argument("--key-file", metavar="FILE",
                    help="control key (CONTROL and STATUS are taken only when sealed with "
                         "it); default: $INA_SWITCH_KEY, else $INA_SWITCH_KEY_FILE, else "

@@ -28,8 +28,8 @@
  *       multicast group) goes as one send with UDP_SEGMENT (generic segmentation
  *       offload): the kernel cuts it into datagrams as late as it can, so the socket,
  *       the qdisc, a veth and a bridge are passed once per 64 KB, not once per datagram
- *       (docs/congestion.md, "Sending in runs"). On by default; a kernel that refuses
- *       it turns it off by itself.
+ *       (docs/congestion.md, "Sending in runs"). Off by default; a kernel that
+ *       refuses it turns it off by itself.
  *   Engine.set_pace(bps): in serve mode, the datagrams to any one destination go out no
  *       faster than bps (a worker's downlink rate): a deadline that closes many slots at
  *       once (bounded-skip) queues their RESULTs instead of putting a burst into a
@@ -1126,7 +1126,6 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         return -1;
     }
-    e->sink->gso = 1;                /* set_gso */
     return 0;
 }
 
@@ -1584,7 +1583,7 @@ static PyObject *Engine_set_pace(Engine *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* set_gso(on): serve mode, runs of RESULTs to one destination go as GSO sends (the
+/* set_gso(on): serve mode, runs of RESULTs to one destination go as GSO sends (off by
  * default); returns whether they did */
 static PyObject *Engine_set_gso(Engine *e, PyObject *args) {
     int on;
@@ -1597,7 +1596,7 @@ static PyObject *Engine_set_gso(Engine *e, PyObject *args) {
 static PyMethodDef Engine_methods[] = {
     {"set_gso", (PyCFunction)Engine_set_gso, METH_VARARGS,
      "set_gso(on): serve mode, runs of datagrams to one destination go as one UDP GSO "
-     "send (on by default); returns the previous setting"},
+     "send (off by default); returns the previous setting"},
     {"set_pool", (PyCFunction)Engine_set_pool, METH_VARARGS, "the shared slot pool"},
     {"pool_used", (PyCFunction)Engine_pool_used, METH_NOARGS, "pool slots held now"},
     {"set_pace", (PyCFunction)Engine_set_pace, METH_VARARGS,

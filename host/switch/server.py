@@ -41,7 +41,7 @@ class SwitchServer:
 
     def __init__(self, jobs, host="0.0.0.0", port=19900, impairment=None, log=None,
                  key=_DEFAULT, engine="auto", pace_rate=0.0, parent=None, pool_slots=None,
-                 gso=True):
+                 gso=False):
         """``engine``: "fast", "model", "rtl", or "auto" (fast where it is built and no
         impairment is asked for, else the model, saying why through ``log``).
         ``pace_rate``: bit/s, RESULTs to any one worker no faster than this (its
@@ -51,7 +51,8 @@ class SwitchServer:
         ``pool_slots``: the shared slot pool (docs/pool.md; needs ``parent``, which takes
         its overflow; fast and model engines).
         ``gso``: the fast engine sends a run of RESULTs to one destination as one UDP GSO
-        send (``Engine.set_gso``; docs/congestion.md, "Sending in runs")."""
+        send (``Engine.set_gso``; docs/congestion.md, "Sending in runs"). Off by
+        default: on the WAN lab the runs made a round's time overrun its prediction."""
         if key is _DEFAULT:
             key = switch_key(create=True)
         impaired = impairment is not None and impairment.active
